@@ -1,0 +1,52 @@
+// Element types and reduction operators shared by every layer of braid.
+#ifndef BRAID_COMMON_DTYPE_H_
+#define BRAID_COMMON_DTYPE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace braid {
+
+// Values are part of the wire protocol and the C ABI: never renumber.
+enum class DataType : int32_t {
+  kFloat32 = 0,
+  kFloat64 = 1,
+  kFloat16 = 2,   // IEEE 754 binary16
+  kBFloat16 = 3,  // bfloat16: the upper 16 bits of a float32
+  kInt32 = 4,
+  kInt64 = 5,
+  kUInt8 = 6,
+};
+inline constexpr int kNumDataTypes = 7;
+
+// Values are part of the wire protocol and the C ABI: never renumber.
+enum class ReduceOp : int32_t {
+  kSum = 0,
+  kAverage = 1,  // sum / world size; floating-point types only
+  kMin = 2,
+  kMax = 3,
+  kProduct = 4,
+};
+inline constexpr int kNumReduceOps = 5;
+
+// Size of one element in bytes.
+size_t DataTypeSize(DataType dtype);
+// "float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8".
+absl::string_view DataTypeName(DataType dtype);
+// "sum", "average", "min", "max", "product".
+absl::string_view ReduceOpName(ReduceOp op);
+bool IsFloatingPoint(DataType dtype);
+// True when `v` names a DataType / ReduceOp enumerator (for values from the wire or C).
+bool IsValidDataType(int32_t v);
+bool IsValidReduceOp(int32_t v);
+
+// OK, or InvalidArgument when `op` is not defined for `dtype` (average of an integer type).
+absl::Status CheckReduceOp(DataType dtype, ReduceOp op);
+
+}  // namespace braid
+
+#endif  // BRAID_COMMON_DTYPE_H_

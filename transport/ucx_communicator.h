@@ -1,0 +1,57 @@
+// The UCX backend of Communicator (host memory), on the UCP tag API.
+//
+// Algorithms: all-reduce is recursive doubling below `ring_threshold_bytes` and a chunked,
+// pipelined ring (reduce-scatter then all-gather) above; reduce-scatter is the ring's first
+// phase; all-gather is a ring; all-to-all posts every receive, then every send; broadcast is a
+// binomial tree; barrier is a dissemination barrier.
+//
+// Progress: the calling thread owns the UCP worker. A wait spins for `spin` and then blocks on
+// the worker's event fd (ucp_worker_arm + poll), so idle ranks cost no CPU. Failure: endpoints
+// use peer error handling (with the shared-memory transports kept on) and peers' processes on
+// this host are watched, so a lost peer yields Unavailable; no progress for `timeout` yields
+// DeadlineExceeded; Abort() from any thread fails the call in flight.
+#ifndef BRAID_TRANSPORT_UCX_COMMUNICATOR_H_
+#define BRAID_TRANSPORT_UCX_COMMUNICATOR_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "transport/communicator.h"
+#include "transport/store.h"
+
+namespace braid::transport {
+
+struct UcxOptions {
+  int rank = 0;
+  int size = 1;
+  // Rendezvous store; keys are prefixed with `store_prefix` so several communicators can
+  // share one store.
+  Store* store = nullptr;
+  std::string store_prefix = "ucx";
+  // A collective that makes no progress for this long fails (BRAID_TIMEOUT_S).
+  absl::Duration timeout = absl::Seconds(60);
+  // How long Create waits for every peer's address.
+  absl::Duration connect_timeout = absl::Seconds(60);
+  // All-reduces of at least this many bytes use the ring.
+  size_t ring_threshold_bytes = 256 * 1024;
+  // Pipeline chunk of the ring.
+  size_t chunk_bytes = 1 << 20;
+  // Busy-poll this long before blocking on the event fd. Negative: choose by
+  // over-subscription (spin only when ranks on this host <= cores).
+  absl::Duration spin = absl::Microseconds(-1);
+};
+
+// Creates the UCP context and worker, publishes this rank's worker address in the store,
+// waits for every peer's and connects to them. Errors: InvalidArgument (bad options),
+// DeadlineExceeded (a peer never published), Internal (UCX failed).
+//
+// UCX is configured from the environment as usual (UCX_TLS, UCX_NET_DEVICES, ...). Unless
+// already set, braid sets UCX_POSIX_ERROR_HANDLING=y and UCX_SYSV_ERROR_HANDLING=y so the
+// shared-memory transports stay usable with peer error handling.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(const UcxOptions& options);
+
+}  // namespace braid::transport
+
+#endif  // BRAID_TRANSPORT_UCX_COMMUNICATOR_H_
