@@ -7,9 +7,10 @@
 //
 // Progress: the calling thread owns the UCP worker. A wait spins for `spin` and then blocks on
 // the worker's event fd (ucp_worker_arm + poll), so idle ranks cost no CPU. Failure: endpoints
-// use peer error handling (with the shared-memory transports kept on) and peers' processes on
-// this host are watched, so a lost peer yields Unavailable; no progress for `timeout` yields
-// DeadlineExceeded; Abort() from any thread fails the call in flight.
+// to other hosts use UCX peer error handling (with the shared-memory transports kept on);
+// peers on this host are watched through /proc (see UcxOptions::peer_error_handling), so a
+// lost peer yields Unavailable; no progress for `timeout` yields DeadlineExceeded; Abort()
+// from any thread fails the call in flight.
 #ifndef BRAID_TRANSPORT_UCX_COMMUNICATOR_H_
 #define BRAID_TRANSPORT_UCX_COMMUNICATOR_H_
 
@@ -38,10 +39,18 @@ struct UcxOptions {
   size_t ring_threshold_bytes = 256 * 1024;
   // Pipeline chunk of the ring.
   size_t chunk_bytes = 1 << 20;
+  // Use UCX peer error handling for peers on this host too. Off by default: in UCX 1.13 it
+  // disables the single-copy CMA rendezvous, and braid watches local peers' processes itself.
+  // Remote peers always use it. BRAID_UCX_PEER_ERROR_HANDLING=1 sets it.
+  bool peer_error_handling = false;
   // Busy-poll this long before blocking on the event fd. Negative: choose by
   // over-subscription (spin only when ranks on this host <= cores).
   absl::Duration spin = absl::Microseconds(-1);
 };
+
+// Defaults overridden by the environment: BRAID_TIMEOUT_S (seconds, > 0),
+// BRAID_UCX_PEER_ERROR_HANDLING (0/1). InvalidArgument names a malformed variable.
+absl::StatusOr<UcxOptions> UcxOptionsFromEnv(UcxOptions defaults = {});
 
 // Creates the UCP context and worker, publishes this rank's worker address in the store,
 // waits for every peer's and connects to them. Errors: InvalidArgument (bad options),
