@@ -41,7 +41,7 @@ constexpr int kRankBits = 16;
 constexpr int kSlotBits = 24;
 constexpr uint64_t kSlotMask = (uint64_t{1} << kSlotBits) - 1;
 constexpr uint64_t kSeqMask = (uint64_t{1} << 24) - 1;
-constexpr int kMaxPieces = 256;
+constexpr int kMaxPieces = 4096;
 
 uint64_t MakeTag(uint64_t seq, uint64_t slot, int src) {
   return ((seq & kSeqMask) << (kSlotBits + kRankBits)) | ((slot & kSlotMask) << kRankBits) |
@@ -209,12 +209,10 @@ absl::Status UcxCommunicator::Init() {
     return absl::InvalidArgumentError("UcxOptions.store is required when size > 1");
   }
   // Peer error handling turns the shared-memory transports off unless they are allowed to
-  // handle errors themselves (TRAPS.md); keep them on unless the user decided otherwise.
-  if (getenv("UCX_POSIX_ERROR_HANDLING") == nullptr && getenv("UCX_SYSV_ERROR_HANDLING") == nullptr) {
+  // handle errors themselves (TRAPS.md). Only needed when local peers use it too.
+  if (opts_.peer_error_handling) {
     setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
     setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
-    // They are unused (and UCX warns) when UCX_TLS leaves the shared-memory transports out.
-    setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
   }
 
   ucp_config_t* config = nullptr;
@@ -533,11 +531,13 @@ absl::Status UcxCommunicator::RunRing(const RingArgs& a) {
   std::vector<std::vector<Span1D>> piece_of(n);
   for (int s = 0; s < n; ++s) piece_of[s] = SplitSpan(a.segments[s], pieces);
   const size_t stride = (max_seg + pieces - 1) / pieces;  // largest piece, in elements
-  char* scratch = a.reduce_scatter ? Scratch(pieces * stride * a.elem) : nullptr;
+  const int window = std::max(1, std::min(pieces, opts_.ring_window));
+  char* scratch = a.reduce_scatter ? Scratch(window * stride * a.elem) : nullptr;
   const int total = static_cast<int>(steps.size());
 
   struct Piece {
     int t = 0;
+    int slot = -1;  // scratch slot while in flight
     bool reduced = false;
     bool done = false;
   };
@@ -552,9 +552,14 @@ absl::Status UcxCommunicator::RunRing(const RingArgs& a) {
     if (st.phase == RingStep::kReduceScatter && t == 0) return a.send + p.offset * a.elem;
     return a.work + p.offset * a.elem;
   };
-  // Piece j always receives its reduce-scatter data into its own scratch slot: its next
-  // receive is posted only after this one has been reduced, so one slot per piece suffices.
-  auto slot_of = [&](int j) { return scratch + static_cast<size_t>(j) * stride * a.elem; };
+  // A piece in flight owns one scratch slot for all its reduce-scatter receives: its next
+  // receive is posted only after the last one was reduced. At most `window` pieces are in
+  // flight, so the slots stay small enough to be reduced from cache right after arriving.
+  auto slot_of = [&](int j) {
+    return scratch + static_cast<size_t>(ps[j].slot) * stride * a.elem;
+  };
+  std::vector<int> free_slots;
+  for (int w = window - 1; w >= 0; --w) free_slots.push_back(w);
   auto post = [&](int j) -> absl::Status {
     int t = ps[j].t;
     const RingStep& st = steps[t];
@@ -567,8 +572,14 @@ absl::Status UcxCommunicator::RunRing(const RingArgs& a) {
     return PostSend(sends[j], right, send_ptr(t, j), sp.count * a.elem, MakeTag(seq, slot, rank_));
   };
 
-  for (int j = 0; j < pieces && total > 0; ++j) {
-    absl::Status s = post(j);
+  int next = 0;  // next piece to start
+  auto start_next = [&]() -> absl::Status {
+    ps[next].slot = free_slots.back();
+    free_slots.pop_back();
+    return post(next++);
+  };
+  for (int w = 0; w < window && total > 0; ++w) {
+    absl::Status s = start_next();
     if (!s.ok()) {
       Release(sends);
       Release(recvs);
@@ -576,8 +587,9 @@ absl::Status UcxCommunicator::RunRing(const RingArgs& a) {
     }
   }
   int finished = total > 0 ? 0 : pieces;
+  int first = 0;  // pieces before it are done
   absl::Status s = Drive([&]() -> absl::StatusOr<bool> {
-    for (int j = 0; j < pieces; ++j) {
+    for (int j = first; j < next; ++j) {
       Piece& p = ps[j];
       if (p.done) continue;
       const RingStep& st = steps[p.t];
@@ -601,6 +613,9 @@ absl::Status UcxCommunicator::RunRing(const RingArgs& a) {
       if (++p.t == total) {
         p.done = true;
         ++finished;
+        free_slots.push_back(p.slot);
+        while (first < next && ps[first].done) ++first;
+        if (next < pieces) BRAID_RETURN_IF_ERROR(start_next());
       } else {
         BRAID_RETURN_IF_ERROR(post(j));
       }

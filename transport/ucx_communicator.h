@@ -37,8 +37,9 @@ struct UcxOptions {
   absl::Duration connect_timeout = absl::Seconds(60);
   // All-reduces of at least this many bytes use the ring.
   size_t ring_threshold_bytes = 256 * 1024;
-  // Pipeline chunk of the ring.
-  size_t chunk_bytes = 1 << 20;
+  // Pipeline chunk of the ring, and how many chunks are in flight at once.
+  size_t chunk_bytes = 256 * 1024;
+  int ring_window = 4;
   // Use UCX peer error handling for peers on this host too. Off by default: in UCX 1.13 it
   // disables the single-copy CMA rendezvous, and braid watches local peers' processes itself.
   // Remote peers always use it. BRAID_UCX_PEER_ERROR_HANDLING=1 sets it.

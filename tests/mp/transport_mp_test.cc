@@ -129,6 +129,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Connect(int rank, int size, FileSt
   o.store = store;
   o.timeout = timeout;
   o.connect_timeout = absl::Seconds(30);
+  o.chunk_bytes = 64 * 1024;  // many pipeline pieces per segment, more than the window
   return CreateUcxCommunicator(o);
 }
 

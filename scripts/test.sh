@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command: install, build (CMake and Bazel) and run every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/build.sh
+# Multi-process tests hold a shared lock (RESOURCE_LOCK ranks) so they run one at a time.
+ctest --test-dir build --output-on-failure -j2 --timeout 900
+scripts/bazel_test.sh
