@@ -10,7 +10,7 @@
 namespace braid::transport {
 
 // dst[i] = dst[i] op src[i] for i < count. `op` is kSum, kMin, kMax or kProduct (kAverage is
-// kSum followed by ScaleInPlace). float16 / bfloat16 are computed in float32 and rounded back
+// kSum followed by DivideInPlace). float16 / bfloat16 are computed in float32 and rounded back
 // to nearest-even after each operation. Integer sums wrap (two's complement), like NCCL/MPI.
 // dst and src may not overlap unless equal.
 void ReduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op);

@@ -1,0 +1,210 @@
+#include "coordinator/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "coordinator/grpc_status.h"
+#include "glog/logging.h"
+#include "proto/braid.grpc.pb.h"
+
+namespace braid::coordinator {
+namespace {
+
+std::chrono::system_clock::time_point Deadline(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(d);
+}
+
+// transport::Store over the coordinator's KeyValue RPCs.
+class GrpcStore final : public transport::Store {
+ public:
+  explicit GrpcStore(proto::Coordinator::Stub* stub) : stub_(stub) {}
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(absl::Seconds(30)));
+    proto::KeyValueSetRequest req;
+    req.set_key(key);
+    req.set_value(value);
+    proto::KeyValueSetResponse resp;
+    return FromGrpcStatus(stub_->KeyValueSet(&ctx, req, &resp), "store set '" + key + "'");
+  }
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(timeout + absl::Seconds(5)));
+    proto::KeyValueGetRequest req;
+    req.set_key(key);
+    req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+    proto::KeyValueGetResponse resp;
+    absl::Status s = FromGrpcStatus(stub_->KeyValueGet(&ctx, req, &resp), "store get '" + key + "'");
+    if (!s.ok()) return s;
+    if (!resp.found()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "key '", key, "' did not appear in the coordinator's store within ",
+          absl::FormatDuration(timeout), " (a rank did not start its data plane)"));
+    }
+    return resp.value();
+  }
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
+    absl::Time deadline = absl::Now() + timeout;
+    for (const auto& k : keys) {
+      auto v = Get(k, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+      if (!v.ok()) return v.status();
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  proto::Coordinator::Stub* stub_;
+};
+
+class GrpcClient final : public CoordinatorClient {
+ public:
+  GrpcClient(const ClientOptions& o, std::shared_ptr<grpc::Channel> channel)
+      : opts_(o), channel_(std::move(channel)), stub_(proto::Coordinator::NewStub(channel_)),
+        store_(stub_.get()) {}
+
+  ~GrpcClient() override { Close(absl::Milliseconds(200)); }
+
+  absl::StatusOr<proto::RegisterResponse> Register(const proto::RegisterRequest& req,
+                                                   absl::Duration timeout) override {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(timeout + absl::Seconds(5)));
+    ctx.set_wait_for_ready(true);
+    proto::RegisterResponse resp;
+    absl::Status s = FromGrpcStatus(stub_->Register(&ctx, req, &resp),
+                                    "registering with the coordinator at " + opts_.address);
+    if (!s.ok()) return s;
+    return resp;
+  }
+
+  transport::Store* store() override { return &store_; }
+
+  absl::Status StartNegotiation(int rank,
+                                std::function<void(const proto::ResponseList&)> on_message,
+                                std::function<void(const absl::Status&)> on_closed) override {
+    rank_ = rank;
+    stream_ctx_ = std::make_unique<grpc::ClientContext>();
+    stream_ = stub_->Negotiate(stream_ctx_.get());
+    proto::RequestList hello;
+    hello.set_rank(rank);
+    if (!stream_->Write(hello)) {
+      return absl::UnavailableError("could not open the negotiation stream to " + opts_.address);
+    }
+    reader_ = std::thread([this, on_message = std::move(on_message),
+                           on_closed = std::move(on_closed)] {
+      proto::ResponseList msg;
+      while (stream_->Read(&msg)) on_message(msg);
+      grpc::Status st = stream_->Finish();
+      absl::Status result;
+      {
+        absl::MutexLock lock(&mu_);
+        if (!closing_) {
+          result = absl::UnavailableError(absl::StrCat(
+              "lost the coordinator at ", opts_.address,
+              st.ok() ? std::string() : ": " + st.error_message()));
+        }
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        reader_done_ = true;
+      }
+      on_closed(result);
+    });
+    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    return absl::OkStatus();
+  }
+
+  absl::Status Send(const proto::RequestList& list) override {
+    absl::MutexLock lock(&write_mu_);
+    if (stream_ == nullptr || !stream_->Write(list)) {
+      return absl::UnavailableError("negotiation stream to " + opts_.address + " is closed");
+    }
+    return absl::OkStatus();
+  }
+
+  void Close(absl::Duration grace) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return;
+      closed_ = closing_ = true;
+    }
+    if (stream_ != nullptr) {
+      {
+        absl::MutexLock lock(&write_mu_);
+        proto::RequestList bye;
+        bye.set_rank(rank_);
+        bye.set_shutdown(true);
+        stream_->Write(bye);
+        stream_->WritesDone();
+      }
+      // The coordinator ends the stream after a goodbye; cancel if it does not in time.
+      absl::Time deadline = absl::Now() + grace;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.AwaitWithDeadline(absl::Condition(&reader_done_), deadline);
+      }
+      stream_ctx_->TryCancel();
+    }
+    if (reader_.joinable()) reader_.join();
+    {
+      absl::MutexLock lock(&mu_);
+      stop_heartbeat_ = true;
+    }
+    if (heartbeat_.joinable()) heartbeat_.join();
+  }
+
+ private:
+  void HeartbeatLoop() {
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_heartbeat_; };
+        if (mu_.AwaitWithTimeout(absl::Condition(&stop), opts_.heartbeat_interval)) return;
+      }
+      grpc::ClientContext ctx;
+      ctx.set_deadline(Deadline(opts_.heartbeat_interval));
+      proto::HeartbeatRequest req;
+      req.set_rank(rank_);
+      proto::HeartbeatResponse resp;
+      stub_->Heartbeat(&ctx, req, &resp);  // a lost coordinator shows on the stream
+    }
+  }
+
+  ClientOptions opts_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<proto::Coordinator::Stub> stub_;
+  GrpcStore store_;
+  int rank_ = -1;
+  std::unique_ptr<grpc::ClientContext> stream_ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<proto::RequestList, proto::ResponseList>> stream_;
+  std::thread reader_;
+  std::thread heartbeat_;
+  absl::Mutex write_mu_;  // one Write at a time
+  absl::Mutex mu_;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool reader_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_heartbeat_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectCoordinator(const ClientOptions& o) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  auto channel = grpc::CreateCustomChannel(o.address, grpc::InsecureChannelCredentials(), args);
+  if (!channel->WaitForConnected(Deadline(o.connect_timeout))) {
+    return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", o.address,
+                                               " within ",
+                                               absl::FormatDuration(o.connect_timeout)));
+  }
+  return std::unique_ptr<CoordinatorClient>(std::make_unique<GrpcClient>(o, std::move(channel)));
+}
+
+}  // namespace braid::coordinator

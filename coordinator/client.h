@@ -1,0 +1,27 @@
+// The gRPC implementation of braid::CoordinatorClient.
+#ifndef BRAID_COORDINATOR_CLIENT_H_
+#define BRAID_COORDINATOR_CLIENT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "runtime/coordinator_client.h"
+
+namespace braid::coordinator {
+
+struct ClientOptions {
+  std::string address;  // host:port
+  int rank_for_heartbeat = -1;
+  absl::Duration connect_timeout = absl::Seconds(60);
+  absl::Duration heartbeat_interval = absl::Seconds(2);
+};
+
+// Connects (retrying until connect_timeout, so ranks may start before the coordinator).
+// Unavailable names the address when it cannot be reached.
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectCoordinator(const ClientOptions& o);
+
+}  // namespace braid::coordinator
+
+#endif  // BRAID_COORDINATOR_CLIENT_H_

@@ -1,0 +1,195 @@
+#include "coordinator/negotiation.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/dtype.h"
+
+namespace braid::coordinator {
+namespace {
+
+std::string CollectiveName(proto::Collective c) {
+  switch (c) {
+    case proto::ALLREDUCE: return "allreduce";
+    case proto::ALLGATHER: return "allgather";
+    case proto::BROADCAST: return "broadcast";
+    case proto::REDUCESCATTER: return "reducescatter";
+    case proto::ALLTOALL: return "alltoall";
+    case proto::BARRIER: return "barrier";
+    default: return absl::StrCat("collective#", static_cast<int>(c));
+  }
+}
+
+std::string DtypeName(proto::DataType d) {
+  int v = static_cast<int>(d);
+  return IsValidDataType(v) ? std::string(DataTypeName(static_cast<DataType>(v)))
+                            : absl::StrCat("dtype#", v);
+}
+
+std::string OpName(proto::ReduceOp o) {
+  int v = static_cast<int>(o);
+  return IsValidReduceOp(v) ? std::string(ReduceOpName(static_cast<ReduceOp>(v)))
+                            : absl::StrCat("op#", v);
+}
+
+std::string TrailingShape(const proto::Request& r) {
+  std::vector<std::string> dims{"?"};
+  for (int i = 1; i < r.shape_size(); ++i) dims.push_back(absl::StrCat(r.shape(i)));
+  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
+}
+
+proto::Response Error(const std::string& name, absl::StatusCode code, std::string message) {
+  proto::Response resp;
+  resp.set_type(proto::Response::ERROR);
+  resp.add_names(name);
+  resp.set_error_code(static_cast<int>(code));
+  resp.set_error_message(std::move(message));
+  return resp;
+}
+
+}  // namespace
+
+std::string ShapeString(const proto::Request& r) {
+  return absl::StrCat("[", absl::StrJoin(r.shape(), ", "), "]");
+}
+
+std::string MismatchMessage(const std::string& name, const std::string& field,
+                            const std::map<int, std::string>& value_by_rank) {
+  // Group ranks by value, in order of each value's lowest rank.
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (const auto& [rank, value] : value_by_rank) {
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == value; });
+    if (it == groups.end()) groups.push_back({value, {rank}});
+    else it->second.push_back(rank);
+  }
+  std::vector<std::string> parts;
+  for (const auto& [value, ranks] : groups) {
+    parts.push_back(absl::StrCat(value, " on rank", ranks.size() > 1 ? "s " : " ",
+                                 absl::StrJoin(ranks, ", ")));
+  }
+  return absl::StrCat("tensor '", name, "': ", field, " differs across ranks: ",
+                      absl::StrJoin(parts, "; "));
+}
+
+NegotiationTable::NegotiationTable(int world_size) : world_size_(world_size) {}
+
+proto::Response NegotiationTable::Validate(const std::string& name, const Entry& e) const {
+  const proto::Request& first = e.by_rank.begin()->second;
+  // Each check: a field's text per rank; the first field that differs is reported.
+  using Getter = std::string (*)(const proto::Request&);
+  struct Check {
+    const char* field;
+    Getter get;
+  };
+  static const Check kChecks[] = {
+      {"collective", [](const proto::Request& r) { return CollectiveName(r.collective()); }},
+      {"dtype", [](const proto::Request& r) { return DtypeName(r.dtype()); }},
+      {"device", [](const proto::Request& r) { return std::string(r.device() == proto::GPU ? "gpu" : "cpu"); }},
+      {"process set", [](const proto::Request& r) { return absl::StrCat(r.process_set_id()); }},
+      {"compression", [](const proto::Request& r) { return r.compression().empty() ? std::string("none") : r.compression(); }},
+  };
+  auto differs = [&](const char* field, auto get) -> std::optional<proto::Response> {
+    std::map<int, std::string> values;
+    bool diff = false;
+    const std::string ref = get(first);
+    for (const auto& [rank, r] : e.by_rank) {
+      values[rank] = get(r);
+      diff = diff || values[rank] != ref;
+    }
+    if (!diff) return std::nullopt;
+    return Error(name, absl::StatusCode::kInvalidArgument, MismatchMessage(name, field, values));
+  };
+  for (const Check& c : kChecks) {
+    if (auto err = differs(c.field, c.get)) return *err;
+  }
+  const proto::Collective coll = first.collective();
+  if (coll == proto::ALLREDUCE || coll == proto::REDUCESCATTER) {
+    if (auto err = differs("reduce op", [](const proto::Request& r) { return OpName(r.reduce_op()); })) return *err;
+  }
+  if (coll == proto::ALLREDUCE || coll == proto::BROADCAST || coll == proto::REDUCESCATTER) {
+    if (auto err = differs("shape", [](const proto::Request& r) { return ShapeString(r); })) return *err;
+  }
+  if (coll == proto::ALLGATHER || coll == proto::ALLTOALL) {
+    if (auto err = differs("rank of the shape", [](const proto::Request& r) { return absl::StrCat(r.shape_size()); })) return *err;
+    if (first.shape_size() == 0) {
+      return Error(name, absl::StatusCode::kInvalidArgument,
+                   absl::StrCat("tensor '", name, "': ", CollectiveName(coll),
+                                " needs at least one dimension, got a scalar"));
+    }
+    if (auto err = differs("trailing shape", TrailingShape)) return *err;
+  }
+  if (coll == proto::BROADCAST) {
+    if (auto err = differs("root rank", [](const proto::Request& r) { return absl::StrCat(r.root_rank()); })) return *err;
+    if (first.root_rank() < 0 || first.root_rank() >= world_size_) {
+      return Error(name, absl::StatusCode::kInvalidArgument,
+                   absl::StrCat("tensor '", name, "': broadcast root rank ", first.root_rank(),
+                                " is not a rank of a world of size ", world_size_));
+    }
+  }
+  if (first.process_set_id() != 0) {
+    return Error(name, absl::StatusCode::kInvalidArgument,
+                 absl::StrCat("tensor '", name, "': process set ", first.process_set_id(),
+                              " does not exist (only 0, the whole world)"));
+  }
+  if (coll == proto::ALLREDUCE || coll == proto::REDUCESCATTER) {
+    absl::Status s = CheckReduceOp(static_cast<DataType>(first.dtype()),
+                                   static_cast<ReduceOp>(first.reduce_op()));
+    if (!s.ok()) {
+      return Error(name, absl::StatusCode::kInvalidArgument,
+                   absl::StrCat("tensor '", name, "': ", s.message()));
+    }
+  }
+
+  proto::Response ok;
+  ok.set_type(proto::Response::OK);
+  ok.add_names(name);
+  ok.set_collective(coll);
+  ok.set_dtype(first.dtype());
+  ok.set_reduce_op(first.reduce_op());
+  ok.set_root_rank(first.root_rank());
+  ok.set_process_set_id(first.process_set_id());
+  ok.set_compression(first.compression());
+  if (coll == proto::ALLGATHER) {
+    for (const auto& [rank, r] : e.by_rank) ok.add_first_dims(r.shape(0));
+  }
+  return ok;
+}
+
+std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::RequestList& list,
+                                                      absl::Time now) {
+  std::vector<proto::Response> ready;
+  for (const proto::Request& req : list.requests()) {
+    Entry& e = table_[req.name()];
+    if (e.by_rank.empty()) e.first_seen = now;
+    if (e.by_rank.count(rank) != 0) {
+      ready.push_back(Error(req.name(), absl::StatusCode::kAlreadyExists,
+                            absl::StrCat("tensor '", req.name(), "': rank ", rank,
+                                         " submitted it twice before it was negotiated")));
+      table_.erase(req.name());
+      continue;
+    }
+    e.by_rank[rank] = req;
+    if (static_cast<int>(e.by_rank.size()) < world_size_) continue;
+    ready.push_back(Validate(req.name(), e));
+    table_.erase(req.name());
+    ++negotiated_;
+  }
+  return ready;
+}
+
+std::vector<NegotiationTable::Pending> NegotiationTable::PendingTensors(absl::Time now) const {
+  std::vector<Pending> out;
+  for (const auto& [name, e] : table_) {
+    Pending p{name, {}, {}, now - e.first_seen};
+    for (int r = 0; r < world_size_; ++r) {
+      (e.by_rank.count(r) ? p.ready_ranks : p.missing_ranks).push_back(r);
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace braid::coordinator

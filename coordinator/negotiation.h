@@ -1,0 +1,65 @@
+// The negotiation table: the coordinator's pure logic, with no gRPC in it (unit-tested with
+// plain messages). A tensor is ready when every rank of its process set has asked for it;
+// its requests are then validated against each other and it is appended to one global
+// order that every rank receives identically. Mismatches become one ERROR response, sent to
+// every rank, naming the tensor and what each rank sent.
+#ifndef BRAID_COORDINATOR_NEGOTIATION_H_
+#define BRAID_COORDINATOR_NEGOTIATION_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "proto/braid.pb.h"
+
+namespace braid::coordinator {
+
+class NegotiationTable {
+ public:
+  explicit NegotiationTable(int world_size);
+
+  // Records `rank`'s requests and returns the responses that became ready because of them,
+  // in the order every rank must execute them. A rank asking twice for a name still in
+  // negotiation gets an ERROR response (AlreadyExists) addressed to the whole world.
+  std::vector<proto::Response> Submit(int rank, const proto::RequestList& list,
+                                      absl::Time now = absl::Now());
+
+  // Names some ranks submitted and others did not, with the ranks each is waiting for and
+  // how long it has waited.
+  struct Pending {
+    std::string name;
+    std::vector<int> ready_ranks;
+    std::vector<int> missing_ranks;
+    absl::Duration waiting;
+  };
+  std::vector<Pending> PendingTensors(absl::Time now = absl::Now()) const;
+
+  int world_size() const { return world_size_; }
+  int64_t tensors_negotiated() const { return negotiated_; }
+
+ private:
+  struct Entry {
+    std::map<int, proto::Request> by_rank;
+    absl::Time first_seen;
+  };
+  proto::Response Validate(const std::string& name, const Entry& e) const;
+
+  int world_size_;
+  std::map<std::string, Entry> table_;
+  int64_t negotiated_ = 0;
+};
+
+// Text of the validation errors, exposed for tests: "tensor 'NAME': FIELD differs across
+// ranks: VALUE on ranks A, B; VALUE on rank C".
+std::string MismatchMessage(const std::string& name, const std::string& field,
+                            const std::map<int, std::string>& value_by_rank);
+
+// "[2, 3]" for a shape.
+std::string ShapeString(const proto::Request& r);
+
+}  // namespace braid::coordinator
+
+#endif  // BRAID_COORDINATOR_NEGOTIATION_H_

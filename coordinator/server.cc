@@ -1,0 +1,414 @@
+#include "coordinator/server.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "coordinator/grpc_status.h"
+#include "coordinator/negotiation.h"
+#include "coordinator/rendezvous.h"
+#include "glog/logging.h"
+#include "proto/braid.grpc.pb.h"
+
+namespace braid::coordinator {
+namespace {
+
+// Messages waiting to be written to one rank's negotiation stream. The stream's writer
+// thread drains it, so the service never blocks on a slow rank while holding its lock.
+class Outbox {
+ public:
+  void Push(proto::ResponseList msg) {
+    absl::MutexLock lock(&mu_);
+    if (!closed_) queue_.push_back(std::move(msg));
+  }
+  void Close() {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+  }
+  // Next message, or false once closed and drained.
+  bool Pop(proto::ResponseList* out) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](Outbox* o) { return o->closed_ || !o->queue_.empty(); }, this));
+    if (queue_.empty()) return false;
+    *out = std::move(queue_.front());
+    queue_.pop_front();
+    return true;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<proto::ResponseList> queue_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class Service final : public proto::Coordinator::Service {
+ public:
+  explicit Service(const ServerOptions& o) : opts_(o), size_(o.world_size), start_(absl::Now()) {}
+
+  grpc::Status Register(grpc::ServerContext* ctx, const proto::RegisterRequest* req,
+                        proto::RegisterResponse* resp) override {
+    absl::MutexLock lock(&mu_);
+    if (!opts_.job_secret.empty() && req->job_secret() != opts_.job_secret) {
+      return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
+          "pid ", req->pid(), " on ", req->host(), " presented the wrong job secret")));
+    }
+    if (formed_) {
+      if (static_cast<int>(clean_.size()) < size_) {
+        return ToGrpcStatus(absl::FailedPreconditionError(
+            "a job is already running on this coordinator"));
+      }
+      ResetLocked();  // every rank shut down cleanly: a new job may form
+    }
+    if (size_ == 0) size_ = req->size();
+    if (size_ <= 0) {
+      return ToGrpcStatus(absl::InvalidArgumentError("world size unknown: set BRAID_SIZE"));
+    }
+    if (req->size() != 0 && req->size() != size_) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "pid ", req->pid(), " on ", req->host(), " expects world size ", req->size(),
+          " but the job has ", size_)));
+    }
+    const int generation = generation_;
+    const size_t index = registrations_.size();
+    registrations_.push_back(*req);
+    absl::Time deadline = absl::Now() + opts_.register_timeout;
+    auto complete = [this, generation]() {
+      mu_.AssertHeld();
+      return generation_ != generation || formed_ ||
+             static_cast<int>(registrations_.size()) >= size_;
+    };
+    while (!complete() && !ctx->IsCancelled() && absl::Now() < deadline) {
+      cv_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Milliseconds(200)));
+    }
+    if (generation_ != generation) return ToGrpcStatus(absl::AbortedError("coordinator reset"));
+    if (!formed_ && static_cast<int>(registrations_.size()) < size_) {
+      size_t got = registrations_.size();
+      registrations_.erase(registrations_.begin() + index);
+      return ToGrpcStatus(absl::DeadlineExceededError(absl::StrCat(
+          "only ", got, " of ", size_, " ranks registered within ",
+          absl::FormatDuration(opts_.register_timeout))));
+    }
+    if (!formed_) {
+      auto assigned = AssignRanks(registrations_, size_);
+      formed_ = true;
+      assign_status_ = assigned.status();
+      if (assigned.ok()) assigned_ = *std::move(assigned);
+      table_ = std::make_unique<NegotiationTable>(size_);
+      ranks_.assign(size_, RankState{});
+      for (size_t i = 0; i < assigned_.size(); ++i) {
+        RankState& rs = ranks_[assigned_[i].rank()];
+        rs.host = registrations_[i].host();
+        rs.pid = registrations_[i].pid();
+        rs.state = "registered";
+        rs.last_seen = absl::Now();
+      }
+      cv_.SignalAll();
+    }
+    if (!assign_status_.ok()) return ToGrpcStatus(assign_status_);
+    *resp = assigned_[index];
+    return grpc::Status::OK;
+  }
+
+  grpc::Status KeyValueSet(grpc::ServerContext*, const proto::KeyValueSetRequest* req,
+                           proto::KeyValueSetResponse*) override {
+    absl::MutexLock lock(&mu_);
+    kv_[req->key()] = req->value();
+    cv_.SignalAll();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status KeyValueGet(grpc::ServerContext* ctx, const proto::KeyValueGetRequest* req,
+                           proto::KeyValueGetResponse* resp) override {
+    absl::MutexLock lock(&mu_);
+    absl::Time deadline = absl::Now() + absl::Milliseconds(req->timeout_ms());
+    while (!kv_.count(req->key()) && !ctx->IsCancelled() && absl::Now() < deadline) {
+      cv_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Milliseconds(200)));
+    }
+    auto it = kv_.find(req->key());
+    resp->set_found(it != kv_.end());
+    if (it != kv_.end()) resp->set_value(it->second);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Negotiate(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<proto::ResponseList, proto::RequestList>* stream) override {
+    proto::RequestList msg;
+    if (!stream->Read(&msg)) return grpc::Status::OK;
+    const int rank = msg.rank();
+    auto outbox = std::make_shared<Outbox>();
+    {
+      absl::MutexLock lock(&mu_);
+      if (!formed_ || rank < 0 || rank >= size_) {
+        return ToGrpcStatus(absl::FailedPreconditionError(
+            absl::StrCat("rank ", rank, " opened negotiation before the job formed")));
+      }
+      outboxes_[rank] = outbox;
+      ranks_[rank].state = "negotiating";
+      ranks_[rank].last_seen = absl::Now();
+      if (!abort_.ok()) outbox->Push(AbortMessage(abort_));
+      if (shutting_down_) {
+        proto::ResponseList bye;
+        bye.set_shutdown(true);
+        outbox->Push(bye);
+        outbox->Close();
+      }
+    }
+    std::thread writer([&] {
+      proto::ResponseList out;
+      while (outbox->Pop(&out)) {
+        if (!stream->Write(out)) break;
+      }
+    });
+    bool clean = false;
+    do {
+      if (msg.shutdown()) {
+        clean = true;
+        break;
+      }
+      HandleRequests(rank, msg);
+    } while (stream->Read(&msg));
+    {
+      absl::MutexLock lock(&mu_);
+      if (outboxes_[rank] == outbox) outboxes_.erase(rank);
+      if (clean) {
+        clean_.insert(rank);
+        ranks_[rank].state = "shut down";
+      } else if (!shutting_down_ && ranks_[rank].state != "shut down") {
+        ranks_[rank].state = "lost";
+        AbortLocked(absl::UnavailableError(absl::StrCat(
+            "rank ", rank, " (pid ", ranks_[rank].pid, " on ", ranks_[rank].host,
+            ") was lost: its connection to the coordinator closed")));
+      }
+    }
+    outbox->Close();
+    writer.join();
+    (void)ctx;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest* req,
+                         proto::HeartbeatResponse*) override {
+    absl::MutexLock lock(&mu_);
+    if (req->rank() >= 0 && req->rank() < static_cast<int>(ranks_.size())) {
+      ranks_[req->rank()].last_seen = absl::Now();
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Status(grpc::ServerContext*, const proto::StatusRequest*,
+                      proto::StatusResponse* resp) override {
+    absl::MutexLock lock(&mu_);
+    absl::Time now = absl::Now();
+    resp->set_size(size_);
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      proto::RankStatus* s = resp->add_ranks();
+      s->set_rank(static_cast<int>(r));
+      s->set_host(ranks_[r].host);
+      s->set_pid(ranks_[r].pid);
+      s->set_state(ranks_[r].state);
+      s->set_last_seen_ms_ago(absl::ToInt64Milliseconds(now - ranks_[r].last_seen));
+    }
+    if (table_) {
+      resp->set_tensors_negotiated(table_->tensors_negotiated());
+      resp->set_tensors_pending(static_cast<int64_t>(table_->PendingTensors(now).size()));
+    }
+    resp->set_responses_sent(responses_sent_);
+    resp->set_uptime_ms(absl::ToInt64Milliseconds(now - start_));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Shutdown(grpc::ServerContext*, const proto::ShutdownRequest* req,
+                        proto::ShutdownResponse*) override {
+    absl::MutexLock lock(&mu_);
+    shutdown_requested_ = true;
+    cv_.SignalAll();
+    return grpc::Status::OK;
+  }
+
+  // Ends every stream with a shutdown message.
+  void BeginShutdown() {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    proto::ResponseList bye;
+    bye.set_shutdown(true);
+    for (auto& [rank, box] : outboxes_) {
+      box->Push(bye);
+      box->Close();
+    }
+    cv_.SignalAll();
+  }
+
+  // Blocks until a Shutdown RPC arrives or `stop` is set.
+  void WaitForShutdownRequest(const std::atomic<bool>* stop) {
+    absl::MutexLock lock(&mu_);
+    while (!shutdown_requested_ && !*stop) {
+      cv_.WaitWithTimeout(&mu_, absl::Milliseconds(500));
+      MonitorHeartbeatsLocked();
+    }
+  }
+  void Wake() {
+    absl::MutexLock lock(&mu_);
+    cv_.SignalAll();
+  }
+
+ private:
+  struct RankState {
+    std::string host;
+    int64_t pid = 0;
+    std::string state = "unregistered";
+    absl::Time last_seen = absl::InfinitePast();
+  };
+
+  static proto::ResponseList AbortMessage(const absl::Status& s) {
+    proto::ResponseList rl;
+    rl.set_abort_message(std::string(s.message()));
+    rl.set_abort_code(static_cast<int>(s.code()));
+    return rl;
+  }
+
+  void HandleRequests(int rank, const proto::RequestList& msg) {
+    absl::MutexLock lock(&mu_);
+    ranks_[rank].last_seen = absl::Now();
+    std::vector<proto::Response> ready = table_->Submit(rank, msg);
+    if (ready.empty()) return;
+    proto::ResponseList rl;
+    for (auto& r : ready) *rl.add_responses() = std::move(r);
+    responses_sent_ += rl.responses_size();
+    // Pushed under the lock: every outbox receives the same sequence.
+    for (auto& [r, box] : outboxes_) box->Push(rl);
+  }
+
+  void AbortLocked(const absl::Status& s) {
+    if (!abort_.ok()) return;
+    abort_ = s;
+    LOG(WARNING) << "coordinator: aborting the job: " << s.message();
+    proto::ResponseList rl = AbortMessage(s);
+    for (auto& [r, box] : outboxes_) box->Push(rl);
+  }
+
+  void MonitorHeartbeatsLocked() {
+    absl::Time now = absl::Now();
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      RankState& rs = ranks_[r];
+      if (rs.state != "negotiating" || now - rs.last_seen < opts_.heartbeat_timeout) continue;
+      rs.state = "lost";
+      AbortLocked(absl::UnavailableError(absl::StrCat(
+          "rank ", r, " (pid ", rs.pid, " on ", rs.host, ") was lost: silent for ",
+          absl::FormatDuration(now - rs.last_seen), " (BRAID_HEARTBEAT_TIMEOUT_S)")));
+    }
+  }
+
+  void ResetLocked() {
+    ++generation_;
+    registrations_.clear();
+    assigned_.clear();
+    assign_status_ = absl::OkStatus();
+    formed_ = false;
+    clean_.clear();
+    kv_.clear();
+    table_.reset();
+    abort_ = absl::OkStatus();
+    size_ = opts_.world_size;
+    cv_.SignalAll();
+  }
+
+  const ServerOptions opts_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  int size_ ABSL_GUARDED_BY(mu_);
+  const absl::Time start_;
+  int generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<proto::RegisterRequest> registrations_ ABSL_GUARDED_BY(mu_);
+  std::vector<proto::RegisterResponse> assigned_ ABSL_GUARDED_BY(mu_);
+  absl::Status assign_status_ ABSL_GUARDED_BY(mu_);
+  bool formed_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<int> clean_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<NegotiationTable> table_ ABSL_GUARDED_BY(mu_);
+  std::vector<RankState> ranks_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::shared_ptr<Outbox>> outboxes_ ABSL_GUARDED_BY(mu_);
+  absl::Status abort_ ABSL_GUARDED_BY(mu_);
+  int64_t responses_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutdown_requested_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class GrpcCoordinatorServer final : public CoordinatorServer {
+ public:
+  explicit GrpcCoordinatorServer(const ServerOptions& o) : opts_(o), service_(o) {}
+  ~GrpcCoordinatorServer() override {
+    Shutdown(absl::Milliseconds(200));
+    if (watcher_.joinable()) watcher_.join();
+  }
+
+  absl::Status Start() {
+    grpc::ServerBuilder builder;
+    const std::string addr = absl::StrCat(opts_.bind_address, ":", opts_.port);
+    builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &port_);
+    // A second coordinator must not silently share the port (TRAPS.md).
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    // Ranks keep their streams alive with pings; permit them.
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port_ == 0) {
+      return absl::UnavailableError(absl::StrCat(
+          "coordinator cannot listen on ", addr, " (address in use or not local)"));
+    }
+    watcher_ = std::thread([this] {
+      service_.WaitForShutdownRequest(&stop_watcher_);
+      if (!stop_watcher_) Shutdown(absl::Seconds(1));
+    });
+    return absl::OkStatus();
+  }
+
+  int port() const override { return port_; }
+  std::string address() const override { return absl::StrCat(opts_.bind_address, ":", port_); }
+
+  void Shutdown(absl::Duration grace) override {
+    absl::MutexLock lock(&shutdown_mu_);
+    if (server_ == nullptr || stopped_) return;
+    stopped_ = true;
+    service_.BeginShutdown();
+    server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(grace));
+    stop_watcher_ = true;
+    service_.Wake();
+    if (watcher_.joinable() && watcher_.get_id() != std::this_thread::get_id()) watcher_.join();
+    done_.Notify();
+  }
+
+  void Wait() override { done_.WaitForNotification(); }
+
+ private:
+  ServerOptions opts_;
+  Service service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::thread watcher_;
+  std::atomic<bool> stop_watcher_{false};
+  absl::Mutex shutdown_mu_;
+  bool stopped_ = false;
+  absl::Notification done_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> StartCoordinator(const ServerOptions& options) {
+  auto server = std::make_unique<GrpcCoordinatorServer>(options);
+  absl::Status s = server->Start();
+  if (!s.ok()) return s;
+  return std::unique_ptr<CoordinatorServer>(std::move(server));
+}
+
+}  // namespace braid::coordinator

@@ -1,0 +1,40 @@
+// The runtime's view of the coordinator: proto messages in and out, no gRPC types. The
+// gRPC implementation lives in coordinator/client.h; tests can substitute their own.
+#ifndef BRAID_RUNTIME_COORDINATOR_CLIENT_H_
+#define BRAID_RUNTIME_COORDINATOR_CLIENT_H_
+
+#include <functional>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/braid.pb.h"
+#include "transport/store.h"
+
+namespace braid {
+
+class CoordinatorClient {
+ public:
+  virtual ~CoordinatorClient() = default;
+
+  // Blocks until the whole world registered; `timeout` bounds the wait.
+  virtual absl::StatusOr<proto::RegisterResponse> Register(const proto::RegisterRequest& req,
+                                                           absl::Duration timeout) = 0;
+  // The coordinator's key-value store, for the data plane's address exchange.
+  virtual transport::Store* store() = 0;
+
+  // Opens this rank's negotiation stream. `on_message` is called for every ResponseList in
+  // order, and `on_closed` once when the stream ends (OK after Close(), Unavailable when the
+  // coordinator is lost), both from the client's reader thread.
+  virtual absl::Status StartNegotiation(
+      int rank, std::function<void(const proto::ResponseList&)> on_message,
+      std::function<void(const absl::Status&)> on_closed) = 0;
+  // Sends requests on the stream. Called by one thread at a time.
+  virtual absl::Status Send(const proto::RequestList& list) = 0;
+  // Says a clean goodbye and ends the stream; cancels it after `grace`.
+  virtual void Close(absl::Duration grace) = 0;
+};
+
+}  // namespace braid
+
+#endif  // BRAID_RUNTIME_COORDINATOR_CLIENT_H_

@@ -1,0 +1,506 @@
+#include "runtime/runtime.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <deque>
+#include <map>
+#include <numeric>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "coordinator/client.h"
+#include "coordinator/server.h"
+#include "glog/logging.h"
+#include "transport/ucx_communicator.h"
+
+namespace braid {
+namespace {
+
+std::string HostName() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+absl::string_view CollectiveName(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce: return "allreduce";
+    case Collective::kAllGather: return "allgather";
+    case Collective::kBroadcast: return "broadcast";
+    case Collective::kReduceScatter: return "reducescatter";
+    case Collective::kAllToAll: return "alltoall";
+    case Collective::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+int64_t NumElements(const std::vector<int64_t>& shape) {
+  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
+}
+
+// Elements per row of dim 0 (the product of the trailing dimensions).
+int64_t RowElements(const std::vector<int64_t>& shape) {
+  return shape.empty() ? 1 : NumElements({shape.begin() + 1, shape.end()});
+}
+
+// Rows of dim 0 each rank gets in a reduce-scatter: even, the first rows % size one more.
+std::vector<int64_t> EvenRows(int64_t rows, int size) {
+  std::vector<int64_t> out(size, rows / size);
+  for (int r = 0; r < rows % size; ++r) ++out[r];
+  return out;
+}
+
+}  // namespace
+
+class Runtime::Impl {
+ public:
+  ~Impl() { Shutdown().IgnoreError(); }
+
+  absl::Status Init(const RuntimeConfig& config);
+  absl::Status Shutdown();
+  bool initialized() const {
+    absl::MutexLock lock(&mu_);
+    return state_ == State::kRunning;
+  }
+  absl::StatusOr<int> Get(int Impl::*field) const {
+    absl::MutexLock lock(&mu_);
+    BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+    return this->*field;
+  }
+  absl::StatusOr<std::shared_ptr<Handle>> Enqueue(CollectiveRequest req);
+
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+
+ private:
+  enum class State { kUninitialized, kRunning, kShutDown };
+  struct Entry {
+    CollectiveRequest req;
+    std::shared_ptr<Handle> handle;
+  };
+
+  absl::Status CheckRunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckRequest(const CollectiveRequest& r) const;
+  void Loop();
+  void OnMessage(const proto::ResponseList& msg);
+  void OnClosed(const absl::Status& s);
+  void AbortJob(const absl::Status& s);
+  void Execute(const proto::Response& resp);
+  absl::Status Run(Entry& e, const proto::Response& resp);
+  void Finish(const std::string& name, const absl::Status& s);
+
+  mutable absl::Mutex mu_;
+  State state_ ABSL_GUARDED_BY(mu_) = State::kUninitialized;
+  RuntimeConfig config_;
+  std::unique_ptr<coordinator::CoordinatorServer> hosted_;
+  std::unique_ptr<CoordinatorClient> client_;
+  std::unique_ptr<transport::Communicator> comm_;
+  std::map<std::string, Entry> table_ ABSL_GUARDED_BY(mu_);  // in flight on this rank
+  std::vector<proto::Request> outgoing_ ABSL_GUARDED_BY(mu_);
+  std::deque<proto::Response> responses_ ABSL_GUARDED_BY(mu_);
+  absl::Status abort_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread loop_;
+};
+
+absl::Status Runtime::Impl::CheckRunningLocked() const {
+  switch (state_) {
+    case State::kRunning: return absl::OkStatus();
+    case State::kUninitialized:
+      return absl::FailedPreconditionError("braid is not initialized: call init() first");
+    case State::kShutDown:
+      return absl::FailedPreconditionError(
+          "braid has been shut down: call init() again to start a new job");
+  }
+  return absl::InternalError("bad state");
+}
+
+absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ == State::kRunning) return absl::OkStatus();
+  }
+  config_ = config;
+  LaunchInfo launch = config.launch;
+  std::string address = config.coordinator;
+  if (address.empty()) {
+    const bool alone = launch.size <= 1 && launch.rank <= 0;
+    if (alone) {
+      // No launcher and no peers: a private coordinator on a free port.
+      launch.rank = 0;
+      launch.size = 1;
+    }
+    if (launch.rank == 0) {
+      coordinator::ServerOptions so;
+      so.bind_address = alone ? "127.0.0.1" : config.coordinator_host;
+      so.port = alone ? 0 : config.coordinator_port;
+      so.world_size = launch.size;
+      so.job_secret = config.job_secret;
+      so.heartbeat_timeout = config.heartbeat_timeout;
+      BRAID_ASSIGN_OR_RETURN(hosted_, coordinator::StartCoordinator(so));
+      address = hosted_->address();
+    } else if (launch.rank < 0) {
+      return absl::InvalidArgumentError(
+          "BRAID_COORDINATOR is not set and this process has no rank from a launcher "
+          "(BRAID_RANK, RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK): run under braidrun");
+    } else {
+      address = absl::StrCat(config.coordinator_host, ":", config.coordinator_port);
+    }
+  }
+  coordinator::ClientOptions co;
+  co.address = address;
+  co.connect_timeout = std::max(config.timeout, absl::Seconds(30));
+  co.heartbeat_interval = std::max(absl::Milliseconds(100), config.heartbeat_timeout / 4);
+  auto fail = [this](absl::Status s) {
+    client_.reset();
+    if (hosted_) hosted_->Shutdown(absl::ZeroDuration());
+    hosted_.reset();
+    return s;
+  };
+  auto client = coordinator::ConnectCoordinator(co);
+  if (!client.ok()) return fail(client.status());
+  client_ = *std::move(client);
+
+  proto::RegisterRequest reg;
+  reg.set_rank(launch.rank);
+  reg.set_size(launch.size);
+  reg.set_local_rank(launch.local_rank);
+  reg.set_local_size(launch.local_size);
+  reg.set_host(HostName());
+  reg.set_pid(getpid());
+  reg.set_job_secret(config.job_secret);
+  auto registered = client_->Register(reg, std::max(config.timeout, absl::Seconds(60)));
+  if (!registered.ok()) return fail(registered.status());
+  rank_ = registered->rank();
+  size_ = registered->size();
+  local_rank_ = registered->local_rank();
+  local_size_ = registered->local_size();
+
+  transport::UcxOptions uo;
+  uo.rank = rank_;
+  uo.size = size_;
+  uo.store = client_->store();
+  uo.timeout = config.timeout;
+  uo.connect_timeout = std::max(config.timeout, absl::Seconds(30));
+  uo.peer_error_handling = config.ucx_peer_error_handling;
+  auto comm = transport::CreateUcxCommunicator(uo);
+  if (!comm.ok()) return fail(comm.status());
+  comm_ = *std::move(comm);
+
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = false;
+    abort_ = absl::OkStatus();
+    outgoing_.clear();
+    responses_.clear();
+    state_ = State::kRunning;
+  }
+  absl::Status s = client_->StartNegotiation(
+      rank_, [this](const proto::ResponseList& m) { OnMessage(m); },
+      [this](const absl::Status& st) { OnClosed(st); });
+  if (!s.ok()) {
+    absl::MutexLock lock(&mu_);
+    state_ = State::kUninitialized;
+    comm_.reset();
+    return fail(s);
+  }
+  loop_ = std::thread([this] { Loop(); });
+  VLOG(1) << "braid: rank " << rank_ << " of " << size_ << " joined via " << address << " ("
+          << comm_->Describe() << ")";
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::Impl::Shutdown() {
+  bool busy;
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ != State::kRunning) return absl::OkStatus();
+    stop_ = true;
+    busy = !table_.empty();
+  }
+  // Wake a collective blocked on peers that may never come.
+  if (busy) comm_->Abort(absl::CancelledError("braid is shutting down"));
+  if (loop_.joinable()) loop_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, e] : table_) {
+      e.handle->Complete(absl::CancelledError(
+          absl::StrCat("braid was shut down before '", name, "' completed")));
+    }
+    table_.clear();
+    state_ = State::kShutDown;
+  }
+  client_->Close(absl::Milliseconds(500));
+  comm_.reset();
+  client_.reset();
+  if (hosted_) {
+    hosted_->Shutdown(absl::Milliseconds(500));
+    hosted_.reset();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r) const {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(CollectiveName(r.collective), " '", r.name,
+                                                   "' on rank ", rank_, ": ", why));
+  };
+  if (r.name.empty()) return bad("a name is required");
+  if (!IsValidDataType(static_cast<int32_t>(r.dtype))) return bad("unknown dtype");
+  for (int64_t d : r.shape) {
+    if (d < 0) return bad(absl::StrCat("negative dimension ", d));
+  }
+  const int64_t n = NumElements(r.shape);
+  if (r.collective != Collective::kBarrier && n > 0 && r.input == nullptr) {
+    return bad("input buffer is null");
+  }
+  if ((r.collective == Collective::kAllReduce || r.collective == Collective::kBroadcast) &&
+      n > 0 && r.output == nullptr) {
+    return bad("output buffer is null");
+  }
+  if (r.collective == Collective::kAllReduce || r.collective == Collective::kReduceScatter) {
+    absl::Status s = CheckReduceOp(r.dtype, r.op);
+    if (!s.ok()) return bad(std::string(s.message()));
+  }
+  if ((r.collective == Collective::kAllGather || r.collective == Collective::kAllToAll ||
+       r.collective == Collective::kReduceScatter) && r.shape.empty()) {
+    return bad("needs at least one dimension, got a scalar");
+  }
+  if (r.collective == Collective::kAllToAll) {
+    if (r.splits.empty()) {
+      if (r.shape[0] % size_ != 0) {
+        return bad(absl::StrCat("dim 0 (", r.shape[0], ") does not divide evenly among ", size_,
+                                " ranks: pass splits"));
+      }
+    } else {
+      if (static_cast<int>(r.splits.size()) != size_) {
+        return bad(absl::StrCat("splits has ", r.splits.size(), " entries for ", size_, " ranks"));
+      }
+      int64_t sum = 0;
+      for (int64_t s : r.splits) {
+        if (s < 0) return bad("negative split");
+        sum += s;
+      }
+      if (sum != r.shape[0]) {
+        return bad(absl::StrCat("splits sum to ", sum, " but dim 0 is ", r.shape[0]));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest req) {
+  absl::MutexLock lock(&mu_);
+  BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+  BRAID_RETURN_IF_ERROR(CheckRequest(req));
+  if (table_.count(req.name)) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "tensor '", req.name, "' is already in flight on rank ", rank_,
+        ": wait for it to complete before reusing the name"));
+  }
+  auto handle = std::make_shared<Handle>();
+  if (!abort_.ok()) {
+    handle->Complete(abort_);
+    return handle;
+  }
+  proto::Request p;
+  p.set_name(req.name);
+  p.set_collective(static_cast<proto::Collective>(req.collective));
+  p.set_dtype(static_cast<proto::DataType>(req.dtype));
+  for (int64_t d : req.shape) p.add_shape(d);
+  p.set_device(proto::CPU);
+  p.set_reduce_op(static_cast<proto::ReduceOp>(req.op));
+  p.set_root_rank(req.root_rank);
+  p.set_process_set_id(req.process_set_id);
+  std::string compression = req.compression.empty() ? config_.compression : req.compression;
+  p.set_compression(compression == "none" ? "" : compression);
+  outgoing_.push_back(std::move(p));
+  std::string name = req.name;
+  table_.emplace(name, Entry{std::move(req), handle});
+  return handle;
+}
+
+void Runtime::Impl::OnMessage(const proto::ResponseList& msg) {
+  if (!msg.abort_message().empty()) {
+    AbortJob(absl::Status(static_cast<absl::StatusCode>(msg.abort_code()), msg.abort_message()));
+  }
+  if (msg.shutdown()) {
+    AbortJob(absl::CancelledError("the coordinator ended the job"));
+  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& r : msg.responses()) responses_.push_back(r);
+}
+
+void Runtime::Impl::OnClosed(const absl::Status& s) {
+  if (!s.ok()) AbortJob(s);
+}
+
+void Runtime::Impl::AbortJob(const absl::Status& s) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!abort_.ok()) return;
+    abort_ = s;
+  }
+  // Thread-safe: fails the collective in flight at once instead of at its timeout.
+  comm_->Abort(s);
+}
+
+void Runtime::Impl::Loop() {
+  while (true) {
+    proto::RequestList out;
+    std::deque<proto::Response> todo;
+    absl::Status abort;
+    {
+      absl::MutexLock lock(&mu_);
+      // Event-driven: sleeps until work arrives; an idle job costs no CPU.
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stop_ || !outgoing_.empty() || !responses_.empty() ||
+               (!abort_.ok() && !table_.empty());
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stop_) return;
+      abort = abort_;
+      if (!abort.ok()) {
+        for (auto& [name, e] : table_) e.handle->Complete(abort);
+        table_.clear();
+        outgoing_.clear();
+        responses_.clear();
+        continue;
+      }
+      out.set_rank(rank_);
+      for (auto& r : outgoing_) *out.add_requests() = std::move(r);
+      outgoing_.clear();
+      todo.swap(responses_);
+    }
+    if (out.requests_size() > 0) {
+      absl::Status s = client_->Send(out);
+      if (!s.ok()) AbortJob(s);
+    }
+    for (const proto::Response& r : todo) Execute(r);
+  }
+}
+
+void Runtime::Impl::Finish(const std::string& name, const absl::Status& s) {
+  absl::MutexLock lock(&mu_);
+  auto it = table_.find(name);
+  if (it == table_.end()) return;
+  it->second.handle->Complete(s);
+  table_.erase(it);
+}
+
+void Runtime::Impl::Execute(const proto::Response& resp) {
+  if (resp.type() == proto::Response::ERROR) {
+    absl::Status err(static_cast<absl::StatusCode>(resp.error_code()), resp.error_message());
+    for (const std::string& name : resp.names()) Finish(name, err);
+    return;
+  }
+  for (const std::string& name : resp.names()) {
+    Entry* e = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = table_.find(name);
+      if (it != table_.end()) e = &it->second;  // stays put: only this thread erases
+    }
+    if (e == nullptr) {
+      LOG(ERROR) << "rank " << rank_ << ": coordinator scheduled '" << name
+                 << "', which this rank did not submit";
+      AbortJob(absl::InternalError(absl::StrCat("rank ", rank_, " was told to run '", name,
+                                                "', which it never submitted")));
+      return;
+    }
+    absl::Status s = Run(*e, resp);
+    Finish(name, s);
+  }
+}
+
+absl::Status Runtime::Impl::Run(Entry& e, const proto::Response& resp) {
+  const CollectiveRequest& r = e.req;
+  const size_t elem = DataTypeSize(r.dtype);
+  const int64_t n = NumElements(r.shape);
+  Handle& h = *e.handle;
+  // Output the caller sized, or one the handle owns when the caller gave none (or too little).
+  auto output_for = [&](size_t bytes, std::vector<int64_t> shape, bool caller_sized) -> void* {
+    h.set_output_shape(std::move(shape));
+    if (r.output != nullptr && (caller_sized || r.output_capacity_bytes >= bytes)) return r.output;
+    h.mutable_output().resize(bytes);
+    return h.mutable_output().data();
+  };
+  switch (r.collective) {
+    case Collective::kAllReduce:
+      return comm_->AllReduce(r.input, r.output, n, r.dtype, r.op);
+    case Collective::kBroadcast: {
+      if (rank_ == resp.root_rank() && r.output != r.input && n > 0) {
+        std::memcpy(r.output, r.input, n * elem);
+      }
+      return comm_->Broadcast(r.output, n * elem, resp.root_rank());
+    }
+    case Collective::kBarrier:
+      return comm_->Barrier();
+    case Collective::kAllGather: {
+      const int64_t row = RowElements(r.shape);
+      std::vector<size_t> bytes(size_);
+      int64_t rows = 0;
+      for (int p = 0; p < size_; ++p) {
+        bytes[p] = resp.first_dims(p) * row * elem;
+        rows += resp.first_dims(p);
+      }
+      std::vector<int64_t> shape = r.shape;
+      shape[0] = rows;
+      void* out = output_for(rows * row * elem, shape, false);
+      return comm_->AllGather(r.input, bytes[rank_], out, bytes);
+    }
+    case Collective::kReduceScatter: {
+      const int64_t row = RowElements(r.shape);
+      std::vector<int64_t> rows = EvenRows(r.shape[0], size_);
+      std::vector<size_t> counts(size_);
+      for (int p = 0; p < size_; ++p) counts[p] = rows[p] * row;
+      std::vector<int64_t> shape = r.shape;
+      shape[0] = rows[rank_];
+      void* out = output_for(counts[rank_] * elem, shape, r.output != nullptr);
+      return comm_->ReduceScatter(r.input, out, counts, r.dtype, r.op);
+    }
+    case Collective::kAllToAll: {
+      const int64_t row = RowElements(r.shape);
+      std::vector<int64_t> send_rows = r.splits.empty() ? EvenRows(r.shape[0], size_) : r.splits;
+      std::vector<int64_t> recv_rows(size_);
+      std::vector<size_t> eight(size_, sizeof(int64_t));
+      BRAID_RETURN_IF_ERROR(comm_->AllToAll(send_rows.data(), eight, recv_rows.data(), eight));
+      std::vector<size_t> sb(size_), rb(size_);
+      int64_t total = 0;
+      for (int p = 0; p < size_; ++p) {
+        sb[p] = send_rows[p] * row * elem;
+        rb[p] = recv_rows[p] * row * elem;
+        total += recv_rows[p];
+      }
+      std::vector<int64_t> shape = r.shape;
+      shape[0] = total;
+      void* out = output_for(total * row * elem, shape, false);
+      return comm_->AllToAll(r.input, sb, out, rb);
+    }
+  }
+  return absl::InternalError("unknown collective");
+}
+
+Runtime::Runtime() : impl_(std::make_unique<Impl>()) {}
+Runtime::~Runtime() = default;
+absl::Status Runtime::Init(const RuntimeConfig& config) { return impl_->Init(config); }
+absl::Status Runtime::Shutdown() { return impl_->Shutdown(); }
+bool Runtime::initialized() const { return impl_->initialized(); }
+absl::StatusOr<int> Runtime::rank() const { return impl_->Get(&Impl::rank_); }
+absl::StatusOr<int> Runtime::size() const { return impl_->Get(&Impl::size_); }
+absl::StatusOr<int> Runtime::local_rank() const { return impl_->Get(&Impl::local_rank_); }
+absl::StatusOr<int> Runtime::local_size() const { return impl_->Get(&Impl::local_size_); }
+absl::StatusOr<std::shared_ptr<Handle>> Runtime::Enqueue(CollectiveRequest request) {
+  return impl_->Enqueue(std::move(request));
+}
+
+Runtime& GlobalRuntime() {
+  static Runtime* runtime = new Runtime();  // never destroyed: bindings shut it down explicitly
+  return *runtime;
+}
+
+}  // namespace braid

@@ -1,0 +1,92 @@
+// braid::Runtime: the public C++ API. A process initialises it once, then hands it
+// collectives asynchronously; a background thread negotiates them with the coordinator and
+// runs them over the data plane in the same order on every rank.
+//
+// Thread-safety: every method may be called from any thread. The background thread is the
+// only one that touches the data plane; it never calls back into the caller's code.
+#ifndef BRAID_RUNTIME_RUNTIME_H_
+#define BRAID_RUNTIME_RUNTIME_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "runtime/config.h"
+#include "runtime/handle.h"
+
+namespace braid {
+
+enum class Collective : int32_t {
+  kAllReduce = 0,
+  kAllGather = 1,
+  kBroadcast = 2,
+  kReduceScatter = 3,
+  kAllToAll = 4,
+  kBarrier = 5,
+};
+
+// One collective call. Shapes are in elements; buffers are host memory, contiguous,
+// row-major, and must stay valid (and unmodified, for inputs) until the handle completes.
+struct CollectiveRequest {
+  std::string name;                // unique among this rank's in-flight collectives
+  Collective collective = Collective::kAllReduce;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;      // this rank's input shape
+  const void* input = nullptr;
+  // allreduce / broadcast: same shape as the input (may equal `input` for in-place).
+  // reducescatter: this rank's share of dim 0 (dim0 / size, the first dim0 % size ranks one
+  // row more). allgather / alltoall: may be null, then the result lands in Handle::output().
+  void* output = nullptr;
+  size_t output_capacity_bytes = 0;  // size of `output` when the runtime decides the shape
+  ReduceOp op = ReduceOp::kAverage;
+  int root_rank = 0;               // broadcast
+  std::vector<int64_t> splits;     // alltoall: rows of dim 0 sent to each rank; empty = even
+  int process_set_id = 0;
+  std::string compression;         // "" = the default (BRAID_COMPRESSION)
+};
+
+class Runtime {
+ public:
+  Runtime();
+  ~Runtime();  // shuts down if still running
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Joins the job: rendezvous with the coordinator (hosting it in-process on rank 0 when
+  // config.coordinator is empty), connects the data plane, starts the background thread.
+  // OK if already initialised. Errors: InvalidArgument (bad configuration),
+  // DeadlineExceeded / Unavailable (coordinator or peers unreachable).
+  absl::Status Init(const RuntimeConfig& config);
+  // Fails every pending handle with Cancelled and leaves the job; returns within ~2 s even
+  // when peers are gone. OK if not initialised. Init() may be called again afterwards.
+  absl::Status Shutdown();
+  bool initialized() const;
+
+  // FailedPrecondition before Init / after Shutdown.
+  absl::StatusOr<int> rank() const;
+  absl::StatusOr<int> size() const;
+  absl::StatusOr<int> local_rank() const;
+  absl::StatusOr<int> local_size() const;
+
+  // Enqueues a collective and returns at once. Errors returned here (the handle is not
+  // created): FailedPrecondition (not initialised), AlreadyExists (a collective with this
+  // name is in flight on this rank), InvalidArgument (bad arguments, checked locally).
+  // Errors agreed across ranks (mismatched shapes, ...) arrive through the handle.
+  absl::StatusOr<std::shared_ptr<Handle>> Enqueue(CollectiveRequest request);
+
+  class Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// The process-wide runtime the bindings share.
+Runtime& GlobalRuntime();
+
+}  // namespace braid
+
+#endif  // BRAID_RUNTIME_RUNTIME_H_

@@ -1,0 +1,418 @@
+// Multi-process tests of braid::Runtime: a real gRPC coordinator process on 127.0.0.1
+// (port 0), real rank processes, real UCX between them. Results are checked against
+// references computed here; errors against their exact text.
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "runtime/runtime.h"
+#include "tests/testing/coordinator_process.h"
+#include "tests/testing/fork_ranks.h"
+
+namespace braid {
+namespace {
+
+using braid::testing::CoordinatorProcess;
+using braid::testing::RankExit;
+using braid::testing::RunRanks;
+using braid::testing::RunRanksOptions;
+
+// Everything a rank checks goes through here: a failure prints and makes the rank exit 1.
+struct Checker {
+  int rank;
+  int failures = 0;
+  bool Expect(bool ok, const std::string& what) {
+    if (!ok && ++failures <= 20) fprintf(stderr, "[rank %d] FAILED: %s\n", rank, what.c_str());
+    return ok;
+  }
+  bool Ok(const absl::Status& s, const std::string& what) {
+    return Expect(s.ok(), what + ": " + s.ToString());
+  }
+};
+
+void SetRankEnv(const std::string& coordinator, int rank, int size, double timeout_s = 30) {
+  setenv("BRAID_COORDINATOR", coordinator.c_str(), 1);
+  setenv("BRAID_RANK", std::to_string(rank).c_str(), 1);
+  setenv("BRAID_SIZE", std::to_string(size).c_str(), 1);
+  setenv("BRAID_TIMEOUT_S", std::to_string(timeout_s).c_str(), 1);
+  setenv("UCX_TLS", "sm", 1);
+  setenv("UCX_NET_DEVICES", "lo", 1);
+  setenv("OMP_NUM_THREADS", "1", 1);
+}
+
+absl::Status InitRuntime(Runtime& rt) {
+  auto cfg = ConfigFromProcessEnv();
+  if (!cfg.ok()) return cfg.status();
+  return rt.Init(*cfg);
+}
+
+// Runs `body(rank, runtime, checker)` on `size` ranks against a fresh coordinator process and
+// expects every rank to exit 0 within `deadline`.
+void RunJob(int size, const std::function<void(int, Runtime&, Checker&)>& body,
+            absl::Duration deadline = absl::Seconds(120), double timeout_s = 30) {
+  CoordinatorProcess coord(size);
+  ASSERT_FALSE(coord.address().empty()) << "coordinator did not start";
+  RunRanksOptions o;
+  o.ranks = size;
+  o.deadline = deadline;
+  auto exits = RunRanks(o, [&](int rank) {
+    SetRankEnv(coord.address(), rank, size, timeout_s);
+    Checker c{rank};
+    Runtime rt;
+    if (!c.Ok(InitRuntime(rt), "init")) return 1;
+    body(rank, rt, c);
+    absl::Time t0 = absl::Now();
+    c.Ok(rt.Shutdown(), "shutdown");
+    c.Expect(absl::Now() - t0 < absl::Seconds(2),
+             absl::StrCat("shutdown took ", absl::FormatDuration(absl::Now() - t0)));
+    return c.failures == 0 ? 0 : 1;
+  });
+  for (const RankExit& e : exits) {
+    EXPECT_FALSE(e.timed_out) << "rank " << e.rank << " hung";
+    EXPECT_EQ(e.signal, 0) << "rank " << e.rank << " died of signal " << e.signal;
+    EXPECT_EQ(e.exit_code, 0) << "rank " << e.rank << " failed (see its stderr)";
+  }
+}
+
+CollectiveRequest AllReduceOf(const std::string& name, const float* in, float* out, int64_t n,
+                              ReduceOp op) {
+  CollectiveRequest r;
+  r.name = name;
+  r.collective = Collective::kAllReduce;
+  r.dtype = DataType::kFloat32;
+  r.shape = {n};
+  r.input = in;
+  r.output = out;
+  r.op = op;
+  return r;
+}
+
+// Waits for a handle under a deadline and returns its status.
+absl::Status WaitFor(const absl::StatusOr<std::shared_ptr<Handle>>& h,
+                     absl::Duration d = absl::Seconds(30)) {
+  if (!h.ok()) return h.status();
+  return (*h)->Wait(d);
+}
+
+class RuntimeWorldTest : public ::testing::TestWithParam<int> {};
+
+// Every collective once, against references computed here.
+TEST_P(RuntimeWorldTest, CollectivesMatchReference) {
+  const int size = GetParam();
+  RunJob(size, [size](int rank, Runtime& rt, Checker& c) {
+    c.Expect(*rt.rank() == rank && *rt.size() == size, "rank/size from the coordinator");
+    c.Expect(*rt.local_size() == size && *rt.local_rank() == rank, "local rank/size by host");
+    // all-reduce: sum and average of float32; max of int32.
+    const int64_t n = 1000;
+    std::vector<float> in(n), out(n);
+    for (int64_t i = 0; i < n; ++i) in[i] = static_cast<float>(rank * 1000 + i);
+    if (c.Ok(WaitFor(rt.Enqueue(AllReduceOf("sum", in.data(), out.data(), n, ReduceOp::kSum))), "sum")) {
+      for (int64_t i = 0; i < n; ++i) {
+        float want = static_cast<float>(1000 * size * (size - 1) / 2 + size * i);
+        if (!c.Expect(out[i] == want, absl::StrCat("sum[", i, "]=", out[i], " want ", want))) break;
+      }
+    }
+    if (c.Ok(WaitFor(rt.Enqueue(AllReduceOf("avg", in.data(), out.data(), n, ReduceOp::kAverage))), "avg")) {
+      for (int64_t i = 0; i < n; ++i) {
+        float want = 1000.0f * (size - 1) / 2 + i;
+        if (!c.Expect(std::abs(out[i] - want) < 1e-3, absl::StrCat("avg[", i, "]"))) break;
+      }
+    }
+    {
+      std::vector<int32_t> v(7), r(7);
+      for (int i = 0; i < 7; ++i) v[i] = (rank * 7 + i * 3) % 11;
+      CollectiveRequest q;
+      q.name = "imax";
+      q.dtype = DataType::kInt32;
+      q.shape = {7};
+      q.input = v.data();
+      q.output = r.data();
+      q.op = ReduceOp::kMax;
+      if (c.Ok(WaitFor(rt.Enqueue(q)), "int max")) {
+        for (int i = 0; i < 7; ++i) {
+          int want = 0;
+          for (int p = 0; p < size; ++p) want = std::max(want, (p * 7 + i * 3) % 11);
+          c.Expect(r[i] == want, absl::StrCat("imax[", i, "]"));
+        }
+      }
+    }
+    // all-gather: rank r contributes r+1 rows of 3.
+    {
+      std::vector<float> mine((rank + 1) * 3);
+      for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<float>(rank * 100 + i);
+      CollectiveRequest q;
+      q.name = "gather";
+      q.collective = Collective::kAllGather;
+      q.shape = {rank + 1, 3};
+      q.input = mine.data();
+      auto h = rt.Enqueue(q);
+      if (c.Ok(WaitFor(h), "allgather")) {
+        const Handle& hd = **h;
+        int64_t rows = size * (size + 1) / 2;
+        c.Expect(hd.output_shape() == std::vector<int64_t>({rows, 3}), "allgather shape");
+        const float* got = reinterpret_cast<const float*>(hd.output().data());
+        size_t k = 0;
+        for (int p = 0; p < size; ++p) {
+          for (int i = 0; i < (p + 1) * 3; ++i, ++k) {
+            if (!c.Expect(got[k] == static_cast<float>(p * 100 + i), "allgather value")) break;
+          }
+        }
+      }
+    }
+    // broadcast from the last rank, in place.
+    {
+      std::vector<double> buf(5, rank);
+      CollectiveRequest q;
+      q.name = "bcast";
+      q.collective = Collective::kBroadcast;
+      q.dtype = DataType::kFloat64;
+      q.shape = {5};
+      q.input = buf.data();
+      q.output = buf.data();
+      q.root_rank = size - 1;
+      if (c.Ok(WaitFor(rt.Enqueue(q)), "broadcast")) {
+        for (double v : buf) c.Expect(v == size - 1, "broadcast value");
+      }
+    }
+    // reduce-scatter: 2*size+1 rows of 2; rank r gets its share of the sum.
+    {
+      const int64_t rows = 2 * size + 1;
+      std::vector<float> v(rows * 2);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i + rank);
+      CollectiveRequest q;
+      q.name = "rs";
+      q.collective = Collective::kReduceScatter;
+      q.shape = {rows, 2};
+      q.input = v.data();
+      q.op = ReduceOp::kSum;
+      auto h = rt.Enqueue(q);
+      if (c.Ok(WaitFor(h), "reducescatter")) {
+        int64_t my_rows = rows / size + (rank < rows % size ? 1 : 0);
+        int64_t first = 0;
+        for (int p = 0; p < rank; ++p) first += rows / size + (p < rows % size ? 1 : 0);
+        c.Expect((*h)->output_shape() == std::vector<int64_t>({my_rows, 2}), "rs shape");
+        const float* got = reinterpret_cast<const float*>((*h)->output().data());
+        for (int64_t i = 0; i < my_rows * 2; ++i) {
+          float want = static_cast<float>(size * (first * 2 + i) + size * (size - 1) / 2);
+          c.Expect(got[i] == want, absl::StrCat("rs[", i, "]"));
+        }
+      }
+    }
+    // all-to-all with uneven splits: rank r sends p+1 rows (of 1) to rank p, valued 10r+p.
+    {
+      std::vector<int64_t> splits(size);
+      std::vector<int32_t> v;
+      for (int p = 0; p < size; ++p) {
+        splits[p] = p + 1;
+        for (int i = 0; i <= p; ++i) v.push_back(rank * 10 + p);
+      }
+      CollectiveRequest q;
+      q.name = "a2a";
+      q.collective = Collective::kAllToAll;
+      q.dtype = DataType::kInt32;
+      q.shape = {static_cast<int64_t>(v.size())};
+      q.input = v.data();
+      q.splits = splits;
+      auto h = rt.Enqueue(q);
+      if (c.Ok(WaitFor(h), "alltoall")) {
+        c.Expect((*h)->output_shape() == std::vector<int64_t>({size * (rank + 1)}), "a2a shape");
+        const int32_t* got = reinterpret_cast<const int32_t*>((*h)->output().data());
+        for (int p = 0, k = 0; p < size; ++p) {
+          for (int i = 0; i <= rank; ++i, ++k) c.Expect(got[k] == p * 10 + rank, "a2a value");
+        }
+      }
+    }
+    CollectiveRequest b;
+    b.name = "barrier";
+    b.collective = Collective::kBarrier;
+    c.Ok(WaitFor(rt.Enqueue(b)), "barrier");
+  });
+}
+
+// 50 tensors submitted in a different order on every rank all complete correctly.
+TEST_P(RuntimeWorldTest, FiftyTensorsInDifferentOrdersPerRank) {
+  const int size = GetParam();
+  RunJob(size, [size](int rank, Runtime& rt, Checker& c) {
+    const int kTensors = 50;
+    std::vector<std::vector<float>> in(kTensors), out(kTensors);
+    std::vector<int> order(kTensors);
+    std::iota(order.begin(), order.end(), 0);
+    std::mt19937 rng(1234 + rank);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<std::shared_ptr<Handle>> handles(kTensors);
+    for (int t : order) {
+      int64_t n = 1 + t * 37;
+      in[t].assign(n, static_cast<float>(rank + t));
+      out[t].assign(n, -1.0f);
+      auto h = rt.Enqueue(AllReduceOf(absl::StrCat("grad/", t), in[t].data(), out[t].data(), n,
+                                      ReduceOp::kSum));
+      if (!c.Ok(h.status(), "enqueue")) return;
+      handles[t] = *h;
+    }
+    for (int t = 0; t < kTensors; ++t) {
+      if (!c.Ok(handles[t]->Wait(absl::Seconds(30)), absl::StrCat("grad/", t))) continue;
+      float want = static_cast<float>(size * t + size * (size - 1) / 2);
+      c.Expect(std::all_of(out[t].begin(), out[t].end(), [&](float v) { return v == want; }),
+               absl::StrCat("grad/", t, " value"));
+    }
+  });
+}
+
+// A shape mismatch and a dtype mismatch give every rank InvalidArgument naming the tensor and
+// what each rank sent, within 5 s; the next collective still works.
+TEST_P(RuntimeWorldTest, MismatchesGiveEveryRankTheSameErrorAndTheJobGoesOn) {
+  const int size = GetParam();
+  RunJob(size, [size](int rank, Runtime& rt, Checker& c) {
+    std::vector<float> buf(16, 1.0f), out(16);
+    // Rank 0 sends shape [2], every other rank [3].
+    absl::Time t0 = absl::Now();
+    absl::Status s = WaitFor(rt.Enqueue(
+        AllReduceOf("bad_shape", buf.data(), out.data(), rank == 0 ? 2 : 3, ReduceOp::kSum)));
+    std::string others = size == 2 ? "rank 1" : (size == 3 ? "ranks 1, 2" : "ranks 1, 2, 3");
+    std::string want = "tensor 'bad_shape': shape differs across ranks: [2] on rank 0; [3] on " + others;
+    c.Expect(s.code() == absl::StatusCode::kInvalidArgument && s.message() == want,
+             "shape mismatch error: got '" + s.ToString() + "' want '" + want + "'");
+    c.Expect(absl::Now() - t0 < absl::Seconds(5), "shape error within 5 s");
+    // The last rank sends int32, the others float32.
+    CollectiveRequest q = AllReduceOf("bad_dtype", buf.data(), out.data(), 4, ReduceOp::kSum);
+    if (rank == size - 1) q.dtype = DataType::kInt32;
+    t0 = absl::Now();
+    s = WaitFor(rt.Enqueue(q));
+    std::string lows = size == 2 ? "rank 0" : (size == 3 ? "ranks 0, 1" : "ranks 0, 1, 2");
+    want = absl::StrCat("tensor 'bad_dtype': dtype differs across ranks: float32 on ", lows,
+                        "; int32 on rank ", size - 1);
+    c.Expect(s.code() == absl::StatusCode::kInvalidArgument && s.message() == want,
+             "dtype mismatch error: got '" + s.ToString() + "' want '" + want + "'");
+    c.Expect(absl::Now() - t0 < absl::Seconds(5), "dtype error within 5 s");
+    // The job goes on.
+    if (c.Ok(WaitFor(rt.Enqueue(AllReduceOf("after", buf.data(), out.data(), 16, ReduceOp::kSum))),
+             "collective after the errors")) {
+      c.Expect(out[0] == static_cast<float>(size), "value after the errors");
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, RuntimeWorldTest, ::testing::Values(2, 3, 4),
+                         [](const auto& info) { return absl::StrCat(info.param, "ranks"); });
+
+TEST(RuntimeTest, DuplicateInFlightNameIsAlreadyExists) {
+  RunJob(2, [](int rank, Runtime& rt, Checker& c) {
+    std::vector<float> a(4, 1.0f), b(4);
+    auto first = rt.Enqueue(AllReduceOf("dup", a.data(), b.data(), 4, ReduceOp::kSum));
+    auto second = rt.Enqueue(AllReduceOf("dup", a.data(), b.data(), 4, ReduceOp::kSum));
+    c.Expect(second.status().code() == absl::StatusCode::kAlreadyExists &&
+                 second.status().message() ==
+                     absl::StrCat("tensor 'dup' is already in flight on rank ", rank,
+                                  ": wait for it to complete before reusing the name"),
+             "duplicate: " + second.status().ToString());
+    c.Ok(WaitFor(first), "first 'dup'");
+    // Once complete, the name may be used again.
+    c.Ok(WaitFor(rt.Enqueue(AllReduceOf("dup", a.data(), b.data(), 4, ReduceOp::kSum))), "reuse");
+  });
+}
+
+// Shutdown with work no other rank will ever match returns within 2 s (RunJob checks) and
+// fails the pending handle with Cancelled; calls afterwards fail at once; init starts afresh.
+TEST(RuntimeTest, ShutdownWithPendingWorkAndInitAgain) {
+  const int size = 2;
+  CoordinatorProcess coord(size);
+  ASSERT_FALSE(coord.address().empty());
+  RunRanksOptions o;
+  o.ranks = size;
+  o.deadline = absl::Seconds(60);
+  auto exits = RunRanks(o, [&](int rank) {
+    SetRankEnv(coord.address(), rank, size);
+    Checker c{rank};
+    Runtime rt;
+    std::vector<float> a(8, 1.0f), b(8);
+    auto before = rt.Enqueue(AllReduceOf("x", a.data(), b.data(), 8, ReduceOp::kSum));
+    c.Expect(before.status().code() == absl::StatusCode::kFailedPrecondition &&
+                 before.status().message() == "braid is not initialized: call init() first",
+             "enqueue before init: " + before.status().ToString());
+    if (!c.Ok(InitRuntime(rt), "init")) return 1;
+    c.Ok(InitRuntime(rt), "init twice is harmless");
+    auto lonely = rt.Enqueue(AllReduceOf(absl::StrCat("only_on_rank_", rank), a.data(), b.data(),
+                                         8, ReduceOp::kSum));
+    c.Ok(lonely.status(), "enqueue");
+    absl::SleepFor(absl::Milliseconds(200));
+    absl::Time t0 = absl::Now();
+    c.Ok(rt.Shutdown(), "shutdown");
+    absl::Duration took = absl::Now() - t0;
+    c.Expect(took < absl::Seconds(2), absl::StrCat("shutdown took ", absl::FormatDuration(took)));
+    if (lonely.ok()) {
+      absl::Status s = (*lonely)->Wait(absl::Seconds(1));
+      c.Expect(s.code() == absl::StatusCode::kCancelled, "pending handle: " + s.ToString());
+    }
+    auto after = rt.Enqueue(AllReduceOf("y", a.data(), b.data(), 8, ReduceOp::kSum));
+    c.Expect(after.status().code() == absl::StatusCode::kFailedPrecondition,
+             "enqueue after shutdown: " + after.status().ToString());
+    c.Expect(!rt.rank().ok(), "rank() after shutdown fails");
+    // Init after Shutdown starts afresh.
+    if (c.Ok(InitRuntime(rt), "init again")) {
+      if (c.Ok(WaitFor(rt.Enqueue(AllReduceOf("again", a.data(), b.data(), 8, ReduceOp::kSum))),
+               "allreduce after re-init")) {
+        c.Expect(b[0] == 2.0f, "value after re-init");
+      }
+      c.Ok(rt.Shutdown(), "second shutdown");
+    }
+    return c.failures == 0 ? 0 : 1;
+  });
+  for (const RankExit& e : exits) {
+    EXPECT_FALSE(e.timed_out) << "rank " << e.rank;
+    EXPECT_EQ(e.exit_code, 0) << "rank " << e.rank;
+  }
+}
+
+// A world of one process with no launcher at all: rank 0 hosts a private coordinator.
+TEST(RuntimeTest, WorldOfSizeOneNeedsNoPeers) {
+  RunRanksOptions o;
+  o.ranks = 1;
+  o.deadline = absl::Seconds(60);
+  auto exits = RunRanks(o, [](int) {
+    for (const char* v : {"BRAID_COORDINATOR", "BRAID_RANK", "BRAID_SIZE", "RANK", "WORLD_SIZE",
+                          "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}) {
+      unsetenv(v);
+    }
+    Checker c{0};
+    Runtime rt;
+    if (!c.Ok(InitRuntime(rt), "init")) return 1;
+    c.Expect(*rt.size() == 1 && *rt.rank() == 0, "size 1");
+    std::vector<float> a{1, 2, 3}, b(3);
+    if (c.Ok(WaitFor(rt.Enqueue(AllReduceOf("solo", a.data(), b.data(), 3, ReduceOp::kAverage))), "solo")) {
+      c.Expect(b == a, "average of one rank is its input");
+    }
+    c.Ok(rt.Shutdown(), "shutdown");
+    return c.failures == 0 ? 0 : 1;
+  });
+  EXPECT_EQ(exits[0].exit_code, 0);
+}
+
+// An idle 2-rank job uses under 0.2 s of CPU per rank over 10 s.
+TEST(RuntimeTest, IdleJobCostsAlmostNoCpu) {
+  RunJob(2, [](int rank, Runtime& rt, Checker& c) {
+    std::vector<float> a(4, 1.0f), b(4);
+    c.Ok(WaitFor(rt.Enqueue(AllReduceOf("warm", a.data(), b.data(), 4, ReduceOp::kSum))), "warm");
+    rusage r0, r1;
+    getrusage(RUSAGE_SELF, &r0);
+    absl::SleepFor(absl::Seconds(10));
+    getrusage(RUSAGE_SELF, &r1);
+    auto secs = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+    double cpu = secs(r1.ru_utime) - secs(r0.ru_utime) + secs(r1.ru_stime) - secs(r0.ru_stime);
+    fprintf(stderr, "[rank %d] idle 10 s: %.3f s of CPU\n", rank, cpu);
+    c.Expect(cpu < 0.2, absl::StrCat("idle CPU ", cpu, " s >= 0.2 s"));
+  });
+}
+
+}  // namespace
+}  // namespace braid
