@@ -73,11 +73,12 @@ absl::StatusOr<LaunchInfo> LaunchInfoFromEnv(const Getenv& env) {
     int64_t lr = -1, ls = 0;
     auto has_lr = ReadInt(env, s.local_rank, &lr);
     if (!has_lr.ok()) return has_lr.status();
+    // Slurm's SLURM_NTASKS_PER_NODE reads "2(x3)" on uneven layouts: an unreadable local
+    // size is left to the coordinator, which numbers local ranks by host.
     auto has_ls = ReadInt(env, s.local_size, &ls);
-    if (!has_ls.ok()) return has_ls.status();
-    // Slurm's SLURM_NTASKS_PER_NODE may read "2(x3)" on uneven layouts: then leave it to the host.
-    info.local_rank = *has_lr ? static_cast<int>(lr) : -1;
-    info.local_size = *has_ls && *has_lr ? static_cast<int>(ls) : 0;
+    const bool local_known = has_ls.ok() && *has_ls && *has_lr && ls > 0;
+    info.local_rank = local_known ? static_cast<int>(lr) : -1;
+    info.local_size = local_known ? static_cast<int>(ls) : 0;
     if (info.local_size == 0) info.local_rank = -1;
     return info;
   }
