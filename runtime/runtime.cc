@@ -73,6 +73,11 @@ class Runtime::Impl {
     return this->*field;
   }
   absl::StatusOr<std::shared_ptr<Handle>> Enqueue(CollectiveRequest req);
+  absl::StatusOr<transport::TransportStats> transport_stats() const {
+    absl::MutexLock lock(&mu_);
+    BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+    return stats_;
+  }
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 
@@ -104,6 +109,7 @@ class Runtime::Impl {
   std::deque<proto::Response> responses_ ABSL_GUARDED_BY(mu_);
   absl::Status abort_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  transport::TransportStats stats_ ABSL_GUARDED_BY(mu_);  // snapshot of comm_->stats()
   std::thread loop_;
 };
 
@@ -195,6 +201,7 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
     absl::MutexLock lock(&mu_);
     stop_ = false;
     abort_ = absl::OkStatus();
+    stats_ = transport::TransportStats{};
     outgoing_.clear();
     responses_.clear();
     state_ = State::kRunning;
@@ -385,7 +392,9 @@ void Runtime::Impl::Loop() {
 }
 
 void Runtime::Impl::Finish(const std::string& name, const absl::Status& s) {
+  transport::TransportStats stats = comm_->stats();  // comm_ is this thread's
   absl::MutexLock lock(&mu_);
+  stats_ = stats;
   auto it = table_.find(name);
   if (it == table_.end()) return;
   it->second.handle->Complete(s);
@@ -496,6 +505,9 @@ absl::StatusOr<int> Runtime::local_rank() const { return impl_->Get(&Impl::local
 absl::StatusOr<int> Runtime::local_size() const { return impl_->Get(&Impl::local_size_); }
 absl::StatusOr<std::shared_ptr<Handle>> Runtime::Enqueue(CollectiveRequest request) {
   return impl_->Enqueue(std::move(request));
+}
+absl::StatusOr<transport::TransportStats> Runtime::transport_stats() const {
+  return impl_->transport_stats();
 }
 
 Runtime& GlobalRuntime() {

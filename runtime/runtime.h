@@ -17,6 +17,7 @@
 #include "common/dtype.h"
 #include "runtime/config.h"
 #include "runtime/handle.h"
+#include "transport/communicator.h"
 
 namespace braid {
 
@@ -77,6 +78,10 @@ class Runtime {
   // name is in flight on this rank), InvalidArgument (bad arguments, checked locally).
   // Errors agreed across ranks (mismatched shapes, ...) arrive through the handle.
   absl::StatusOr<std::shared_ptr<Handle>> Enqueue(CollectiveRequest request);
+
+  // Transport bytes this rank has put on the data plane since Init (updated as each
+  // collective completes). FailedPrecondition when not initialised.
+  absl::StatusOr<transport::TransportStats> transport_stats() const;
 
   class Impl;
 
