@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
+#include "coordinator/fusion.h"
 
 namespace braid::coordinator {
 namespace {
@@ -74,7 +75,35 @@ std::string MismatchMessage(const std::string& name, const std::string& field,
                       absl::StrJoin(parts, "; "));
 }
 
-NegotiationTable::NegotiationTable(int world_size) : world_size_(world_size) {}
+NegotiationTable::NegotiationTable(int world_size, int64_t fusion_threshold_bytes)
+    : world_size_(world_size), fusion_threshold_(fusion_threshold_bytes) {}
+
+std::vector<proto::Response> NegotiationTable::Fuse(std::vector<proto::Response> ready) {
+  std::vector<FusionItem> items;
+  for (const proto::Response& r : ready) {
+    FusionItem item;
+    if (r.type() == proto::Response::OK && r.collective() == proto::ALLREDUCE) {
+      item.key = absl::StrCat(r.collective(), "/", r.dtype(), "/", r.reduce_op(), "/",
+                              r.process_set_id(), "/", r.compression());
+      int v = static_cast<int>(r.dtype());
+      item.bytes = r.tensor_sizes(0) *
+                   static_cast<int64_t>(IsValidDataType(v) ? DataTypeSize(static_cast<DataType>(v)) : 1);
+    }
+    items.push_back(std::move(item));
+  }
+  std::vector<proto::Response> out;
+  for (const std::vector<int>& bucket : PlanBuckets(items, fusion_threshold_)) {
+    proto::Response merged = std::move(ready[bucket[0]]);
+    for (size_t k = 1; k < bucket.size(); ++k) {
+      const proto::Response& r = ready[bucket[k]];
+      merged.add_names(r.names(0));
+      merged.add_tensor_sizes(r.tensor_sizes(0));
+    }
+    merged.set_bucket_id(next_bucket_id_++);
+    out.push_back(std::move(merged));
+  }
+  return out;
+}
 
 proto::Response NegotiationTable::Validate(const std::string& name, const Entry& e) const {
   const proto::Request& first = e.by_rank.begin()->second;
@@ -155,6 +184,9 @@ proto::Response NegotiationTable::Validate(const std::string& name, const Entry&
   if (coll == proto::ALLGATHER) {
     for (const auto& [rank, r] : e.by_rank) ok.add_first_dims(r.shape(0));
   }
+  int64_t elements = 1;
+  for (int64_t d : first.shape()) elements *= d;
+  ok.add_tensor_sizes(elements);
   return ok;
 }
 
@@ -177,7 +209,7 @@ std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::Req
     table_.erase(req.name());
     ++negotiated_;
   }
-  return ready;
+  return Fuse(std::move(ready));
 }
 
 std::vector<NegotiationTable::Pending> NegotiationTable::PendingTensors(absl::Time now) const {

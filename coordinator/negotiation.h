@@ -19,7 +19,9 @@ namespace braid::coordinator {
 
 class NegotiationTable {
  public:
-  explicit NegotiationTable(int world_size);
+  // Ready all-reduces of one kind are fused into buckets of at most
+  // `fusion_threshold_bytes` (0 disables fusion; see fusion.h).
+  explicit NegotiationTable(int world_size, int64_t fusion_threshold_bytes = 0);
 
   // Records `rank`'s requests and returns the responses that became ready because of them,
   // in the order every rank must execute them. A rank asking twice for a name still in
@@ -47,7 +49,11 @@ class NegotiationTable {
   };
   proto::Response Validate(const std::string& name, const Entry& e) const;
 
+  std::vector<proto::Response> Fuse(std::vector<proto::Response> ready);
+
   int world_size_;
+  int64_t fusion_threshold_;
+  int64_t next_bucket_id_ = 0;
   std::map<std::string, Entry> table_;
   int64_t negotiated_ = 0;
 };

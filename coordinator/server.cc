@@ -62,11 +62,25 @@ class Service final : public proto::Coordinator::Service {
           "pid ", req->pid(), " on ", req->host(), " presented the wrong job secret")));
     }
     if (formed_) {
-      if (static_cast<int>(clean_.size()) < size_) {
+      // A rank that shut down may come back (init after shutdown) before its peers have
+      // left: the new job forms once every rank of the old one has shut down or was lost.
+      absl::Time until = absl::Now() + opts_.register_timeout;
+      auto old_job_over = [this]() {
+        mu_.AssertHeld();
+        if (!formed_) return true;
+        for (const RankState& rs : ranks_) {
+          if (rs.state != "shut down" && rs.state != "lost") return false;
+        }
+        return true;
+      };
+      while (!old_job_over() && !ctx->IsCancelled() && absl::Now() < until) {
+        cv_.WaitWithDeadline(&mu_, std::min(until, absl::Now() + absl::Milliseconds(200)));
+      }
+      if (!old_job_over()) {
         return ToGrpcStatus(absl::FailedPreconditionError(
             "a job is already running on this coordinator"));
       }
-      ResetLocked();  // every rank shut down cleanly: a new job may form
+      if (formed_) ResetLocked();
     }
     if (size_ == 0) size_ = req->size();
     if (size_ <= 0) {
@@ -102,7 +116,11 @@ class Service final : public proto::Coordinator::Service {
       formed_ = true;
       assign_status_ = assigned.status();
       if (assigned.ok()) assigned_ = *std::move(assigned);
-      table_ = std::make_unique<NegotiationTable>(size_);
+      int64_t threshold = 0;
+      for (size_t i = 0; i < assigned_.size(); ++i) {
+        if (assigned_[i].rank() == 0) threshold = registrations_[i].fusion_threshold_bytes();
+      }
+      table_ = std::make_unique<NegotiationTable>(size_, threshold);
       ranks_.assign(size_, RankState{});
       for (size_t i = 0; i < assigned_.size(); ++i) {
         RankState& rs = ranks_[assigned_[i].rank()];
@@ -180,6 +198,7 @@ class Service final : public proto::Coordinator::Service {
     {
       absl::MutexLock lock(&mu_);
       if (outboxes_[rank] == outbox) outboxes_.erase(rank);
+      cv_.SignalAll();
       if (clean) {
         clean_.insert(rank);
         ranks_[rank].state = "shut down";
