@@ -208,6 +208,10 @@ std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::Req
     ready.push_back(Validate(req.name(), e));
     table_.erase(req.name());
     ++negotiated_;
+    if (ready.back().type() == proto::Response::OK && IsValidDataType(req.dtype())) {
+      bytes_negotiated_ += ready.back().tensor_sizes(0) *
+                           static_cast<int64_t>(DataTypeSize(static_cast<DataType>(req.dtype())));
+    }
   }
   return Fuse(std::move(ready));
 }

@@ -41,6 +41,7 @@ class NegotiationTable {
 
   int world_size() const { return world_size_; }
   int64_t tensors_negotiated() const { return negotiated_; }
+  int64_t bytes_negotiated() const { return bytes_negotiated_; }
 
  private:
   struct Entry {
@@ -56,6 +57,7 @@ class NegotiationTable {
   int64_t next_bucket_id_ = 0;
   std::map<std::string, Entry> table_;
   int64_t negotiated_ = 0;
+  int64_t bytes_negotiated_ = 0;
 };
 
 // Text of the validation errors, exposed for tests: "tensor 'NAME': FIELD differs across

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <map>
@@ -9,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -92,8 +94,16 @@ class Service final : public proto::Coordinator::Service {
           " but the job has ", size_)));
     }
     const int generation = generation_;
-    const size_t index = registrations_.size();
+    const int64_t my_id = next_registration_id_++;
     registrations_.push_back(*req);
+    registration_ids_.push_back(my_id);
+    // Registrations that time out are erased, so find ours by id, never by a saved index.
+    auto my_index = [this, my_id]() -> size_t {
+      mu_.AssertHeld();
+      return static_cast<size_t>(
+          std::find(registration_ids_.begin(), registration_ids_.end(), my_id) -
+          registration_ids_.begin());
+    };
     absl::Time deadline = absl::Now() + opts_.register_timeout;
     auto complete = [this, generation]() {
       mu_.AssertHeld();
@@ -106,7 +116,9 @@ class Service final : public proto::Coordinator::Service {
     if (generation_ != generation) return ToGrpcStatus(absl::AbortedError("coordinator reset"));
     if (!formed_ && static_cast<int>(registrations_.size()) < size_) {
       size_t got = registrations_.size();
+      size_t index = my_index();
       registrations_.erase(registrations_.begin() + index);
+      registration_ids_.erase(registration_ids_.begin() + index);
       return ToGrpcStatus(absl::DeadlineExceededError(absl::StrCat(
           "only ", got, " of ", size_, " ranks registered within ",
           absl::FormatDuration(opts_.register_timeout))));
@@ -121,6 +133,16 @@ class Service final : public proto::Coordinator::Service {
         if (assigned_[i].rank() == 0) threshold = registrations_[i].fusion_threshold_bytes();
       }
       table_ = std::make_unique<NegotiationTable>(size_, threshold);
+      stall_check_ = opts_.stall_check;
+      stall_shutdown_ = opts_.stall_shutdown;
+      for (size_t i = 0; i < assigned_.size(); ++i) {
+        if (assigned_[i].rank() != 0) continue;
+        if (registrations_[i].stall_check_ms() > 0) {
+          stall_check_ = absl::Milliseconds(registrations_[i].stall_check_ms());
+        }
+        stall_shutdown_ = absl::Milliseconds(registrations_[i].stall_shutdown_ms());
+      }
+      stall_logged_.clear();
       ranks_.assign(size_, RankState{});
       for (size_t i = 0; i < assigned_.size(); ++i) {
         RankState& rs = ranks_[assigned_[i].rank()];
@@ -132,7 +154,7 @@ class Service final : public proto::Coordinator::Service {
       cv_.SignalAll();
     }
     if (!assign_status_.ok()) return ToGrpcStatus(assign_status_);
-    *resp = assigned_[index];
+    *resp = assigned_[my_index()];
     return grpc::Status::OK;
   }
 
@@ -197,7 +219,9 @@ class Service final : public proto::Coordinator::Service {
     } while (stream->Read(&msg));
     {
       absl::MutexLock lock(&mu_);
-      if (outboxes_[rank] == outbox) outboxes_.erase(rank);
+      if (auto it = outboxes_.find(rank); it != outboxes_.end() && it->second == outbox) {
+        outboxes_.erase(it);
+      }
       cv_.SignalAll();
       if (clean) {
         clean_.insert(rank);
@@ -235,12 +259,27 @@ class Service final : public proto::Coordinator::Service {
       s->set_host(ranks_[r].host);
       s->set_pid(ranks_[r].pid);
       s->set_state(ranks_[r].state);
-      s->set_last_seen_ms_ago(absl::ToInt64Milliseconds(now - ranks_[r].last_seen));
+      s->set_last_seen_ms_ago(ranks_[r].last_seen == absl::InfinitePast()
+                                  ? -1
+                                  : absl::ToInt64Milliseconds(now - ranks_[r].last_seen));
     }
     if (table_) {
       resp->set_tensors_negotiated(table_->tensors_negotiated());
-      resp->set_tensors_pending(static_cast<int64_t>(table_->PendingTensors(now).size()));
+      resp->set_bytes_negotiated(table_->bytes_negotiated());
+      auto pending = table_->PendingTensors(now);
+      resp->set_tensors_pending(static_cast<int64_t>(pending.size()));
+      for (const auto& p : pending) {
+        proto::PendingTensor* t = resp->add_pending();
+        t->set_name(p.name);
+        for (int r : p.ready_ranks) t->add_ready_ranks(r);
+        for (int r : p.missing_ranks) t->add_missing_ranks(r);
+        t->set_waiting_ms(absl::ToInt64Milliseconds(p.waiting));
+        t->set_stalled(p.waiting >= stall_check_);
+      }
     }
+    resp->set_job_state(!abort_.ok() ? absl::StrCat("aborted: ", abort_.message())
+                                     : (formed_ ? "running" : "forming"));
+    resp->set_cycles(cycles_);
     resp->set_responses_sent(responses_sent_);
     resp->set_uptime_ms(absl::ToInt64Milliseconds(now - start_));
     return grpc::Status::OK;
@@ -271,8 +310,9 @@ class Service final : public proto::Coordinator::Service {
   void WaitForShutdownRequest(const std::atomic<bool>* stop) {
     absl::MutexLock lock(&mu_);
     while (!shutdown_requested_ && !*stop) {
-      cv_.WaitWithTimeout(&mu_, absl::Milliseconds(500));
+      cv_.WaitWithTimeout(&mu_, absl::Milliseconds(250));
       MonitorHeartbeatsLocked();
+      InspectStallsLocked();
     }
   }
   void Wake() {
@@ -298,6 +338,7 @@ class Service final : public proto::Coordinator::Service {
   void HandleRequests(int rank, const proto::RequestList& msg) {
     absl::MutexLock lock(&mu_);
     ranks_[rank].last_seen = absl::Now();
+    ++cycles_;
     std::vector<proto::Response> ready = table_->Submit(rank, msg);
     if (ready.empty()) return;
     proto::ResponseList rl;
@@ -327,9 +368,33 @@ class Service final : public proto::Coordinator::Service {
     }
   }
 
+  // Note [Stall inspector]: a tensor that some ranks submitted and others did not for
+  // stall_check is logged once, naming the ranks on each side (the usual cause: ranks took
+  // different code paths). With stall_shutdown > 0 the job is aborted after that long, so
+  // every rank's pending and later operations fail with DeadlineExceeded instead of hanging.
+  void InspectStallsLocked() {
+    if (!table_ || !abort_.ok()) return;
+    for (const auto& p : table_->PendingTensors(absl::Now())) {
+      if (p.waiting < stall_check_) continue;
+      std::string what = absl::StrCat(
+          "tensor '", p.name, "' was submitted by rank", p.ready_ranks.size() > 1 ? "s " : " ",
+          absl::StrJoin(p.ready_ranks, ", "), " but not by rank",
+          p.missing_ranks.size() > 1 ? "s " : " ", absl::StrJoin(p.missing_ranks, ", "),
+          " for ", absl::FormatDuration(absl::Trunc(p.waiting, absl::Seconds(1))));
+      if (stall_logged_.insert(p.name).second) LOG(WARNING) << "coordinator: stall: " << what;
+      if (stall_shutdown_ > absl::ZeroDuration() && p.waiting >= stall_shutdown_) {
+        AbortLocked(absl::DeadlineExceededError(absl::StrCat(
+            "stalled: ", what, " (BRAID_STALL_SHUTDOWN_S=",
+            absl::ToDoubleSeconds(stall_shutdown_), ")")));
+        return;
+      }
+    }
+  }
+
   void ResetLocked() {
     ++generation_;
     registrations_.clear();
+    registration_ids_.clear();
     assigned_.clear();
     assign_status_ = absl::OkStatus();
     formed_ = false;
@@ -348,6 +413,8 @@ class Service final : public proto::Coordinator::Service {
   const absl::Time start_;
   int generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<proto::RegisterRequest> registrations_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> registration_ids_ ABSL_GUARDED_BY(mu_);  // parallel to registrations_
+  int64_t next_registration_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<proto::RegisterResponse> assigned_ ABSL_GUARDED_BY(mu_);
   absl::Status assign_status_ ABSL_GUARDED_BY(mu_);
   bool formed_ ABSL_GUARDED_BY(mu_) = false;
@@ -358,6 +425,10 @@ class Service final : public proto::Coordinator::Service {
   std::map<int, std::shared_ptr<Outbox>> outboxes_ ABSL_GUARDED_BY(mu_);
   absl::Status abort_ ABSL_GUARDED_BY(mu_);
   int64_t responses_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t cycles_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration stall_check_ ABSL_GUARDED_BY(mu_);
+  absl::Duration stall_shutdown_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> stall_logged_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_requested_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -396,14 +467,16 @@ class GrpcCoordinatorServer final : public CoordinatorServer {
   std::string address() const override { return absl::StrCat(opts_.bind_address, ":", port_); }
 
   void Shutdown(absl::Duration grace) override {
-    absl::MutexLock lock(&shutdown_mu_);
-    if (server_ == nullptr || stopped_) return;
-    stopped_ = true;
+    {
+      absl::MutexLock lock(&shutdown_mu_);
+      if (server_ == nullptr || stopped_) return;
+      stopped_ = true;
+    }
+    // Not under shutdown_mu_: the watcher thread may be calling Shutdown() too.
     service_.BeginShutdown();
     server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(grace));
     stop_watcher_ = true;
     service_.Wake();
-    if (watcher_.joinable() && watcher_.get_id() != std::this_thread::get_id()) watcher_.join();
     done_.Notify();
   }
 

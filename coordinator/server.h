@@ -25,6 +25,12 @@ struct ServerOptions {
   // A rank whose negotiation stream closes without a clean shutdown is lost: the others are
   // told at once. A rank silent for this long is lost too.
   absl::Duration heartbeat_timeout = absl::Seconds(10);
+  // Stall inspector: a tensor some ranks submitted and others did not is logged after
+  // stall_check, and the job is aborted (DeadlineExceeded on every rank) after
+  // stall_shutdown when that is positive. Rank 0's registration overrides both
+  // (BRAID_STALL_CHECK_S, BRAID_STALL_SHUTDOWN_S).
+  absl::Duration stall_check = absl::Seconds(60);
+  absl::Duration stall_shutdown = absl::ZeroDuration();
 };
 
 class CoordinatorServer {

@@ -16,7 +16,8 @@ class Handle {
   // True once the operation has completed (successfully or not). Never blocks.
   bool Poll() const;
   // Waits up to `timeout` for completion and returns the operation's status;
-  // DeadlineExceeded if it is still running then (the handle stays valid).
+  // DeadlineExceeded if it is still running then (the handle stays valid). An operation
+  // that itself failed with DeadlineExceeded returns that too: Poll() tells them apart.
   absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration()) const;
   // The final status; Unknown("pending") before completion.
   absl::Status status() const;

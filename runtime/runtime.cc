@@ -111,6 +111,9 @@ class Runtime::Impl {
   std::deque<proto::Response> responses_ ABSL_GUARDED_BY(mu_);
   absl::Status abort_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool executing_ ABSL_GUARDED_BY(mu_) = false;  // the loop is running collectives
+  // Held for the whole of Init and Shutdown: they may be called from any thread.
+  absl::Mutex lifecycle_mu_;
   transport::TransportStats stats_ ABSL_GUARDED_BY(mu_);  // snapshot of comm_->stats()
   // Fusion buffers, one per dtype, grown when needed and reused: no allocation per step
   // in steady state. Background thread only.
@@ -131,6 +134,7 @@ absl::Status Runtime::Impl::CheckRunningLocked() const {
 }
 
 absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
+  absl::MutexLock lifecycle(&lifecycle_mu_);
   {
     absl::MutexLock lock(&mu_);
     if (state_ == State::kRunning) return absl::OkStatus();
@@ -152,6 +156,8 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
       so.world_size = launch.size;
       so.job_secret = config.job_secret;
       so.heartbeat_timeout = config.heartbeat_timeout;
+      so.stall_check = config.stall_check;
+      so.stall_shutdown = config.stall_shutdown;
       BRAID_ASSIGN_OR_RETURN(hosted_, coordinator::StartCoordinator(so));
       address = hosted_->address();
     } else if (launch.rank < 0) {
@@ -185,6 +191,8 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
   reg.set_pid(getpid());
   reg.set_job_secret(config.job_secret);
   reg.set_fusion_threshold_bytes(config.fusion_threshold_bytes);
+  reg.set_stall_check_ms(absl::ToInt64Milliseconds(config.stall_check));
+  reg.set_stall_shutdown_ms(absl::ToInt64Milliseconds(config.stall_shutdown));
   auto registered = client_->Register(reg, std::max(config.timeout, absl::Seconds(60)));
   if (!registered.ok()) return fail(registered.status());
   rank_ = registered->rank();
@@ -228,14 +236,16 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
 }
 
 absl::Status Runtime::Impl::Shutdown() {
+  absl::MutexLock lifecycle(&lifecycle_mu_);
   bool busy;
   {
     absl::MutexLock lock(&mu_);
     if (state_ != State::kRunning) return absl::OkStatus();
     stop_ = true;
-    busy = !table_.empty();
+    busy = executing_;
   }
-  // Wake a collective blocked on peers that may never come.
+  // Wake a collective blocked on peers that may never come. Work still in negotiation
+  // needs no abort: the loop stops before running it.
   if (busy) comm_->Abort(absl::CancelledError("braid is shutting down"));
   if (loop_.joinable()) loop_.join();
   {
@@ -276,6 +286,9 @@ absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r) const {
     return bad("output buffer is null");
   }
   if (r.collective == Collective::kAllReduce || r.collective == Collective::kReduceScatter) {
+    if (!IsValidReduceOp(static_cast<int32_t>(r.op))) {
+      return bad(absl::StrCat("unknown reduce op ", static_cast<int32_t>(r.op)));
+    }
     absl::Status s = CheckReduceOp(r.dtype, r.op);
     if (!s.ok()) return bad(std::string(s.message()));
   }
@@ -388,12 +401,15 @@ void Runtime::Impl::Loop() {
       for (auto& r : outgoing_) *out.add_requests() = std::move(r);
       outgoing_.clear();
       todo.swap(responses_);
+      executing_ = !todo.empty();
     }
     if (out.requests_size() > 0) {
       absl::Status s = client_->Send(out);
       if (!s.ok()) AbortJob(s);
     }
     for (const proto::Response& r : todo) Execute(r);
+    absl::MutexLock lock(&mu_);
+    executing_ = false;
   }
 }
 

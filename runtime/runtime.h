@@ -42,7 +42,10 @@ struct CollectiveRequest {
   // reducescatter: this rank's share of dim 0 (dim0 / size, the first dim0 % size ranks one
   // row more). allgather / alltoall: may be null, then the result lands in Handle::output().
   void* output = nullptr;
-  size_t output_capacity_bytes = 0;  // size of `output` when the runtime decides the shape
+  // Size of `output` when the runtime decides the shape (all-gather, all-to-all). When the
+  // result does not fit, the runtime gathers into Handle::output() instead and leaves
+  // `output` untouched; compare Handle::output_shape() with what you passed.
+  size_t output_capacity_bytes = 0;
   ReduceOp op = ReduceOp::kAverage;
   int root_rank = 0;               // broadcast
   std::vector<int64_t> splits;     // alltoall: rows of dim 0 sent to each rank; empty = even

@@ -290,12 +290,10 @@ absl::Status UcxCommunicator::Init() {
 
 UcxCommunicator::~UcxCommunicator() {
   if (worker_ != nullptr) {
-    // Peers may still be pulling our last sends: meet them before closing (TRAPS.md).
-    if (sticky_.ok() && size_ > 1) {
-      opts_.timeout = std::min(opts_.timeout, absl::Seconds(5));
-      absl::Status s = Barrier();
-      if (!s.ok()) VLOG(1) << "closing barrier: " << s;
-    }
+    // No closing barrier: a collective completes on this rank only once its sends have
+    // completed (a rendezvous send completes after the peer pulled the data), so nothing a
+    // peer still needs from us is in flight. A barrier here would make every rank's
+    // shutdown wait for the slowest peer's, or hang on one that aborted.
     std::vector<void*> closing;
     for (ucp_ep_h ep : eps_) {
       if (ep == nullptr) continue;
@@ -305,7 +303,7 @@ UcxCommunicator::~UcxCommunicator() {
       void* req = ucp_ep_close_nbx(ep, &p);
       if (req != nullptr && !UCS_PTR_IS_ERR(req)) closing.push_back(req);
     }
-    absl::Time deadline = absl::Now() + absl::Seconds(2);
+    absl::Time deadline = absl::Now() + absl::Milliseconds(500);
     for (void* req : closing) {
       while (ucp_request_check_status(req) == UCS_INPROGRESS && absl::Now() < deadline) {
         ucp_worker_progress(worker_);

@@ -1,0 +1,589 @@
+// The C API (bindings/c/include/braid/c_api.h) over braid::GlobalRuntime().
+//
+// This file only translates: C arguments -> CollectiveRequest, absl::Status -> error code
+// + thread-local message (in exactly one place, ReturnStatus), braid::Handle -> an opaque
+// braid_handle. No C++ exception crosses the C boundary (Guard).
+#include "braid/c_api.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/dtype.h"
+#include "runtime/config.h"
+#include "runtime/handle.h"
+#include "runtime/runtime.h"
+
+// The C enumerators are the C++ ones: never renumber either (common/dtype.h).
+static_assert(BRAID_FLOAT32 == static_cast<int>(braid::DataType::kFloat32), "ABI");
+static_assert(BRAID_FLOAT64 == static_cast<int>(braid::DataType::kFloat64), "ABI");
+static_assert(BRAID_FLOAT16 == static_cast<int>(braid::DataType::kFloat16), "ABI");
+static_assert(BRAID_BFLOAT16 == static_cast<int>(braid::DataType::kBFloat16), "ABI");
+static_assert(BRAID_INT32 == static_cast<int>(braid::DataType::kInt32), "ABI");
+static_assert(BRAID_INT64 == static_cast<int>(braid::DataType::kInt64), "ABI");
+static_assert(BRAID_UINT8 == static_cast<int>(braid::DataType::kUInt8), "ABI");
+static_assert(braid::kNumDataTypes == 7, "new DataType: add it to braid_dtype");
+static_assert(BRAID_SUM == static_cast<int>(braid::ReduceOp::kSum), "ABI");
+static_assert(BRAID_AVERAGE == static_cast<int>(braid::ReduceOp::kAverage), "ABI");
+static_assert(BRAID_MIN == static_cast<int>(braid::ReduceOp::kMin), "ABI");
+static_assert(BRAID_MAX == static_cast<int>(braid::ReduceOp::kMax), "ABI");
+static_assert(BRAID_PRODUCT == static_cast<int>(braid::ReduceOp::kProduct), "ABI");
+static_assert(braid::kNumReduceOps == 5, "new ReduceOp: add it to braid_reduce_op");
+static_assert(BRAID_CANCELLED == static_cast<int>(absl::StatusCode::kCancelled), "ABI");
+static_assert(BRAID_UNKNOWN == static_cast<int>(absl::StatusCode::kUnknown), "ABI");
+static_assert(BRAID_INVALID_ARGUMENT == static_cast<int>(absl::StatusCode::kInvalidArgument),
+              "ABI");
+static_assert(BRAID_DEADLINE_EXCEEDED ==
+                  static_cast<int>(absl::StatusCode::kDeadlineExceeded), "ABI");
+static_assert(BRAID_ALREADY_EXISTS == static_cast<int>(absl::StatusCode::kAlreadyExists),
+              "ABI");
+static_assert(BRAID_FAILED_PRECONDITION ==
+                  static_cast<int>(absl::StatusCode::kFailedPrecondition), "ABI");
+static_assert(BRAID_INTERNAL == static_cast<int>(absl::StatusCode::kInternal), "ABI");
+static_assert(BRAID_UNAVAILABLE == static_cast<int>(absl::StatusCode::kUnavailable), "ABI");
+// Enums are stored in the options structs: they must keep the size of an int32.
+static_assert(sizeof(braid_reduce_op) == 4 && sizeof(braid_dtype) == 4, "ABI");
+
+// The C handle: the runtime's handle plus what the C side needs to finish the call.
+struct braid_handle {
+  std::shared_ptr<braid::Handle> handle;
+  braid::Collective collective = braid::Collective::kAllReduce;
+  std::string name;
+  size_t element_bytes = 0;
+  // All-gather: the caller's output as given at enqueue time.
+  void* output = nullptr;
+  size_t output_capacity_bytes = 0;
+  int64_t* output_first_dim = nullptr;
+  // Set by the first wait that observes completion; later waits return the same.
+  bool finished = false;
+  absl::Status result;
+  size_t result_bytes = 0;   // all-gather: bytes of the gathered tensor
+  bool result_held = false;  // all-gather: the bytes are in handle->output(), not `output`
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+
+// The one place where an absl::Status becomes a C error code (+ this thread's message).
+int ReturnStatus(const absl::Status& s) {
+  if (s.ok()) return BRAID_OK;
+  switch (s.code()) {
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kUnavailable:
+      t_last_error.assign(s.message().data(), s.message().size());
+      return static_cast<int>(s.code());
+    default:
+      // Outside the C vocabulary: keep the detail in the message (STYLE.md: generic codes).
+      t_last_error = absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
+      return BRAID_UNKNOWN;
+  }
+}
+
+// Runs `f` (returning absl::Status) and converts its result; no exception escapes to C.
+template <typename F>
+int Guard(F&& f) noexcept {
+  try {
+    return ReturnStatus(f());
+  } catch (const std::bad_alloc&) {
+    return ReturnStatus(absl::ResourceExhaustedError("braid: out of memory"));
+  } catch (const std::exception& e) {
+    return ReturnStatus(absl::InternalError(absl::StrCat("braid: unexpected exception: ",
+                                                         e.what())));
+  } catch (...) {
+    return ReturnStatus(absl::InternalError("braid: unexpected exception"));
+  }
+}
+
+// braid_init / braid_finalize are serialised: Runtime::Init must not race with itself.
+std::mutex& LifecycleMutex() {
+  static std::mutex* mu = new std::mutex();
+  return *mu;
+}
+
+absl::Status NotNull(const void* p, const char* what, const char* fn) {
+  if (p != nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(fn, ": ", what, " is NULL"));
+}
+
+// True when `Field` at `offset` with `size` lies inside the caller's struct_size.
+bool HasField(size_t struct_size, size_t offset, size_t size) {
+  return offset + size <= struct_size;
+}
+#define BRAID_HAS_FIELD(opts, type, field) \
+  HasField((opts)->struct_size, offsetof(type, field), sizeof(((type*)nullptr)->field))
+
+// Checks an options struct's size prefix (see "ABI rules" in c_api.h): at least the prefix
+// itself; any tail beyond what this library knows must be all zero (= defaults).
+absl::Status CheckStructSize(const void* opts, size_t known_size, const char* type) {
+  size_t struct_size = 0;
+  std::memcpy(&struct_size, opts, sizeof(struct_size));
+  if (struct_size < sizeof(size_t)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        type, ".struct_size is ", struct_size, ": initialise the struct with ", type,
+        "_init() or the matching _INIT macro"));
+  }
+  // Far beyond any struct this API will grow to: an uninitialised struct, whose tail must
+  // not be read.
+  constexpr size_t kMaxStructSize = 4096;
+  if (struct_size > kMaxStructSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        type, ".struct_size is ", struct_size, ", more than any version of ", type,
+        " (uninitialised?): initialise it with ", type, "_init() or the matching _INIT macro"));
+  }
+  const unsigned char* bytes = static_cast<const unsigned char*>(opts);
+  for (size_t i = known_size; i < struct_size; ++i) {
+    if (bytes[i] != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          type, ".struct_size is ", struct_size, " but this libbraid_c knows ", known_size,
+          " bytes and byte ", i,
+          " is set: the program uses an option this library does not support (upgrade "
+          "libbraid_c)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Dtype(int dtype, braid::DataType* out) {
+  if (!braid::IsValidDataType(dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown dtype ", dtype, " (valid: 0..", braid::kNumDataTypes - 1,
+                     ", see braid_dtype)"));
+  }
+  *out = static_cast<braid::DataType>(dtype);
+  return absl::OkStatus();
+}
+
+absl::Status Shape(const int64_t* shape, int ndim, std::vector<int64_t>* out) {
+  if (ndim < 0) return absl::InvalidArgumentError(absl::StrCat("ndim is negative: ", ndim));
+  if (ndim > 0 && shape == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("shape is NULL but ndim is ", ndim));
+  }
+  out->assign(shape, shape + ndim);
+  return absl::OkStatus();
+}
+
+// Fills the fields every collective has; `kind` names it in messages.
+absl::Status CommonRequest(braid::Collective kind, const char* name, const int64_t* shape,
+                           int ndim, int dtype, braid::CollectiveRequest* r) {
+  r->collective = kind;
+  r->name = name;
+  absl::Status s = Dtype(dtype, &r->dtype);
+  if (s.ok()) s = Shape(shape, ndim, &r->shape);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("'", r->name, "': ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+// Per-collective counters for blocking calls without a name (see c_api.h for the rule).
+std::string AutoName(const char* name, const char* kind, std::atomic<uint64_t>* counter) {
+  if (name != nullptr) return name;
+  return absl::StrCat(kind, ".noname.", counter->fetch_add(1));
+}
+std::atomic<uint64_t> g_allreduce_count{0}, g_broadcast_count{0}, g_allgather_count{0},
+    g_barrier_count{0};
+
+absl::Status Enqueue(braid::CollectiveRequest req, std::unique_ptr<braid_handle>* out) {
+  auto h = std::make_unique<braid_handle>();
+  h->collective = req.collective;
+  h->name = req.name;
+  h->element_bytes = braid::DataTypeSize(req.dtype);
+  h->output = req.output;
+  h->output_capacity_bytes = req.output_capacity_bytes;
+  auto handle = braid::GlobalRuntime().Enqueue(std::move(req));
+  if (!handle.ok()) return handle.status();
+  h->handle = *std::move(handle);
+  *out = std::move(h);
+  return absl::OkStatus();
+}
+
+// The result of a completed collective, with the all-gather checks the C API adds. Runs once.
+void Finish(braid_handle* h) {
+  if (h->finished) return;
+  h->finished = true;
+  h->result = h->handle->status();
+  if (!h->result.ok() || h->collective != braid::Collective::kAllGather) return;
+  const std::vector<int64_t>& shape = h->handle->output_shape();
+  int64_t elements = 1;
+  for (int64_t d : shape) elements *= d;
+  const int64_t first_dim = shape.empty() ? 0 : shape[0];
+  if (h->output_first_dim != nullptr) *h->output_first_dim = first_dim;
+  h->result_bytes = static_cast<size_t>(elements) * h->element_bytes;
+  // The runtime writes into the caller's buffer when it is large enough, and into the
+  // handle's own otherwise (runtime.cc, output_for).
+  h->result_held = h->output == nullptr || h->result_bytes > h->output_capacity_bytes;
+  if (h->output != nullptr && h->result_held) {
+    h->result = absl::InvalidArgumentError(absl::StrCat(
+        "allgather '", h->name, "': the result needs ", h->result_bytes, " bytes (first dim ",
+        first_dim, ") but the output buffer holds ", h->output_capacity_bytes,
+        " bytes; the result is kept in the handle (braid_handle_copy_output)"));
+  }
+}
+
+absl::Status Wait(braid_handle* h, absl::Duration timeout) {
+  if (!h->finished) {
+    absl::Status s = h->handle->Wait(timeout);
+    if (!h->handle->Poll()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "'", h->name, "' is still running after the wait's timeout of ",
+          absl::FormatDuration(timeout), "; the handle stays valid"));
+    }
+    (void)s;  // the final status is read again in Finish, race-free now that it is done
+    Finish(h);
+  }
+  return h->result;
+}
+
+// Enqueues, then waits forever (the runtime's own timeouts bound it).
+absl::Status RunBlocking(braid::CollectiveRequest req, int64_t* output_first_dim = nullptr) {
+  const bool gather = req.collective == braid::Collective::kAllGather;
+  const bool no_output = req.output == nullptr;
+  std::unique_ptr<braid_handle> h;
+  absl::Status s = Enqueue(std::move(req), &h);
+  if (!s.ok()) return s;
+  h->output_first_dim = output_first_dim;
+  s = Wait(h.get(), absl::InfiniteDuration());
+  if (s.ok() && gather && no_output && h->result_bytes > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allgather '", h->name, "': output is NULL but the result needs ", h->result_bytes,
+        " bytes"));
+  }
+  return s;
+}
+
+absl::Status StoreHandle(std::unique_ptr<braid_handle> h, braid_handle** out) {
+  *out = h.release();
+  return absl::OkStatus();
+}
+
+// --- per-collective request builders (shared by the blocking and async forms) ---
+
+absl::Status AllReduceRequest(const char* fn, const std::string& name, const void* input,
+                              void* output, const int64_t* shape, int ndim, int dtype,
+                              const braid_allreduce_opts* opts, braid::CollectiveRequest* r) {
+  braid_allreduce_opts o = BRAID_ALLREDUCE_OPTS_INIT;
+  if (opts != nullptr) {
+    absl::Status s = CheckStructSize(opts, sizeof(o), "braid_allreduce_opts");
+    if (!s.ok()) return s;
+    if (BRAID_HAS_FIELD(opts, braid_allreduce_opts, op)) o.op = opts->op;
+    if (BRAID_HAS_FIELD(opts, braid_allreduce_opts, compression)) {
+      o.compression = opts->compression;
+    }
+    if (BRAID_HAS_FIELD(opts, braid_allreduce_opts, process_set_id)) {
+      o.process_set_id = opts->process_set_id;
+    }
+  }
+  absl::Status s = CommonRequest(braid::Collective::kAllReduce, name.c_str(), shape, ndim,
+                                 dtype, r);
+  if (!s.ok()) return s;
+  if (!braid::IsValidReduceOp(o.op)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fn, " '", name, "': unknown reduce op ", static_cast<int>(o.op), " (valid: 0..",
+        braid::kNumReduceOps - 1, ", see braid_reduce_op)"));
+  }
+  r->input = input;
+  r->output = output;
+  r->op = static_cast<braid::ReduceOp>(o.op);
+  r->compression = o.compression != nullptr ? o.compression : "";
+  r->process_set_id = o.process_set_id;
+  return absl::OkStatus();
+}
+
+absl::Status BroadcastRequest(const std::string& name, void* buffer, const int64_t* shape,
+                              int ndim, int dtype, const braid_broadcast_opts* opts,
+                              braid::CollectiveRequest* r) {
+  braid_broadcast_opts o = BRAID_BROADCAST_OPTS_INIT;
+  if (opts != nullptr) {
+    absl::Status s = CheckStructSize(opts, sizeof(o), "braid_broadcast_opts");
+    if (!s.ok()) return s;
+    if (BRAID_HAS_FIELD(opts, braid_broadcast_opts, root_rank)) o.root_rank = opts->root_rank;
+    if (BRAID_HAS_FIELD(opts, braid_broadcast_opts, process_set_id)) {
+      o.process_set_id = opts->process_set_id;
+    }
+  }
+  absl::Status s = CommonRequest(braid::Collective::kBroadcast, name.c_str(), shape, ndim,
+                                 dtype, r);
+  if (!s.ok()) return s;
+  r->input = buffer;
+  r->output = buffer;
+  r->root_rank = o.root_rank;
+  r->process_set_id = o.process_set_id;
+  return absl::OkStatus();
+}
+
+absl::Status AllGatherRequest(const std::string& name, const void* input,
+                              const int64_t* shape, int ndim, int dtype, void* output,
+                              size_t capacity, const braid_allgather_opts* opts,
+                              braid::CollectiveRequest* r) {
+  braid_allgather_opts o = BRAID_ALLGATHER_OPTS_INIT;
+  if (opts != nullptr) {
+    absl::Status s = CheckStructSize(opts, sizeof(o), "braid_allgather_opts");
+    if (!s.ok()) return s;
+    if (BRAID_HAS_FIELD(opts, braid_allgather_opts, process_set_id)) {
+      o.process_set_id = opts->process_set_id;
+    }
+  }
+  absl::Status s = CommonRequest(braid::Collective::kAllGather, name.c_str(), shape, ndim,
+                                 dtype, r);
+  if (!s.ok()) return s;
+  r->input = input;
+  r->output = output;
+  r->output_capacity_bytes = output == nullptr ? 0 : capacity;
+  r->process_set_id = o.process_set_id;
+  return absl::OkStatus();
+}
+
+absl::Status NeedName(const char* name, const char* fn) {
+  if (name != nullptr && *name != '\0') return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      fn, ": a name is required for asynchronous collectives (the same on every rank)"));
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* braid_last_error(void) { return t_last_error.c_str(); }
+
+const char* braid_error_name(int code) {
+  switch (code) {
+    case BRAID_OK: return "OK";
+    case BRAID_CANCELLED: return "CANCELLED";
+    case BRAID_UNKNOWN: return "UNKNOWN";
+    case BRAID_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case BRAID_DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case BRAID_ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case BRAID_FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case BRAID_INTERNAL: return "INTERNAL";
+    case BRAID_UNAVAILABLE: return "UNAVAILABLE";
+  }
+  return "UNKNOWN";
+}
+
+size_t braid_dtype_size(int dtype) {
+  if (!braid::IsValidDataType(dtype)) return 0;
+  return braid::DataTypeSize(static_cast<braid::DataType>(dtype));
+}
+
+int braid_init(void) {
+  return Guard([] {
+    std::lock_guard<std::mutex> lock(LifecycleMutex());
+    auto config = braid::ConfigFromProcessEnv();
+    if (!config.ok()) return config.status();
+    return braid::GlobalRuntime().Init(*config);
+  });
+}
+
+int braid_finalize(void) {
+  return Guard([] {
+    std::lock_guard<std::mutex> lock(LifecycleMutex());
+    return braid::GlobalRuntime().Shutdown();
+  });
+}
+
+int braid_is_initialized(void) {
+  try {
+    return braid::GlobalRuntime().initialized() ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+#define BRAID_TOPOLOGY_GETTER(fn, method)                         \
+  int fn(int* out) {                                              \
+    return Guard([&]() -> absl::Status {                          \
+      absl::Status s = NotNull(out, "out", #fn);                  \
+      if (!s.ok()) return s;                                      \
+      absl::StatusOr<int> v = braid::GlobalRuntime().method();    \
+      if (!v.ok()) return v.status();                             \
+      *out = *v;                                                  \
+      return absl::OkStatus();                                    \
+    });                                                           \
+  }
+BRAID_TOPOLOGY_GETTER(braid_rank, rank)
+BRAID_TOPOLOGY_GETTER(braid_size, size)
+BRAID_TOPOLOGY_GETTER(braid_local_rank, local_rank)
+BRAID_TOPOLOGY_GETTER(braid_local_size, local_size)
+#undef BRAID_TOPOLOGY_GETTER
+
+void braid_allreduce_opts_init(braid_allreduce_opts* opts) {
+  if (opts != nullptr) *opts = braid_allreduce_opts BRAID_ALLREDUCE_OPTS_INIT;
+}
+void braid_broadcast_opts_init(braid_broadcast_opts* opts) {
+  if (opts != nullptr) *opts = braid_broadcast_opts BRAID_BROADCAST_OPTS_INIT;
+}
+void braid_allgather_opts_init(braid_allgather_opts* opts) {
+  if (opts != nullptr) *opts = braid_allgather_opts BRAID_ALLGATHER_OPTS_INIT;
+}
+
+int braid_allreduce(const char* name, const void* input, void* output, const int64_t* shape,
+                    int ndim, braid_dtype dtype, const braid_allreduce_opts* opts) {
+  return Guard([&]() -> absl::Status {
+    braid::CollectiveRequest r;
+    absl::Status s = AllReduceRequest("allreduce", AutoName(name, "allreduce", &g_allreduce_count),
+                                      input, output, shape, ndim, dtype, opts, &r);
+    if (!s.ok()) return s;
+    return RunBlocking(std::move(r));
+  });
+}
+
+int braid_allreduce_async(const char* name, const void* input, void* output,
+                          const int64_t* shape, int ndim, braid_dtype dtype,
+                          const braid_allreduce_opts* opts, braid_handle** handle) {
+  return Guard([&]() -> absl::Status {
+    absl::Status s = NotNull(handle, "handle", "braid_allreduce_async");
+    if (s.ok()) s = NeedName(name, "braid_allreduce_async");
+    if (!s.ok()) return s;
+    braid::CollectiveRequest r;
+    s = AllReduceRequest("allreduce", name, input, output, shape, ndim, dtype, opts, &r);
+    if (!s.ok()) return s;
+    std::unique_ptr<braid_handle> h;
+    s = Enqueue(std::move(r), &h);
+    if (!s.ok()) return s;
+    return StoreHandle(std::move(h), handle);
+  });
+}
+
+int braid_broadcast(const char* name, void* buffer, const int64_t* shape, int ndim,
+                    braid_dtype dtype, const braid_broadcast_opts* opts) {
+  return Guard([&]() -> absl::Status {
+    braid::CollectiveRequest r;
+    absl::Status s = BroadcastRequest(AutoName(name, "broadcast", &g_broadcast_count), buffer,
+                                      shape, ndim, dtype, opts, &r);
+    if (!s.ok()) return s;
+    return RunBlocking(std::move(r));
+  });
+}
+
+int braid_broadcast_async(const char* name, void* buffer, const int64_t* shape, int ndim,
+                          braid_dtype dtype, const braid_broadcast_opts* opts,
+                          braid_handle** handle) {
+  return Guard([&]() -> absl::Status {
+    absl::Status s = NotNull(handle, "handle", "braid_broadcast_async");
+    if (s.ok()) s = NeedName(name, "braid_broadcast_async");
+    if (!s.ok()) return s;
+    braid::CollectiveRequest r;
+    s = BroadcastRequest(name, buffer, shape, ndim, dtype, opts, &r);
+    if (!s.ok()) return s;
+    std::unique_ptr<braid_handle> h;
+    s = Enqueue(std::move(r), &h);
+    if (!s.ok()) return s;
+    return StoreHandle(std::move(h), handle);
+  });
+}
+
+int braid_allgather(const char* name, const void* input, const int64_t* shape, int ndim,
+                    braid_dtype dtype, void* output, size_t output_capacity_bytes,
+                    int64_t* output_first_dim, const braid_allgather_opts* opts) {
+  return Guard([&]() -> absl::Status {
+    braid::CollectiveRequest r;
+    absl::Status s = AllGatherRequest(AutoName(name, "allgather", &g_allgather_count), input,
+                                      shape, ndim, dtype, output, output_capacity_bytes, opts,
+                                      &r);
+    if (!s.ok()) return s;
+    return RunBlocking(std::move(r), output_first_dim);
+  });
+}
+
+int braid_allgather_async(const char* name, const void* input, const int64_t* shape,
+                          int ndim, braid_dtype dtype, void* output,
+                          size_t output_capacity_bytes, int64_t* output_first_dim,
+                          const braid_allgather_opts* opts, braid_handle** handle) {
+  return Guard([&]() -> absl::Status {
+    absl::Status s = NotNull(handle, "handle", "braid_allgather_async");
+    if (s.ok()) s = NeedName(name, "braid_allgather_async");
+    if (!s.ok()) return s;
+    braid::CollectiveRequest r;
+    s = AllGatherRequest(name, input, shape, ndim, dtype, output, output_capacity_bytes, opts,
+                         &r);
+    if (!s.ok()) return s;
+    std::unique_ptr<braid_handle> h;
+    s = Enqueue(std::move(r), &h);
+    if (!s.ok()) return s;
+    h->output_first_dim = output_first_dim;
+    return StoreHandle(std::move(h), handle);
+  });
+}
+
+int braid_barrier(void) {
+  return Guard([]() -> absl::Status {
+    braid::CollectiveRequest r;
+    r.collective = braid::Collective::kBarrier;
+    r.name = AutoName(nullptr, "barrier", &g_barrier_count);
+    return RunBlocking(std::move(r));
+  });
+}
+
+int braid_wait(braid_handle* handle, double timeout_seconds) {
+  return Guard([&]() -> absl::Status {
+    absl::Status s = NotNull(handle, "handle", "braid_wait");
+    if (!s.ok()) return s;
+    if (std::isnan(timeout_seconds)) {
+      return absl::InvalidArgumentError("braid_wait: timeout_seconds is NaN");
+    }
+    absl::Duration timeout = timeout_seconds < 0 || std::isinf(timeout_seconds)
+                                 ? absl::InfiniteDuration()
+                                 : absl::Seconds(timeout_seconds);
+    return Wait(handle, timeout);
+  });
+}
+
+int braid_poll(braid_handle* handle, int* done) {
+  return Guard([&]() -> absl::Status {
+    absl::Status s = NotNull(handle, "handle", "braid_poll");
+    if (s.ok()) s = NotNull(done, "done", "braid_poll");
+    if (!s.ok()) return s;
+    *done = handle->handle->Poll() ? 1 : 0;
+    return absl::OkStatus();
+  });
+}
+
+int braid_handle_copy_output(braid_handle* handle, void* output, size_t output_capacity_bytes,
+                             size_t* needed_bytes) {
+  return Guard([&]() -> absl::Status {
+    absl::Status s = NotNull(handle, "handle", "braid_handle_copy_output");
+    if (!s.ok()) return s;
+    if (!handle->finished && handle->handle->Poll()) Finish(handle);
+    if (!handle->finished) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "braid_handle_copy_output: '", handle->name, "' has not completed: wait for it"));
+    }
+    if (!handle->result_held) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "braid_handle_copy_output: '", handle->name,
+          "' is not an all-gather whose result the handle keeps (",
+          handle->result.ok() ? "it is in the output buffer" : "it failed", ")"));
+    }
+    if (needed_bytes != nullptr) *needed_bytes = handle->result_bytes;
+    if (handle->result_bytes == 0) return absl::OkStatus();
+    if (output == nullptr || output_capacity_bytes < handle->result_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "braid_handle_copy_output: '", handle->name, "' needs ", handle->result_bytes,
+          " bytes, the output ", output == nullptr ? "is NULL" : "holds ",
+          output == nullptr ? "" : absl::StrCat(output_capacity_bytes, " bytes")));
+    }
+    std::memcpy(output, handle->handle->output().data(), handle->result_bytes);
+    return absl::OkStatus();
+  });
+}
+
+void braid_handle_free(braid_handle* handle) { delete handle; }
+
+}  // extern "C"

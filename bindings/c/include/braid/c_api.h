@@ -1,0 +1,288 @@
+/* braid C API: a stable C ABI over braid::Runtime.
+ *
+ * Plain C99; usable from C, C++, and any language with a C FFI. Every function is
+ * thread-safe unless its docstring says otherwise.
+ *
+ * ABI rules (frozen; see DESIGN.md):
+ *   - Enumerator values never change; new ones are only appended.
+ *   - Functions are never removed or changed; new behaviour arrives as new functions or as
+ *     new fields at the END of an options struct.
+ *   - Options structs start with `size_t struct_size`, which the caller sets to the
+ *     sizeof() it was compiled against (the *_OPTS_INIT macros and *_opts_init() functions
+ *     do this). The library reads only the fields that lie entirely inside struct_size and
+ *     uses the defaults for the rest, so a program built against an older header keeps
+ *     working. A struct_size larger than the library knows is accepted when the unknown tail
+ *     is all zero bytes (the defaults), and rejected with BRAID_INVALID_ARGUMENT otherwise
+ *     (the rule Linux's openat2/clone3 use), so a new option is never silently ignored;
+ *     hence every field added later must have all-zero bytes as its default. A struct_size
+ *     below sizeof(size_t) or above 4096 (an uninitialised struct) is INVALID_ARGUMENT.
+ *
+ * Errors: every function returning `int` returns a braid_error code (BRAID_OK = 0 on
+ * success). On failure, braid_last_error() returns a message for the calling thread naming
+ * the tensor, the ranks involved and what to do.
+ *
+ * Typical use:
+ *
+ *   if (braid_init() != BRAID_OK) { fprintf(stderr, "%s\n", braid_last_error()); ... }
+ *   braid_allreduce_opts o = BRAID_ALLREDUCE_OPTS_INIT;
+ *   o.op = BRAID_SUM;
+ *   int64_t shape[1] = {n};
+ *   braid_allreduce("grad.0", in, out, shape, 1, BRAID_FLOAT32, &o);
+ *   braid_finalize();
+ */
+#ifndef BRAID_C_API_H_
+#define BRAID_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define BRAID_C_EXPORT __attribute__((visibility("default")))
+#else
+#define BRAID_C_EXPORT
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------ */
+/* Errors                                                                               */
+/* ------------------------------------------------------------------------------------ */
+
+/* Error codes. The values are the canonical Abseil / gRPC status codes. Codes outside
+ * this list are reported as BRAID_UNKNOWN, with the original code's name at the start of
+ * the message. */
+typedef enum braid_error {
+  BRAID_OK = 0,
+  BRAID_CANCELLED = 1,            /* braid was shut down (braid_finalize, job ended) */
+  BRAID_UNKNOWN = 2,              /* anything not listed here */
+  BRAID_INVALID_ARGUMENT = 3,     /* bad input, or a mismatch across ranks */
+  BRAID_DEADLINE_EXCEEDED = 4,    /* a wait's timeout passed, or a collective stalled */
+  BRAID_ALREADY_EXISTS = 6,       /* a collective with this name is in flight on this rank */
+  BRAID_FAILED_PRECONDITION = 9,  /* not initialized, or already shut down */
+  BRAID_INTERNAL = 13,            /* a bug in braid or its transports */
+  BRAID_UNAVAILABLE = 14          /* a peer rank or the coordinator was lost */
+} braid_error;
+
+/* The message of the last call that failed on the calling thread ("" if none has).
+ * Never NULL. The pointer stays valid until the next failing call on this thread; a
+ * successful call does not clear it. */
+BRAID_C_EXPORT const char* braid_last_error(void);
+
+/* The enumerator's name without the prefix ("OK", "INVALID_ARGUMENT", ...), or "UNKNOWN"
+ * for a value that is not a braid_error. Never NULL; a static string. */
+BRAID_C_EXPORT const char* braid_error_name(int code);
+
+/* ------------------------------------------------------------------------------------ */
+/* Element types and reduction operators (values shared with the C++ core and the wire) */
+/* ------------------------------------------------------------------------------------ */
+
+typedef enum braid_dtype {
+  BRAID_FLOAT32 = 0,
+  BRAID_FLOAT64 = 1,
+  BRAID_FLOAT16 = 2,   /* IEEE 754 binary16, passed as uint16_t bit patterns */
+  BRAID_BFLOAT16 = 3,  /* the upper 16 bits of a float32, passed as uint16_t */
+  BRAID_INT32 = 4,
+  BRAID_INT64 = 5,
+  BRAID_UINT8 = 6
+} braid_dtype;
+
+typedef enum braid_reduce_op {
+  BRAID_SUM = 0,
+  BRAID_AVERAGE = 1, /* sum / world size; floating-point dtypes only */
+  BRAID_MIN = 2,
+  BRAID_MAX = 3,
+  BRAID_PRODUCT = 4
+} braid_reduce_op;
+
+/* Size of one element of `dtype` in bytes; 0 if `dtype` is not a braid_dtype. */
+BRAID_C_EXPORT size_t braid_dtype_size(int dtype);
+
+/* ------------------------------------------------------------------------------------ */
+/* Lifecycle and topology                                                               */
+/* ------------------------------------------------------------------------------------ */
+
+/* Joins the job, configured from the environment (BRAID_COORDINATOR, BRAID_RANK,
+ * BRAID_SIZE, torchrun / Slurm / Open MPI variables, BRAID_TIMEOUT_S, ...; see DESIGN.md).
+ * Blocks until every rank has joined (at most about max(BRAID_TIMEOUT_S, 60 s)).
+ * With no launcher variables at all, starts a world of size 1 with a private coordinator.
+ * Returns BRAID_OK if already initialized.
+ * Errors: INVALID_ARGUMENT (a malformed variable, named in the message),
+ * DEADLINE_EXCEEDED / UNAVAILABLE (coordinator or peers unreachable). */
+BRAID_C_EXPORT int braid_init(void);
+
+/* Leaves the job: every pending collective completes with BRAID_CANCELLED. Returns within
+ * about 2 s even when peers are gone. BRAID_OK if not initialized. braid_init() may be
+ * called again afterwards to join a new job. Call it before the process exits. */
+BRAID_C_EXPORT int braid_finalize(void);
+
+/* 1 between a successful braid_init() and braid_finalize(), else 0. */
+BRAID_C_EXPORT int braid_is_initialized(void);
+
+/* This process's rank in [0, size), the world size, the rank among processes on this
+ * host, and the number of processes on this host, written to *out.
+ * Errors: FAILED_PRECONDITION (not initialized), INVALID_ARGUMENT (out is NULL). */
+BRAID_C_EXPORT int braid_rank(int* out);
+BRAID_C_EXPORT int braid_size(int* out);
+BRAID_C_EXPORT int braid_local_rank(int* out);
+BRAID_C_EXPORT int braid_local_size(int* out);
+
+/* ------------------------------------------------------------------------------------ */
+/* Options                                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+/* A NULL options pointer means "all defaults". */
+
+typedef struct braid_allreduce_opts {
+  size_t struct_size;       /* sizeof(braid_allreduce_opts) as compiled by the caller */
+  braid_reduce_op op;       /* default BRAID_AVERAGE (as in Horovod); integer dtypes need
+                               another op */
+  const char* compression;  /* NULL or "" = BRAID_COMPRESSION (default "none"); e.g. "fp16",
+                               "powersgd:rank=2"; copied at enqueue time */
+  int32_t process_set_id;   /* 0 = the whole world (default) */
+} braid_allreduce_opts;
+
+#define BRAID_ALLREDUCE_OPTS_INIT \
+  { sizeof(braid_allreduce_opts), BRAID_AVERAGE, NULL, 0 }
+
+typedef struct braid_broadcast_opts {
+  size_t struct_size;      /* sizeof(braid_broadcast_opts) as compiled by the caller */
+  int32_t root_rank;       /* the rank whose buffer is sent; default 0 */
+  int32_t process_set_id;  /* 0 = the whole world (default) */
+} braid_broadcast_opts;
+
+#define BRAID_BROADCAST_OPTS_INIT { sizeof(braid_broadcast_opts), 0, 0 }
+
+typedef struct braid_allgather_opts {
+  size_t struct_size;      /* sizeof(braid_allgather_opts) as compiled by the caller */
+  int32_t process_set_id;  /* 0 = the whole world (default) */
+} braid_allgather_opts;
+
+#define BRAID_ALLGATHER_OPTS_INIT { sizeof(braid_allgather_opts), 0 }
+
+/* Fill *opts with the defaults (same as the *_OPTS_INIT macros). NULL is ignored. */
+BRAID_C_EXPORT void braid_allreduce_opts_init(braid_allreduce_opts* opts);
+BRAID_C_EXPORT void braid_broadcast_opts_init(braid_broadcast_opts* opts);
+BRAID_C_EXPORT void braid_allgather_opts_init(braid_allgather_opts* opts);
+
+/* ------------------------------------------------------------------------------------ */
+/* Collectives                                                                          */
+/* ------------------------------------------------------------------------------------ */
+/*
+ * Common rules:
+ *   - Buffers are host memory, contiguous, row-major. `shape` has `ndim` entries (element
+ *     counts, each >= 0); ndim = 0 is a scalar (shape may then be NULL). The shape array is
+ *     copied at the call; data buffers are not.
+ *   - Every rank must make the same collective with the same name, dtype and (except for
+ *     all-gather's first dimension) shape; a mismatch fails the collective on every rank
+ *     with BRAID_INVALID_ARGUMENT naming the ranks. Ranks may issue collectives in any
+ *     order; braid agrees on one.
+ *   - `name` identifies the collective across ranks and must be unique among this rank's
+ *     in-flight collectives (BRAID_ALREADY_EXISTS otherwise); it may be reused once the
+ *     previous one completed. It is copied at the call.
+ *   - Blocking calls accept name = NULL and then generate "<collective>.noname.<n>" from a
+ *     per-collective counter of this process. Such names agree across ranks only when
+ *     every rank makes the same unnamed calls in the same order (from one thread); name
+ *     your collectives when that does not hold. Async calls require a name.
+ *   - Errors returned by the call itself (no collective started): FAILED_PRECONDITION (not
+ *     initialized), INVALID_ARGUMENT (checked locally: NULL pointer, bad dtype / op / shape,
+ *     bad options), ALREADY_EXISTS. Errors agreed across ranks (mismatches, lost peers
+ *     = UNAVAILABLE, no progress for BRAID_TIMEOUT_S = DEADLINE_EXCEEDED, braid_finalize =
+ *     CANCELLED) are returned by the blocking call or by braid_wait().
+ *   - A blocking call waits until the collective completes; it is bounded by the job's own
+ *     failure detection (BRAID_TIMEOUT_S, BRAID_HEARTBEAT_TIMEOUT_S), not by a deadline of
+ *     its own. Use the async form with braid_wait() for a caller-chosen timeout.
+ *   - For async calls the input and output buffers must stay valid, and the input
+ *     unmodified, until the collective completes (even when its handle was freed early).
+ */
+
+/* Opaque handle of one asynchronous collective. */
+typedef struct braid_handle braid_handle;
+
+/* All-reduce: out = op over all ranks of `input`. `input` and `output` hold
+ * product(shape) elements of `dtype`; output may equal input (in place).
+ * opts: NULL = op AVERAGE, default compression, world. */
+BRAID_C_EXPORT int braid_allreduce(const char* name, const void* input, void* output,
+                                   const int64_t* shape, int ndim, braid_dtype dtype,
+                                   const braid_allreduce_opts* opts);
+BRAID_C_EXPORT int braid_allreduce_async(const char* name, const void* input, void* output,
+                                         const int64_t* shape, int ndim, braid_dtype dtype,
+                                         const braid_allreduce_opts* opts,
+                                         braid_handle** handle);
+
+/* Broadcast, in place: `buffer` (product(shape) elements of `dtype`) on every rank
+ * receives the root rank's buffer. opts: NULL = root rank 0, world. */
+BRAID_C_EXPORT int braid_broadcast(const char* name, void* buffer, const int64_t* shape,
+                                   int ndim, braid_dtype dtype,
+                                   const braid_broadcast_opts* opts);
+BRAID_C_EXPORT int braid_broadcast_async(const char* name, void* buffer,
+                                         const int64_t* shape, int ndim, braid_dtype dtype,
+                                         const braid_broadcast_opts* opts,
+                                         braid_handle** handle);
+
+/* All-gather along dim 0: every rank contributes `input` of shape [d_r, rest...] (ndim >= 1;
+ * d_r may differ between ranks, `rest` may not) and receives the concatenation in rank
+ * order, shape [sum_r d_r, rest...], in `output`, which holds `output_capacity_bytes`
+ * bytes. *output_first_dim (if not NULL) receives sum_r d_r when the collective completes.
+ *
+ * If the result does not fit, the call fails with BRAID_INVALID_ARGUMENT and the message
+ * gives the bytes needed; *output_first_dim is still written. To size the output in
+ * advance, all-gather the first dimensions first (a [1]-shaped BRAID_INT64 all-gather).
+ *
+ * Async form: `output` may be NULL (capacity 0); the result is then kept in the handle and
+ * read with braid_handle_copy_output(). With a non-NULL output that is too small,
+ * braid_wait() returns BRAID_INVALID_ARGUMENT (the result is kept in the handle too).
+ * *output_first_dim is written by the braid_wait() that observes completion, so it must
+ * stay valid until then. */
+BRAID_C_EXPORT int braid_allgather(const char* name, const void* input, const int64_t* shape,
+                                   int ndim, braid_dtype dtype, void* output,
+                                   size_t output_capacity_bytes, int64_t* output_first_dim,
+                                   const braid_allgather_opts* opts);
+BRAID_C_EXPORT int braid_allgather_async(const char* name, const void* input,
+                                         const int64_t* shape, int ndim, braid_dtype dtype,
+                                         void* output, size_t output_capacity_bytes,
+                                         int64_t* output_first_dim,
+                                         const braid_allgather_opts* opts,
+                                         braid_handle** handle);
+
+/* Blocks until every rank of the world reached its barrier. Named "barrier.noname.<n>"
+ * (see the naming rule above: all ranks must call it the same number of times). */
+BRAID_C_EXPORT int braid_barrier(void);
+
+/* ------------------------------------------------------------------------------------ */
+/* Handles                                                                              */
+/* ------------------------------------------------------------------------------------ */
+/* A handle is owned by the caller and used by one thread at a time. */
+
+/* Waits up to `timeout_seconds` (< 0: forever; 0: just check) for the collective and returns
+ * its result: BRAID_OK, or its error (see above). Returns BRAID_DEADLINE_EXCEEDED if it is
+ * still running when the timeout passes; the handle then stays valid and may be waited on
+ * again (braid_poll() tells this case apart from a collective that itself failed with
+ * DEADLINE_EXCEEDED). Once completed, every later call returns the same result.
+ * Errors: INVALID_ARGUMENT (handle NULL, timeout NaN). */
+BRAID_C_EXPORT int braid_wait(braid_handle* handle, double timeout_seconds);
+
+/* Sets *done to 1 if the collective has completed (successfully or not; braid_wait() then
+ * returns its result at once), else 0. Never blocks.
+ * Errors: INVALID_ARGUMENT (handle or done NULL). */
+BRAID_C_EXPORT int braid_poll(braid_handle* handle, int* done);
+
+/* For an all-gather whose result the handle keeps (output NULL or too small): copies the
+ * result's bytes to `output` (capacity `output_capacity_bytes`) and writes their count to
+ * *needed_bytes (if not NULL). Errors: FAILED_PRECONDITION (not completed yet, failed, or
+ * not an all-gather whose result the handle keeps), INVALID_ARGUMENT (handle NULL; output
+ * NULL or too small while the result is not empty: *needed_bytes is still written). */
+BRAID_C_EXPORT int braid_handle_copy_output(braid_handle* handle, void* output,
+                                            size_t output_capacity_bytes,
+                                            size_t* needed_bytes);
+
+/* Frees the handle. Allowed while the collective is pending: the runtime keeps its own
+ * reference, completes it, and the name becomes free again then. NULL is ignored. */
+BRAID_C_EXPORT void braid_handle_free(braid_handle* handle);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* BRAID_C_API_H_ */

@@ -1,0 +1,334 @@
+// braid._braid: the pybind11 layer under the `braid` Python package.
+//
+// It is deliberately thin: it turns NumPy buffers into braid::CollectiveRequest, hands them to
+// braid::GlobalRuntime(), and maps absl::Status onto the braid.BraidError hierarchy. Argument
+// conversion (dtypes, contiguity, output allocation, names, copy-back for in-place calls on
+// non-contiguous arrays) lives in braid/_ops.py, which keeps the arrays alive until the
+// collective completes; nothing here holds a Python object beyond the call that received it,
+// and the runtime's background thread never sees one.
+//
+// GIL: released around every call that can block (init, shutdown, enqueue, wait). Waiting is
+// done in slices so that Ctrl-C (SIGINT) raises KeyboardInterrupt in the waiting thread.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/dtype.h"
+#include "glog/logging.h"
+#include "runtime/config.h"
+#include "runtime/handle.h"
+#include "runtime/runtime.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// Exception classes, created once at import (module "braid" so tracebacks read
+// braid.InvalidArgumentError).
+struct Errors {
+  PyObject* base = nullptr;
+  PyObject* invalid_argument = nullptr;
+  PyObject* already_exists = nullptr;
+  PyObject* failed_precondition = nullptr;
+  PyObject* cancelled = nullptr;
+  PyObject* deadline_exceeded = nullptr;
+  PyObject* unavailable = nullptr;
+  PyObject* internal = nullptr;
+};
+Errors g_errors;
+
+PyObject* ErrorClassFor(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return g_errors.invalid_argument;
+    case absl::StatusCode::kAlreadyExists: return g_errors.already_exists;
+    case absl::StatusCode::kFailedPrecondition: return g_errors.failed_precondition;
+    case absl::StatusCode::kCancelled: return g_errors.cancelled;
+    case absl::StatusCode::kDeadlineExceeded: return g_errors.deadline_exceeded;
+    case absl::StatusCode::kUnavailable: return g_errors.unavailable;
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kDataLoss:
+      return g_errors.internal;
+    default: return g_errors.base;  // Unknown, Aborted, PermissionDenied, ...
+  }
+}
+
+// Raises the braid.BraidError subclass named after the status code, with its message. The
+// message is used verbatim; codes without a subclass of their own (PermissionDenied,
+// Aborted, ...) raise BraidError with the code's name prefixed.
+[[noreturn]] void Raise(const absl::Status& s) {
+  PyObject* cls = ErrorClassFor(s.code());
+  std::string msg(s.message());
+  if (cls == g_errors.base) msg = absl::StatusCodeToString(s.code()) + ": " + msg;
+  if (msg.empty()) msg = absl::StatusCodeToString(s.code());
+  PyErr_SetString(cls, msg.c_str());
+  throw py::error_already_set();
+}
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+template <typename T>
+T Value(absl::StatusOr<T> v) {
+  if (!v.ok()) Raise(v.status());
+  return *std::move(v);
+}
+
+// Init and Shutdown are not safe to run concurrently with each other; serialise them.
+std::mutex& LifecycleMutex() {
+  static std::mutex* mu = new std::mutex();
+  return *mu;
+}
+
+void InitLogging() {
+  // Debian's libtorch links the same system glog: never initialise it twice.
+  if (!google::IsGoogleLoggingInitialized()) {
+    FLAGS_logtostderr = true;
+    google::InitGoogleLogging("braid");
+  }
+}
+
+// The native side of an asynchronous collective. The Python wrapper (braid._ops.Handle)
+// holds the arrays; this holds the runtime's handle.
+class NativeHandle {
+ public:
+  NativeHandle(std::shared_ptr<braid::Handle> h, std::string name)
+      : h_(std::move(h)), name_(std::move(name)) {}
+
+  const std::string& name() const { return name_; }
+  bool poll() const { return h_->Poll(); }
+
+  // Waits until the collective completes or `timeout_s` (None: forever) passes. Returns
+  // whether it completed. The GIL is released in slices of `slice_s`; between slices
+  // pending signals run their Python handlers (Ctrl-C raises KeyboardInterrupt here).
+  bool wait(std::optional<double> timeout_s, double slice_s) const {
+    const absl::Duration slice = absl::Seconds(slice_s > 0 ? slice_s : 0.1);
+    const absl::Time deadline = timeout_s.has_value()
+                                    ? absl::Now() + absl::Seconds(std::max(0.0, *timeout_s))
+                                    : absl::InfiniteFuture();
+    while (true) {
+      bool done;
+      {
+        py::gil_scoped_release release;
+        const absl::Duration step = std::min(slice, deadline - absl::Now());
+        done = h_->Wait(std::max(step, absl::ZeroDuration())).code() !=
+                   absl::StatusCode::kDeadlineExceeded ||
+               h_->Poll();
+      }
+      if (done) return true;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      if (absl::Now() >= deadline) return false;
+    }
+  }
+
+  // Raises the collective's error; None when it succeeded. Call after completion.
+  void check() const {
+    if (!h_->Poll()) {
+      Raise(absl::FailedPreconditionError("collective '" + name_ + "' has not completed yet"));
+    }
+    Check(h_->status());
+  }
+
+  // The runtime-owned result (all-gather, all-to-all) as an array of `dtype` and the
+  // runtime's output shape, without a copy: the array keeps the handle (and so the bytes)
+  // alive.
+  py::array output(const py::dtype& dtype) const {
+    check();
+    const std::vector<int64_t>& shape = h_->output_shape();
+    std::vector<py::ssize_t> dims(shape.begin(), shape.end());
+    const std::vector<char>& bytes = h_->output();
+    size_t n = 1;
+    for (int64_t d : shape) n *= static_cast<size_t>(d);
+    if (n * static_cast<size_t>(dtype.itemsize()) != bytes.size()) {
+      Raise(absl::InternalError("collective '" + name_ + "': result has " +
+                                std::to_string(bytes.size()) + " bytes, expected " +
+                                std::to_string(n * dtype.itemsize())));
+    }
+    if (bytes.empty()) return py::array(dtype, dims);
+    auto* keep = new std::shared_ptr<braid::Handle>(h_);
+    py::capsule owner(keep, [](void* p) { delete static_cast<std::shared_ptr<braid::Handle>*>(p); });
+    return py::array(dtype, dims, {}, const_cast<char*>(bytes.data()), owner);
+  }
+
+  std::vector<int64_t> output_shape() const { return h_->output_shape(); }
+
+ private:
+  std::shared_ptr<braid::Handle> h_;
+  std::string name_;
+};
+
+braid::DataType CheckedDataType(int dtype, const py::array& a, const char* what) {
+  if (!braid::IsValidDataType(dtype)) {
+    Raise(absl::InvalidArgumentError("unknown braid dtype code " + std::to_string(dtype)));
+  }
+  auto dt = static_cast<braid::DataType>(dtype);
+  if (static_cast<size_t>(a.itemsize()) != braid::DataTypeSize(dt)) {
+    Raise(absl::InvalidArgumentError(std::string(what) + " has " + std::to_string(a.itemsize()) +
+                                     "-byte elements, but " +
+                                     std::string(braid::DataTypeName(dt)) + " needs " +
+                                     std::to_string(braid::DataTypeSize(dt))));
+  }
+  return dt;
+}
+
+void RequireContiguous(const py::array& a, const char* what, bool writeable) {
+  if (!(a.flags() & py::array::c_style)) {
+    Raise(absl::InvalidArgumentError(std::string(what) + " must be C-contiguous"));
+  }
+  if (writeable && !a.writeable()) {
+    Raise(absl::InvalidArgumentError(std::string(what) + " is read-only"));
+  }
+}
+
+// Enqueues one collective. `input` must be C-contiguous with elements of `dtype`'s size;
+// `output`, when given, C-contiguous and writeable (it may be `input` itself). The caller
+// (braid._ops) must keep both arrays alive and unmodified until the handle completes.
+NativeHandle Enqueue(int collective, const std::string& name, int dtype, const py::array& input,
+                     std::optional<py::array> output, int op, int root_rank,
+                     const std::vector<int64_t>& splits, const std::string& compression) {
+  if (collective < 0 || collective > static_cast<int>(braid::Collective::kBarrier)) {
+    Raise(absl::InvalidArgumentError("unknown collective code " + std::to_string(collective)));
+  }
+  if (!braid::IsValidReduceOp(op)) {
+    Raise(absl::InvalidArgumentError("unknown reduce op code " + std::to_string(op)));
+  }
+  braid::CollectiveRequest r;
+  r.name = name;
+  r.collective = static_cast<braid::Collective>(collective);
+  r.dtype = CheckedDataType(dtype, input, "input");
+  RequireContiguous(input, "input", false);
+  r.shape.assign(input.shape(), input.shape() + input.ndim());
+  r.input = input.data();
+  if (output.has_value()) {
+    RequireContiguous(*output, "output", true);
+    if (output->itemsize() != input.itemsize()) {
+      Raise(absl::InvalidArgumentError("output and input element sizes differ"));
+    }
+    r.output = output->mutable_data();
+    r.output_capacity_bytes = static_cast<size_t>(output->nbytes());
+  }
+  r.op = static_cast<braid::ReduceOp>(op);
+  r.root_rank = root_rank;
+  r.splits = splits;
+  r.compression = compression;  // "" = the job's default (BRAID_COMPRESSION)
+  absl::StatusOr<std::shared_ptr<braid::Handle>> h;
+  {
+    py::gil_scoped_release release;
+    h = braid::GlobalRuntime().Enqueue(std::move(r));
+  }
+  return NativeHandle(Value(std::move(h)), name);
+}
+
+PyObject* NewError(py::module_& m, const char* name, PyObject* base, const char* doc) {
+  std::string full = std::string("braid.") + name;
+  PyObject* cls = PyErr_NewExceptionWithDoc(full.c_str(), doc, base, nullptr);
+  if (cls == nullptr) throw py::error_already_set();
+  m.add_object(name, py::handle(cls));  // the module holds the reference from here on
+  return cls;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_braid, m) {
+  m.doc() = "braid's native layer; use the `braid` package instead.";
+
+  g_errors.base = NewError(m, "BraidError", PyExc_Exception,
+                           "Base class of every error braid raises; the message comes from the "
+                           "runtime and names the tensor and the ranks involved.");
+  g_errors.invalid_argument = NewError(
+      m, "InvalidArgumentError", g_errors.base,
+      "Bad input: unsupported dtype, bad shape or splits, or a mismatch across ranks "
+      "(dtype, shape, op, root rank) reported by the coordinator.");
+  g_errors.already_exists = NewError(
+      m, "AlreadyExistsError", g_errors.base,
+      "A collective with this name is already in flight on this rank.");
+  g_errors.failed_precondition = NewError(
+      m, "FailedPreconditionError", g_errors.base,
+      "braid is not initialized (call braid.init() first) or has been shut down.");
+  g_errors.cancelled = NewError(m, "CancelledError", g_errors.base,
+                                "braid was shut down before the collective completed.");
+  g_errors.deadline_exceeded = NewError(
+      m, "DeadlineExceededError", g_errors.base,
+      "A wait, a rendezvous or a collective ran out of time (BRAID_TIMEOUT_S, stalls).");
+  g_errors.unavailable = NewError(m, "UnavailableError", g_errors.base,
+                                  "A peer rank or the coordinator was lost.");
+  g_errors.internal = NewError(m, "InternalError", g_errors.base, "A bug in braid.");
+
+  m.def(
+      "init",
+      []() {
+        InitLogging();
+        absl::Status s;
+        {
+          py::gil_scoped_release release;
+          std::lock_guard<std::mutex> lock(LifecycleMutex());
+          auto config = braid::ConfigFromProcessEnv();
+          s = config.ok() ? braid::GlobalRuntime().Init(*config) : config.status();
+        }
+        Check(s);
+      },
+      "Joins the job described by the environment (BRAID_*). OK if already initialized.");
+  m.def(
+      "shutdown",
+      []() {
+        absl::Status s;
+        {
+          py::gil_scoped_release release;
+          std::lock_guard<std::mutex> lock(LifecycleMutex());
+          s = braid::GlobalRuntime().Shutdown();
+        }
+        Check(s);
+      },
+      "Fails pending collectives with CancelledError and leaves the job.");
+  m.def("is_initialized", []() { return braid::GlobalRuntime().initialized(); });
+  m.def("rank", []() { return Value(braid::GlobalRuntime().rank()); });
+  m.def("size", []() { return Value(braid::GlobalRuntime().size()); });
+  m.def("local_rank", []() { return Value(braid::GlobalRuntime().local_rank()); });
+  m.def("local_size", []() { return Value(braid::GlobalRuntime().local_size()); });
+
+  m.def("enqueue", &Enqueue, py::arg("collective"), py::arg("name"), py::arg("dtype"),
+        py::arg("input"), py::arg("output"), py::arg("op"), py::arg("root_rank"),
+        py::arg("splits"), py::arg("compression") = "");
+
+  py::class_<NativeHandle>(m, "NativeHandle")
+      .def_property_readonly("name", &NativeHandle::name)
+      .def("poll", &NativeHandle::poll)
+      .def("wait", &NativeHandle::wait, py::arg("timeout") = py::none(),
+           py::arg("slice") = 0.1)
+      .def("check", &NativeHandle::check)
+      .def("output", &NativeHandle::output, py::arg("dtype"))
+      .def("output_shape", &NativeHandle::output_shape);
+
+  // Codes shared with the C++ enums (never renumbered: they are part of the wire protocol).
+  py::dict dtypes;
+  for (int d = 0; d < braid::kNumDataTypes; ++d) {
+    dtypes[py::str(std::string(braid::DataTypeName(static_cast<braid::DataType>(d))))] = d;
+  }
+  m.attr("DTYPES") = dtypes;
+  py::dict collectives;
+  collectives["allreduce"] = static_cast<int>(braid::Collective::kAllReduce);
+  collectives["allgather"] = static_cast<int>(braid::Collective::kAllGather);
+  collectives["broadcast"] = static_cast<int>(braid::Collective::kBroadcast);
+  collectives["reducescatter"] = static_cast<int>(braid::Collective::kReduceScatter);
+  collectives["alltoall"] = static_cast<int>(braid::Collective::kAllToAll);
+  collectives["barrier"] = static_cast<int>(braid::Collective::kBarrier);
+  m.attr("COLLECTIVES") = collectives;
+  py::dict ops;
+  for (int o = 0; o < braid::kNumReduceOps; ++o) {
+    ops[py::str(std::string(braid::ReduceOpName(static_cast<braid::ReduceOp>(o))))] = o;
+  }
+  m.attr("REDUCE_OPS") = ops;
+}

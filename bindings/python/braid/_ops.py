@@ -1,0 +1,495 @@
+"""braid's NumPy API: collectives on numpy.ndarray, Horovod style.
+
+Every collective is negotiated by name: each rank must submit a collective with the same
+name, collective kind, dtype, (agreeing) shape and op before it runs. Names default to
+``"<collective>.noname.<n>"`` from a per-collective counter, so ranks that rely on default
+names must issue their unnamed collectives in the same order.
+
+Arrays passed to an asynchronous call are kept alive by braid until the collective completes;
+they must not be modified meanwhile (the runtime reads the input and writes the output from
+its background thread, without the GIL).
+"""
+
+import atexit
+import enum
+import os
+import threading
+
+import numpy as np
+
+from . import _braid
+from ._braid import (  # noqa: F401  (re-exported)
+    AlreadyExistsError,
+    BraidError,
+    CancelledError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    UnavailableError,
+)
+
+
+class ReduceOp(enum.IntEnum):
+    """How all-reduce and reduce-scatter combine the ranks' values.
+
+    ``Average`` (sum divided by the world size) is defined for floating-point dtypes only;
+    integer tensors need ``Sum``, ``Min``, ``Max`` or ``Product``.
+    """
+
+    Sum = 0
+    Average = 1
+    Min = 2
+    Max = 3
+    Product = 4
+
+
+Sum = ReduceOp.Sum
+Average = ReduceOp.Average
+Min = ReduceOp.Min
+Max = ReduceOp.Max
+Product = ReduceOp.Product
+
+for _op in ReduceOp:  # the codes are the C++ enum's (wire protocol): check they agree
+    assert _braid.REDUCE_OPS[_op.name.lower()] == int(_op), _op
+
+# NumPy dtype (kind, itemsize) -> braid dtype name. bfloat16 is supported by the runtime but
+# NumPy has no bfloat16 dtype, so it is reachable from C/C++ only.
+_SUPPORTED = {
+    ("f", 4): "float32",
+    ("f", 8): "float64",
+    ("f", 2): "float16",
+    ("i", 4): "int32",
+    ("i", 8): "int64",
+    ("u", 1): "uint8",
+}
+SUPPORTED_DTYPES = tuple(np.dtype(n) for n in _SUPPORTED.values())
+
+_COLL = _braid.COLLECTIVES
+
+# --- process-wide state ----------------------------------------------------------------------
+
+_lock = threading.Lock()
+_counters = {}       # collective -> next default-name index
+_inflight = {}       # id(handle) -> Handle: keeps arrays alive until the runtime is done
+_init_pid = None     # the process that called init() (forked children must not shut it down)
+_topology = None     # (rank, size, local_rank, local_size) at init, for forked children
+_atexit_registered = False
+
+
+def _forked_child():
+    return _init_pid is not None and _init_pid != os.getpid()
+
+
+def _check_process(fn):
+    if _forked_child():
+        raise FailedPreconditionError(
+            f"{fn}: braid was initialized in process {_init_pid}, and this is process "
+            f"{os.getpid()} (a fork of it); a forked child cannot use the parent's job")
+
+
+def _next_name(collective):
+    with _lock:
+        n = _counters.get(collective, 0)
+        _counters[collective] = n + 1
+    return f"{collective}.noname.{n}"
+
+
+def _atexit_shutdown():
+    # Only the process that joined the job leaves it: a forked DataLoader worker inherits
+    # this handler and must not shut down its parent's runtime.
+    if _init_pid == os.getpid() and _braid.is_initialized():
+        try:
+            shutdown()
+        except BraidError:
+            pass
+
+
+# --- lifecycle ------------------------------------------------------------------------------
+
+def init():
+    """Joins the job described by the environment and starts braid's background thread.
+
+    The launcher (``braidrun``, torchrun, srun, mpirun) provides the rank, world size and the
+    coordinator's address (``BRAID_COORDINATOR``, ``BRAID_RANK``, ``BRAID_SIZE``, ...); a
+    process started without a launcher forms a job of one rank. Calling ``init()`` again
+    while initialized does nothing; after ``shutdown()`` it joins a new job.
+
+    Raises InvalidArgumentError (bad configuration), DeadlineExceededError or
+    UnavailableError (coordinator or peers unreachable), FailedPreconditionError (called in a
+    forked child of an initialized process).
+    """
+    global _init_pid, _atexit_registered, _topology
+    _check_process("init()")
+    was = _braid.is_initialized()
+    _braid.init()
+    if not was:
+        with _lock:
+            _counters.clear()
+    _init_pid = os.getpid()
+    _topology = (_braid.rank(), _braid.size(), _braid.local_rank(), _braid.local_size())
+    if not _atexit_registered:
+        atexit.register(_atexit_shutdown)
+        _atexit_registered = True
+
+
+def shutdown():
+    """Leaves the job. Pending collectives fail with CancelledError.
+
+    Harmless when not initialized. In a forked child of an initialized process it does
+    nothing (the job belongs to the parent). ``init()`` may be called again afterwards.
+    """
+    if _forked_child():
+        return
+    try:
+        _braid.shutdown()
+    finally:
+        with _lock:
+            if not _braid.is_initialized():
+                _inflight.clear()  # every handle has completed (Cancelled)
+
+
+def is_initialized():
+    """True between ``init()`` and ``shutdown()`` in the process that called ``init()``."""
+    return not _forked_child() and _braid.is_initialized()
+
+
+def _topo(i, native):
+    # A forked child (a DataLoader worker) may ask where its parent sits in the job; it gets
+    # the values from init() without touching the native runtime, whose locks the fork may
+    # have copied in a held state.
+    if _forked_child() and _topology is not None:
+        return _topology[i]
+    return native()
+
+
+def size():
+    """The world size (number of ranks). FailedPreconditionError before ``init()``."""
+    return _topo(1, _braid.size)
+
+
+def rank():
+    """This process's rank, 0 <= rank < size(). FailedPreconditionError before ``init()``.
+
+    In a forked child of an initialized process: the parent's rank."""
+    return _topo(0, _braid.rank)
+
+
+def local_rank():
+    """This process's rank among the ranks on its host. FailedPreconditionError before init."""
+    return _topo(2, _braid.local_rank)
+
+
+def local_size():
+    """The number of ranks on this host. FailedPreconditionError before ``init()``."""
+    return _topo(3, _braid.local_size)
+
+
+# --- argument conversion --------------------------------------------------------------------
+
+def _dtype_info(fn, name, dt):
+    """(braid dtype code, native-byte-order numpy dtype) or InvalidArgumentError."""
+    key = (dt.kind, dt.itemsize) if dt.fields is None and dt.subdtype is None else None
+    bname = _SUPPORTED.get(key)
+    if bname is None:
+        raise InvalidArgumentError(
+            f"{fn} '{name}': unsupported dtype {dt}: braid supports "
+            + ", ".join(_SUPPORTED.values())
+            + " (bfloat16 too, but NumPy has no bfloat16 dtype)")
+    return _braid.DTYPES[bname], np.dtype(bname)
+
+
+def _as_input(fn, name, tensor):
+    """A C-contiguous, native-byte-order array with the tensor's values (no copy if it is one)."""
+    arr = np.asarray(tensor)
+    code, native = _dtype_info(fn, name, arr.dtype)
+    if arr.dtype != native or not arr.flags.c_contiguous or not arr.flags.aligned:
+        arr = np.ascontiguousarray(arr, dtype=native)
+    return arr, code
+
+
+def _as_inplace(fn, name, tensor):
+    """(buffer the runtime reduces in place, array to copy the result back into or None)."""
+    if not isinstance(tensor, np.ndarray):
+        raise InvalidArgumentError(
+            f"{fn} '{name}': in-place collectives need a numpy.ndarray, got "
+            f"{type(tensor).__name__}")
+    code, native = _dtype_info(fn, name, tensor.dtype)
+    if not tensor.flags.writeable:
+        raise InvalidArgumentError(f"{fn} '{name}': the array is read-only")
+    if tensor.dtype == native and tensor.flags.c_contiguous and tensor.flags.aligned:
+        return tensor, None, code
+    # Not usable as is (a strided view, another byte order): reduce a contiguous copy and
+    # copy the result back on completion.
+    return np.array(tensor, dtype=native, order="C", copy=True), tensor, code
+
+
+def _check_op(op):
+    try:
+        return ReduceOp(op)
+    except ValueError:
+        raise InvalidArgumentError(f"unknown reduce op {op!r}: use braid.Sum, braid.Average, "
+                                   "braid.Min, braid.Max or braid.Product") from None
+
+
+# --- handles --------------------------------------------------------------------------------
+
+class Handle:
+    """An asynchronous collective in flight. Pass it to ``synchronize()`` or ``poll()``.
+
+    It holds references to the collective's input and output arrays until the collective
+    completes, so they stay valid while the runtime uses them.
+    """
+
+    __slots__ = ("_native", "_collective", "_keep", "_output", "_target", "_dtype",
+                 "_result", "_error", "_done", "__weakref__")
+
+    def __init__(self, native, collective, keep, output, target, dtype):
+        self._native = native
+        self._collective = collective
+        self._keep = keep          # arrays the runtime reads or writes
+        self._output = output      # pre-allocated result array, or None: the runtime's
+        self._target = target      # array the result is copied back into (in-place copies)
+        self._dtype = dtype
+        self._result = None
+        self._error = None
+        self._done = False
+
+    @property
+    def name(self):
+        """The collective's name (the one negotiated across ranks)."""
+        return self._native.name
+
+    def __repr__(self):
+        state = "done" if self._done or self._native.poll() else "pending"
+        return f"<braid.Handle {self._collective} '{self.name}' {state}>"
+
+    def _finish(self):
+        """Called once the native handle completed: result or stored error."""
+        if self._done:
+            return
+        try:
+            self._native.check()
+            if self._collective == "barrier":
+                result = None
+            elif self._output is not None:
+                result = self._output
+            else:
+                result = self._native.output(self._dtype)
+            if self._target is not None:
+                np.copyto(self._target, result.reshape(self._target.shape), casting="unsafe")
+                result = self._target
+            self._result = result
+        except BraidError as e:
+            self._error = e
+        finally:
+            self._done = True
+            self._keep = None
+            self._output = None
+            with _lock:
+                _inflight.pop(id(self), None)
+
+
+def _enqueue(collective, name, arr, code, output=None, op=ReduceOp.Average, root_rank=0,
+             splits=(), target=None, compression=None):
+    _check_process(collective)
+    if compression is not None and not isinstance(compression, str):
+        raise InvalidArgumentError(f"{collective} '{name}': compression must be a string such "
+                                   f"as 'fp16' or 'powersgd:rank=2', got {compression!r}")
+    native = _braid.enqueue(_COLL[collective], name, code, arr, output, int(op), int(root_rank),
+                            list(splits), compression or "")
+    h = Handle(native, collective, (arr, output, target), output, target, arr.dtype)
+    with _lock:
+        # Forget completed handles; keep the arrays of running ones alive even if the caller
+        # drops its Handle.
+        for k in [k for k, v in _inflight.items() if v._native.poll()]:
+            del _inflight[k]
+        _inflight[id(h)] = h
+    return h
+
+
+def poll(handle):
+    """True once the collective behind ``handle`` has completed (successfully or not).
+
+    Never blocks and never raises the collective's error (``synchronize`` does)."""
+    return handle._done or handle._native.poll()
+
+
+def synchronize(handle, timeout=None):
+    """Waits for an asynchronous collective and returns its result array.
+
+    The GIL is released while waiting (in 100 ms slices, so Ctrl-C raises
+    KeyboardInterrupt; the collective keeps running and the handle stays valid).
+    ``timeout`` (seconds, None = forever): raises DeadlineExceededError if the collective is
+    still running then; the handle stays valid and may be synchronized again.
+
+    Raises the collective's error: InvalidArgumentError (mismatch across ranks),
+    CancelledError (shut down meanwhile), UnavailableError (a peer was lost),
+    DeadlineExceededError (no progress for BRAID_TIMEOUT_S), InternalError. Calling it again
+    on a completed handle returns the same result (or raises the same error).
+    """
+    if not handle._done:
+        if not handle._native.wait(timeout, 0.1):
+            raise DeadlineExceededError(
+                f"{handle._collective} '{handle.name}' is still running after {timeout} s")
+        handle._finish()
+    if handle._error is not None:
+        raise handle._error
+    return handle._result
+
+
+# --- all-reduce -----------------------------------------------------------------------------
+
+def allreduce_async(tensor, name=None, op=Average, compression=None):
+    """Starts an all-reduce of ``tensor`` into a new array; returns a Handle.
+
+    ``tensor``: any array-like of dtype float32, float64, float16, int32, int64 or uint8, of
+    the same shape on every rank (non-contiguous arrays are copied first). ``synchronize``
+    returns a new C-contiguous array of the same shape and dtype; ``tensor`` is not modified.
+    ``op``: braid.Sum, braid.Average (float dtypes only), braid.Min, braid.Max, braid.Product.
+    ``compression``: this tensor's compression spec (e.g. "fp16"; every rank must pass the
+    same); None uses the job's default (BRAID_COMPRESSION).
+    """
+    name = _next_name("allreduce") if name is None else name
+    op = _check_op(op)
+    arr, code = _as_input("allreduce", name, tensor)
+    out = np.empty_like(arr)
+    return _enqueue("allreduce", name, arr, code, output=out, op=op, compression=compression)
+
+
+def allreduce(tensor, name=None, op=Average, compression=None):
+    """All-reduces ``tensor`` across ranks and returns the result as a new array.
+
+    Same shape and dtype as ``tensor``, which is left untouched. Every rank must pass the
+    same shape, dtype and op (else InvalidArgumentError naming the ranks). Average is the
+    sum divided by the world size and needs a floating-point dtype. See allreduce_async.
+    """
+    return synchronize(allreduce_async(tensor, name=name, op=op, compression=compression))
+
+
+def allreduce_async_(tensor, name=None, op=Average, compression=None):
+    """Starts an in-place all-reduce of ``tensor`` (a writeable numpy.ndarray).
+
+    A C-contiguous tensor is reduced in place; any other (a transposed view, another byte
+    order) is copied in and the result copied back when ``synchronize`` is called.
+    Raises InvalidArgumentError for a read-only array or an unsupported dtype.
+    """
+    name = _next_name("allreduce") if name is None else name
+    op = _check_op(op)
+    buf, target, code = _as_inplace("allreduce_", name, tensor)
+    return _enqueue("allreduce", name, buf, code, output=buf, op=op, target=target,
+                    compression=compression)
+
+
+def allreduce_(tensor, name=None, op=Average, compression=None):
+    """All-reduces ``tensor`` in place and returns it. See allreduce_async_."""
+    return synchronize(allreduce_async_(tensor, name=name, op=op, compression=compression))
+
+
+# --- all-gather -----------------------------------------------------------------------------
+
+def allgather_async(tensor, name=None):
+    """Starts an all-gather of ``tensor`` (at least 1-D); returns a Handle.
+
+    The first dimension may differ across ranks; the trailing dimensions and dtype must
+    agree. The result concatenates every rank's tensor along dim 0 in rank order: shape
+    ``(sum of dim 0 over ranks,) + tensor.shape[1:]``.
+    """
+    name = _next_name("allgather") if name is None else name
+    arr, code = _as_input("allgather", name, tensor)
+    return _enqueue("allgather", name, arr, code)
+
+
+def allgather(tensor, name=None):
+    """All-gathers ``tensor`` along dim 0 and returns a new array. See allgather_async."""
+    return synchronize(allgather_async(tensor, name=name))
+
+
+# --- broadcast ------------------------------------------------------------------------------
+
+def broadcast_async(tensor, root_rank, name=None):
+    """Starts a broadcast of ``root_rank``'s tensor into a new array on every rank.
+
+    Every rank passes a tensor of the same shape and dtype; ``tensor`` itself is left
+    untouched. The result is a new array holding the root's values.
+    """
+    name = _next_name("broadcast") if name is None else name
+    arr, code = _as_input("broadcast", name, tensor)
+    out = np.empty_like(arr)
+    return _enqueue("broadcast", name, arr, code, output=out, root_rank=root_rank)
+
+
+def broadcast(tensor, root_rank, name=None):
+    """Returns a new array with ``root_rank``'s ``tensor``. See broadcast_async."""
+    return synchronize(broadcast_async(tensor, root_rank, name=name))
+
+
+def broadcast_async_(tensor, root_rank, name=None):
+    """Starts an in-place broadcast: ``tensor`` (a writeable ndarray) receives the root's."""
+    name = _next_name("broadcast") if name is None else name
+    buf, target, code = _as_inplace("broadcast_", name, tensor)
+    return _enqueue("broadcast", name, buf, code, output=buf, root_rank=root_rank,
+                    target=target)
+
+
+def broadcast_(tensor, root_rank, name=None):
+    """Overwrites ``tensor`` with ``root_rank``'s values and returns it."""
+    return synchronize(broadcast_async_(tensor, root_rank, name=name))
+
+
+# --- reduce-scatter -------------------------------------------------------------------------
+
+def reducescatter_async(tensor, name=None, op=Average):
+    """Starts a reduce-scatter of ``tensor`` (at least 1-D, same shape on every rank).
+
+    The reduced tensor is split along dim 0: with ``n = tensor.shape[0]`` and world size
+    ``s``, rank ``r`` receives ``n // s`` rows, plus one when ``r < n % s``, in rank order.
+    """
+    name = _next_name("reducescatter") if name is None else name
+    op = _check_op(op)
+    arr, code = _as_input("reducescatter", name, tensor)
+    out = None
+    if arr.ndim > 0:
+        s, r = size(), rank()
+        rows = arr.shape[0] // s + (1 if r < arr.shape[0] % s else 0)
+        out = np.empty((rows,) + arr.shape[1:], dtype=arr.dtype)
+    return _enqueue("reducescatter", name, arr, code, output=out, op=op)
+
+
+def reducescatter(tensor, name=None, op=Average):
+    """Reduces ``tensor`` across ranks and returns this rank's share of dim 0.
+
+    See reducescatter_async for the split."""
+    return synchronize(reducescatter_async(tensor, name=name, op=op))
+
+
+# --- all-to-all -----------------------------------------------------------------------------
+
+def alltoall_async(tensor, splits=None, name=None):
+    """Starts an all-to-all of ``tensor`` (at least 1-D); returns a Handle.
+
+    ``splits``: rows of dim 0 sent to each rank (``size()`` non-negative integers summing to
+    ``tensor.shape[0]``); None splits dim 0 evenly (it must then divide by the world size).
+    The result concatenates, in rank order, the rows every rank sent to this one: shape
+    ``(rows received,) + tensor.shape[1:]``; trailing dimensions must agree across ranks.
+    """
+    name = _next_name("alltoall") if name is None else name
+    arr, code = _as_input("alltoall", name, tensor)
+    sp = () if splits is None else [int(x) for x in np.asarray(splits).reshape(-1)]
+    return _enqueue("alltoall", name, arr, code, splits=sp)
+
+
+def alltoall(tensor, splits=None, name=None):
+    """Exchanges slices of ``tensor`` with every rank and returns the rows received.
+
+    See alltoall_async."""
+    return synchronize(alltoall_async(tensor, splits=splits, name=name))
+
+
+# --- barrier --------------------------------------------------------------------------------
+
+def barrier(name=None):
+    """Returns once every rank has called barrier() (with the same name)."""
+    name = _next_name("barrier") if name is None else name
+    arr = np.empty((0,), dtype=np.uint8)
+    synchronize(_enqueue("barrier", name, arr, _braid.DTYPES["uint8"], op=ReduceOp.Sum))

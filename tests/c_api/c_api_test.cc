@@ -1,0 +1,503 @@
+// In-process tests of the C API (bindings/c/include/braid/c_api.h): error paths before
+// braid_init, argument checks, the options structs' size prefix (older and newer callers),
+// duplicate names, all-gather output sizing and handle semantics, on a world of one (no
+// launcher variables: braid_init starts a private coordinator). Uses only the C API, linked
+// against libbraid_c.so like any C caller.
+#include "braid/c_api.h"
+
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace {
+
+bool Contains(const char* haystack, const char* needle) {
+  return haystack != nullptr && std::strstr(haystack, needle) != nullptr;
+}
+
+#define EXPECT_CODE(expected, call)                                                      \
+  do {                                                                                   \
+    int rc_ = (call);                                                                    \
+    EXPECT_EQ(rc_, expected) << #call << " returned " << braid_error_name(rc_) << ": "  \
+                             << braid_last_error();                                      \
+  } while (0)
+
+// A world of one, whatever the test's environment says.
+void UseWorldOfOne() {
+  for (const char* v : {"BRAID_COORDINATOR", "BRAID_RANK", "BRAID_SIZE", "BRAID_LOCAL_RANK",
+                        "BRAID_LOCAL_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                        "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                        "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
+    unsetenv(v);
+  }
+  setenv("BRAID_TIMEOUT_S", "30", 1);
+  setenv("UCX_TLS", "sm,self", 1);
+  setenv("UCX_NET_DEVICES", "lo", 1);
+}
+
+const int64_t kShape3[1] = {3};
+
+// --- before braid_init ---------------------------------------------------------------
+
+// Tests in this group also pass after another test of this binary ran init + finalize
+// (then the runtime is "shut down", which is a FailedPrecondition too).
+TEST(CApiNotInitialized, EveryCallFailsWithFailedPrecondition) {
+  ASSERT_EQ(braid_is_initialized(), 0);
+  int v = -7;
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_rank(&v));
+  EXPECT_TRUE(Contains(braid_last_error(), "init")) << braid_last_error();
+  EXPECT_EQ(v, -7);  // untouched on failure
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_size(&v));
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_local_rank(&v));
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_local_size(&v));
+
+  float in[3] = {1, 2, 3}, out[3] = {0, 0, 0};
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION,
+              braid_allreduce("x", in, out, kShape3, 1, BRAID_FLOAT32, nullptr));
+  EXPECT_TRUE(Contains(braid_last_error(), "init")) << braid_last_error();
+  braid_handle* h = reinterpret_cast<braid_handle*>(0x1);
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION,
+              braid_allreduce_async("x", in, out, kShape3, 1, BRAID_FLOAT32, nullptr, &h));
+  EXPECT_EQ(h, reinterpret_cast<braid_handle*>(0x1));  // no handle on failure
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION,
+              braid_broadcast("b", in, kShape3, 1, BRAID_FLOAT32, nullptr));
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION,
+              braid_allgather("g", in, kShape3, 1, BRAID_FLOAT32, out, sizeof(out), nullptr,
+                              nullptr));
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_barrier());
+  EXPECT_CODE(BRAID_OK, braid_finalize());  // finalize without init is fine
+}
+
+TEST(CApiNotInitialized, NullPointersAreInvalidArgument) {
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_rank(nullptr));
+  EXPECT_TRUE(Contains(braid_last_error(), "NULL")) << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_wait(nullptr, 0));
+  int done = 0;
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_poll(nullptr, &done));
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_handle_copy_output(nullptr, nullptr, 0, nullptr));
+  braid_handle_free(nullptr);  // ignored
+  float in[3] = {1, 2, 3};
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce_async("x", in, in, kShape3, 1, BRAID_FLOAT32, nullptr, nullptr));
+}
+
+TEST(CApiNotInitialized, NamesSizesAndDefaults) {
+  EXPECT_STREQ(braid_error_name(BRAID_OK), "OK");
+  EXPECT_STREQ(braid_error_name(BRAID_INVALID_ARGUMENT), "INVALID_ARGUMENT");
+  EXPECT_STREQ(braid_error_name(BRAID_UNAVAILABLE), "UNAVAILABLE");
+  EXPECT_STREQ(braid_error_name(12345), "UNKNOWN");
+  EXPECT_EQ(braid_dtype_size(BRAID_FLOAT32), 4u);
+  EXPECT_EQ(braid_dtype_size(BRAID_FLOAT64), 8u);
+  EXPECT_EQ(braid_dtype_size(BRAID_FLOAT16), 2u);
+  EXPECT_EQ(braid_dtype_size(BRAID_BFLOAT16), 2u);
+  EXPECT_EQ(braid_dtype_size(BRAID_INT32), 4u);
+  EXPECT_EQ(braid_dtype_size(BRAID_INT64), 8u);
+  EXPECT_EQ(braid_dtype_size(BRAID_UINT8), 1u);
+  EXPECT_EQ(braid_dtype_size(7), 0u);
+  EXPECT_EQ(braid_dtype_size(-1), 0u);
+
+  braid_allreduce_opts a = BRAID_ALLREDUCE_OPTS_INIT, a2;
+  std::memset(&a2, 0xff, sizeof(a2));
+  braid_allreduce_opts_init(&a2);
+  EXPECT_EQ(a.struct_size, sizeof(braid_allreduce_opts));
+  EXPECT_EQ(a2.struct_size, a.struct_size);
+  EXPECT_EQ(a.op, BRAID_AVERAGE);
+  EXPECT_EQ(a2.op, BRAID_AVERAGE);
+  EXPECT_EQ(a2.compression, nullptr);
+  EXPECT_EQ(a2.process_set_id, 0);
+  braid_broadcast_opts b = BRAID_BROADCAST_OPTS_INIT, b2;
+  std::memset(&b2, 0xff, sizeof(b2));
+  braid_broadcast_opts_init(&b2);
+  EXPECT_EQ(b2.struct_size, b.struct_size);
+  EXPECT_EQ(b2.root_rank, 0);
+  EXPECT_EQ(b2.process_set_id, 0);
+  braid_allgather_opts g = BRAID_ALLGATHER_OPTS_INIT, g2;
+  std::memset(&g2, 0xff, sizeof(g2));
+  braid_allgather_opts_init(&g2);
+  EXPECT_EQ(g2.struct_size, g.struct_size);
+  EXPECT_EQ(g2.process_set_id, 0);
+  braid_allreduce_opts_init(nullptr);  // ignored
+}
+
+TEST(CApiNotInitialized, LastErrorIsPerThread) {
+  int v = 0;
+  ASSERT_NE(braid_rank(&v), BRAID_OK);
+  const std::string main_message = braid_last_error();
+  ASSERT_FALSE(main_message.empty());
+  std::string before, after;
+  std::thread t([&] {
+    before = braid_last_error();
+    braid_rank(nullptr);
+    after = braid_last_error();
+  });
+  t.join();
+  EXPECT_EQ(before, "");
+  EXPECT_TRUE(Contains(after.c_str(), "NULL")) << after;
+  EXPECT_EQ(main_message, braid_last_error());
+  // A successful call does not clear it.
+  EXPECT_EQ(braid_finalize(), BRAID_OK);
+  EXPECT_EQ(main_message, braid_last_error());
+}
+
+// --- a world of one --------------------------------------------------------------------
+
+class CApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    UseWorldOfOne();
+    ASSERT_EQ(braid_init(), BRAID_OK) << braid_last_error();
+  }
+  void TearDown() override { EXPECT_EQ(braid_finalize(), BRAID_OK) << braid_last_error(); }
+};
+
+TEST_F(CApiTest, WorldOfOne) {
+  EXPECT_EQ(braid_is_initialized(), 1);
+  EXPECT_CODE(BRAID_OK, braid_init());  // again: OK
+  int rank = -1, size = -1, local_rank = -1, local_size = -1;
+  EXPECT_CODE(BRAID_OK, braid_rank(&rank));
+  EXPECT_CODE(BRAID_OK, braid_size(&size));
+  EXPECT_CODE(BRAID_OK, braid_local_rank(&local_rank));
+  EXPECT_CODE(BRAID_OK, braid_local_size(&local_size));
+  EXPECT_EQ(rank, 0);
+  EXPECT_EQ(size, 1);
+  EXPECT_EQ(local_rank, 0);
+  EXPECT_EQ(local_size, 1);
+}
+
+TEST_F(CApiTest, BlockingCollectivesOnOneRank) {
+  float in[3] = {1.5f, -2.0f, 3.0f}, out[3] = {0, 0, 0};
+  EXPECT_CODE(BRAID_OK, braid_allreduce("avg", in, out, kShape3, 1, BRAID_FLOAT32, nullptr));
+  EXPECT_EQ(std::vector<float>(out, out + 3), std::vector<float>(in, in + 3));
+  int32_t iin[3] = {4, -5, 6}, iout[3] = {0, 0, 0};
+  braid_allreduce_opts o = BRAID_ALLREDUCE_OPTS_INIT;
+  o.op = BRAID_MAX;
+  // Two unnamed calls: distinct generated names.
+  EXPECT_CODE(BRAID_OK, braid_allreduce(nullptr, iin, iout, kShape3, 1, BRAID_INT32, &o));
+  EXPECT_CODE(BRAID_OK, braid_allreduce(nullptr, iin, iout, kShape3, 1, BRAID_INT32, &o));
+  EXPECT_EQ(std::vector<int32_t>(iout, iout + 3), std::vector<int32_t>(iin, iin + 3));
+  // In place, and a scalar.
+  double scalar = 2.5;
+  EXPECT_CODE(BRAID_OK, braid_allreduce("scalar", &scalar, &scalar, nullptr, 0, BRAID_FLOAT64,
+                                        nullptr));
+  EXPECT_EQ(scalar, 2.5);
+
+  double b[2] = {7, 8};
+  const int64_t shape2[1] = {2};
+  EXPECT_CODE(BRAID_OK, braid_broadcast(nullptr, b, shape2, 1, BRAID_FLOAT64, nullptr));
+  EXPECT_EQ(b[0], 7);
+  EXPECT_EQ(b[1], 8);
+
+  uint8_t g_in[4] = {1, 2, 3, 4}, g_out[4] = {0, 0, 0, 0};
+  const int64_t g_shape[2] = {2, 2};
+  int64_t first_dim = -1;
+  EXPECT_CODE(BRAID_OK, braid_allgather("g", g_in, g_shape, 2, BRAID_UINT8, g_out,
+                                        sizeof(g_out), &first_dim, nullptr));
+  EXPECT_EQ(first_dim, 2);
+  EXPECT_EQ(std::memcmp(g_in, g_out, 4), 0);
+  EXPECT_CODE(BRAID_OK, braid_barrier());
+  EXPECT_CODE(BRAID_OK, braid_barrier());
+}
+
+TEST_F(CApiTest, BadDtypeIsInvalidArgument) {
+  float in[3] = {1, 2, 3}, out[3];
+  for (int bad : {7, 42, -1}) {
+    EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_allreduce("bad.dtype", in, out, kShape3, 1,
+                                                        static_cast<braid_dtype>(bad), nullptr));
+    EXPECT_TRUE(Contains(braid_last_error(), "dtype")) << braid_last_error();
+    EXPECT_TRUE(Contains(braid_last_error(), "bad.dtype")) << braid_last_error();
+  }
+  braid_handle* h = nullptr;
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_broadcast_async("bad.dtype", in, kShape3, 1,
+                                                            static_cast<braid_dtype>(9),
+                                                            nullptr, &h));
+  EXPECT_EQ(h, nullptr);
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allgather("bad.dtype", in, kShape3, 1, static_cast<braid_dtype>(9), out,
+                              sizeof(out), nullptr, nullptr));
+}
+
+TEST_F(CApiTest, BadReduceOpIsInvalidArgument) {
+  float in[3] = {1, 2, 3}, out[3];
+  braid_allreduce_opts o = BRAID_ALLREDUCE_OPTS_INIT;
+  o.op = static_cast<braid_reduce_op>(99);
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("bad.op", in, out, kShape3, 1, BRAID_FLOAT32, &o));
+  EXPECT_TRUE(Contains(braid_last_error(), "reduce op")) << braid_last_error();
+  // Average (the default) is for floating point only.
+  int32_t iin[3] = {1, 2, 3}, iout[3];
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("int.avg", iin, iout, kShape3, 1, BRAID_INT32, nullptr));
+  EXPECT_TRUE(Contains(braid_last_error(), "average")) << braid_last_error();
+}
+
+TEST_F(CApiTest, BadShapesAndBuffersAreInvalidArgument) {
+  float in[3] = {1, 2, 3}, out[3];
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("s", in, out, kShape3, -1, BRAID_FLOAT32, nullptr));
+  EXPECT_TRUE(Contains(braid_last_error(), "ndim")) << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("s", in, out, nullptr, 1, BRAID_FLOAT32, nullptr));
+  EXPECT_TRUE(Contains(braid_last_error(), "shape")) << braid_last_error();
+  const int64_t negative[2] = {3, -2};
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("s", in, out, negative, 2, BRAID_FLOAT32, nullptr));
+  EXPECT_TRUE(Contains(braid_last_error(), "negative")) << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("s", nullptr, out, kShape3, 1, BRAID_FLOAT32, nullptr));
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("s", in, nullptr, kShape3, 1, BRAID_FLOAT32, nullptr));
+  // All-gather needs a first dimension.
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allgather("s", in, nullptr, 0, BRAID_FLOAT32, out, sizeof(out), nullptr,
+                              nullptr));
+  EXPECT_TRUE(Contains(braid_last_error(), "dimension")) << braid_last_error();
+}
+
+TEST_F(CApiTest, AsyncCallsNeedAName) {
+  float in[3] = {1, 2, 3}, out[3];
+  braid_handle* h = nullptr;
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce_async(nullptr, in, out, kShape3, 1, BRAID_FLOAT32, nullptr, &h));
+  EXPECT_TRUE(Contains(braid_last_error(), "name")) << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce_async("", in, out, kShape3, 1, BRAID_FLOAT32, nullptr, &h));
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_broadcast_async(nullptr, in, kShape3, 1, BRAID_FLOAT32, nullptr, &h));
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allgather_async(nullptr, in, kShape3, 1, BRAID_FLOAT32, out, sizeof(out),
+                                    nullptr, nullptr, &h));
+  EXPECT_EQ(h, nullptr);
+}
+
+// A caller compiled against an older header passes a smaller struct: the fields past its
+// struct_size are not read (here they hold garbage that would crash or fail if they were).
+TEST_F(CApiTest, OlderOptionsStructUsesDefaultsForMissingFields) {
+  int32_t in[3] = {1, 2, 3}, out[3] = {0, 0, 0};
+  braid_allreduce_opts o;
+  std::memset(&o, 0, sizeof(o));
+  o.struct_size = offsetof(braid_allreduce_opts, compression);  // {struct_size, op} only
+  o.op = BRAID_SUM;
+  o.compression = reinterpret_cast<const char*>(0x1);  // dereferencing it would crash
+  o.process_set_id = 123456;                           // no such process set
+  EXPECT_CODE(BRAID_OK, braid_allreduce("old.abi", in, out, kShape3, 1, BRAID_INT32, &o));
+  EXPECT_EQ(out[0], 1);
+  EXPECT_EQ(out[2], 3);
+
+  // Only the prefix: op defaults to AVERAGE, which int32 rejects while float32 accepts.
+  o.struct_size = sizeof(size_t);
+  o.op = BRAID_SUM;
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("old.abi", in, out, kShape3, 1, BRAID_INT32, &o));
+  EXPECT_TRUE(Contains(braid_last_error(), "average")) << braid_last_error();
+  float fin[3] = {1, 2, 3}, fout[3];
+  EXPECT_CODE(BRAID_OK, braid_allreduce("old.abi", fin, fout, kShape3, 1, BRAID_FLOAT32, &o));
+
+  braid_broadcast_opts b;
+  std::memset(&b, 0, sizeof(b));
+  b.struct_size = offsetof(braid_broadcast_opts, root_rank);
+  b.root_rank = 77;  // not read: root 0
+  EXPECT_CODE(BRAID_OK, braid_broadcast("old.abi.b", fin, kShape3, 1, BRAID_FLOAT32, &b));
+
+  braid_allgather_opts g;
+  g.struct_size = sizeof(size_t);
+  g.process_set_id = 99;  // not read
+  EXPECT_CODE(BRAID_OK, braid_allgather("old.abi.g", fin, kShape3, 1, BRAID_FLOAT32, fout,
+                                        sizeof(fout), nullptr, &g));
+}
+
+// A caller compiled against a newer header: unknown trailing fields must hold defaults (0).
+TEST_F(CApiTest, NewerOptionsStructNeedsZeroUnknownFields) {
+  struct Newer {
+    braid_allreduce_opts known;
+    int64_t future_field;
+  } n;
+  std::memset(&n, 0, sizeof(n));
+  n.known.struct_size = sizeof(n);
+  n.known.op = BRAID_SUM;
+  float in[3] = {1, 2, 3}, out[3];
+  EXPECT_CODE(BRAID_OK, braid_allreduce("new.abi", in, out, kShape3, 1, BRAID_FLOAT32,
+                                        &n.known));
+  n.future_field = 1;
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_allreduce("new.abi", in, out, kShape3, 1,
+                                                      BRAID_FLOAT32, &n.known));
+  EXPECT_TRUE(Contains(braid_last_error(), "upgrade")) << braid_last_error();
+
+  braid_allreduce_opts zero;
+  std::memset(&zero, 0, sizeof(zero));  // struct_size 0: never initialised
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("new.abi", in, out, kShape3, 1, BRAID_FLOAT32, &zero));
+  EXPECT_TRUE(Contains(braid_last_error(), "struct_size")) << braid_last_error();
+  zero.struct_size = ~size_t{0};  // garbage: the tail it claims must not be read
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("new.abi", in, out, kShape3, 1, BRAID_FLOAT32, &zero));
+  EXPECT_TRUE(Contains(braid_last_error(), "uninitialised")) << braid_last_error();
+}
+
+TEST_F(CApiTest, DuplicateInFlightNameIsAlreadyExists) {
+  // The first collective must still be in flight when the second is enqueued. A negotiation
+  // round trip takes far longer than an enqueue, but the test does not rely on timing: it
+  // retries until the overlap happened.
+  std::vector<float> a(1 << 16, 1.0f), b(a.size()), c(a.size());
+  const int64_t shape[1] = {static_cast<int64_t>(a.size())};
+  bool seen = false;
+  for (int attempt = 0; attempt < 50 && !seen; ++attempt) {
+    braid_handle* h1 = nullptr;
+    braid_handle* h2 = nullptr;
+    ASSERT_EQ(braid_allreduce_async("dup", a.data(), b.data(), shape, 1, BRAID_FLOAT32,
+                                    nullptr, &h1),
+              BRAID_OK)
+        << braid_last_error();
+    int rc = braid_allreduce_async("dup", a.data(), c.data(), shape, 1, BRAID_FLOAT32,
+                                   nullptr, &h2);
+    if (rc == BRAID_ALREADY_EXISTS) {
+      seen = true;
+      EXPECT_EQ(h2, nullptr);
+      EXPECT_TRUE(Contains(braid_last_error(), "'dup'")) << braid_last_error();
+      EXPECT_TRUE(Contains(braid_last_error(), "in flight")) << braid_last_error();
+    } else {
+      EXPECT_EQ(rc, BRAID_OK) << braid_last_error();
+    }
+    EXPECT_CODE(BRAID_OK, braid_wait(h1, 30));
+    if (h2 != nullptr) EXPECT_CODE(BRAID_OK, braid_wait(h2, 30));
+    braid_handle_free(h1);
+    braid_handle_free(h2);
+  }
+  EXPECT_TRUE(seen) << "the first 'dup' always completed before the second was enqueued";
+  // Completed: the name is free again.
+  EXPECT_CODE(BRAID_OK,
+              braid_allreduce("dup", a.data(), b.data(), shape, 1, BRAID_FLOAT32, nullptr));
+}
+
+TEST_F(CApiTest, AllGatherOutputTooSmall) {
+  const int32_t in[6] = {1, 2, 3, 4, 5, 6};
+  const int64_t shape[2] = {3, 2};  // 24 bytes
+  int32_t small[2] = {0, 0};
+  int64_t first_dim = -1;
+  // Blocking: INVALID_ARGUMENT naming the bytes needed; the first dim is still reported.
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_allgather("g.small", in, shape, 2, BRAID_INT32,
+                                                      small, sizeof(small), &first_dim,
+                                                      nullptr));
+  EXPECT_TRUE(Contains(braid_last_error(), "24 bytes")) << braid_last_error();
+  EXPECT_TRUE(Contains(braid_last_error(), "g.small")) << braid_last_error();
+  EXPECT_EQ(first_dim, 3);
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_allgather("g.null", in, shape, 2, BRAID_INT32,
+                                                      nullptr, 0, nullptr, nullptr));
+
+  // Async, too small: the wait fails, the result is kept in the handle.
+  braid_handle* h = nullptr;
+  first_dim = -1;
+  ASSERT_EQ(braid_allgather_async("g.small", in, shape, 2, BRAID_INT32, small, sizeof(small),
+                                  &first_dim, nullptr, &h),
+            BRAID_OK)
+      << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_wait(h, 30));
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_wait(h, 30));  // same result again
+  EXPECT_EQ(first_dim, 3);
+  size_t needed = 0;
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_handle_copy_output(h, small, sizeof(small),
+                                                               &needed));
+  EXPECT_EQ(needed, 24u);
+  int32_t big[6] = {0};
+  EXPECT_CODE(BRAID_OK, braid_handle_copy_output(h, big, sizeof(big), &needed));
+  EXPECT_EQ(std::vector<int32_t>(big, big + 6), std::vector<int32_t>(in, in + 6));
+  braid_handle_free(h);
+
+  // Async without an output: OK, read it from the handle.
+  h = nullptr;
+  ASSERT_EQ(braid_allgather_async("g.null", in, shape, 2, BRAID_INT32, nullptr, 0, nullptr,
+                                  nullptr, &h),
+            BRAID_OK)
+      << braid_last_error();
+  EXPECT_CODE(BRAID_OK, braid_wait(h, 30));
+  std::memset(big, 0, sizeof(big));
+  EXPECT_CODE(BRAID_OK, braid_handle_copy_output(h, big, sizeof(big), nullptr));
+  EXPECT_EQ(big[5], 6);
+  braid_handle_free(h);
+
+  // Output large enough: the result is there, the handle keeps nothing.
+  h = nullptr;
+  std::memset(big, 0, sizeof(big));
+  ASSERT_EQ(braid_allgather_async("g.fits", in, shape, 2, BRAID_INT32, big, sizeof(big),
+                                  nullptr, nullptr, &h),
+            BRAID_OK)
+      << braid_last_error();
+  EXPECT_CODE(BRAID_OK, braid_wait(h, 30));
+  EXPECT_EQ(big[5], 6);
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_handle_copy_output(h, big, sizeof(big), nullptr));
+  braid_handle_free(h);
+}
+
+TEST_F(CApiTest, WaitPollAndRepeatedWaits) {
+  float in[3] = {1, 2, 3}, out[3];
+  braid_handle* h = nullptr;
+  ASSERT_EQ(braid_allreduce_async("w", in, out, kShape3, 1, BRAID_FLOAT32, nullptr, &h),
+            BRAID_OK)
+      << braid_last_error();
+  int done = -1;
+  EXPECT_CODE(BRAID_OK, braid_poll(h, &done));
+  EXPECT_TRUE(done == 0 || done == 1);
+  const int rc = braid_wait(h, 0);  // just checks
+  if (rc == BRAID_DEADLINE_EXCEEDED) {
+    EXPECT_TRUE(Contains(braid_last_error(), "still running")) << braid_last_error();
+  } else {
+    EXPECT_EQ(rc, BRAID_OK) << braid_last_error();
+  }
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_wait(h, std::nan("")));
+  EXPECT_CODE(BRAID_OK, braid_wait(h, -1));  // forever
+  EXPECT_CODE(BRAID_OK, braid_wait(h, 0));
+  EXPECT_CODE(BRAID_OK, braid_poll(h, &done));
+  EXPECT_EQ(done, 1);
+  EXPECT_EQ(out[2], 3.0f);
+  braid_handle_free(h);
+}
+
+TEST_F(CApiTest, FreeingAPendingHandleIsAllowed) {
+  static float in[3] = {1, 2, 3}, out[3];  // must outlive the collective
+  braid_handle* h = nullptr;
+  ASSERT_EQ(braid_allreduce_async("freed", in, out, kShape3, 1, BRAID_FLOAT32, nullptr, &h),
+            BRAID_OK)
+      << braid_last_error();
+  braid_handle_free(h);
+  // Collectives run in the order the coordinator agreed; "freed" was submitted first, so it
+  // has completed once this barrier returns, and its name is free again.
+  EXPECT_CODE(BRAID_OK, braid_barrier());
+  EXPECT_CODE(BRAID_OK, braid_allreduce("freed", in, out, kShape3, 1, BRAID_FLOAT32, nullptr));
+}
+
+TEST_F(CApiTest, FinalizeThenReinit) {
+  float in[3] = {1, 2, 3}, out[3];
+  braid_handle* h = nullptr;
+  ASSERT_EQ(braid_allreduce_async("pending", in, out, kShape3, 1, BRAID_FLOAT32, nullptr, &h),
+            BRAID_OK)
+      << braid_last_error();
+  EXPECT_CODE(BRAID_OK, braid_finalize());
+  // Either it completed before the shutdown or the shutdown cancelled it.
+  const int rc = braid_wait(h, 10);
+  EXPECT_TRUE(rc == BRAID_OK || rc == BRAID_CANCELLED)
+      << braid_error_name(rc) << ": " << braid_last_error();
+  if (rc == BRAID_CANCELLED) {
+    EXPECT_TRUE(Contains(braid_last_error(), "pending")) << braid_last_error();
+  }
+  braid_handle_free(h);
+  EXPECT_EQ(braid_is_initialized(), 0);
+  int v = 0;
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_rank(&v));
+  EXPECT_TRUE(Contains(braid_last_error(), "shut down")) << braid_last_error();
+  EXPECT_CODE(BRAID_OK, braid_finalize());  // twice: fine
+
+  // A new job in the same process.
+  ASSERT_EQ(braid_init(), BRAID_OK) << braid_last_error();
+  EXPECT_CODE(BRAID_OK, braid_allreduce("after.reinit", in, out, kShape3, 1, BRAID_FLOAT32,
+                                        nullptr));
+  EXPECT_EQ(out[1], 2.0f);
+}
+
+}  // namespace

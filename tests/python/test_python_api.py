@@ -1,0 +1,86 @@
+"""braid's Python API, end to end: each test runs a worker on 2 and 3 ranks.
+
+The workers (workers/*.py) check every result against a NumPy reference and exit non-zero
+with a list of the failed checks; the test shows the ranks' output when that happens.
+"""
+
+import os
+import subprocess
+
+import pytest
+
+import braid_launch
+
+
+def run(worker, np, timeout=180, reporting=None):
+    """Runs the worker; every rank in `reporting` (default: all) must report success."""
+    res = braid_launch.run_worker(worker, np, timeout=timeout)
+    assert res.returncode == 0, (
+        f"{worker} on {np} ranks ({res.launcher}) exited with {res.returncode}:\n{res.output}")
+    for r in (range(np) if reporting is None else reporting):
+        assert f"rank {r}: all checks passed" in res.output, (
+            f"{worker}: rank {r} did not report success:\n{res.output}")
+    return res
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_collectives(np_):
+    """Every collective, dtype and op vs NumPy; in-place vs out-of-place; strided views."""
+    run("collectives.py", np_)
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_errors_and_lifecycle(np_):
+    """Each error class with its message; init twice; fork; Ctrl-C; Cancelled at shutdown."""
+    run("errors.py", np_)
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_lost_peer(np_):
+    """A rank dying makes the others' collectives fail with UnavailableError."""
+    res = run("lost_peer.py", np_, reporting=range(np_ - 1))
+    assert f"rank {np_ - 1}: exiting abruptly" in res.output, res.output
+
+
+SINGLE = r"""
+import inspect, os, sys
+import numpy as np
+import braid
+assert braid.__file__.startswith(os.environ["EXPECT_DIR"]), braid.__file__
+for n in braid.__all__:
+    obj = getattr(braid, n)
+    if inspect.isfunction(obj) or inspect.isclass(obj):
+        assert obj.__doc__, f"braid.{n} has no docstring"
+assert [int(o) for o in (braid.Sum, braid.Average, braid.Min, braid.Max, braid.Product)] == \
+    [0, 1, 2, 3, 4]
+for e in ("InvalidArgumentError", "AlreadyExistsError", "FailedPreconditionError",
+          "CancelledError", "DeadlineExceededError", "UnavailableError", "InternalError"):
+    cls = getattr(braid, e)
+    assert issubclass(cls, braid.BraidError) and cls.__module__ == "braid", cls
+    assert cls.__name__ == e
+try:
+    braid.size()
+    raise SystemExit("size() before init did not raise")
+except braid.FailedPreconditionError as e:
+    assert "init" in str(e), e
+# No launcher: a job of one rank with a private coordinator.
+braid.init()
+assert (braid.rank(), braid.size(), braid.local_rank(), braid.local_size()) == (0, 1, 0, 1)
+x = np.arange(12, dtype=np.float32).reshape(3, 4)
+assert np.array_equal(braid.allreduce(x.T, op=braid.Sum), x.T)
+assert np.array_equal(braid.allgather(x), x)
+assert np.array_equal(braid.reducescatter(x), x)
+assert np.array_equal(braid.alltoall(x), x)
+assert np.array_equal(braid.broadcast(x, 0), x)
+braid.barrier()
+print("single OK", flush=True)
+"""
+
+
+def test_single_process_without_launcher():
+    """Import from the build tree, docstrings, error classes, and a one-rank job."""
+    build = braid_launch.build_dir()
+    env = braid_launch.rank_env(build, {"EXPECT_DIR": str(build / "python")})
+    p = subprocess.run([braid_launch.PYTHON, "-c", SINGLE], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and "single OK" in p.stdout, p.stdout + p.stderr

@@ -1,0 +1,208 @@
+// braid-e2e-bench: all-reduce through the whole runtime (enqueue -> gRPC negotiation ->
+// UCX collective -> handle) against the bare Communicator, side by side in one run.
+//
+//   braid-e2e-bench -b 4 -e 64M -f 4 -n 50 -w 10 --ranks 2 [--json PATH]
+//
+// Starts a coordinator process and N rank processes on this host. Every rank times each size
+// both ways (bare first, then end to end) with per-iteration timings; the table shows, per
+// size, the median over iterations of the slowest rank's time, and their ratio.
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "coordinator/server.h"
+#include "nlohmann/json.hpp"
+#include "runtime/runtime.h"
+#include "transport/ucx_communicator.h"
+
+namespace {
+
+struct Options {
+  std::string min = "4", max = "64M", factor = "4";
+  int iters = 50, warmup = 10, ranks = 2;
+  std::string json_path;
+};
+
+size_t ParseSize(const std::string& s) {
+  size_t mult = 1;
+  std::string num = s;
+  char last = s.empty() ? '\0' : s.back();
+  if (last == 'K' || last == 'k') mult = 1 << 10;
+  if (last == 'M' || last == 'm') mult = 1 << 20;
+  if (last == 'G' || last == 'g') mult = 1 << 30;
+  if (mult != 1) num = s.substr(0, s.size() - 1);
+  return static_cast<size_t>(std::stod(num) * mult);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// One rank: returns 0 on success. Rank 0 writes the rows to `out_path` as JSON.
+int RunRank(int rank, const Options& o, const std::vector<size_t>& sizes,
+            const std::string& store_dir, const std::string& coordinator,
+            const std::string& out_path) {
+  braid::transport::FileStore store(store_dir);
+  braid::transport::UcxOptions uo;
+  uo.rank = rank;
+  uo.size = o.ranks;
+  uo.store = &store;
+  uo.store_prefix = "bare";
+  auto comm_or = braid::transport::CreateUcxCommunicator(uo);
+  if (!comm_or.ok()) {
+    fprintf(stderr, "[rank %d] %s\n", rank, comm_or.status().ToString().c_str());
+    return 1;
+  }
+  auto& comm = **comm_or;
+  setenv("BRAID_COORDINATOR", coordinator.c_str(), 1);
+  setenv("BRAID_RANK", std::to_string(rank).c_str(), 1);
+  setenv("BRAID_SIZE", std::to_string(o.ranks).c_str(), 1);
+  braid::Runtime rt;
+  auto cfg = braid::ConfigFromProcessEnv();
+  absl::Status s = cfg.ok() ? rt.Init(*cfg) : cfg.status();
+  if (!s.ok()) {
+    fprintf(stderr, "[rank %d] init: %s\n", rank, s.ToString().c_str());
+    return 1;
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  for (size_t bytes : sizes) {
+    const size_t count = std::max<size_t>(1, bytes / sizeof(float));
+    std::vector<float> in(count, 1.0f), out(count, 0.0f);
+    std::vector<double> bare(o.iters), e2e(o.iters);
+    for (int i = 0; i < o.warmup + o.iters; ++i) {
+      absl::Time t0 = absl::Now();
+      s = comm.AllReduce(in.data(), out.data(), count, braid::DataType::kFloat32,
+                         braid::ReduceOp::kSum);
+      if (i >= o.warmup) bare[i - o.warmup] = absl::ToDoubleMicroseconds(absl::Now() - t0);
+      if (!s.ok()) break;
+    }
+    s.Update(comm.Barrier());
+    for (int i = 0; i < o.warmup + o.iters && s.ok(); ++i) {
+      braid::CollectiveRequest req;
+      req.name = "e2e";
+      req.shape = {static_cast<int64_t>(count)};
+      req.input = in.data();
+      req.output = out.data();
+      req.op = braid::ReduceOp::kSum;
+      absl::Time t0 = absl::Now();
+      auto h = rt.Enqueue(req);
+      s = h.ok() ? (*h)->Wait(absl::Seconds(60)) : h.status();
+      if (i >= o.warmup) e2e[i - o.warmup] = absl::ToDoubleMicroseconds(absl::Now() - t0);
+    }
+    if (!s.ok()) {
+      fprintf(stderr, "[rank %d] %zu bytes: %s\n", rank, bytes, s.ToString().c_str());
+      return 1;
+    }
+    if (out[0] != static_cast<float>(o.ranks)) {
+      fprintf(stderr, "[rank %d] wrong result %f\n", rank, out[0]);
+      return 1;
+    }
+    // The slowest rank's time of each iteration.
+    std::vector<double> both(bare);
+    both.insert(both.end(), e2e.begin(), e2e.end());
+    s = comm.AllReduce(both.data(), both.data(), both.size(), braid::DataType::kFloat64,
+                       braid::ReduceOp::kMax);
+    if (!s.ok()) return 1;
+    double b = Median({both.begin(), both.begin() + o.iters});
+    double e = Median({both.begin() + o.iters, both.end()});
+    rows.push_back({{"bytes", count * sizeof(float)},
+                    {"bare_us_median", b},
+                    {"e2e_us_median", e},
+                    {"ratio", e / b}});
+  }
+  rt.Shutdown().IgnoreError();
+  if (rank == 0) std::ofstream(out_path) << rows.dump(2);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"all-reduce end to end through braid's runtime vs the bare communicator"};
+  Options o;
+  app.add_option("-b,--minbytes", o.min)->capture_default_str();
+  app.add_option("-e,--maxbytes", o.max)->capture_default_str();
+  app.add_option("-f,--stepfactor", o.factor)->capture_default_str();
+  app.add_option("-n,--iters", o.iters)->capture_default_str();
+  app.add_option("-w,--warmup_iters", o.warmup)->capture_default_str();
+  app.add_option("--ranks", o.ranks)->capture_default_str();
+  app.add_option("--json", o.json_path, "write the rows as JSON here");
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<size_t> sizes;
+  for (size_t b = ParseSize(o.min); b <= ParseSize(o.max);
+       b *= std::max<size_t>(2, ParseSize(o.factor))) {
+    sizes.push_back(b);
+  }
+  char dir_template[] = "/tmp/braid_e2e_XXXXXX";
+  std::string dir = mkdtemp(dir_template);
+  setenv("UCX_NET_DEVICES", "lo", 0);
+
+  // The coordinator in its own process (fork before anything starts gRPC or UCX here).
+  int fds[2];
+  if (pipe(fds) != 0) return 1;
+  pid_t coord = fork();
+  if (coord == 0) {
+    close(fds[0]);
+    braid::coordinator::ServerOptions so;
+    so.world_size = o.ranks;
+    auto server = braid::coordinator::StartCoordinator(so);
+    int port = server.ok() ? (*server)->port() : 0;
+    if (write(fds[1], &port, sizeof(port)) != sizeof(port) || !server.ok()) _exit(2);
+    (*server)->Wait();
+    _exit(0);
+  }
+  close(fds[1]);
+  int port = 0;
+  if (read(fds[0], &port, sizeof(port)) != sizeof(port) || port == 0) {
+    fprintf(stderr, "coordinator did not start\n");
+    return 1;
+  }
+  const std::string coordinator = absl::StrCat("127.0.0.1:", port);
+  const std::string out_path = dir + "/rows.json";
+
+  std::vector<pid_t> pids;
+  for (int r = 0; r < o.ranks; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) _exit(RunRank(r, o, sizes, dir, coordinator, out_path));
+    pids.push_back(pid);
+  }
+  int failed = 0;
+  for (pid_t p : pids) {
+    int st = 0;
+    waitpid(p, &st, 0);
+    failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  kill(coord, SIGTERM);
+  waitpid(coord, nullptr, 0);
+  if (failed) return 1;
+
+  nlohmann::json rows = nlohmann::json::parse(std::ifstream(out_path));
+  printf("# braid-e2e-bench: float32 sum all-reduce, %d ranks, %d iterations (+%d warm-up)\n",
+         o.ranks, o.iters, o.warmup);
+  printf("# %12s %16s %16s %8s\n", "size (B)", "bare (us, med)", "e2e (us, med)", "e2e/bare");
+  for (const auto& r : rows) {
+    printf("  %12zu %16.2f %16.2f %8.3f\n", r["bytes"].get<size_t>(),
+           r["bare_us_median"].get<double>(), r["e2e_us_median"].get<double>(),
+           r["ratio"].get<double>());
+  }
+  if (!o.json_path.empty()) {
+    std::ofstream(o.json_path) << nlohmann::json{
+        {"ranks", o.ranks},
+        {"iters", o.iters},
+        {"rows", rows}}.dump(2);
+  }
+  return 0;
+}

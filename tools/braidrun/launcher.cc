@@ -1,0 +1,408 @@
+#include "tools/braidrun/launcher.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/signalfd.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "tools/braidrun/line_prefixer.h"
+
+namespace braid::braidrun {
+namespace {
+
+// Writes all of `data` to fd; false when the reader is gone (EPIPE, EBADF, ...). Copes with a
+// non-blocking descriptor inherited from the shell.
+bool WriteAll(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, data, n);
+    if (w > 0) {
+      data += w;
+      n -= static_cast<size_t>(w);
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      poll(&p, 1, 1000);
+      continue;
+    }
+    return false;
+  }
+  return true;
+}
+
+void Say(const std::string& msg) {
+  std::string line = absl::StrCat("braidrun: ", msg, "\n");
+  WriteAll(STDERR_FILENO, line.data(), line.size());
+}
+
+std::string SignalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev != nullptr ? absl::StrCat("SIG", abbrev) : absl::StrCat("signal ", sig);
+}
+
+// "exited with code 7" / "was killed by signal 9 (SIGKILL)"
+std::string DescribeStatus(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with code ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
+                        SignalName(WTERMSIG(status)), ")");
+  }
+  return absl::StrCat("ended with status ", status);
+}
+
+int ExitCodeOf(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+bool Failed(int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
+
+// One output pipe of a rank.
+struct Stream {
+  int fd = -1;       // read end (ours), -1 once at end of file
+  int target = -1;   // STDOUT_FILENO or STDERR_FILENO
+  LinePrefixer prefixer;
+  Stream(int rank, int target_fd) : target(target_fd), prefixer(RankPrefix(rank)) {}
+};
+
+struct Rank {
+  int index = 0;
+  pid_t pid = -1;  // also its process group: each rank leads its own group
+  bool running = false;
+  int status = 0;
+  Stream out, err;
+  explicit Rank(int r) : index(r), out(r, STDOUT_FILENO), err(r, STDERR_FILENO) {}
+};
+
+class Supervisor {
+ public:
+  Supervisor(const LaunchSpec& spec, const SignalSetup& signals)
+      : spec_(spec), signals_(signals) {
+    for (size_t r = 0; r < spec.rank_envs.size(); ++r) {
+      ranks_.emplace_back(static_cast<int>(r));
+    }
+  }
+
+  int Run() {
+    for (Rank& rank : ranks_) {
+      if (!Spawn(rank)) break;
+    }
+    Loop();
+    for (Rank& rank : ranks_) {
+      CloseStream(rank.out);
+      CloseStream(rank.err);
+    }
+    return exit_code_;
+  }
+
+ private:
+  bool Spawn(Rank& rank) {
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0) return SpawnFailed(rank, errno, "pipe2");
+    if (pipe2(err, O_CLOEXEC) != 0) {
+      int e = errno;
+      close(out[0]);
+      close(out[1]);
+      return SpawnFailed(rank, e, "pipe2");
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&fa, err[1], STDERR_FILENO);
+    // Nothing but stdio reaches a rank: not the coordinator's sockets, not the other ranks'
+    // pipes, not descriptors braidrun inherited (like Python's subprocess close_fds=True).
+    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t empty, defaults = signals_.handled;
+    sigemptyset(&empty);
+    sigaddset(&defaults, SIGPIPE);  // braidrun ignores SIGPIPE; ranks must not inherit that
+    posix_spawnattr_setsigmask(&attr, &empty);
+    posix_spawnattr_setsigdefault(&attr, &defaults);
+    // Its own process group, so that a signal reaches the rank and everything it started
+    // (`sh -c '...; sleep 60'`), and a terminal's Ctrl-C reaches braidrun only (braidrun
+    // forwards it once).
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
+                                        POSIX_SPAWN_SETPGROUP);
+
+    std::vector<char*> argv;
+    for (const std::string& a : spec_.command) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    std::vector<char*> envp;
+    for (const std::string& e : spec_.rank_envs[rank.index]) {
+      envp.push_back(const_cast<char*>(e.c_str()));
+    }
+    envp.push_back(nullptr);
+
+    pid_t pid = -1;
+    int rc = posix_spawnp(&pid, argv[0], &fa, &attr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    close(out[1]);
+    close(err[1]);
+    if (rc != 0) {
+      close(out[0]);
+      close(err[0]);
+      return SpawnFailed(rank, rc, absl::StrCat("cannot start '", spec_.command[0], "'"));
+    }
+    fcntl(out[0], F_SETFL, fcntl(out[0], F_GETFL) | O_NONBLOCK);
+    fcntl(err[0], F_SETFL, fcntl(err[0], F_GETFL) | O_NONBLOCK);
+    rank.pid = pid;
+    rank.running = true;
+    rank.out.fd = out[0];
+    rank.err.fd = err[0];
+    if (spec_.verbose) Say(absl::StrCat("rank ", rank.index, " started, pid ", pid));
+    return true;
+  }
+
+  // The job cannot start: the ranks already running are stopped like after a rank failure.
+  bool SpawnFailed(Rank& rank, int err, const std::string& what) {
+    Say(absl::StrCat("rank ", rank.index, ": ", what, ": ", std::strerror(err)));
+    if (!exit_code_) {
+      exit_code_ = (err == ENOENT) ? 127 : 126;
+      Escalate(SIGTERM, spec_.failure_grace, "the job could not start");
+    }
+    return false;
+  }
+
+  int LiveCount() const {
+    return static_cast<int>(std::count_if(ranks_.begin(), ranks_.end(),
+                                          [](const Rank& r) { return r.running; }));
+  }
+
+  // Signals the process group of every running rank.
+  void SignalAll(int sig) {
+    for (Rank& r : ranks_) {
+      if (r.running) kill(-r.pid, sig);
+    }
+  }
+
+  // Sends `sig` to the running ranks and arms the SIGKILL deadline `grace` from now.
+  void Escalate(int sig, absl::Duration grace, const std::string& why) {
+    int live = LiveCount();
+    if (live > 0) {
+      Say(absl::StrCat(why, ": sending ", SignalName(sig), " to ", live, " rank",
+                       live == 1 ? "" : "s", " (SIGKILL in ", absl::FormatDuration(grace), ")"));
+      SignalAll(sig);
+    }
+    absl::Time deadline = absl::Now() + grace;
+    if (!kill_deadline_ || deadline < *kill_deadline_) kill_deadline_ = deadline;
+  }
+
+  void Reap() {
+    for (Rank& r : ranks_) {
+      if (!r.running) continue;
+      int status = 0;
+      pid_t p = waitpid(r.pid, &status, WNOHANG);
+      if (p == 0) continue;
+      if (p < 0 && errno == EINTR) continue;
+      r.running = false;
+      r.status = (p == r.pid) ? status : (1 << 8);  // ECHILD: cannot happen; count as failure
+      OnExit(r);
+    }
+  }
+
+  void OnExit(Rank& r) {
+    const bool failed = Failed(r.status);
+    if (failed && !exit_code_) {
+      // The first failure is the job's: report it and stop the others.
+      exit_code_ = ExitCodeOf(r.status);
+      Say(absl::StrCat("rank ", r.index, " ", DescribeStatus(r.status)));
+      Escalate(SIGTERM, spec_.failure_grace, absl::StrCat("rank ", r.index, " failed"));
+    } else if (spec_.verbose) {
+      Say(absl::StrCat("rank ", r.index, " (pid ", r.pid, ") ", DescribeStatus(r.status)));
+    }
+  }
+
+  void OnSignal(int sig) {
+    if (sig == SIGCHLD) return;  // Reap() runs every iteration
+    if (!user_signal_) {
+      user_signal_ = sig;
+      if (!exit_code_) exit_code_ = 128 + sig;
+      Escalate(SIGINT, spec_.interrupt_grace, absl::StrCat("received ", SignalName(sig)));
+      return;
+    }
+    // A second signal: no more patience.
+    int live = LiveCount();
+    if (live > 0) {
+      Say(absl::StrCat("received ", SignalName(sig), " again: sending SIGKILL to ", live,
+                       " rank", live == 1 ? "" : "s"));
+    }
+    KillAll();
+  }
+
+  void KillAll() {
+    SignalAll(SIGKILL);
+    if (!killed_at_) killed_at_ = absl::Now();
+    kill_deadline_.reset();
+  }
+
+  void ReadSignals() {
+    signalfd_siginfo info;
+    while (true) {
+      ssize_t n = read(signals_.signal_fd, &info, sizeof(info));
+      if (n != static_cast<ssize_t>(sizeof(info))) {
+        if (n < 0 && errno == EINTR) continue;
+        return;
+      }
+      OnSignal(static_cast<int>(info.ssi_signo));
+    }
+  }
+
+  void Emit(Stream& s, const std::string& text) {
+    if (text.empty()) return;
+    bool& ok = s.target == STDOUT_FILENO ? stdout_ok_ : stderr_ok_;
+    if (ok) ok = WriteAll(s.target, text.data(), text.size());
+  }
+
+  // Reads what the pipe holds; at end of file flushes the partial line and closes it.
+  void Drain(Stream& s) {
+    char buf[65536];
+    std::string text;
+    while (s.fd >= 0) {
+      ssize_t n = read(s.fd, buf, sizeof(buf));
+      if (n > 0) {
+        s.prefixer.Feed(buf, static_cast<size_t>(n), &text);
+        Emit(s, text);
+        text.clear();
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      CloseStream(s);  // end of file or error
+    }
+  }
+
+  void CloseStream(Stream& s) {
+    if (s.fd < 0) return;
+    std::string text;
+    s.prefixer.Flush(&text);
+    Emit(s, text);
+    close(s.fd);
+    s.fd = -1;
+  }
+
+  void Loop() {
+    std::optional<absl::Time> drain_deadline;
+    while (true) {
+      Reap();
+      const absl::Time now = absl::Now();
+      if (kill_deadline_ && now >= *kill_deadline_ && LiveCount() > 0) {
+        Say(absl::StrCat("sending SIGKILL to ", LiveCount(), " rank",
+                         LiveCount() == 1 ? "" : "s", " still running"));
+        KillAll();
+      }
+      if (killed_at_ && now >= *killed_at_ + spec_.kill_wait && LiveCount() > 0) {
+        for (const Rank& r : ranks_) {
+          if (r.running) {
+            Say(absl::StrCat("rank ", r.index, " (pid ", r.pid,
+                             ") did not exit after SIGKILL; giving up on it"));
+          }
+        }
+        if (!exit_code_) exit_code_ = 1;
+        return;
+      }
+      if (LiveCount() == 0 && !drain_deadline) {
+        // Whatever a rank left behind in its process group goes too: it would otherwise
+        // hold the output pipes open (and outlive the job).
+        for (const Rank& r : ranks_) {
+          if (r.pid > 0) kill(-r.pid, SIGKILL);
+        }
+        drain_deadline = now + spec_.drain_timeout;
+      }
+
+      std::vector<pollfd> fds;
+      std::vector<Stream*> streams;
+      fds.push_back({signals_.signal_fd, POLLIN, 0});
+      for (Rank& r : ranks_) {
+        for (Stream* s : {&r.out, &r.err}) {
+          if (s->fd < 0) continue;
+          fds.push_back({s->fd, POLLIN, 0});
+          streams.push_back(s);
+        }
+      }
+      if (drain_deadline && (streams.empty() || now >= *drain_deadline)) return;
+
+      std::optional<absl::Time> wake;
+      for (const auto& t : {kill_deadline_, drain_deadline}) {
+        if (t && (!wake || *t < *wake)) wake = *t;
+      }
+      if (killed_at_) {
+        absl::Time t = *killed_at_ + spec_.kill_wait;
+        if (!wake || t < *wake) wake = t;
+      }
+      // SIGCHLD wakes us; the periodic tick is only a safety net.
+      int timeout_ms = 1000;
+      if (wake) {
+        timeout_ms = static_cast<int>(std::clamp<int64_t>(
+            absl::ToInt64Milliseconds(*wake - now) + 1, 0, 1000));
+      }
+      int n = poll(fds.data(), fds.size(), timeout_ms);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        Say(absl::StrCat("poll: ", std::strerror(errno)));
+        KillAll();
+        if (!exit_code_) exit_code_ = 1;
+        continue;
+      }
+      if (fds[0].revents != 0) ReadSignals();
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents != 0) Drain(*streams[i - 1]);
+      }
+    }
+  }
+
+  const LaunchSpec& spec_;
+  const SignalSetup& signals_;
+  std::vector<Rank> ranks_;
+  int exit_code_ = 0;  // 0 until the job's outcome is decided
+  int user_signal_ = 0;
+  std::optional<absl::Time> kill_deadline_;
+  std::optional<absl::Time> killed_at_;
+  bool stdout_ok_ = true;
+  bool stderr_ok_ = true;
+};
+
+}  // namespace
+
+SignalSetup BlockSignals() {
+  SignalSetup s;
+  sigemptyset(&s.handled);
+  sigaddset(&s.handled, SIGTERM);
+  sigaddset(&s.handled, SIGCHLD);
+  for (int sig : {SIGINT, SIGHUP}) {
+    struct sigaction old;
+    if (sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    sigaddset(&s.handled, sig);
+  }
+  // Ranks are supervised through pipes: a closed stdout must not kill braidrun.
+  signal(SIGPIPE, SIG_IGN);
+  pthread_sigmask(SIG_BLOCK, &s.handled, nullptr);
+  s.signal_fd = signalfd(-1, &s.handled, SFD_NONBLOCK | SFD_CLOEXEC);
+  return s;
+}
+
+int RunRanks(const LaunchSpec& spec, const SignalSetup& signals) {
+  if (spec.command.empty() || spec.rank_envs.empty()) return 2;
+  Supervisor sup(spec, signals);
+  return sup.Run();
+}
+
+}  // namespace braid::braidrun

@@ -1,0 +1,89 @@
+#include "tools/braidrun/rank_env.h"
+
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+
+namespace braid::braidrun {
+namespace {
+
+// An ordered environment: entries keep their first position.
+class EnvBuilder {
+ public:
+  explicit EnvBuilder(const std::vector<std::string>& base) {
+    for (const std::string& e : base) {
+      size_t eq = e.find('=');
+      if (eq == std::string::npos || eq == 0) continue;
+      Set(e.substr(0, eq), e.substr(eq + 1));
+    }
+  }
+  void Set(const std::string& name, const std::string& value) {
+    auto it = index_.find(name);
+    if (it != index_.end()) {
+      entries_[it->second].second = value;
+      return;
+    }
+    index_[name] = entries_.size();
+    entries_.emplace_back(name, value);
+  }
+  void SetDefault(const std::string& name, const std::string& value) {
+    if (!Has(name)) Set(name, value);
+  }
+  bool Has(const std::string& name) const { return index_.count(name) != 0; }
+  const std::string& Get(const std::string& name) const {
+    return entries_[index_.at(name)].second;
+  }
+  std::vector<std::string> Build() const {
+    std::vector<std::string> out;
+    out.reserve(entries_.size());
+    for (const auto& [k, v] : entries_) out.push_back(absl::StrCat(k, "=", v));
+    return out;
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> entries_;
+  std::map<std::string, size_t> index_;
+};
+
+}  // namespace
+
+int64_t MegabytesToBytes(double mb) { return static_cast<int64_t>(std::llround(mb * 1048576.0)); }
+
+std::string FormatSeconds(double s) { return absl::StrCat(s); }
+
+std::vector<std::string> BuildRankEnv(const std::vector<std::string>& base, const JobEnv& job,
+                                      int rank, int local_rank, int local_size) {
+  EnvBuilder env(base);
+  env.Set("BRAID_COORDINATOR", job.coordinator);
+  env.Set("BRAID_RANK", absl::StrCat(rank));
+  env.Set("BRAID_SIZE", absl::StrCat(job.world_size));
+  env.Set("BRAID_LOCAL_RANK", absl::StrCat(local_rank));
+  env.Set("BRAID_LOCAL_SIZE", absl::StrCat(local_size));
+  env.Set("BRAID_JOB_SECRET", job.job_secret);
+  env.Set("PYTHONUNBUFFERED", "1");
+  if (job.timeout_s) env.Set("BRAID_TIMEOUT_S", FormatSeconds(*job.timeout_s));
+  if (job.fusion_threshold_bytes) {
+    env.Set("BRAID_FUSION_THRESHOLD", absl::StrCat(*job.fusion_threshold_bytes));
+  }
+  if (job.cycle_time_ms) env.Set("BRAID_CYCLE_TIME_MS", absl::StrCat(*job.cycle_time_ms));
+  if (job.cache_capacity) env.Set("BRAID_CACHE_CAPACITY", absl::StrCat(*job.cache_capacity));
+  if (job.timeline) env.Set("BRAID_TIMELINE", *job.timeline);
+  if (job.stall_check_s) env.Set("BRAID_STALL_CHECK_S", FormatSeconds(*job.stall_check_s));
+  if (job.stall_shutdown_s) {
+    env.Set("BRAID_STALL_SHUTDOWN_S", FormatSeconds(*job.stall_shutdown_s));
+  }
+  if (job.compression) env.Set("BRAID_COMPRESSION", *job.compression);
+  env.SetDefault("OMP_NUM_THREADS", "1");
+  if (job.single_host) env.SetDefault("UCX_NET_DEVICES", "lo");
+  if (!job.python_path.empty()) {
+    if (env.Has("PYTHONPATH") && !env.Get("PYTHONPATH").empty()) {
+      env.Set("PYTHONPATH", absl::StrCat(job.python_path, ":", env.Get("PYTHONPATH")));
+    } else {
+      env.Set("PYTHONPATH", job.python_path);
+    }
+  }
+  return env.Build();
+}
+
+}  // namespace braid::braidrun
