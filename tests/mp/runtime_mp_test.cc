@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "runtime/runtime.h"
 #include "tests/testing/coordinator_process.h"
 #include "tests/testing/fork_ranks.h"
@@ -60,7 +62,8 @@ absl::Status InitRuntime(Runtime& rt) {
 // Runs `body(rank, runtime, checker)` on `size` ranks against a fresh coordinator process and
 // expects every rank to exit 0 within `deadline`.
 void RunJob(int size, const std::function<void(int, Runtime&, Checker&)>& body,
-            absl::Duration deadline = absl::Seconds(120), double timeout_s = 30) {
+            absl::Duration deadline = absl::Seconds(120), double timeout_s = 30,
+            const std::vector<std::pair<std::string, std::string>>& env = {}) {
   CoordinatorProcess coord(size);
   ASSERT_FALSE(coord.address().empty()) << "coordinator did not start";
   RunRanksOptions o;
@@ -68,6 +71,7 @@ void RunJob(int size, const std::function<void(int, Runtime&, Checker&)>& body,
   o.deadline = deadline;
   auto exits = RunRanks(o, [&](int rank) {
     SetRankEnv(coord.address(), rank, size, timeout_s);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     Checker c{rank};
     Runtime rt;
     if (!c.Ok(InitRuntime(rt), "init")) return 1;
@@ -412,6 +416,109 @@ TEST(RuntimeTest, IdleJobCostsAlmostNoCpu) {
     fprintf(stderr, "[rank %d] idle 10 s: %.3f s of CPU\n", rank, cpu);
     c.Expect(cpu < 0.2, absl::StrCat("idle CPU ", cpu, " s >= 0.2 s"));
   });
+}
+
+}  // namespace
+}  // namespace braid
+
+namespace braid {
+namespace {
+
+std::string RunCommand(const std::string& cmd, int* rc) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int st = pclose(p);
+  *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+// A tensor only rank 0 submits shows as stalled in `braidctl status --json`, with rank 1
+// missing, next to the right world size and count of tensors negotiated.
+TEST(StallTest, BraidctlListsAStalledTensorWithItsMissingRank) {
+  CoordinatorProcess coord(2);
+  ASSERT_FALSE(coord.address().empty());
+  const std::string dir = braid::testing::MakeTempDir("braid_stall_");
+  RunRanksOptions o;
+  o.ranks = 2;
+  o.deadline = absl::Seconds(60);
+  std::string status_json;
+  int status_rc = -1;
+  o.after_start = [&](const std::vector<pid_t>&) {
+    // Rank 0 writes this file once "lonely" has waited past the stall check.
+    absl::Time limit = absl::Now() + absl::Seconds(30);
+    while (access((dir + "/stalled").c_str(), F_OK) != 0 && absl::Now() < limit) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    status_json = RunCommand(std::string(BRAIDCTL_PATH) + " status --json --coordinator " +
+                                 coord.address(), &status_rc);
+    FILE* f = fopen((dir + "/checked").c_str(), "w");
+    if (f) fclose(f);
+  };
+  auto exits = RunRanks(o, [&](int rank) {
+    SetRankEnv(coord.address(), rank, 2);
+    setenv("BRAID_STALL_CHECK_S", "1", 1);
+    Checker c{rank};
+    Runtime rt;
+    if (!c.Ok(InitRuntime(rt), "init")) return 1;
+    std::vector<float> a(4, 1.0f), b(4);
+    for (int i = 0; i < 3; ++i) {
+      c.Ok(WaitFor(rt.Enqueue(AllReduceOf(absl::StrCat("t", i), a.data(), b.data(), 4, ReduceOp::kSum))), "t");
+    }
+    if (rank == 0) {
+      auto h = rt.Enqueue(AllReduceOf("lonely", a.data(), b.data(), 4, ReduceOp::kSum));
+      c.Ok(h.status(), "enqueue lonely");
+      absl::SleepFor(absl::Milliseconds(1600));
+      FILE* f = fopen((dir + "/stalled").c_str(), "w");
+      if (f) fclose(f);
+    }
+    absl::Time limit = absl::Now() + absl::Seconds(30);
+    while (access((dir + "/checked").c_str(), F_OK) != 0 && absl::Now() < limit) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    c.Ok(rt.Shutdown(), "shutdown");
+    return c.failures == 0 ? 0 : 1;
+  });
+  for (const RankExit& e : exits) EXPECT_EQ(e.exit_code, 0) << "rank " << e.rank;
+  ASSERT_EQ(status_rc, 0) << status_json;
+  auto j = nlohmann::json::parse(status_json);
+  EXPECT_EQ(j["size"], 2);
+  EXPECT_EQ(j["tensors_negotiated"], "3");  // int64 fields are strings in proto3 JSON
+  ASSERT_EQ(j["pending"].size(), 1u) << status_json;
+  EXPECT_EQ(j["pending"][0]["name"], "lonely");
+  EXPECT_EQ(j["pending"][0]["stalled"], true);
+  EXPECT_EQ(j["pending"][0]["ready_ranks"], nlohmann::json::array({0}));
+  EXPECT_EQ(j["pending"][0]["missing_ranks"], nlohmann::json::array({1}));
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  EXPECT_EQ(j["ranks"][1]["state"], "negotiating");
+}
+
+// With BRAID_STALL_SHUTDOWN_S=2 every rank's pending and later work fails with the stall
+// message (also on the rank that never submitted the tensor) within 10 s, and the job
+// still shuts down cleanly.
+TEST(StallTest, StallShutdownFailsEveryRankWithTheStallMessage) {
+  RunJob(2, [](int rank, Runtime& rt, Checker& c) {
+    std::vector<float> a(4, 1.0f), b(4);
+    absl::Time t0 = absl::Now();
+    absl::Status s;
+    if (rank == 0) {
+      s = WaitFor(rt.Enqueue(AllReduceOf("lonely", a.data(), b.data(), 4, ReduceOp::kSum)),
+                  absl::Seconds(10));
+    } else {
+      absl::SleepFor(absl::Seconds(3));  // by then the job was aborted: later work fails too
+      s = WaitFor(rt.Enqueue(AllReduceOf("later", a.data(), b.data(), 4, ReduceOp::kSum)),
+                  absl::Seconds(7));
+    }
+    const std::string want_prefix =
+        "stalled: tensor 'lonely' was submitted by rank 0 but not by rank 1 for 2s";
+    c.Expect(s.code() == absl::StatusCode::kDeadlineExceeded &&
+                 s.message().substr(0, want_prefix.size()) == want_prefix,
+             "stall error: " + s.ToString());
+    c.Expect(absl::Now() - t0 < absl::Seconds(10), "stall error within 10 s");
+  }, absl::Seconds(60), 30, {{"BRAID_STALL_CHECK_S", "1"}, {"BRAID_STALL_SHUTDOWN_S", "2"}});
 }
 
 }  // namespace
