@@ -127,13 +127,16 @@ class UcxCommunicator final : public Communicator {
   };
 
   // Note [Ring pipeline]
-  // The ring runs as many independent pipelines as there are pieces: every segment is cut
-  // into the same number P of pieces, and piece j moves through all 2(n-1) steps on its
-  // own, so piece j of step t+1 is sent as soon as piece j of step t has arrived and been
-  // reduced, while other pieces are still in flight. Reduce-scatter receives land in one of
-  // two scratch slots (by step parity) and are reduced straight into the output
-  // (out = input op scratch, so an out-of-place call never copies its input first); the
-  // all-gather receives land in the output directly.
+  // Reduce-scatter then all-gather, pipelined: every segment is cut into the same number P
+  // of pieces, and piece j moves through its stages on its own (at most `ring_window`
+  // pieces in flight, so their scratch stays in cache), so piece j's next stage starts as
+  // soon as its last one finished while other pieces are still in flight. The
+  // reduce-scatter stage is direct: each rank receives its own segment's piece from every
+  // peer and reduces them in the canonical order (Note [Canonical reduction order]); it
+  // sends (n-1)/n of the buffer, like the ring's n-1 steps. The owned piece is written
+  // straight to the output (out = reduce(inputs), so an out-of-place call never copies its
+  // input first). The all-gather stage is a ring of n-1 steps whose receives land in the
+  // output directly.
   struct RingArgs {
     const char* send = nullptr;   // the caller's input, full layout
     char* work = nullptr;         // full-layout buffer the partial reductions go to
@@ -515,14 +518,14 @@ absl::Status UcxCommunicator::RunRing(const RingArgs& a) {
   const int n = size_;
   const uint64_t seq = NextSeq();
   const int right = (rank_ + 1) % n, left = (rank_ - 1 + n) % n;
-  std::vector<RingStep> all = RingSchedule(rank_, n, a.shift);
-  std::vector<RingStep> steps;
-  for (const RingStep& s : all) {
-    if ((s.phase == RingStep::kReduceScatter && a.reduce_scatter) ||
-        (s.phase == RingStep::kAllGather && a.all_gather)) {
-      steps.push_back(s);
+  std::vector<RingStep> ag;  // the all-gather steps
+  if (a.all_gather) {
+    for (const RingStep& s : RingSchedule(rank_, n, a.shift)) {
+      if (s.phase == RingStep::kAllGather) ag.push_back(s);
     }
   }
+  auto owner_segment = [&](int p) { return RingOwnedSegment(p, n, a.shift); };
+  const int owned = owner_segment(rank_);
   size_t max_seg = 0;
   for (const Span1D& s : a.segments) max_seg = std::max(max_seg, s.count);
   const int pieces = RingPieces(max_seg * a.elem, opts_.chunk_bytes, kMaxPieces);
@@ -530,46 +533,113 @@ absl::Status UcxCommunicator::RunRing(const RingArgs& a) {
   for (int s = 0; s < n; ++s) piece_of[s] = SplitSpan(a.segments[s], pieces);
   const size_t stride = (max_seg + pieces - 1) / pieces;  // largest piece, in elements
   const int window = std::max(1, std::min(pieces, opts_.ring_window));
-  char* scratch = a.reduce_scatter ? Scratch(window * stride * a.elem) : nullptr;
-  const int total = static_cast<int>(steps.size());
+  // Each piece in flight owns one scratch slot holding a piece from every peer.
+  const size_t slot_bytes = static_cast<size_t>(n - 1) * stride * a.elem;
+  char* scratch = a.reduce_scatter ? Scratch(window * slot_bytes) : nullptr;
+  // Stages of a piece: 0 = reduce-scatter (if any), then one per all-gather step.
+  const int rs_stages = a.reduce_scatter ? 1 : 0;
+  const int total = rs_stages + static_cast<int>(ag.size());
+  const ReduceOp base = a.op == ReduceOp::kAverage ? ReduceOp::kSum : a.op;
 
   struct Piece {
-    int t = 0;
-    int slot = -1;  // scratch slot while in flight
-    bool reduced = false;
+    int stage = 0;
+    int slot = -1;
     bool done = false;
   };
   std::vector<Piece> ps(pieces);
-  std::vector<Req> sends(pieces), recvs(pieces);
+  // Requests of a piece's current stage: reduce-scatter has n-1 of each, all-gather one.
+  std::vector<std::vector<Req>> sends(pieces), recvs(pieces);
+  auto release_all = [&]() {
+    for (int j = 0; j < pieces; ++j) {
+      Release(sends[j]);
+      Release(recvs[j]);
+    }
+  };
+  auto peer_slot = [&](int j, int p) {  // where peer p's contribution to piece j lands
+    int k = p < rank_ ? p : p - 1;
+    return scratch + ps[j].slot * slot_bytes + static_cast<size_t>(k) * stride * a.elem;
+  };
 
-  // Where step t of piece j reads the data it sends: the caller's input at the first
-  // reduce-scatter step, the partial (or final) reductions afterwards.
-  auto send_ptr = [&](int t, int j) -> const char* {
-    const RingStep& st = steps[t];
-    const Span1D& p = piece_of[st.send_segment][j];
-    if (st.phase == RingStep::kReduceScatter && t == 0) return a.send + p.offset * a.elem;
-    return a.work + p.offset * a.elem;
-  };
-  // A piece in flight owns one scratch slot for all its reduce-scatter receives: its next
-  // receive is posted only after the last one was reduced. At most `window` pieces are in
-  // flight, so the slots stay small enough to be reduced from cache right after arriving.
-  auto slot_of = [&](int j) {
-    return scratch + static_cast<size_t>(ps[j].slot) * stride * a.elem;
-  };
-  std::vector<int> free_slots;
-  for (int w = window - 1; w >= 0; --w) free_slots.push_back(w);
   auto post = [&](int j) -> absl::Status {
-    int t = ps[j].t;
-    const RingStep& st = steps[t];
+    const int stage = ps[j].stage;
+    if (stage < rs_stages) {
+      // Direct reduce-scatter: every rank sends piece j of each peer's segment to that peer
+      // and receives piece j of its own segment from every peer.
+      const Span1D& mine = piece_of[owned][j];
+      sends[j].assign(n - 1, Req{});
+      recvs[j].assign(n - 1, Req{});
+      for (int i = 1, k = 0; i < n; ++i, ++k) {
+        int from = (rank_ - i + n) % n;
+        BRAID_RETURN_IF_ERROR(PostRecv(recvs[j][k], from, peer_slot(j, from), mine.count * a.elem,
+                                       MakeTag(seq, j, from)));
+      }
+      for (int i = 1, k = 0; i < n; ++i, ++k) {
+        int to = (rank_ + i) % n;
+        const Span1D& theirs = piece_of[owner_segment(to)][j];
+        BRAID_RETURN_IF_ERROR(PostSend(sends[j][k], to, a.send + theirs.offset * a.elem,
+                                       theirs.count * a.elem, MakeTag(seq, j, rank_)));
+      }
+      return absl::OkStatus();
+    }
+    const RingStep& st = ag[stage - rs_stages];
     const Span1D& rp = piece_of[st.recv_segment][j];
     const Span1D& sp = piece_of[st.send_segment][j];
-    const uint64_t slot = static_cast<uint64_t>(t) * pieces + j;
-    char* dst = st.phase == RingStep::kReduceScatter ? slot_of(j) : a.work + rp.offset * a.elem;
-    ps[j].reduced = st.phase != RingStep::kReduceScatter;
-    BRAID_RETURN_IF_ERROR(PostRecv(recvs[j], left, dst, rp.count * a.elem, MakeTag(seq, slot, left)));
-    return PostSend(sends[j], right, send_ptr(t, j), sp.count * a.elem, MakeTag(seq, slot, rank_));
+    const uint64_t slot = static_cast<uint64_t>(1 + stage) * pieces + j;
+    sends[j].assign(1, Req{});
+    recvs[j].assign(1, Req{});
+    BRAID_RETURN_IF_ERROR(PostRecv(recvs[j][0], left, a.work + rp.offset * a.elem,
+                                   rp.count * a.elem, MakeTag(seq, slot, left)));
+    return PostSend(sends[j][0], right, a.work + sp.offset * a.elem, sp.count * a.elem,
+                    MakeTag(seq, slot, rank_));
   };
 
+  // Note [Canonical reduction order]: the contributions to an element are combined in one
+  // fixed tree whatever the element's position, the message size or the algorithm: the
+  // tree recursive doubling uses (ranks paired 2i, 2i+1 below 2*rem, then a balanced
+  // binary tree, lower rank first). So a tensor reduces to the same bits whether it is
+  // fused with others or not, and whichever algorithm its bucket's size selects.
+  auto reduce_piece = [&](int j) {
+    const Span1D& mine = piece_of[owned][j];
+    char* out = a.owned_out != nullptr
+                    ? a.owned_out + (mine.offset - a.segments[owned].offset) * a.elem
+                    : a.work + mine.offset * a.elem;
+    std::vector<const char*> v(n);
+    std::vector<bool> writable(n);
+    for (int p = 0; p < n; ++p) {
+      v[p] = p == rank_ ? a.send + mine.offset * a.elem : peer_slot(j, p);
+      writable[p] = p != rank_;
+    }
+    RecursiveDoublingRole role = RecursiveDoublingRoleFor(0, n);
+    const int p2 = role.p2, rem = n - p2;
+    std::vector<const char*> t(p2);
+    std::vector<bool> tw(p2);
+    int combines_left = n - 1;
+    auto combine = [&](const char* lo, bool lo_w, const char* hi, bool hi_w) -> const char* {
+      char* dst = --combines_left == 0 ? out
+                                       : const_cast<char*>(lo_w ? lo : hi);  // one is scratch
+      Reduce3(dst, lo, hi, mine.count, a.dtype, base);
+      return dst;
+    };
+    for (int i = 0; i < p2; ++i) {
+      if (i < rem) {
+        t[i] = combine(v[2 * i], writable[2 * i], v[2 * i + 1], writable[2 * i + 1]);
+        tw[i] = t[i] != out;
+      } else {
+        t[i] = v[i + rem];
+        tw[i] = writable[i + rem];
+      }
+    }
+    for (int width = 1; width < p2; width *= 2) {
+      for (int i = 0; i + width < p2; i += 2 * width) {
+        t[i] = combine(t[i], tw[i], t[i + width], tw[i + width]);
+        tw[i] = t[i] != out;
+      }
+    }
+    if (a.op == ReduceOp::kAverage) DivideInPlace(out, mine.count, a.dtype, size_);
+  };
+
+  std::vector<int> free_slots;
+  for (int w = window - 1; w >= 0; --w) free_slots.push_back(w);
   int next = 0;  // next piece to start
   auto start_next = [&]() -> absl::Status {
     ps[next].slot = free_slots.back();
@@ -579,36 +649,30 @@ absl::Status UcxCommunicator::RunRing(const RingArgs& a) {
   for (int w = 0; w < window && total > 0; ++w) {
     absl::Status s = start_next();
     if (!s.ok()) {
-      Release(sends);
-      Release(recvs);
+      release_all();
       return s;
     }
   }
   int finished = total > 0 ? 0 : pieces;
   int first = 0;  // pieces before it are done
+  auto all_done = [&](std::vector<Req>& reqs) -> absl::StatusOr<bool> {
+    bool done = true;
+    for (Req& r : reqs) {
+      BRAID_ASSIGN_OR_RETURN(bool d, Test(r));
+      done = done && d;
+    }
+    return done;
+  };
   absl::Status s = Drive([&]() -> absl::StatusOr<bool> {
     for (int j = first; j < next; ++j) {
       Piece& p = ps[j];
       if (p.done) continue;
-      const RingStep& st = steps[p.t];
-      BRAID_ASSIGN_OR_RETURN(bool got, Test(recvs[j]));
-      if (got && !p.reduced) {
-        const Span1D& rp = piece_of[st.recv_segment][j];
-        const char* in = slot_of(j);
-        // The last reduce-scatter step completes the owned segment: write it where it belongs.
-        bool last_rs = p.t + 1 == total || steps[p.t + 1].phase == RingStep::kAllGather;
-        char* out = (last_rs && a.owned_out != nullptr)
-                        ? a.owned_out + (rp.offset - a.segments[st.recv_segment].offset) * a.elem
-                        : a.work + rp.offset * a.elem;
-        Reduce3(out, a.send + rp.offset * a.elem, in, rp.count, a.dtype,
-                a.op == ReduceOp::kAverage ? ReduceOp::kSum : a.op);
-        if (last_rs && a.op == ReduceOp::kAverage) DivideInPlace(out, rp.count, a.dtype, size_);
-        p.reduced = true;
-      }
-      if (!got || !p.reduced) continue;
-      BRAID_ASSIGN_OR_RETURN(bool sent, Test(sends[j]));
+      BRAID_ASSIGN_OR_RETURN(bool got, all_done(recvs[j]));
+      if (!got) continue;
+      BRAID_ASSIGN_OR_RETURN(bool sent, all_done(sends[j]));
       if (!sent) continue;
-      if (++p.t == total) {
+      if (p.stage < rs_stages) reduce_piece(j);
+      if (++p.stage == total) {
         p.done = true;
         ++finished;
         free_slots.push_back(p.slot);
@@ -620,10 +684,7 @@ absl::Status UcxCommunicator::RunRing(const RingArgs& a) {
     }
     return finished == pieces;
   });
-  if (!s.ok()) {
-    Release(sends);
-    Release(recvs);
-  }
+  if (!s.ok()) release_all();
   ++stats_.collectives;
   return s;
 }

@@ -523,3 +523,98 @@ TEST(StallTest, StallShutdownFailsEveryRankWithTheStallMessage) {
 
 }  // namespace
 }  // namespace braid
+
+namespace braid {
+namespace {
+
+// One step of many mixed-dtype tensors, submitted at once so the coordinator can fuse them.
+// Each rank writes every result, back to back, to `path`.
+void MixedStep(int rank, Runtime& rt, Checker& c, const std::string& path) {
+  const int kTensors = 60;
+  std::mt19937 rng(77 + rank);
+  std::vector<std::vector<char>> in(kTensors), out(kTensors);
+  std::vector<std::shared_ptr<Handle>> handles;
+  for (int t = 0; t < kTensors; ++t) {
+    DataType dt = t % 3 == 0 ? DataType::kInt32 : (t % 3 == 1 ? DataType::kFloat32 : DataType::kFloat64);
+    int64_t n = 1 + (t * 7919) % 5000;
+    in[t].resize(n * DataTypeSize(dt));
+    out[t].resize(in[t].size());
+    for (int64_t i = 0; i < n; ++i) {
+      double v = std::uniform_real_distribution<double>(-1, 1)(rng);
+      if (dt == DataType::kInt32) reinterpret_cast<int32_t*>(in[t].data())[i] = static_cast<int32_t>(v * 1000);
+      if (dt == DataType::kFloat32) reinterpret_cast<float*>(in[t].data())[i] = static_cast<float>(v);
+      if (dt == DataType::kFloat64) reinterpret_cast<double*>(in[t].data())[i] = v;
+    }
+    CollectiveRequest q;
+    q.name = absl::StrCat("mixed.", t);
+    q.dtype = dt;
+    q.shape = {n};
+    q.input = in[t].data();
+    q.output = out[t].data();
+    q.op = dt == DataType::kInt32 ? ReduceOp::kSum : ReduceOp::kAverage;
+    auto h = rt.Enqueue(q);
+    if (!c.Ok(h.status(), "enqueue")) return;
+    handles.push_back(*h);
+  }
+  FILE* f = fopen(path.c_str(), "wb");
+  for (int t = 0; t < kTensors; ++t) {
+    c.Ok(handles[t]->Wait(absl::Seconds(30)), absl::StrCat("mixed.", t));
+    fwrite(out[t].data(), 1, out[t].size(), f);
+  }
+  fclose(f);
+}
+
+std::vector<char> ReadAll(const std::string& path) {
+  std::vector<char> data;
+  FILE* f = fopen(path.c_str(), "rb");
+  if (f == nullptr) return data;
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), f)) > 0) data.insert(data.end(), buf, buf + n);
+  fclose(f);
+  return data;
+}
+
+// Fusion on and off give equal results (bit-identical for int32, within float tolerance
+// otherwise), and two runs of the same configuration are bit-identical.
+TEST_P(RuntimeWorldTest, FusionOnAndOffAgreeAndRunsRepeatBitForBit) {
+  const int size = GetParam();
+  const std::string dir = braid::testing::MakeTempDir("braid_fusion_");
+  for (const char* run : {"fused_a", "fused_b", "unfused"}) {
+    const std::string threshold = std::string(run) == "unfused" ? "0" : "67108864";
+    RunJob(size, [&](int rank, Runtime& rt, Checker& c) {
+      MixedStep(rank, rt, c, absl::StrCat(dir, "/", run, ".", rank));
+    }, absl::Seconds(120), 30, {{"BRAID_FUSION_THRESHOLD", threshold}});
+  }
+  for (int r = 0; r < size; ++r) {
+    auto a = ReadAll(absl::StrCat(dir, "/fused_a.", r));
+    auto b = ReadAll(absl::StrCat(dir, "/fused_b.", r));
+    auto u = ReadAll(absl::StrCat(dir, "/unfused.", r));
+    ASSERT_FALSE(a.empty());
+    EXPECT_EQ(a, b) << "rank " << r << ": two fused runs differ";
+    ASSERT_EQ(a.size(), u.size());
+    // Stronger than the tolerance below: the transport reduces every element in one
+    // canonical order (ucx_communicator.cc, Note [Canonical reduction order]), so fusion
+    // does not change a single bit.
+    EXPECT_EQ(a, u) << "rank " << r << ": fused and unfused results differ";
+    // Walk the same layout MixedStep wrote.
+    size_t off = 0;
+    for (int t = 0; t < 60; ++t) {
+      DataType dt = t % 3 == 0 ? DataType::kInt32 : (t % 3 == 1 ? DataType::kFloat32 : DataType::kFloat64);
+      int64_t n = 1 + (t * 7919) % 5000;
+      for (int64_t i = 0; i < n; ++i) {
+        if (dt == DataType::kInt32) {
+          ASSERT_EQ(reinterpret_cast<int32_t*>(a.data() + off)[i], reinterpret_cast<int32_t*>(u.data() + off)[i]);
+        } else if (dt == DataType::kFloat32) {
+          ASSERT_NEAR(reinterpret_cast<float*>(a.data() + off)[i], reinterpret_cast<float*>(u.data() + off)[i], 1e-6);
+        } else {
+          ASSERT_NEAR(reinterpret_cast<double*>(a.data() + off)[i], reinterpret_cast<double*>(u.data() + off)[i], 1e-12);
+        }
+      }
+      off += n * DataTypeSize(dt);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace braid
