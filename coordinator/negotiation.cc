@@ -98,6 +98,7 @@ std::vector<proto::Response> NegotiationTable::Fuse(std::vector<proto::Response>
       const proto::Response& r = ready[bucket[k]];
       merged.add_names(r.names(0));
       merged.add_tensor_sizes(r.tensor_sizes(0));
+      for (int64_t age : r.report_age_us()) merged.add_report_age_us(age);
     }
     merged.set_bucket_id(next_bucket_id_++);
     out.push_back(std::move(merged));
@@ -204,8 +205,10 @@ std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::Req
       continue;
     }
     e.by_rank[rank] = req;
+    e.arrived[rank] = now;
     if (static_cast<int>(e.by_rank.size()) < world_size_) continue;
     ready.push_back(Validate(req.name(), e));
+    for (const auto& [r, t] : e.arrived) ready.back().add_report_age_us(absl::ToInt64Microseconds(now - t));
     table_.erase(req.name());
     ++negotiated_;
     if (ready.back().type() == proto::Response::OK && IsValidDataType(req.dtype())) {

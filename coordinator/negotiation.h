@@ -46,6 +46,7 @@ class NegotiationTable {
  private:
   struct Entry {
     std::map<int, proto::Request> by_rank;
+    std::map<int, absl::Time> arrived;
     absl::Time first_seen;
   };
   proto::Response Validate(const std::string& name, const Entry& e) const;

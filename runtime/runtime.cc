@@ -1,5 +1,7 @@
 #include "runtime/runtime.h"
 
+#include <cctype>
+
 #include <unistd.h>
 
 #include <cstring>
@@ -16,6 +18,7 @@
 #include "coordinator/client.h"
 #include "coordinator/server.h"
 #include "glog/logging.h"
+#include "runtime/timeline.h"
 #include "transport/ucx_communicator.h"
 
 namespace braid {
@@ -37,6 +40,12 @@ absl::string_view CollectiveName(Collective c) {
     case Collective::kBarrier: return "barrier";
   }
   return "unknown";
+}
+
+std::string Upper(absl::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
 }
 
 int64_t NumElements(const std::vector<int64_t>& shape) {
@@ -118,6 +127,7 @@ class Runtime::Impl {
   // Fusion buffers, one per dtype, grown when needed and reused: no allocation per step
   // in steady state. Background thread only.
   std::map<DataType, std::vector<char>> fusion_buffers_;
+  std::unique_ptr<Timeline> timeline_;  // null when BRAID_TIMELINE is unset
   std::thread loop_;
 };
 
@@ -173,6 +183,7 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
   co.connect_timeout = std::max(config.timeout, absl::Seconds(30));
   co.heartbeat_interval = std::max(absl::Milliseconds(100), config.heartbeat_timeout / 4);
   auto fail = [this](absl::Status s) {
+    timeline_.reset();
     client_.reset();
     if (hosted_) hosted_->Shutdown(absl::ZeroDuration());
     hosted_.reset();
@@ -199,6 +210,15 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
   size_ = registered->size();
   local_rank_ = registered->local_rank();
   local_size_ = registered->local_size();
+
+  if (!config.timeline_path.empty()) {
+    // Rank 0 writes the path itself, rank r writes PATH.rank<r>.
+    std::string path = rank_ == 0 ? config.timeline_path
+                                  : absl::StrCat(config.timeline_path, ".rank", rank_);
+    auto tl = Timeline::Open(path, rank_);
+    if (!tl.ok()) return fail(tl.status());
+    timeline_ = *std::move(tl);
+  }
 
   transport::UcxOptions uo;
   uo.rank = rank_;
@@ -260,6 +280,7 @@ absl::Status Runtime::Impl::Shutdown() {
   client_->Close(absl::Milliseconds(500));
   comm_.reset();
   client_.reset();
+  timeline_.reset();  // flushes
   if (hosted_) {
     hosted_->Shutdown(absl::Milliseconds(500));
     hosted_.reset();
@@ -345,6 +366,7 @@ absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest
   std::string compression = req.compression.empty() ? config_.compression : req.compression;
   p.set_compression(compression == "none" ? "" : compression);
   outgoing_.push_back(std::move(p));
+  if (timeline_) timeline_->Begin(req.name, "NEGOTIATE", absl::StrCat("\"collective\": \"", CollectiveName(req.collective), "\""));
   std::string name = req.name;
   table_.emplace(name, Entry{std::move(req), handle});
   return handle;
@@ -356,6 +378,23 @@ void Runtime::Impl::OnMessage(const proto::ResponseList& msg) {
   }
   if (msg.shutdown()) {
     AbortJob(absl::CancelledError("the coordinator ended the job"));
+  }
+  if (timeline_) {
+    const absl::Time now = absl::Now();
+    for (const auto& r : msg.responses()) {
+      for (int i = 0; i < r.names_size(); ++i) {
+        const std::string& name = r.names(i);
+        for (int p = 0; p < size_; ++p) {
+          size_t k = static_cast<size_t>(i) * size_ + p;
+          if (k < static_cast<size_t>(r.report_age_us_size())) {
+            timeline_->Mark(name, absl::StrCat("rank ", p, " ready"),
+                            now - absl::Microseconds(r.report_age_us(static_cast<int>(k))));
+          }
+        }
+        timeline_->End(name, "NEGOTIATE", now);
+        if (r.type() == proto::Response::OK) timeline_->Begin(name, "QUEUE", "", now);
+      }
+    }
   }
   absl::MutexLock lock(&mu_);
   for (const auto& r : msg.responses()) responses_.push_back(r);
@@ -446,11 +485,24 @@ void Runtime::Impl::Execute(const proto::Response& resp) {
     }
     entries.push_back(e);
   }
+  const std::string phase = Upper(CollectiveName(entries[0]->req.collective));
+  const std::string args = absl::StrCat("\"bucket\": ", resp.bucket_id(), ", \"tensors\": ",
+                                        resp.names_size());
+  if (timeline_) {
+    for (const std::string& name : resp.names()) timeline_->End(name, "QUEUE");
+  }
   if (entries.size() > 1) {
     RunFused(resp, entries);
     return;
   }
-  Finish(resp.names(0), Run(*entries[0], resp));
+  if (timeline_) {
+    timeline_->Begin(resp.names(0), phase,
+                     absl::StrCat(args, ", \"bytes\": ",
+                                  NumElements(entries[0]->req.shape) * DataTypeSize(entries[0]->req.dtype)));
+  }
+  absl::Status s = Run(*entries[0], resp);
+  if (timeline_) timeline_->End(resp.names(0), phase);
+  Finish(resp.names(0), s);
 }
 
 void Runtime::Impl::RunFused(const proto::Response& resp, const std::vector<Entry*>& entries) {
@@ -460,19 +512,38 @@ void Runtime::Impl::RunFused(const proto::Response& resp, const std::vector<Entr
   for (const Entry* e : entries) total += NumElements(e->req.shape);
   std::vector<char>& buf = fusion_buffers_[dtype];
   if (buf.size() < total * elem) buf.resize(total * elem);  // value-initialised: touched once
+  // Every tensor's row shows the bucket's phases (hooks for COMPRESS / DECOMPRESS go here).
+  auto phase = [&](const char* what, bool begin) {
+    if (!timeline_) return;
+    for (const std::string& name : resp.names()) {
+      if (begin) {
+        timeline_->Begin(name, what, absl::StrCat("\"bucket\": ", resp.bucket_id(),
+                                                  ", \"tensors\": ", resp.names_size(),
+                                                  ", \"bytes\": ", total * elem));
+      } else {
+        timeline_->End(name, what);
+      }
+    }
+  };
+  phase("MEMCPY_IN_FUSION_BUFFER", true);
   size_t offset = 0;
   for (const Entry* e : entries) {
     size_t bytes = NumElements(e->req.shape) * elem;
     if (bytes) std::memcpy(buf.data() + offset, e->req.input, bytes);
     offset += bytes;
   }
+  phase("MEMCPY_IN_FUSION_BUFFER", false);
+  phase("ALLREDUCE", true);
   absl::Status s = comm_->AllReduce(buf.data(), buf.data(), total, dtype, entries[0]->req.op);
+  phase("ALLREDUCE", false);
+  phase("MEMCPY_OUT_FUSION_BUFFER", true);
   offset = 0;
   for (const Entry* e : entries) {
     size_t bytes = NumElements(e->req.shape) * elem;
     if (s.ok() && bytes) std::memcpy(e->req.output, buf.data() + offset, bytes);
     offset += bytes;
   }
+  phase("MEMCPY_OUT_FUSION_BUFFER", false);
   for (const std::string& name : resp.names()) Finish(name, s);
 }
 

@@ -9,6 +9,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
 #include <numeric>
 #include <random>
 #include <string>
@@ -614,6 +617,73 @@ TEST_P(RuntimeWorldTest, FusionOnAndOffAgreeAndRunsRepeatBitForBit) {
       off += n * DataTypeSize(dt);
     }
   }
+}
+
+}  // namespace
+}  // namespace braid
+
+namespace braid {
+namespace {
+
+// A 3-step run with the timeline on: each rank's file parses as JSON and shows, for every
+// tensor, NEGOTIATE with a mark per rank, QUEUE, and the collective (inside the fusion
+// buffer's copies when the bucket held several tensors).
+TEST(TimelineTest, ThreeStepsGiveAValidTraceWithEveryPhaseForEveryTensor) {
+  const std::string dir = braid::testing::MakeTempDir("braid_timeline_");
+  const std::string path = dir + "/timeline.json";
+  RunJob(2, [](int rank, Runtime& rt, Checker& c) {
+    std::vector<std::vector<float>> in(5, std::vector<float>(1000, 1.0f)), out = in;
+    for (int step = 0; step < 3; ++step) {
+      std::vector<std::shared_ptr<Handle>> hs;
+      for (int t = 0; t < 5; ++t) {
+        auto h = rt.Enqueue(AllReduceOf(absl::StrCat("layer", t), in[t].data(), out[t].data(), 1000, ReduceOp::kSum));
+        if (c.Ok(h.status(), "enqueue")) hs.push_back(*h);
+      }
+      for (auto& h : hs) c.Ok(h->Wait(absl::Seconds(30)), "step");
+    }
+  }, absl::Seconds(60), 30, {{"BRAID_TIMELINE", path}});
+  for (const std::string& file : {path, path + ".rank1"}) {
+    std::ifstream f(file);
+    ASSERT_TRUE(f.good()) << file;
+    nlohmann::json trace = nlohmann::json::parse(f);  // throws (fails the test) if invalid
+    std::map<int, std::string> row;                    // tid -> tensor
+    std::map<std::string, std::multiset<std::string>> seen;  // tensor -> "PHASE/ph"
+    for (const auto& e : trace) {
+      if (e["ph"] == "M") row[e["tid"].get<int>()] = e["args"]["name"];
+    }
+    for (const auto& e : trace) {
+      if (e["ph"] == "M") continue;
+      seen[row[e["tid"].get<int>()]].insert(e["name"].get<std::string>() + "/" + e["ph"].get<std::string>());
+    }
+    ASSERT_EQ(seen.size(), 5u) << file;
+    for (const auto& [tensor, phases] : seen) {
+      for (const char* p : {"NEGOTIATE/B", "NEGOTIATE/E", "QUEUE/B", "QUEUE/E", "ALLREDUCE/B",
+                            "ALLREDUCE/E", "rank 0 ready/i", "rank 1 ready/i"}) {
+        EXPECT_EQ(phases.count(p), 3u) << file << " " << tensor << " " << p;
+      }
+      // Fused steps add the fusion buffer's copies, as many begins as ends.
+      EXPECT_EQ(phases.count("MEMCPY_IN_FUSION_BUFFER/B"), phases.count("MEMCPY_IN_FUSION_BUFFER/E"));
+      EXPECT_EQ(phases.count("MEMCPY_OUT_FUSION_BUFFER/B"), phases.count("MEMCPY_IN_FUSION_BUFFER/B"));
+    }
+  }
+}
+
+// A timeline path that is a directory is a clear error at init.
+TEST(TimelineTest, DirectoryPathIsAnErrorAtInit) {
+  RunRanksOptions o;
+  o.ranks = 1;
+  o.deadline = absl::Seconds(30);
+  auto exits = RunRanks(o, [](int) {
+    for (const char* v : {"BRAID_COORDINATOR", "BRAID_RANK", "BRAID_SIZE"}) unsetenv(v);
+    setenv("BRAID_TIMELINE", "/tmp", 1);
+    Runtime rt;
+    auto cfg = ConfigFromProcessEnv();
+    absl::Status s = rt.Init(*cfg);
+    return s.code() == absl::StatusCode::kInvalidArgument &&
+                   s.message() == "BRAID_TIMELINE='/tmp' is a directory; give a file path"
+               ? 0 : 1;
+  });
+  EXPECT_EQ(exits[0].exit_code, 0);
 }
 
 }  // namespace
