@@ -121,6 +121,8 @@ class Runtime::Impl {
   absl::Status abort_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool executing_ ABSL_GUARDED_BY(mu_) = false;  // the loop is running collectives
+  int64_t negotiating_ ABSL_GUARDED_BY(mu_) = 0;  // requests sent, not yet answered
+  absl::Time last_send_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Held for the whole of Init and Shutdown: they may be called from any thread.
   absl::Mutex lifecycle_mu_;
   transport::TransportStats stats_ ABSL_GUARDED_BY(mu_);  // snapshot of comm_->stats()
@@ -236,6 +238,7 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
     stop_ = false;
     abort_ = absl::OkStatus();
     stats_ = transport::TransportStats{};
+    negotiating_ = 0;
     outgoing_.clear();
     responses_.clear();
     state_ = State::kRunning;
@@ -397,7 +400,11 @@ void Runtime::Impl::OnMessage(const proto::ResponseList& msg) {
     }
   }
   absl::MutexLock lock(&mu_);
-  for (const auto& r : msg.responses()) responses_.push_back(r);
+  for (const auto& r : msg.responses()) {
+    negotiating_ -= r.names_size();
+    responses_.push_back(r);
+  }
+  if (negotiating_ < 0) negotiating_ = 0;
 }
 
 void Runtime::Impl::OnClosed(const absl::Status& s) {
@@ -421,12 +428,25 @@ void Runtime::Impl::Loop() {
     absl::Status abort;
     {
       absl::MutexLock lock(&mu_);
-      // Event-driven: sleeps until work arrives; an idle job costs no CPU.
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stop_ || !outgoing_.empty() || !responses_.empty() ||
-               (!abort_.ok() && !table_.empty());
+      // Note [Cycle]: event-driven, so an idle job costs no CPU. Responses run as soon as
+      // they arrive. New requests go out at once when nothing is being negotiated (the
+      // first tensor after an idle period pays no cycle latency); while earlier requests
+      // are still negotiating, new ones are batched for up to BRAID_CYCLE_TIME_MS after
+      // the last send, so a burst of tensors costs one message per rank.
+      auto urgent = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stop_ || !responses_.empty() || (!abort_.ok() && !table_.empty());
       };
-      mu_.Await(absl::Condition(&ready));
+      auto anything = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stop_ || !responses_.empty() || (!abort_.ok() && !table_.empty()) ||
+               !outgoing_.empty();
+      };
+      while (true) {
+        mu_.Await(absl::Condition(&anything));
+        if (urgent() || negotiating_ == 0) break;
+        const absl::Time due = last_send_ + config_.cycle_time;
+        if (absl::Now() >= due) break;
+        mu_.AwaitWithDeadline(absl::Condition(&urgent), due);
+      }
       if (stop_) return;
       abort = abort_;
       if (!abort.ok()) {
@@ -434,10 +454,13 @@ void Runtime::Impl::Loop() {
         table_.clear();
         outgoing_.clear();
         responses_.clear();
+        negotiating_ = 0;
         continue;
       }
       out.set_rank(rank_);
       for (auto& r : outgoing_) *out.add_requests() = std::move(r);
+      negotiating_ += static_cast<int64_t>(outgoing_.size());
+      if (!outgoing_.empty()) last_send_ = absl::Now();
       outgoing_.clear();
       todo.swap(responses_);
       executing_ = !todo.empty();
