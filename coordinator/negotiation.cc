@@ -75,8 +75,53 @@ std::string MismatchMessage(const std::string& name, const std::string& field,
                       absl::StrJoin(parts, "; "));
 }
 
-NegotiationTable::NegotiationTable(int world_size, int64_t fusion_threshold_bytes)
-    : world_size_(world_size), fusion_threshold_(fusion_threshold_bytes) {}
+NegotiationTable::NegotiationTable(int world_size, int64_t fusion_threshold_bytes,
+                                   int cache_capacity)
+    : cache_capacity_(cache_capacity),
+      world_size_(world_size),
+      fusion_threshold_(fusion_threshold_bytes) {}
+
+std::vector<int32_t> NegotiationTable::TakeEvictions() {
+  std::vector<int32_t> out;
+  out.swap(evictions_);
+  return out;
+}
+
+int32_t NegotiationTable::CacheInsert(const proto::Request& agreed) {
+  const proto::Collective c = agreed.collective();
+  if (cache_capacity_ <= 0 || (c != proto::ALLREDUCE && c != proto::BROADCAST &&
+                               c != proto::REDUCESCATTER && c != proto::BARRIER)) {
+    return 0;
+  }
+  std::string bytes = agreed.SerializeAsString();
+  ++use_clock_;
+  if (auto it = cache_by_name_.find(agreed.name()); it != cache_by_name_.end()) {
+    CacheEntry& e = cache_[it->second];
+    if (e.bytes == bytes) {
+      e.last_use = use_clock_;
+      return it->second;
+    }
+    // Changed metadata under a cached name: the old entry goes, a new one is made.
+    retired_[it->second] = e.request;
+    evictions_.push_back(it->second);
+    cache_.erase(it->second);
+    cache_by_name_.erase(it);
+  }
+  if (static_cast<int>(cache_.size()) >= cache_capacity_) {
+    auto lru = std::min_element(cache_.begin(), cache_.end(), [](const auto& a, const auto& b) {
+      return a.second.last_use < b.second.last_use;
+    });
+    retired_[lru->first] = lru->second.request;
+    evictions_.push_back(lru->first);
+    cache_by_name_.erase(lru->second.request.name());
+    cache_.erase(lru);
+  }
+  while (static_cast<int>(retired_.size()) > cache_capacity_) retired_.erase(retired_.begin());
+  const int32_t id = next_cache_id_++;
+  cache_[id] = CacheEntry{agreed, std::move(bytes), use_clock_};
+  cache_by_name_[agreed.name()] = id;
+  return id;
+}
 
 std::vector<proto::Response> NegotiationTable::Fuse(std::vector<proto::Response> ready) {
   std::vector<FusionItem> items;
@@ -99,6 +144,7 @@ std::vector<proto::Response> NegotiationTable::Fuse(std::vector<proto::Response>
       merged.add_names(r.names(0));
       merged.add_tensor_sizes(r.tensor_sizes(0));
       for (int64_t age : r.report_age_us()) merged.add_report_age_us(age);
+      merged.add_cache_ids(r.cache_ids_size() > 0 ? r.cache_ids(0) : 0);
     }
     merged.set_bucket_id(next_bucket_id_++);
     out.push_back(std::move(merged));
@@ -194,29 +240,48 @@ proto::Response NegotiationTable::Validate(const std::string& name, const Entry&
 std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::RequestList& list,
                                                       absl::Time now) {
   std::vector<proto::Response> ready;
-  for (const proto::Request& req : list.requests()) {
-    Entry& e = table_[req.name()];
-    if (e.by_rank.empty()) e.first_seen = now;
-    if (e.by_rank.count(rank) != 0) {
-      ready.push_back(Error(req.name(), absl::StatusCode::kAlreadyExists,
-                            absl::StrCat("tensor '", req.name(), "': rank ", rank,
-                                         " submitted it twice before it was negotiated")));
-      table_.erase(req.name());
+  for (int32_t id : list.cached_ids()) {
+    const proto::Request* req = nullptr;
+    if (auto it = cache_.find(id); it != cache_.end()) req = &it->second.request;
+    if (auto it = retired_.find(id); req == nullptr && it != retired_.end()) req = &it->second;
+    if (req == nullptr) {
+      ready.push_back(Error(absl::StrCat("cache id ", id), absl::StatusCode::kInternal,
+                            absl::StrCat("rank ", rank, " sent response-cache id ", id,
+                                         ", which the coordinator no longer knows")));
       continue;
     }
-    e.by_rank[rank] = req;
-    e.arrived[rank] = now;
-    if (static_cast<int>(e.by_rank.size()) < world_size_) continue;
-    ready.push_back(Validate(req.name(), e));
-    for (const auto& [r, t] : e.arrived) ready.back().add_report_age_us(absl::ToInt64Microseconds(now - t));
+    SubmitOne(rank, *req, now, &ready);
+  }
+  for (const proto::Request& req : list.requests()) SubmitOne(rank, req, now, &ready);
+  return Fuse(std::move(ready));
+}
+
+void NegotiationTable::SubmitOne(int rank, const proto::Request& req, absl::Time now,
+                                 std::vector<proto::Response>* ready) {
+  Entry& e = table_[req.name()];
+  if (e.by_rank.empty()) e.first_seen = now;
+  if (e.by_rank.count(rank) != 0) {
+    ready->push_back(Error(req.name(), absl::StatusCode::kAlreadyExists,
+                           absl::StrCat("tensor '", req.name(), "': rank ", rank,
+                                        " submitted it twice before it was negotiated")));
     table_.erase(req.name());
-    ++negotiated_;
-    if (ready.back().type() == proto::Response::OK && IsValidDataType(req.dtype())) {
-      bytes_negotiated_ += ready.back().tensor_sizes(0) *
+    return;
+  }
+  e.by_rank[rank] = req;
+  e.arrived[rank] = now;
+  if (static_cast<int>(e.by_rank.size()) < world_size_) return;
+  ready->push_back(Validate(req.name(), e));
+  proto::Response& resp = ready->back();
+  for (const auto& [r, t] : e.arrived) resp.add_report_age_us(absl::ToInt64Microseconds(now - t));
+  ++negotiated_;
+  if (resp.type() == proto::Response::OK) {
+    if (IsValidDataType(req.dtype())) {
+      bytes_negotiated_ += resp.tensor_sizes(0) *
                            static_cast<int64_t>(DataTypeSize(static_cast<DataType>(req.dtype())));
     }
+    resp.add_cache_ids(CacheInsert(e.by_rank.begin()->second));
   }
-  return Fuse(std::move(ready));
+  table_.erase(req.name());
 }
 
 std::vector<NegotiationTable::Pending> NegotiationTable::PendingTensors(absl::Time now) const {

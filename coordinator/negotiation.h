@@ -21,7 +21,14 @@ class NegotiationTable {
  public:
   // Ready all-reduces of one kind are fused into buckets of at most
   // `fusion_threshold_bytes` (0 disables fusion; see fusion.h).
-  explicit NegotiationTable(int world_size, int64_t fusion_threshold_bytes = 0);
+  // Note [Response cache]: with cache_capacity > 0, every agreed request of a collective
+  // whose requests are identical on every rank (all-reduce, broadcast, reduce-scatter,
+  // barrier) gets a small id, sent back in Response.cache_ids; ranks then send the id
+  // instead of the full request. The least recently negotiated entry is evicted beyond
+  // the capacity, and the eviction travels in the same ResponseList stream, so every rank's
+  // cache holds the same entries. Ids are never reused: an id a rank sent before it saw the
+  // eviction still resolves (evicted entries are kept, up to another `capacity`, as retired).
+  NegotiationTable(int world_size, int64_t fusion_threshold_bytes = 0, int cache_capacity = 0);
 
   // Records `rank`'s requests and returns the responses that became ready because of them,
   // in the order every rank must execute them. A rank asking twice for a name still in
@@ -39,6 +46,9 @@ class NegotiationTable {
   };
   std::vector<Pending> PendingTensors(absl::Time now = absl::Now()) const;
 
+  // Cache ids evicted since the last call (the server sends them with the responses).
+  std::vector<int32_t> TakeEvictions();
+
   int world_size() const { return world_size_; }
   int64_t tensors_negotiated() const { return negotiated_; }
   int64_t bytes_negotiated() const { return bytes_negotiated_; }
@@ -52,6 +62,23 @@ class NegotiationTable {
   proto::Response Validate(const std::string& name, const Entry& e) const;
 
   std::vector<proto::Response> Fuse(std::vector<proto::Response> ready);
+  void SubmitOne(int rank, const proto::Request& req, absl::Time now,
+                 std::vector<proto::Response>* ready);
+  // Id of `agreed` in the cache (inserted or refreshed), or 0 when it is not cacheable.
+  int32_t CacheInsert(const proto::Request& agreed);
+
+  struct CacheEntry {
+    proto::Request request;
+    std::string bytes;  // request.SerializeAsString()
+    uint64_t last_use = 0;
+  };
+  int cache_capacity_;
+  int32_t next_cache_id_ = 1;
+  uint64_t use_clock_ = 0;
+  std::map<int32_t, CacheEntry> cache_;             // live entries
+  std::map<std::string, int32_t> cache_by_name_;
+  std::map<int32_t, proto::Request> retired_;       // evicted, still resolvable
+  std::vector<int32_t> evictions_;
 
   int world_size_;
   int64_t fusion_threshold_;

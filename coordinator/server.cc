@@ -129,10 +129,13 @@ class Service final : public proto::Coordinator::Service {
       assign_status_ = assigned.status();
       if (assigned.ok()) assigned_ = *std::move(assigned);
       int64_t threshold = 0;
+      int cache_capacity = 0;
       for (size_t i = 0; i < assigned_.size(); ++i) {
-        if (assigned_[i].rank() == 0) threshold = registrations_[i].fusion_threshold_bytes();
+        if (assigned_[i].rank() != 0) continue;
+        threshold = registrations_[i].fusion_threshold_bytes();
+        cache_capacity = registrations_[i].cache_capacity();
       }
-      table_ = std::make_unique<NegotiationTable>(size_, threshold);
+      table_ = std::make_unique<NegotiationTable>(size_, threshold, cache_capacity);
       stall_check_ = opts_.stall_check;
       stall_shutdown_ = opts_.stall_shutdown;
       for (size_t i = 0; i < assigned_.size(); ++i) {
@@ -343,6 +346,7 @@ class Service final : public proto::Coordinator::Service {
     if (ready.empty()) return;
     proto::ResponseList rl;
     for (auto& r : ready) *rl.add_responses() = std::move(r);
+    for (int32_t id : table_->TakeEvictions()) rl.add_evicted_cache_ids(id);
     responses_sent_ += rl.responses_size();
     // Pushed under the lock: every outbox receives the same sequence.
     for (auto& [r, box] : outboxes_) box->Push(rl);

@@ -95,6 +95,7 @@ class Runtime::Impl {
   struct Entry {
     CollectiveRequest req;
     std::shared_ptr<Handle> handle;
+    std::string request_bytes;  // the proto::Request sent, serialized (response cache key)
   };
 
   absl::Status CheckRunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -122,6 +123,8 @@ class Runtime::Impl {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool executing_ ABSL_GUARDED_BY(mu_) = false;  // the loop is running collectives
   int64_t negotiating_ ABSL_GUARDED_BY(mu_) = 0;  // requests sent, not yet answered
+  // This rank's mirror of the coordinator's response cache: name -> (id, request bytes).
+  std::map<std::string, std::pair<int32_t, std::string>> cache_ ABSL_GUARDED_BY(mu_);
   absl::Time last_send_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Held for the whole of Init and Shutdown: they may be called from any thread.
   absl::Mutex lifecycle_mu_;
@@ -205,6 +208,7 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
   reg.set_job_secret(config.job_secret);
   reg.set_fusion_threshold_bytes(config.fusion_threshold_bytes);
   reg.set_stall_check_ms(absl::ToInt64Milliseconds(config.stall_check));
+  reg.set_cache_capacity(config.cache_capacity);
   reg.set_stall_shutdown_ms(absl::ToInt64Milliseconds(config.stall_shutdown));
   auto registered = client_->Register(reg, std::max(config.timeout, absl::Seconds(60)));
   if (!registered.ok()) return fail(registered.status());
@@ -239,6 +243,7 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
     abort_ = absl::OkStatus();
     stats_ = transport::TransportStats{};
     negotiating_ = 0;
+    cache_.clear();
     outgoing_.clear();
     responses_.clear();
     state_ = State::kRunning;
@@ -368,10 +373,11 @@ absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest
   p.set_process_set_id(req.process_set_id);
   std::string compression = req.compression.empty() ? config_.compression : req.compression;
   p.set_compression(compression == "none" ? "" : compression);
+  std::string request_bytes = p.SerializeAsString();
   outgoing_.push_back(std::move(p));
   if (timeline_) timeline_->Begin(req.name, "NEGOTIATE", absl::StrCat("\"collective\": \"", CollectiveName(req.collective), "\""));
   std::string name = req.name;
-  table_.emplace(name, Entry{std::move(req), handle});
+  table_.emplace(name, Entry{std::move(req), handle, std::move(request_bytes)});
   return handle;
 }
 
@@ -402,7 +408,21 @@ void Runtime::Impl::OnMessage(const proto::ResponseList& msg) {
   absl::MutexLock lock(&mu_);
   for (const auto& r : msg.responses()) {
     negotiating_ -= r.names_size();
+    for (int i = 0; i < r.cache_ids_size() && i < r.names_size(); ++i) {
+      auto entry = table_.find(r.names(i));
+      if (r.cache_ids(i) != 0 && entry != table_.end()) {
+        cache_[r.names(i)] = {r.cache_ids(i), entry->second.request_bytes};
+      }
+    }
     responses_.push_back(r);
+  }
+  for (int32_t id : msg.evicted_cache_ids()) {
+    for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+      if (it->second.first == id) {
+        cache_.erase(it);
+        break;
+      }
+    }
   }
   if (negotiating_ < 0) negotiating_ = 0;
 }
@@ -458,14 +478,24 @@ void Runtime::Impl::Loop() {
         continue;
       }
       out.set_rank(rank_);
-      for (auto& r : outgoing_) *out.add_requests() = std::move(r);
+      for (auto& r : outgoing_) {
+        // A request identical to a cached one travels as its id (Note [Response cache]).
+        auto it = cache_.find(r.name());
+        auto entry = table_.find(r.name());
+        if (it != cache_.end() && entry != table_.end() &&
+            it->second.second == entry->second.request_bytes) {
+          out.add_cached_ids(it->second.first);
+        } else {
+          *out.add_requests() = std::move(r);
+        }
+      }
       negotiating_ += static_cast<int64_t>(outgoing_.size());
       if (!outgoing_.empty()) last_send_ = absl::Now();
       outgoing_.clear();
       todo.swap(responses_);
       executing_ = !todo.empty();
     }
-    if (out.requests_size() > 0) {
+    if (out.requests_size() > 0 || out.cached_ids_size() > 0) {
       absl::Status s = client_->Send(out);
       if (!s.ok()) AbortJob(s);
     }

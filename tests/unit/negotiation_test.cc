@@ -237,3 +237,126 @@ TEST(RendezvousTest, DuplicateAndOutOfRangeRanksAreRejected) {
 
 }  // namespace
 }  // namespace braid::coordinator
+
+namespace braid::coordinator {
+namespace {
+
+// A fake world whose ranks keep a response-cache mirror and send ids when they can, as the
+// runtime does.
+struct CachingWorld {
+  CachingWorld(int n, int capacity) : table(n, 0, capacity), mirror(n), lists(n) {}
+  // Every rank submits `reqs`; returns the responses rank 0 received, and counts the full
+  // requests that were sent.
+  std::vector<proto::Response> Step(const std::vector<proto::Request>& reqs) {
+    std::vector<proto::Response> got;
+    for (int r = 0; r < static_cast<int>(mirror.size()); ++r) {
+      proto::RequestList l;
+      l.set_rank(r);
+      for (const auto& q : reqs) {
+        auto it = mirror[r].find(q.name());
+        if (it != mirror[r].end() && it->second.second == q.SerializeAsString()) {
+          l.add_cached_ids(it->second.first);
+        } else {
+          *l.add_requests() = q;
+          ++full_requests;
+        }
+      }
+      auto ready = table.Submit(r, l);
+      auto evicted = table.TakeEvictions();
+      for (auto& m : mirror) {
+        for (const auto& resp : ready) {
+          for (int i = 0; i < resp.cache_ids_size(); ++i) {
+            if (resp.cache_ids(i) == 0) continue;
+            for (const auto& q : reqs) {
+              if (q.name() == resp.names(i)) m[q.name()] = {resp.cache_ids(i), q.SerializeAsString()};
+            }
+          }
+        }
+        for (int32_t id : evicted) {
+          for (auto it = m.begin(); it != m.end(); ++it) {
+            if (it->second.first == id) { m.erase(it); break; }
+          }
+        }
+      }
+      got.insert(got.end(), ready.begin(), ready.end());
+    }
+    return got;
+  }
+  NegotiationTable table;
+  std::vector<std::map<std::string, std::pair<int32_t, std::string>>> mirror;
+  std::vector<int> lists;
+  int full_requests = 0;
+};
+
+TEST(ResponseCacheTest, SecondStepTravelsAsIdsAndGivesTheSameResponses) {
+  CachingWorld w(2, 16);
+  std::vector<proto::Request> step{Req("a", {4}), Req("b", {8}), Req("c", {2})};
+  auto first = w.Step(step);
+  EXPECT_EQ(w.full_requests, 6);
+  auto second = w.Step(step);
+  EXPECT_EQ(w.full_requests, 6) << "the second step must send ids only";
+  ASSERT_EQ(first.size(), second.size());
+  for (size_t i = 0; i < first.size(); ++i) {
+    EXPECT_EQ(first[i].type(), proto::Response::OK);
+    EXPECT_EQ(first[i].names(0), second[i].names(0));
+    EXPECT_EQ(first[i].tensor_sizes(0), second[i].tensor_sizes(0));
+  }
+}
+
+TEST(ResponseCacheTest, ChangedMetadataIsRenegotiatedNotMisapplied) {
+  CachingWorld w(2, 16);
+  w.Step({Req("a", {4})});
+  auto changed = w.Step({Req("a", {6})});
+  ASSERT_EQ(changed.size(), 1u);
+  EXPECT_EQ(changed[0].type(), proto::Response::OK);
+  EXPECT_EQ(changed[0].tensor_sizes(0), 6);
+  EXPECT_EQ(w.full_requests, 4);
+  // A rank whose metadata changed while the other's did not: a mismatch, reported.
+  proto::RequestList l0, l1;
+  l0.set_rank(0);
+  l0.add_cached_ids(w.mirror[0]["a"].first);
+  l1.set_rank(1);
+  *l1.add_requests() = Req("a", {7});
+  EXPECT_TRUE(w.table.Submit(0, l0).empty());
+  auto err = w.table.Submit(1, l1);
+  ASSERT_EQ(err.size(), 1u);
+  EXPECT_EQ(err[0].error_message(), "tensor 'a': shape differs across ranks: [6] on rank 0; [7] on rank 1");
+}
+
+TEST(ResponseCacheTest, MoreNamesThanCapacityEvictLeastRecentlyUsedEverywhere) {
+  CachingWorld w(3, 2);
+  std::vector<proto::Request> step;
+  for (int i = 0; i < 5; ++i) step.push_back(Req(absl::StrCat("t", i), {i + 1}));
+  for (int s = 0; s < 3; ++s) {
+    auto got = w.Step(step);
+    ASSERT_EQ(got.size(), 5u);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].type(), proto::Response::OK) << got[i].error_message();
+    }
+    for (const auto& m : w.mirror) EXPECT_LE(m.size(), 2u);
+    EXPECT_EQ(w.mirror[0], w.mirror[1]);
+    EXPECT_EQ(w.mirror[1], w.mirror[2]);
+  }
+}
+
+TEST(ResponseCacheTest, AnIdEvictedInFlightStillResolves) {
+  CachingWorld w(2, 1);
+  w.Step({Req("x", {3})});
+  const int32_t old_id = w.mirror[1]["x"].first;
+  w.Step({Req("y", {5})});  // evicts x everywhere
+  EXPECT_EQ(w.mirror[1].count("x"), 0u);
+  // Rank 1 had sent x's id before it saw the eviction; rank 0 sends the full request.
+  proto::RequestList l0, l1;
+  l0.set_rank(0);
+  *l0.add_requests() = Req("x", {3});
+  l1.set_rank(1);
+  l1.add_cached_ids(old_id);
+  EXPECT_TRUE(w.table.Submit(0, l0).empty());
+  auto got = w.table.Submit(1, l1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].type(), proto::Response::OK) << got[0].error_message();
+  EXPECT_EQ(got[0].names(0), "x");
+}
+
+}  // namespace
+}  // namespace braid::coordinator

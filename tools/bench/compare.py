@@ -230,10 +230,11 @@ def ratio(summary, a, b, size):
 
 
 def table_lines(summary, variants, sizes, markdown):
+    ratios = [x for x in RATIOS if x[0] in variants and x[1] in variants]
     cols = ["size"]
     for v in variants:
         cols += [f"{v} busbw", f"{v} us"]
-    cols += [f"{a}/{b}" for a, b, _ in RATIOS]
+    cols += [f"{a}/{b}" for a, b, _ in ratios]
     rows = []
     for size in sizes:
         cells = [human_size(size)]
@@ -244,7 +245,7 @@ def table_lines(summary, variants, sizes, markdown):
             else:
                 mark = "!" if r["wrong"] else ""
                 cells += [f"{r['busbw_gbps']:.3f}{mark}", f"{r['time_us']:.1f}"]
-        for a, b, _ in RATIOS:
+        for a, b, _ in ratios:
             x = ratio(summary, a, b, size)
             cells.append("-" if x is None else f"{x:.2f}x")
         rows.append(cells)
@@ -259,7 +260,7 @@ def table_lines(summary, variants, sizes, markdown):
     for v in variants:
         head1.append(f"{v:>20}")
         head2.append(f"{'busbw':>9} {'time(us)':>10}")
-    for _, _, label in RATIOS:
+    for _, _, label in ratios:
         head1.append(f"{'ratio':>9}")
         head2.append(f"{label:>9}")
     lines = ["# " + "  ".join(head1), "# " + "  ".join(head2)]
@@ -272,8 +273,27 @@ def table_lines(summary, variants, sizes, markdown):
     return lines
 
 
-def load_records(path, variants):
-    """Records of the runs kept in an earlier --json file, as run_peer() returns them."""
+def select_runs(records, max_busy):
+    """The runs with results whose medians count: all, or with `max_busy` those that started
+    on a quiet enough machine (per variant, at least the least busy one)."""
+    with_doc = [x for x in records if x["doc"]]
+    if max_busy is None:
+        return with_doc
+    used = []
+    for v in {x["variant"] for x in with_doc}:
+        runs = [x for x in with_doc if x["variant"] == v]
+        quiet = [x for x in runs if (x.get("busy_before") or 0) <= max_busy]
+        used += quiet or [min(runs, key=lambda x: x.get("busy_before") or 0)]
+    dropped = len(with_doc) - len(used)
+    if dropped:
+        print(f"# --max-busy {max_busy}: {dropped} of {len(with_doc)} runs left out "
+              f"(started on a busy machine)")
+    return used
+
+
+def load_records(path, variants, round_offset=0):
+    """Records of the runs kept in an earlier --json file, as run_peer() returns them; their
+    rounds are shifted by `round_offset` so several files can be merged."""
     with open(path) as f:
         old = json.load(f)
     records = []
@@ -284,7 +304,8 @@ def load_records(path, variants):
                 if r["variant"] == run["variant"] and r["round"] == run["round"]]
         doc = {"rows": rows, "memcpy_gbps": run.get("memcpy_gbps"),
                "transports": run.get("transports")} if rows or run["ok"] else None
-        records.append({"variant": run["variant"], "round": run["round"], "ok": run["ok"],
+        records.append({"variant": run["variant"], "round": run["round"] + round_offset,
+                        "ok": run["ok"],
                         "error": run["error"], "rc": None, "seconds": run.get("seconds", 0),
                         "busy_before": run.get("busy_before"),
                         "doc": doc, "log": None})
@@ -323,9 +344,13 @@ def main(argv=None):
                         "the machine yield to the ranks; the same for all peers)")
     p.add_argument("--json", help="write all rows, medians and failures here")
     p.add_argument("--markdown", help="write a Markdown table fragment (for BENCHMARKS.md)")
-    p.add_argument("--load", metavar="JSON",
-                   help="run nothing: re-render the runs kept in an earlier --json file "
-                        "(e.g. with another --stat or --placement)")
+    p.add_argument("--load", metavar="JSON", action="append",
+                   help="run nothing: re-render the runs kept in earlier --json files (repeat "
+                        "to merge several), e.g. with another --stat, --placement or --max-busy")
+    p.add_argument("--max-busy", type=float, metavar="FRACTION",
+                   help="leave out of the medians the runs that started while other processes "
+                        "kept more than FRACTION of the CPUs busy (a variant keeps its least "
+                        "busy run if all were)")
     p.add_argument("--workdir", help="keep the runs' logs and JSON here (default: a temp dir)")
     args = p.parse_args(argv)
     variants = [v.strip() for v in args.peers.split(",") if v.strip()]
@@ -341,8 +366,10 @@ def main(argv=None):
         os.makedirs(workdir, exist_ok=True)
     t_start = time.monotonic()
     records = []
-    if args.load:
-        records, config = load_records(args.load, variants)
+    for path in args.load or []:
+        offset = max((x["round"] for x in records), default=-1) + 1
+        loaded, config = load_records(path, variants, offset)
+        records += loaded
         for k in ("minbytes", "maxbytes", "stepfactor", "iters", "warmup", "check", "ranks"):
             setattr(args, k, config.get(k, getattr(args, k)))
     for r in range(0 if args.load else args.repeat):
@@ -357,11 +384,14 @@ def main(argv=None):
                   + ("" if busy is None else f"  (CPUs {busy:4.0%} busy before)")
                   + ("" if rec["ok"] else f"  {rec['error']}"), flush=True)
 
-    rounds = max((x["round"] for x in records), default=-1) + 1
-    summary = summarize([x for x in records if x["doc"]], args.placement, args.stat)
+    used = select_runs(records, args.max_busy)
+    counts = [n for n in (sum(1 for x in used if x["variant"] == v) for v in variants) if n]
+    rounds = (f"{min(counts)}-{max(counts)}" if counts and min(counts) != max(counts)
+              else str(max(counts, default=0)))
+    summary = summarize(used, args.placement, args.stat)
     sizes = sorted({b for v in summary.values() for b in v})
     shown = [v for v in variants if v in summary]
-    memcpy = [x["doc"].get("memcpy_gbps") for x in records
+    memcpy = [x["doc"].get("memcpy_gbps") for x in used
               if x["doc"] and x["doc"].get("memcpy_gbps")]
     transports = {}
     for x in records:
@@ -391,7 +421,7 @@ def main(argv=None):
     for f in failures:
         print(f"# {f['variant']} round {f['round'] + 1}: {f['error']}")
     elapsed = time.monotonic() - t_start
-    busy = [x["busy_before"] for x in records if x.get("busy_before") is not None]
+    busy = [x["busy_before"] for x in used if x.get("busy_before") is not None]
     if busy and max(busy) > BUSY_WARN:
         print(f"# WARNING: other processes kept the CPUs up to {max(busy):.0%} busy between "
               f"runs (median {statistics.median(busy):.0%}); timings on this machine are "
@@ -424,8 +454,10 @@ def main(argv=None):
             f.write(f"All-reduce, float32 sum, {args.ranks} ranks on one host, {args.placement}; "
                     f"median of {rounds} runs of {args.iters} iterations after "
                     f"{args.warmup} warm-up, time = {args.stat} per iteration (max over ranks). "
-                    f"busbw in GB/s (nccl-tests), time in µs; ratios are "
-                    f"time_other / time_braid (> 1: braid faster).")
+                    + (f"Runs started while other processes kept over {args.max_busy:.0%} of "
+                       f"the CPUs busy are left out. " if args.max_busy is not None else "")
+                    + "busbw in GB/s (nccl-tests), time in µs; ratios are "
+                    "time_other / time_braid (> 1: braid faster).")
             if memcpy:
                 f.write(f" Single-thread memcpy on this machine: "
                         f"{statistics.median(memcpy):.2f} GB/s.")
