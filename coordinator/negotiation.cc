@@ -276,8 +276,12 @@ void NegotiationTable::SubmitOne(int rank, const proto::Request& req, absl::Time
   ++negotiated_;
   if (resp.type() == proto::Response::OK) {
     if (IsValidDataType(req.dtype())) {
-      bytes_negotiated_ += resp.tensor_sizes(0) *
-                           static_cast<int64_t>(DataTypeSize(static_cast<DataType>(req.dtype())));
+      const int64_t bytes = resp.tensor_sizes(0) *
+                            static_cast<int64_t>(DataTypeSize(static_cast<DataType>(req.dtype())));
+      bytes_negotiated_ += bytes;
+      auto& [tensors, total] = by_compression_[req.compression().empty() ? "none" : req.compression()];
+      ++tensors;
+      total += bytes;
     }
     resp.add_cache_ids(CacheInsert(e.by_rank.begin()->second));
   }

@@ -52,6 +52,10 @@ class NegotiationTable {
   int world_size() const { return world_size_; }
   int64_t tensors_negotiated() const { return negotiated_; }
   int64_t bytes_negotiated() const { return bytes_negotiated_; }
+  // Per compression method ("none" for uncompressed): tensors and bytes negotiated.
+  const std::map<std::string, std::pair<int64_t, int64_t>>& by_compression() const {
+    return by_compression_;
+  }
 
  private:
   struct Entry {
@@ -86,6 +90,7 @@ class NegotiationTable {
   std::map<std::string, Entry> table_;
   int64_t negotiated_ = 0;
   int64_t bytes_negotiated_ = 0;
+  std::map<std::string, std::pair<int64_t, int64_t>> by_compression_;
 };
 
 // Text of the validation errors, exposed for tests: "tensor 'NAME': FIELD differs across

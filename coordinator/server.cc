@@ -269,6 +269,16 @@ class Service final : public proto::Coordinator::Service {
     if (table_) {
       resp->set_tensors_negotiated(table_->tensors_negotiated());
       resp->set_bytes_negotiated(table_->bytes_negotiated());
+      for (const auto& [method, counts] : table_->by_compression()) {
+        proto::CompressionStat* c = resp->add_compression();
+        c->set_method(method);
+        c->set_tensors(counts.first);
+        c->set_bytes_before(counts.second);
+        // Payload sizes come from the compression stage; until a method reports them, only
+        // "none" is known: its payload is the tensor itself.
+        c->set_bytes_after(method == "none" ? counts.second : 0);
+        c->set_ratio(method == "none" ? 1.0 : 0.0);
+      }
       auto pending = table_->PendingTensors(now);
       resp->set_tensors_pending(static_cast<int64_t>(pending.size()));
       for (const auto& p : pending) {

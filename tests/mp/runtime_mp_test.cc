@@ -497,6 +497,11 @@ TEST(StallTest, BraidctlListsAStalledTensorWithItsMissingRank) {
   EXPECT_EQ(j["pending"][0]["missing_ranks"], nlohmann::json::array({1}));
   ASSERT_EQ(j["ranks"].size(), 2u);
   EXPECT_EQ(j["ranks"][1]["state"], "negotiating");
+  ASSERT_EQ(j["compression"].size(), 1u) << status_json;
+  EXPECT_EQ(j["compression"][0]["method"], "none");
+  EXPECT_EQ(j["compression"][0]["tensors"], "3");
+  EXPECT_EQ(j["compression"][0]["bytes_before"], "48");  // 3 tensors of 4 float32
+  EXPECT_EQ(j["bytes_negotiated"], "48");
 }
 
 // With BRAID_STALL_SHUTDOWN_S=2 every rank's pending and later work fails with the stall

@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -26,12 +28,20 @@
 #include "runtime/runtime.h"
 #include "transport/ucx_communicator.h"
 
+#define BRAID_RETURN_IF_ERROR_BENCH(expr)   \
+  do {                                      \
+    absl::Status st_ = (expr);              \
+    if (!st_.ok()) return st_;              \
+  } while (0)
+
 namespace {
 
 struct Options {
   std::string min = "4", max = "64M", factor = "4";
   int iters = 50, warmup = 10, ranks = 2;
   std::string json_path;
+  int step_tensors = 0;  // > 0: also time a training-like step of this many tensors
+  int step_iters = 5;
 };
 
 size_t ParseSize(const std::string& s) {
@@ -122,8 +132,92 @@ int RunRank(int rank, const Options& o, const std::vector<size_t>& sizes,
                     {"e2e_us_median", e},
                     {"ratio", e / b}});
   }
+  nlohmann::json step;
+  if (o.step_tensors > 0) {
+    // Mixed sizes from 1 KiB to 4 MiB, log-uniform, the same on every rank.
+    std::vector<size_t> counts;
+    size_t total = 0;
+    for (int t = 0; t < o.step_tensors; ++t) {
+      double f = static_cast<double>((t * 7919) % o.step_tensors) / std::max(1, o.step_tensors - 1);
+      size_t bytes = static_cast<size_t>(1024.0 * std::pow(4096.0, f));
+      counts.push_back(std::max<size_t>(1, bytes / sizeof(float)));
+      total += counts.back();
+    }
+    std::vector<std::vector<float>> ins, outs;
+    for (size_t c : counts) {
+      ins.emplace_back(c, 1.0f);
+      outs.emplace_back(c, 0.0f);
+    }
+    std::vector<float> fused_in(total, 1.0f), fused_out(total, 0.0f);
+    auto run_step = [&]() -> absl::Status {
+      std::vector<std::shared_ptr<braid::Handle>> hs;
+      for (size_t t = 0; t < counts.size(); ++t) {
+        braid::CollectiveRequest q;
+        q.name = absl::StrCat("step.", t);
+        q.shape = {static_cast<int64_t>(counts[t])};
+        q.input = ins[t].data();
+        q.output = outs[t].data();
+        q.op = braid::ReduceOp::kSum;
+        auto h = rt.Enqueue(q);
+        if (!h.ok()) return h.status();
+        hs.push_back(*h);
+      }
+      for (auto& h : hs) BRAID_RETURN_IF_ERROR_BENCH(h->Wait(absl::Seconds(60)));
+      return absl::OkStatus();
+    };
+    auto run_single = [&]() -> absl::Status {
+      braid::CollectiveRequest q;
+      q.name = "prefused";
+      q.shape = {static_cast<int64_t>(total)};
+      q.input = fused_in.data();
+      q.output = fused_out.data();
+      q.op = braid::ReduceOp::kSum;
+      auto h = rt.Enqueue(q);
+      return h.ok() ? (*h)->Wait(absl::Seconds(60)) : h.status();
+    };
+    auto time_it = [&](const std::function<absl::Status()>& fn, std::vector<double>* times) -> absl::Status {
+      for (int i = 0; i < 2 + o.step_iters; ++i) {
+        BRAID_RETURN_IF_ERROR_BENCH(comm.Barrier());
+        absl::Time t0 = absl::Now();
+        BRAID_RETURN_IF_ERROR_BENCH(fn());
+        if (i >= 2) times->push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+      }
+      return absl::OkStatus();
+    };
+    std::vector<double> fused_step, single, unfused_step;
+    s = time_it(run_step, &fused_step);
+    if (s.ok()) s = time_it(run_single, &single);
+    if (s.ok() && outs.back()[0] != static_cast<float>(o.ranks)) s = absl::InternalError("wrong step result");
+    // The same step with fusion off: rejoin with BRAID_FUSION_THRESHOLD=0.
+    if (s.ok()) s = rt.Shutdown();
+    setenv("BRAID_FUSION_THRESHOLD", "0", 1);
+    if (s.ok()) {
+      auto cfg2 = braid::ConfigFromProcessEnv();
+      s = cfg2.ok() ? rt.Init(*cfg2) : cfg2.status();
+    }
+    if (s.ok()) s = time_it(run_step, &unfused_step);
+    if (!s.ok()) {
+      fprintf(stderr, "[rank %d] step: %s\n", rank, s.ToString().c_str());
+      return 1;
+    }
+    std::vector<double> all(fused_step);
+    all.insert(all.end(), single.begin(), single.end());
+    all.insert(all.end(), unfused_step.begin(), unfused_step.end());
+    if (!comm.AllReduce(all.data(), all.data(), all.size(), braid::DataType::kFloat64,
+                        braid::ReduceOp::kMax).ok()) {
+      return 1;
+    }
+    const size_t k = fused_step.size();
+    double f = Median({all.begin(), all.begin() + k});
+    double one = Median({all.begin() + k, all.begin() + 2 * k});
+    double u = Median({all.begin() + 2 * k, all.end()});
+    step = {{"tensors", o.step_tensors}, {"bytes", total * sizeof(float)},
+            {"fused_step_us_median", f}, {"single_buffer_us_median", one},
+            {"unfused_step_us_median", u}, {"fused_over_single", f / one},
+            {"unfused_over_single", u / one}};
+  }
   rt.Shutdown().IgnoreError();
-  if (rank == 0) std::ofstream(out_path) << rows.dump(2);
+  if (rank == 0) std::ofstream(out_path) << nlohmann::json{{"rows", rows}, {"step", step}}.dump(2);
   return 0;
 }
 
@@ -139,6 +233,10 @@ int main(int argc, char** argv) {
   app.add_option("-w,--warmup_iters", o.warmup)->capture_default_str();
   app.add_option("--ranks", o.ranks)->capture_default_str();
   app.add_option("--json", o.json_path, "write the rows as JSON here");
+  app.add_option("--step-tensors", o.step_tensors,
+                 "also time a step of this many float32 tensors (1 KiB..4 MiB) with fusion and "
+                 "cache on, one pre-fused buffer of the same bytes, and the step with fusion off");
+  app.add_option("--step-iters", o.step_iters)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   std::vector<size_t> sizes;
@@ -189,20 +287,26 @@ int main(int argc, char** argv) {
   waitpid(coord, nullptr, 0);
   if (failed) return 1;
 
-  nlohmann::json rows = nlohmann::json::parse(std::ifstream(out_path));
+  nlohmann::json result = nlohmann::json::parse(std::ifstream(out_path));
+  const nlohmann::json& rows = result["rows"];
   printf("# braid-e2e-bench: float32 sum all-reduce, %d ranks, %d iterations (+%d warm-up)\n",
          o.ranks, o.iters, o.warmup);
   printf("# %12s %16s %16s %8s\n", "size (B)", "bare (us, med)", "e2e (us, med)", "e2e/bare");
   for (const auto& r : rows) {
-    printf("  %12zu %16.2f %16.2f %8.3f\n", r["bytes"].get<size_t>(),
-           r["bare_us_median"].get<double>(), r["e2e_us_median"].get<double>(),
-           r["ratio"].get<double>());
+    printf("  %12zu %16.2f %16.2f %8.3f\n", r["bytes"].get<size_t>(), r["bare_us_median"].get<double>(),
+           r["e2e_us_median"].get<double>(), r["ratio"].get<double>());
+  }
+  const nlohmann::json& step = result["step"];
+  if (!step.is_null()) {
+    printf("# step of %d tensors, %zu bytes: fused+cached %.0f us, one pre-fused buffer %.0f us, "
+           "fusion off %.0f us; fused/single %.3f, unfused/single %.3f\n",
+           step["tensors"].get<int>(), step["bytes"].get<size_t>(),
+           step["fused_step_us_median"].get<double>(), step["single_buffer_us_median"].get<double>(),
+           step["unfused_step_us_median"].get<double>(), step["fused_over_single"].get<double>(),
+           step["unfused_over_single"].get<double>());
   }
   if (!o.json_path.empty()) {
-    std::ofstream(o.json_path) << nlohmann::json{
-        {"ranks", o.ranks},
-        {"iters", o.iters},
-        {"rows", rows}}.dump(2);
+    std::ofstream(o.json_path) << nlohmann::json{{"ranks", o.ranks}, {"iters", o.iters}, {"rows", rows}, {"step", step}}.dump(2);
   }
   return 0;
 }

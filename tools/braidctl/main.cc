@@ -39,6 +39,15 @@ void PrintTable(const braid::proto::StatusResponse& s, const std::string& addres
               static_cast<long long>(s.responses_sent()),
               static_cast<long long>(s.bytes_negotiated()),
               static_cast<long long>(s.tensors_pending()));
+  if (s.compression_size() > 0) {
+    std::printf("\n%-24s %-10s %-16s %-16s %s\n", "COMPRESSION", "TENSORS", "BYTES BEFORE",
+                "BYTES AFTER", "RATIO");
+    for (const auto& c : s.compression()) {
+      std::printf("%-24s %-10lld %-16lld %-16lld %.2f\n", c.method().c_str(),
+                  static_cast<long long>(c.tensors()), static_cast<long long>(c.bytes_before()),
+                  static_cast<long long>(c.bytes_after()), c.ratio());
+    }
+  }
   std::printf("\n%-5s %-20s %-8s %-12s %s\n", "RANK", "HOST", "PID", "STATE", "LAST SEEN");
   for (const auto& r : s.ranks()) {
     std::printf("%-5d %-20s %-8lld %-12s %s\n", r.rank(), r.host().c_str(),
