@@ -20,6 +20,7 @@
 #include <functional>
 #include <set>
 #include <sstream>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -225,7 +226,7 @@ class TempDir {
     EXPECT_FALSE(path_.empty());
   }
   ~TempDir() {
-    if (!path_.empty()) std::system(("rm -rf '" + path_ + "'").c_str());
+    if (!path_.empty()) std::filesystem::remove_all(path_);
   }
   const std::string& path() const { return path_; }
 

@@ -57,7 +57,9 @@ TEST(PlanBucketsTest, EveryItemPlacedOnceAndBucketsOrderedByFirstItem) {
         EXPECT_EQ(items[bucket[k]].key, items[bucket[0]].key);
       }
     }
-    if (bucket.size() > 1) EXPECT_LE(bytes, 150);
+    if (bucket.size() > 1) {
+      EXPECT_LE(bytes, 150);
+    }
   }
   for (int s : seen) EXPECT_EQ(s, 1);
 }
