@@ -26,6 +26,7 @@
 #include "coordinator/server.h"
 #include "nlohmann/json.hpp"
 #include "runtime/runtime.h"
+#include "tools/bench/bench_math.h"
 #include "transport/ucx_communicator.h"
 
 #define BRAID_RETURN_IF_ERROR_BENCH(expr)   \
@@ -36,6 +37,8 @@
 
 namespace {
 
+using braid::bench::Median;
+
 struct Options {
   std::string min = "4", max = "64M", factor = "4";
   int iters = 50, warmup = 10, ranks = 2;
@@ -43,22 +46,6 @@ struct Options {
   int step_tensors = 0;  // > 0: also time a training-like step of this many tensors
   int step_iters = 5;
 };
-
-size_t ParseSize(const std::string& s) {
-  size_t mult = 1;
-  std::string num = s;
-  char last = s.empty() ? '\0' : s.back();
-  if (last == 'K' || last == 'k') mult = 1 << 10;
-  if (last == 'M' || last == 'm') mult = 1 << 20;
-  if (last == 'G' || last == 'g') mult = 1 << 30;
-  if (mult != 1) num = s.substr(0, s.size() - 1);
-  return static_cast<size_t>(std::stod(num) * mult);
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // One rank: returns 0 on success. Rank 0 writes the rows to `out_path` as JSON.
 int RunRank(int rank, const Options& o, const std::vector<size_t>& sizes,
@@ -240,10 +227,14 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   std::vector<size_t> sizes;
-  for (size_t b = ParseSize(o.min); b <= ParseSize(o.max);
-       b *= std::max<size_t>(2, ParseSize(o.factor))) {
-    sizes.push_back(b);
+  auto lo = braid::bench::ParseSize(o.min), hi = braid::bench::ParseSize(o.max);
+  auto factor = braid::bench::ParseSize(o.factor);
+  if (!lo.ok() || !hi.ok() || !factor.ok()) {
+    fprintf(stderr, "braid-e2e-bench: bad size: %s\n",
+            (!lo.ok() ? lo.status() : !hi.ok() ? hi.status() : factor.status()).ToString().c_str());
+    return 2;
   }
+  for (size_t b = *lo; b <= *hi; b *= std::max<size_t>(2, *factor)) sizes.push_back(b);
   char dir_template[] = "/tmp/braid_e2e_XXXXXX";
   std::string dir = mkdtemp(dir_template);
   setenv("UCX_NET_DEVICES", "lo", 0);
