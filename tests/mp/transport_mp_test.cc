@@ -313,6 +313,7 @@ struct MatrixCase {
   int size;
   std::string tls;
 };
+void PrintTo(const MatrixCase& c, std::ostream* os) { *os << c.size << " ranks over " << c.tls; }
 
 class TransportMatrixTest : public ::testing::TestWithParam<MatrixCase> {};
 
