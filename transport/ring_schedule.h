@@ -33,7 +33,9 @@ struct RingStep {
 };
 
 // Ring all-reduce (reduce-scatter then all-gather; Patarasuk & Yuan 2009) for `rank` of
-// `size`: 2(size-1) steps. After the reduce-scatter phase rank r owns segment (r+1) % size
+// `size`: 2(size-1) steps. The UCX communicator runs the all-gather phase of this schedule;
+// its reduce-scatter is direct instead (every rank receives its segment from every peer), so
+// that each element is reduced in one canonical order (ucx_communicator.cc). After the reduce-scatter phase rank r owns segment (r+1) % size
 // fully reduced. `owned_shift` rotates the schedule so rank r ends up owning segment
 // (r + 1 + owned_shift) % size: reduce-scatter uses owned_shift = size-1 to own segment r.
 std::vector<RingStep> RingSchedule(int rank, int size, int owned_shift = 0);
