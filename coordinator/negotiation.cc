@@ -116,7 +116,6 @@ int32_t NegotiationTable::CacheInsert(const proto::Request& agreed) {
     cache_by_name_.erase(lru->second.request.name());
     cache_.erase(lru);
   }
-  while (static_cast<int>(retired_.size()) > cache_capacity_) retired_.erase(retired_.begin());
   const int32_t id = next_cache_id_++;
   cache_[id] = CacheEntry{agreed, std::move(bytes), use_clock_};
   cache_by_name_[agreed.name()] = id;

@@ -27,7 +27,10 @@ class NegotiationTable {
   // instead of the full request. The least recently negotiated entry is evicted beyond
   // the capacity, and the eviction travels in the same ResponseList stream, so every rank's
   // cache holds the same entries. Ids are never reused: an id a rank sent before it saw the
-  // eviction still resolves (evicted entries are kept, up to another `capacity`, as retired).
+  // eviction still resolves, because evicted entries are kept as retired (their request
+  // only: ~100 bytes each, growing with the job's distinct tensor signatures). Bounding them
+  // exactly needs each rank to report how many response lists it has applied; a rank's
+  // request can be sent several evictions late (its requests of a step go out in batches).
   NegotiationTable(int world_size, int64_t fusion_threshold_bytes = 0, int cache_capacity = 0);
 
   // Records `rank`'s requests and returns the responses that became ready because of them,
@@ -81,7 +84,7 @@ class NegotiationTable {
   uint64_t use_clock_ = 0;
   std::map<int32_t, CacheEntry> cache_;             // live entries
   std::map<std::string, int32_t> cache_by_name_;
-  std::map<int32_t, proto::Request> retired_;       // evicted, still resolvable
+  std::map<int32_t, proto::Request> retired_;       // evicted, still resolvable (unbounded)
   std::vector<int32_t> evictions_;
 
   int world_size_;

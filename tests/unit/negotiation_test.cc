@@ -360,3 +360,28 @@ TEST(ResponseCacheTest, AnIdEvictedInFlightStillResolves) {
 
 }  // namespace
 }  // namespace braid::coordinator
+
+namespace braid::coordinator {
+namespace {
+
+// A rank's id can arrive after many more evictions (its requests of a step go out in
+// batches while other tensors complete): it must still resolve. Seen with 4 ranks.
+TEST(ResponseCacheTest, AnIdStillResolvesAfterManyLaterEvictions) {
+  CachingWorld w(2, 1);
+  w.Step({Req("x", {3})});
+  const int32_t old_id = w.mirror[1]["x"].first;
+  for (int i = 0; i < 5; ++i) w.Step({Req(absl::StrCat("y", i), {i + 1})});  // 5 evictions
+  proto::RequestList l0, l1;
+  l0.set_rank(0);
+  *l0.add_requests() = Req("x", {3});
+  l1.set_rank(1);
+  l1.add_cached_ids(old_id);
+  EXPECT_TRUE(w.table.Submit(0, l0).empty());
+  auto got = w.table.Submit(1, l1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].type(), proto::Response::OK) << got[0].error_message();
+  EXPECT_EQ(got[0].names(0), "x");
+}
+
+}  // namespace
+}  // namespace braid::coordinator
