@@ -287,6 +287,26 @@ void NegotiationTable::SubmitOne(int rank, const proto::Request& req, absl::Time
   table_.erase(req.name());
 }
 
+std::vector<proto::Response> NegotiationTable::FailTensorsWaitingFor(const std::set<int>& gone) {
+  std::vector<proto::Response> out;
+  for (auto it = table_.begin(); it != table_.end();) {
+    std::vector<int> missing;
+    for (int r : gone) {
+      if (!it->second.by_rank.count(r)) missing.push_back(r);
+    }
+    if (missing.empty()) {
+      ++it;
+      continue;
+    }
+    out.push_back(Error(it->first, absl::StatusCode::kFailedPrecondition,
+                        absl::StrCat("tensor '", it->first, "' can never complete: rank",
+                                     missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "),
+                                     " already shut down")));
+    it = table_.erase(it);
+  }
+  return out;
+}
+
 std::vector<NegotiationTable::Pending> NegotiationTable::PendingTensors(absl::Time now) const {
   std::vector<Pending> out;
   for (const auto& [name, e] : table_) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,11 @@ class NegotiationTable {
     absl::Duration waiting;
   };
   std::vector<Pending> PendingTensors(absl::Time now = absl::Now()) const;
+
+  // Fails every pending tensor still missing one of `gone` (ranks that left the job): one
+  // ERROR response each (FailedPrecondition), to send to every rank. Without it such a
+  // tensor would wait forever.
+  std::vector<proto::Response> FailTensorsWaitingFor(const std::set<int>& gone);
 
   // Cache ids evicted since the last call (the server sends them with the responses).
   std::vector<int32_t> TakeEvictions();

@@ -229,6 +229,14 @@ class Service final : public proto::Coordinator::Service {
       if (clean) {
         clean_.insert(rank);
         ranks_[rank].state = "shut down";
+        // Work the others still wait on from this rank can never complete: fail it now.
+        proto::ResponseList rl;
+        if (table_) {
+          for (auto& r : table_->FailTensorsWaitingFor(clean_)) *rl.add_responses() = std::move(r);
+        }
+        if (rl.responses_size() > 0) {
+          for (auto& [r, box] : outboxes_) box->Push(rl);
+        }
       } else if (!shutting_down_ && ranks_[rank].state != "shut down") {
         ranks_[rank].state = "lost";
         AbortLocked(absl::UnavailableError(absl::StrCat(
@@ -353,6 +361,7 @@ class Service final : public proto::Coordinator::Service {
     ranks_[rank].last_seen = absl::Now();
     ++cycles_;
     std::vector<proto::Response> ready = table_->Submit(rank, msg);
+    for (auto& r : table_->FailTensorsWaitingFor(clean_)) ready.push_back(std::move(r));
     if (ready.empty()) return;
     proto::ResponseList rl;
     for (auto& r : ready) *rl.add_responses() = std::move(r);
