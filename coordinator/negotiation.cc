@@ -249,7 +249,9 @@ std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::Req
                                          ", which the coordinator no longer knows")));
       continue;
     }
-    SubmitOne(rank, *req, now, &ready);
+    // A copy: SubmitOne may evict this very cache entry (changed metadata) while using it.
+    const proto::Request resolved = *req;
+    SubmitOne(rank, resolved, now, &ready);
   }
   for (const proto::Request& req : list.requests()) SubmitOne(rank, req, now, &ready);
   return Fuse(std::move(ready));
