@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "compression/registry.h"
 
 namespace braid {
 namespace {
@@ -117,6 +118,8 @@ absl::StatusOr<RuntimeConfig> ConfigFromEnv(const Getenv& env) {
   BRAID_READ_INT("BRAID_CYCLE_TIME_MS", 0, 60000, c.cycle_time = absl::Milliseconds(v));
   BRAID_READ_INT("BRAID_CACHE_CAPACITY", 0, 1 << 24, c.cache_capacity = static_cast<int>(v));
   BRAID_READ_INT("BRAID_UCX_PEER_ERROR_HANDLING", 0, 1, c.ucx_peer_error_handling = v != 0);
+  BRAID_READ_INT("BRAID_SEED", 0, int64_t{1} << 62, c.seed = static_cast<uint64_t>(v));
+  BRAID_READ_INT("BRAID_TEST_COMPRESSORS", 0, 1, c.test_compressors = v != 0);
 #undef BRAID_READ_INT
   for (auto [name, target, zero_ok] :
        {std::tuple{"BRAID_STALL_CHECK_S", &c.stall_check, false},
@@ -126,6 +129,13 @@ absl::StatusOr<RuntimeConfig> ConfigFromEnv(const Getenv& env) {
     auto r = ReadSeconds(env, name, target, zero_ok);
     if (!r.ok()) return r.status();
   }
+  compression::RegistryOptions ro;
+  ro.test_methods = c.test_compressors;
+  auto spec = compression::ParseCompressionSpec(c.compression, ro);
+  if (!spec.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("BRAID_COMPRESSION: ", spec.status().message()));
+  }
+  c.compression = spec->canonical;
   return c;
 }
 

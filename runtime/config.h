@@ -44,7 +44,11 @@ struct RuntimeConfig {
   absl::Duration stall_check = absl::Seconds(60);     // BRAID_STALL_CHECK_S
   absl::Duration stall_shutdown = absl::ZeroDuration();  // BRAID_STALL_SHUTDOWN_S (0 = never)
   std::string log_level;                 // BRAID_LOG_LEVEL
-  std::string compression = "none";      // BRAID_COMPRESSION
+  // BRAID_COMPRESSION: the default for floating-point sum/average all-reduces that do not
+  // name one (see compression/registry.h); validated, kept in canonical form.
+  std::string compression = "none";
+  uint64_t seed = 0;                     // BRAID_SEED: stochastic-rounding streams
+  bool test_compressors = false;         // BRAID_TEST_COMPRESSORS: enables test-only methods
   absl::Duration timeout = absl::Seconds(60);            // BRAID_TIMEOUT_S
   absl::Duration heartbeat_timeout = absl::Seconds(10);  // BRAID_HEARTBEAT_TIMEOUT_S
   bool ucx_peer_error_handling = false;  // BRAID_UCX_PEER_ERROR_HANDLING

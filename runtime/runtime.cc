@@ -14,7 +14,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/half.h"
 #include "common/status_macros.h"
+#include "compression/stage.h"
 #include "coordinator/client.h"
 #include "coordinator/server.h"
 #include "glog/logging.h"
@@ -64,6 +66,46 @@ std::vector<int64_t> EvenRows(int64_t rows, int size) {
   return out;
 }
 
+// float16 / bfloat16 / float32 / float64 -> the compression stage's float32 work buffer.
+void ToFloat32(const void* in, DataType dtype, size_t n, float* out) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      if (n) std::memcpy(out, in, n * sizeof(float));
+      return;
+    case DataType::kFloat16:
+      for (size_t i = 0; i < n; ++i) out[i] = Float16ToFloat(static_cast<const uint16_t*>(in)[i]);
+      return;
+    case DataType::kBFloat16:
+      for (size_t i = 0; i < n; ++i) out[i] = BFloat16ToFloat(static_cast<const uint16_t*>(in)[i]);
+      return;
+    case DataType::kFloat64:
+      for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<const double*>(in)[i]);
+      return;
+    default:
+      LOG(FATAL) << "compression of " << DataTypeName(dtype) << " tensors is refused at enqueue";
+  }
+}
+
+// The inverse (round to nearest even for the 16-bit types).
+void FromFloat32(const float* in, DataType dtype, size_t n, void* out) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      if (n && out != in) std::memcpy(out, in, n * sizeof(float));
+      return;
+    case DataType::kFloat16:
+      for (size_t i = 0; i < n; ++i) static_cast<uint16_t*>(out)[i] = FloatToFloat16(in[i]);
+      return;
+    case DataType::kBFloat16:
+      for (size_t i = 0; i < n; ++i) static_cast<uint16_t*>(out)[i] = FloatToBFloat16(in[i]);
+      return;
+    case DataType::kFloat64:
+      for (size_t i = 0; i < n; ++i) static_cast<double*>(out)[i] = in[i];
+      return;
+    default:
+      LOG(FATAL) << "compression of " << DataTypeName(dtype) << " tensors is refused at enqueue";
+  }
+}
+
 }  // namespace
 
 class Runtime::Impl {
@@ -87,6 +129,13 @@ class Runtime::Impl {
     BRAID_RETURN_IF_ERROR(CheckRunningLocked());
     return stats_;
   }
+  absl::StatusOr<compression::CompressionReport> compression_report() const {
+    {
+      absl::MutexLock lock(&mu_);
+      BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+    }
+    return stage_->Report();  // stage_ changes only in Init, before the state is kRunning
+  }
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 
@@ -108,6 +157,10 @@ class Runtime::Impl {
   absl::Status Run(Entry& e, const proto::Response& resp);
   // A bucket of several all-reduces: packed into the fusion buffer, reduced once, unpacked.
   void RunFused(const proto::Response& resp, const std::vector<Entry*>& entries);
+  // One bucket (one or more all-reduces) through the compression stage.
+  void RunCompressed(const proto::Response& resp, const std::vector<Entry*>& entries);
+  // The canonical compression of an all-reduce request ("none" when uncompressed).
+  absl::StatusOr<std::string> ResolveCompression(const CollectiveRequest& r) const;
   void Finish(const std::string& name, const absl::Status& s);
 
   mutable absl::Mutex mu_;
@@ -132,6 +185,10 @@ class Runtime::Impl {
   // Fusion buffers, one per dtype, grown when needed and reused: no allocation per step
   // in steady state. Background thread only.
   std::map<DataType, std::vector<char>> fusion_buffers_;
+  std::vector<float> compress_buffer_;  // float32 work buffer of the compression stage
+  // Created by Init (per job: compressor state starts fresh); used by the background thread,
+  // its Report() from any thread.
+  std::unique_ptr<compression::CompressionStage> stage_;
   std::unique_ptr<Timeline> timeline_;  // null when BRAID_TIMELINE is unset
   std::thread loop_;
 };
@@ -225,6 +282,11 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
     if (!tl.ok()) return fail(tl.status());
     timeline_ = *std::move(tl);
   }
+
+  compression::StageOptions stage_options;
+  stage_options.seed = config.seed;
+  stage_options.registry.test_methods = config.test_compressors;
+  stage_ = std::make_unique<compression::CompressionStage>(stage_options);
 
   transport::UcxOptions uo;
   uo.rank = rank_;
@@ -348,6 +410,28 @@ absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r) const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> Runtime::Impl::ResolveCompression(const CollectiveRequest& r) const {
+  // Compression applies to floating-point sum / average all-reduces. The job's default
+  // (BRAID_COMPRESSION) silently skips other tensors, as Horovod's compressors do; a method
+  // asked for explicitly on one of them is an error.
+  const bool eligible = r.collective == Collective::kAllReduce && IsFloatingPoint(r.dtype) &&
+                        (r.op == ReduceOp::kSum || r.op == ReduceOp::kAverage);
+  if (r.compression.empty()) return eligible ? config_.compression : std::string("none");
+  auto canonical = stage_->Canonicalize(r.compression);
+  if (!canonical.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(CollectiveName(r.collective), " '", r.name,
+                                                   "' on rank ", rank_, ": ",
+                                                   canonical.status().message()));
+  }
+  if (*canonical != "none" && !eligible) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        CollectiveName(r.collective), " '", r.name, "' on rank ", rank_, ": compression '",
+        *canonical, "' applies only to allreduce of floating-point tensors with op sum or average, "
+        "got ", DataTypeName(r.dtype), " / ", ReduceOpName(r.op)));
+  }
+  return *canonical;
+}
+
 absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest req) {
   absl::MutexLock lock(&mu_);
   BRAID_RETURN_IF_ERROR(CheckRunningLocked());
@@ -371,8 +455,8 @@ absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest
   p.set_reduce_op(static_cast<proto::ReduceOp>(req.op));
   p.set_root_rank(req.root_rank);
   p.set_process_set_id(req.process_set_id);
-  std::string compression = req.compression.empty() ? config_.compression : req.compression;
-  p.set_compression(compression == "none" ? "" : compression);
+  BRAID_ASSIGN_OR_RETURN(req.compression, ResolveCompression(req));
+  p.set_compression(req.compression == "none" ? "" : req.compression);
   std::string request_bytes = p.SerializeAsString();
   outgoing_.push_back(std::move(p));
   if (timeline_) timeline_->Begin(req.name, "NEGOTIATE", absl::StrCat("\"collective\": \"", CollectiveName(req.collective), "\""));
@@ -544,6 +628,11 @@ void Runtime::Impl::Execute(const proto::Response& resp) {
   if (timeline_) {
     for (const std::string& name : resp.names()) timeline_->End(name, "QUEUE");
   }
+  if (entries[0]->req.collective == Collective::kAllReduce &&
+      entries[0]->req.compression != "none") {
+    RunCompressed(resp, entries);
+    return;
+  }
   if (entries.size() > 1) {
     RunFused(resp, entries);
     return;
@@ -553,8 +642,14 @@ void Runtime::Impl::Execute(const proto::Response& resp) {
                      absl::StrCat(args, ", \"bytes\": ",
                                   NumElements(entries[0]->req.shape) * DataTypeSize(entries[0]->req.dtype)));
   }
+  const uint64_t sent_before = comm_->stats().bytes_sent;
   absl::Status s = Run(*entries[0], resp);
   if (timeline_) timeline_->End(resp.names(0), phase);
+  if (s.ok() && entries[0]->req.collective == Collective::kAllReduce) {
+    stage_->RecordUncompressed(resp.names(0),
+                               NumElements(entries[0]->req.shape) * DataTypeSize(entries[0]->req.dtype),
+                               comm_->stats().bytes_sent - sent_before, size_);
+  }
   Finish(resp.names(0), s);
 }
 
@@ -587,8 +682,18 @@ void Runtime::Impl::RunFused(const proto::Response& resp, const std::vector<Entr
   }
   phase("MEMCPY_IN_FUSION_BUFFER", false);
   phase("ALLREDUCE", true);
+  const uint64_t sent_before = comm_->stats().bytes_sent;
   absl::Status s = comm_->AllReduce(buf.data(), buf.data(), total, dtype, entries[0]->req.op);
   phase("ALLREDUCE", false);
+  if (s.ok()) {
+    const uint64_t sent = comm_->stats().bytes_sent - sent_before;
+    for (const Entry* e : entries) {
+      const uint64_t count = NumElements(e->req.shape);
+      // The bucket's bytes on the wire, apportioned by size.
+      stage_->RecordUncompressed(e->req.name, count * elem,
+                                 total == 0 ? 0 : sent * count / total, size_);
+    }
+  }
   phase("MEMCPY_OUT_FUSION_BUFFER", true);
   offset = 0;
   for (const Entry* e : entries) {
@@ -597,6 +702,52 @@ void Runtime::Impl::RunFused(const proto::Response& resp, const std::vector<Entr
     offset += bytes;
   }
   phase("MEMCPY_OUT_FUSION_BUFFER", false);
+  for (const std::string& name : resp.names()) Finish(name, s);
+}
+
+void Runtime::Impl::RunCompressed(const proto::Response& resp,
+                                  const std::vector<Entry*>& entries) {
+  const DataType dtype = entries[0]->req.dtype;
+  const std::string& spec = entries[0]->req.compression;
+  size_t total = 0;
+  for (const Entry* e : entries) total += NumElements(e->req.shape);
+  // One float32 tensor reduces in place in its output; anything else goes through the work
+  // buffer (converted from float16 / bfloat16 / float64, fused when there are several).
+  const bool direct = entries.size() == 1 && dtype == DataType::kFloat32;
+  std::vector<compression::TensorView> views;
+  if (!direct && compress_buffer_.size() < total) compress_buffer_.resize(total);
+  size_t offset = 0;
+  for (Entry* e : entries) {
+    const size_t n = NumElements(e->req.shape);
+    float* data = direct ? static_cast<float*>(e->req.output) : compress_buffer_.data() + offset;
+    if (direct) {
+      if (n && e->req.output != e->req.input) std::memcpy(data, e->req.input, n * sizeof(float));
+    } else {
+      ToFloat32(e->req.input, dtype, n, data);
+    }
+    views.push_back({e->req.name, e->req.shape, data, n});
+    offset += n;
+  }
+  auto phase = [&](bool begin) {
+    if (!timeline_) return;
+    for (const std::string& name : resp.names()) {
+      if (begin) {
+        timeline_->Begin(name, "ALLREDUCE", absl::StrCat("\"bucket\": ", resp.bucket_id(),
+                                                         ", \"tensors\": ", resp.names_size(),
+                                                         ", \"compression\": \"", spec, "\""));
+      } else {
+        timeline_->End(name, "ALLREDUCE");
+      }
+    }
+  };
+  phase(true);
+  absl::Status s = stage_->Reduce(spec, views, DataTypeSize(dtype), entries[0]->req.op, *comm_);
+  phase(false);
+  if (s.ok() && !direct) {
+    for (size_t i = 0; i < entries.size(); ++i) {
+      FromFloat32(views[i].data, dtype, views[i].count, entries[i]->req.output);
+    }
+  }
   for (const std::string& name : resp.names()) Finish(name, s);
 }
 
@@ -682,6 +833,9 @@ absl::StatusOr<std::shared_ptr<Handle>> Runtime::Enqueue(CollectiveRequest reque
 }
 absl::StatusOr<transport::TransportStats> Runtime::transport_stats() const {
   return impl_->transport_stats();
+}
+absl::StatusOr<compression::CompressionReport> Runtime::compression_report() const {
+  return impl_->compression_report();
 }
 
 Runtime& GlobalRuntime() {

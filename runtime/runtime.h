@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
+#include "compression/stage.h"
 #include "runtime/config.h"
 #include "runtime/handle.h"
 #include "transport/communicator.h"
@@ -50,7 +51,10 @@ struct CollectiveRequest {
   int root_rank = 0;               // broadcast
   std::vector<int64_t> splits;     // alltoall: rows of dim 0 sent to each rank; empty = even
   int process_set_id = 0;
-  std::string compression;         // "" = the default (BRAID_COMPRESSION)
+  // allreduce only: a compression spec (compression/registry.h), e.g. "fp16", "fp4:ef=1";
+  // "" = the job's default (BRAID_COMPRESSION), which applies to floating-point sum/average
+  // all-reduces only. Every rank must ask for the same one (else an error on every rank).
+  std::string compression;
 };
 
 class Runtime {
@@ -85,6 +89,11 @@ class Runtime {
   // Transport bytes this rank has put on the data plane since Init (updated as each
   // collective completes). FailedPrecondition when not initialised.
   absl::StatusOr<transport::TransportStats> transport_stats() const;
+
+  // Byte counters of every all-reduce since Init, per tensor and per compression method
+  // (payload vs transport bytes against the uncompressed ones; see compression/stage.h).
+  // FailedPrecondition when not initialised.
+  absl::StatusOr<compression::CompressionReport> compression_report() const;
 
   class Impl;
 

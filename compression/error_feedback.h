@@ -1,0 +1,49 @@
+// Error feedback (residual memory), shared by every lossy compressor.
+//
+// Seide et al. 2014 ("1-bit SGD"), Karimireddy et al. 2019 ("Error Feedback Fixes SignSGD"):
+// what compression dropped this step is added back next step. Per tensor e (same length):
+//   p      = g + e_old                       (Apply: in place on the gradient)
+//   sent   = decompress(compress(p))
+//   e_new  = (1 - beta)·e_old + beta·(p - sent)    (Update)
+// beta = 1 is classic error feedback (sent + e_new == p, element for element). beta < 1 is
+// ScaleCom's low-pass filtered memory (Chen et al., NeurIPS 2020, eq. 4), which damps the
+// residual of noisy, sparse selections.
+#ifndef BRAID_COMPRESSION_ERROR_FEEDBACK_H_
+#define BRAID_COMPRESSION_ERROR_FEEDBACK_H_
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+namespace braid::compression {
+
+class ErrorFeedback {
+ public:
+  explicit ErrorFeedback(float beta = 1.0f) : beta_(beta) {}
+
+  // g[i] += e_old[i] for the residual of `name` (created as zeros on first use; reset to
+  // zeros, with a warning, when `count` differs from the last call's).
+  void Apply(absl::string_view name, float* g, size_t count);
+
+  // e = (1 - beta)·e + beta·(p - sent), where p is what Apply produced and `sent` what the
+  // other ranks will see of it.
+  void Update(absl::string_view name, const float* p, const float* sent, size_t count);
+
+  // The residual of `name` (empty if none): for tests and statistics.
+  const std::vector<float>& residual(absl::string_view name) const;
+
+  void Reset(absl::string_view name);
+  float beta() const { return beta_; }
+
+ private:
+  std::vector<float>& Slot(absl::string_view name, size_t count);
+
+  float beta_;
+  std::map<std::string, std::vector<float>, std::less<>> residuals_;
+};
+
+}  // namespace braid::compression
+
+#endif  // BRAID_COMPRESSION_ERROR_FEEDBACK_H_

@@ -1,0 +1,202 @@
+#include "compression/quantize.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "common/half.h"
+
+// Hot loops are multiversioned like transport/reduce.cc: an AVX2 clone and a baseline clone
+// chosen at load time, never -march=native. The loops are written branch-free (selects,
+// fixed-size blocks) so that GCC vectorizes them.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define BRAID_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define BRAID_MULTIVERSION
+#endif
+
+namespace braid::compression {
+namespace {
+
+constexpr size_t kBlock = 256;  // codes staged per block before packing (even)
+
+inline uint32_t Fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return h;
+}
+
+inline float Uniform(uint32_t seed, uint32_t index) {
+  return static_cast<float>(Fmix32(index * 0x9E3779B9u + seed) >> 8) * (1.0f / 16777216.0f);
+}
+
+// FP4 codes of x[0..n) under a finite scale s > 0, one per byte.
+BRAID_MULTIVERSION
+void Fp4Codes(const float* x, size_t n, float s, uint32_t seed, uint32_t index0, uint8_t* codes) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t xb = FloatBits(x[i]);
+    const float t = BitsToFloat(xb & 0x7fffffffu) / s;  // in [0, 1]; exact: s is a power of two
+    const int32_t e = static_cast<int32_t>(FloatBits(t) >> 23) - 127;  // floor(log2 t)
+    const int32_t k = e >> 1;                                        // floor(log4 t)
+    const bool small = e < -12;                                      // t < 4^-6
+    // Position of t between its neighbouring levels lo and hi = 4·lo: (t/lo - 1) / 3; below
+    // the smallest level, between 0 and 4^-6: t·4^6.
+    const float inv_lo = BitsToFloat(static_cast<uint32_t>(127 - 2 * k) << 23);
+    const float r = small ? t * 4096.0f : (t * inv_lo - 1.0f) / 3.0f;
+    const int32_t m_lo = small ? 0 : 7 + k;
+    int32_t m = m_lo + (Uniform(seed, index0 + static_cast<uint32_t>(i)) < r ? 1 : 0);
+    m = m > 7 ? 7 : m;
+    const uint32_t sign = (xb >> 31) << 3;
+    codes[i] = static_cast<uint8_t>(m == 0 ? 0u : (sign | static_cast<uint32_t>(m)));
+  }
+}
+
+// INT4 codes of x[0..n) under a finite scale s > 0.
+BRAID_MULTIVERSION
+void Int4Codes(const float* x, size_t n, float s, uint32_t seed, uint32_t index0, uint8_t* codes) {
+  for (size_t i = 0; i < n; ++i) {
+    float t = x[i] / s;
+    t = t > 7.0f ? 7.0f : (t < -7.0f ? -7.0f : t);
+    const float lo = std::floor(t);
+    const float r = t - lo;
+    int32_t q = static_cast<int32_t>(lo) +
+                (Uniform(seed, index0 + static_cast<uint32_t>(i)) < r ? 1 : 0);
+    q = q > 7 ? 7 : q;
+    codes[i] = static_cast<uint8_t>(static_cast<uint32_t>(q) & 0xfu);
+  }
+}
+
+BRAID_MULTIVERSION
+void Pack(const uint8_t* codes, size_t pairs, uint8_t* packed) {
+  for (size_t j = 0; j < pairs; ++j) {
+    packed[j] = static_cast<uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
+  }
+}
+
+BRAID_MULTIVERSION
+void DecodeImpl(const uint8_t* packed, size_t count, const float* table, float* out, bool add) {
+  const size_t pairs = count / 2;
+  if (add) {
+    for (size_t j = 0; j < pairs; ++j) {
+      out[2 * j] += table[packed[j] & 0xf];
+      out[2 * j + 1] += table[packed[j] >> 4];
+    }
+  } else {
+    for (size_t j = 0; j < pairs; ++j) {
+      out[2 * j] = table[packed[j] & 0xf];
+      out[2 * j + 1] = table[packed[j] >> 4];
+    }
+  }
+  if (count % 2) {
+    const float v = table[packed[pairs] & 0xf];
+    out[count - 1] = add ? out[count - 1] + v : v;
+  }
+}
+
+// max |x| and whether any element is NaN or infinite.
+BRAID_MULTIVERSION
+float MaxAbs(const float* x, size_t n, bool* nonfinite) {
+  float m = 0.0f;
+  float probe = 0.0f;  // x - x is 0 for finite x, NaN for NaN and infinities
+  for (size_t i = 0; i < n; ++i) {
+    const float a = BitsToFloat(FloatBits(x[i]) & 0x7fffffffu);
+    m = a > m ? a : m;
+    probe += x[i] - x[i];
+  }
+  *nonfinite = probe != 0.0f;  // NaN != 0
+  return m;
+}
+
+}  // namespace
+
+float UniformDraw(uint32_t seed, uint64_t index) {
+  return Uniform(seed, static_cast<uint32_t>(index));
+}
+
+uint64_t Mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+uint64_t NameHash(absl::string_view name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+float ChunkScale(FourBitFormat format, const float* x, size_t count) {
+  bool nonfinite = false;
+  const float m = MaxAbs(x, count, &nonfinite);
+  if (nonfinite) return std::nanf("");
+  if (m == 0.0f) return 0.0f;
+  if (format == FourBitFormat::kInt4) return m / 7.0f;
+  int e = 0;
+  const float f = std::frexp(m, &e);  // m = f·2^e, f in [0.5, 1)
+  return f == 0.5f ? m : std::ldexp(1.0f, e);
+}
+
+void DecodeTable(FourBitFormat format, float scale, float table[16]) {
+  if (format == FourBitFormat::kFp4) {
+    table[0] = table[8] = scale * 0.0f;  // NaN for a NaN scale
+    for (int m = 1; m < 8; ++m) {
+      table[m] = std::ldexp(scale, 2 * (m - 7));
+      table[8 + m] = -table[m];
+    }
+  } else {
+    for (int c = 0; c < 16; ++c) table[c] = static_cast<float>((c ^ 8) - 8) * scale;
+  }
+}
+
+void Encode(FourBitFormat format, const float* x, size_t count, float scale, uint32_t seed,
+            uint64_t index0, uint8_t* packed) {
+  if (!(scale > 0.0f) || std::isinf(scale)) {
+    // Zero chunk (all codes 0), or a non-finite one: the NaN scale carries the breakage.
+    std::memset(packed, 0, PackedBytes(count));
+    return;
+  }
+  uint8_t codes[kBlock];
+  for (size_t done = 0; done < count; done += kBlock) {
+    const size_t n = count - done < kBlock ? count - done : kBlock;
+    const uint32_t i0 = static_cast<uint32_t>(index0 + done);
+    if (format == FourBitFormat::kFp4) {
+      Fp4Codes(x + done, n, scale, seed, i0, codes);
+    } else {
+      Int4Codes(x + done, n, scale, seed, i0, codes);
+    }
+    if (n % 2) codes[n] = 0;
+    Pack(codes, PackedBytes(n), packed + done / 2);
+  }
+}
+
+void Decode(FourBitFormat format, const uint8_t* packed, size_t count, float scale, float* out) {
+  float table[16];
+  DecodeTable(format, scale, table);
+  DecodeImpl(packed, count, table, out, /*add=*/false);
+}
+
+void DecodeAdd(FourBitFormat format, const uint8_t* packed, size_t count, float scale,
+               float* out) {
+  float table[16];
+  DecodeTable(format, scale, table);
+  DecodeImpl(packed, count, table, out, /*add=*/true);
+}
+
+void PackCodes(const uint8_t* codes, size_t count, uint8_t* packed) {
+  for (size_t j = 0; j < count / 2; ++j) {
+    packed[j] = static_cast<uint8_t>((codes[2 * j] & 0xf) | ((codes[2 * j + 1] & 0xf) << 4));
+  }
+  if (count % 2) packed[count / 2] = codes[count - 1] & 0xf;
+}
+
+void UnpackCodes(const uint8_t* packed, size_t count, uint8_t* codes) {
+  for (size_t i = 0; i < count; ++i) codes[i] = (packed[i / 2] >> (4 * (i % 2))) & 0xf;
+}
+
+}  // namespace braid::compression

@@ -1,0 +1,163 @@
+#include "compression/registry.h"
+
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "compression/methods.h"
+
+namespace braid::compression {
+namespace {
+
+enum class Kind { kInt, kBool, kFraction };
+
+struct OptionDef {
+  const char* name;
+  Kind kind;
+  const char* default_value;
+  int64_t min_int = 0;  // kInt: smallest value allowed
+};
+
+struct MethodDef {
+  const char* name;
+  bool test_only;
+  std::vector<OptionDef> options;
+};
+
+const std::vector<MethodDef>& Methods() {
+  static const auto* methods = new std::vector<MethodDef>{
+      {"none", false, {}},
+      {"fp16", false, {{"start_step", Kind::kInt, "0", 0}}},
+      {"bf16", false, {{"start_step", Kind::kInt, "0", 0}}},
+      {"fp4", false,
+       {{"chunk", Kind::kInt, "128", 2}, {"ef", Kind::kBool, "0"}, {"start_step", Kind::kInt, "0", 0}}},
+      {"int4", false,
+       {{"chunk", Kind::kInt, "128", 2}, {"ef", Kind::kBool, "0"}, {"start_step", Kind::kInt, "0", 0}}},
+      {"test_randomk", true, {{"keep", Kind::kFraction, "0.01"}, {"start_step", Kind::kInt, "0", 0}}},
+  };
+  return *methods;
+}
+
+// Normalises `value` for `def`, or explains what is wrong with it.
+absl::StatusOr<std::string> Normalise(absl::string_view spec, const OptionDef& def,
+                                      absl::string_view value) {
+  auto bad = [&](const std::string& want) {
+    return absl::InvalidArgumentError(absl::StrCat("compression '", spec, "': option '",
+                                                   def.name, "' must be ", want, ", got '",
+                                                   value, "'"));
+  };
+  switch (def.kind) {
+    case Kind::kInt: {
+      int64_t v = 0;
+      if (!absl::SimpleAtoi(value, &v) || v < def.min_int || v > (int64_t{1} << 30)) {
+        return bad(absl::StrCat("an integer in [", def.min_int, ", 2^30]"));
+      }
+      return absl::StrCat(v);
+    }
+    case Kind::kBool: {
+      if (value == "1" || value == "true") return std::string("1");
+      if (value == "0" || value == "false") return std::string("0");
+      return bad("0 or 1");
+    }
+    case Kind::kFraction: {
+      double v = 0;
+      if (!absl::SimpleAtod(value, &v) || !(v > 0.0 && v <= 1.0)) {
+        return bad("a number in (0, 1]");
+      }
+      return absl::StrCat(v);
+    }
+  }
+  return bad("valid");
+}
+
+}  // namespace
+
+int64_t CompressionSpec::IntOption(const std::string& key) const {
+  return std::strtoll(options.at(key).c_str(), nullptr, 10);
+}
+
+double CompressionSpec::FloatOption(const std::string& key) const {
+  return std::strtod(options.at(key).c_str(), nullptr);
+}
+
+std::vector<std::string> CompressionMethods(const RegistryOptions& options) {
+  std::vector<std::string> out;
+  for (const MethodDef& m : Methods()) {
+    if (!m.test_only || options.test_methods) out.push_back(m.name);
+  }
+  return out;
+}
+
+absl::StatusOr<CompressionSpec> ParseCompressionSpec(absl::string_view spec,
+                                                     const RegistryOptions& options) {
+  spec = absl::StripAsciiWhitespace(spec);
+  if (spec.empty()) spec = "none";
+  std::pair<absl::string_view, absl::string_view> parts =
+      absl::StrSplit(spec, absl::MaxSplits(':', 1));
+  const absl::string_view method = parts.first;
+  const MethodDef* def = nullptr;
+  for (const MethodDef& m : Methods()) {
+    if (m.name == method && (!m.test_only || options.test_methods)) def = &m;
+  }
+  if (def == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compression '", spec, "': unknown method '", method,
+                     "'; valid methods: ", absl::StrJoin(CompressionMethods(options), ", ")));
+  }
+  CompressionSpec out;
+  out.method = def->name;
+  for (const OptionDef& o : def->options) out.options[o.name] = o.default_value;
+  if (!parts.second.empty()) {
+    for (absl::string_view item : absl::StrSplit(parts.second, ',')) {
+      std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+      const OptionDef* odef = nullptr;
+      for (const OptionDef& o : def->options) {
+        if (o.name == kv.first) odef = &o;
+      }
+      if (odef == nullptr) {
+        std::vector<std::string> names;
+        for (const OptionDef& o : def->options) names.push_back(o.name);
+        return absl::InvalidArgumentError(absl::StrCat(
+            "compression '", spec, "': unknown option '", kv.first, "' for ", def->name,
+            names.empty() ? std::string("; it takes no options")
+                          : absl::StrCat("; valid options: ", absl::StrJoin(names, ", "))));
+      }
+      auto value = Normalise(spec, *odef, kv.second);
+      if (!value.ok()) return value.status();
+      out.options[odef->name] = *value;
+    }
+  }
+  out.canonical = out.method;
+  std::vector<std::string> changed;
+  for (const OptionDef& o : def->options) {
+    // Compare normalised forms, so "chunk=0128" and the default "128" are the same.
+    std::string dflt = *Normalise(spec, o, o.default_value);
+    if (out.options[o.name] != dflt) changed.push_back(absl::StrCat(o.name, "=", out.options[o.name]));
+  }
+  std::sort(changed.begin(), changed.end());
+  if (!changed.empty()) absl::StrAppend(&out.canonical, ":", absl::StrJoin(changed, ","));
+  if (out.options.count("start_step")) out.start_step = out.IntOption("start_step");
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Compressor>> CreateCompressor(const CompressionSpec& spec) {
+  if (spec.method == "fp16") return MakeCastCompressor(DataType::kFloat16, spec.canonical);
+  if (spec.method == "bf16") return MakeCastCompressor(DataType::kBFloat16, spec.canonical);
+  if (spec.method == "fp4" || spec.method == "int4") {
+    FourBitOptions o;
+    o.format = spec.method == "fp4" ? FourBitFormat::kFp4 : FourBitFormat::kInt4;
+    o.chunk = static_cast<size_t>(spec.IntOption("chunk"));
+    o.error_feedback = spec.IntOption("ef") != 0;
+    return MakeFourBitCompressor(o, spec.canonical);
+  }
+  if (spec.method == "test_randomk") {
+    return MakeRandomKCompressor(spec.FloatOption("keep"), spec.canonical);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("compression '", spec.canonical, "' has no compressor to create"));
+}
+
+}  // namespace braid::compression

@@ -1,0 +1,58 @@
+// Compression specs and the registry that turns them into Compressors.
+//
+// A spec is "method" or "method:option=value,option=value", e.g. "fp16", "fp4:chunk=64,ef=1",
+// "int4:start_step=100". Methods and their options:
+//   none                      plain all-reduce in the tensor's own dtype
+//   fp16, bf16                cast to 16 bits, all-reduce, cast back
+//   fp4, int4                 4-bit all-reduce (see four_bit.h); chunk=N (elements per
+//                             scale, >= 2, default 128), ef=0|1 (error feedback, default 0)
+// Every method except none also takes start_step=N (default 0): the first N reductions of
+// each tensor run as a plain float32 all-reduce (warm-up).
+// With RegistryOptions::test_methods (BRAID_TEST_COMPRESSORS=1) the registry also knows
+// deliberately harmful methods that exist only to prove the convergence harness can fail:
+//   test_randomk:keep=F       every rank keeps a random fraction F of coordinates, no error
+//                             feedback, no rescaling (default keep=0.01)
+#ifndef BRAID_COMPRESSION_REGISTRY_H_
+#define BRAID_COMPRESSION_REGISTRY_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "compression/compressor.h"
+
+namespace braid::compression {
+
+struct RegistryOptions {
+  bool test_methods = false;
+};
+
+struct CompressionSpec {
+  std::string method;                          // "fp4"
+  std::map<std::string, std::string> options;  // every option, defaults filled in, normalised
+  // method plus the options that differ from their defaults, sorted: "fp4:ef=1". Two specs
+  // that mean the same thing have the same canonical form ("fp4" == "fp4:chunk=128").
+  std::string canonical;
+  int64_t start_step = 0;
+
+  int64_t IntOption(const std::string& key) const;
+  double FloatOption(const std::string& key) const;
+};
+
+// Parses and validates `spec` ("" means "none"). InvalidArgument for an unknown method (the
+// message lists the valid ones), an unknown option (lists the method's options) or a bad value.
+absl::StatusOr<CompressionSpec> ParseCompressionSpec(absl::string_view spec,
+                                                     const RegistryOptions& options = {});
+
+// The method names the registry knows, in a stable order.
+std::vector<std::string> CompressionMethods(const RegistryOptions& options = {});
+
+// A new Compressor for a parsed spec (not "none", which needs no compressor: InvalidArgument).
+absl::StatusOr<std::unique_ptr<Compressor>> CreateCompressor(const CompressionSpec& spec);
+
+}  // namespace braid::compression
+
+#endif  // BRAID_COMPRESSION_REGISTRY_H_

@@ -1,0 +1,141 @@
+#include "compression/stage.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace braid::compression {
+namespace {
+
+uint64_t ReferenceTransport(uint64_t bytes, int n) {
+  return n <= 1 ? 0 : 2 * bytes * static_cast<uint64_t>(n - 1) / static_cast<uint64_t>(n);
+}
+
+}  // namespace
+
+void ByteStats::Add(const ByteStats& o) {
+  reductions += o.reductions;
+  uncompressed_bytes += o.uncompressed_bytes;
+  payload_bytes += o.payload_bytes;
+  transport_bytes += o.transport_bytes;
+  reference_transport_bytes += o.reference_transport_bytes;
+}
+
+double ByteStats::compression_ratio() const {
+  return payload_bytes == 0 ? 0.0
+                            : static_cast<double>(uncompressed_bytes) /
+                                  static_cast<double>(payload_bytes);
+}
+
+absl::StatusOr<std::string> CompressionStage::Canonicalize(absl::string_view spec) const {
+  auto parsed = ParseCompressionSpec(spec, options_.registry);
+  if (!parsed.ok()) return parsed.status();
+  return parsed->canonical;
+}
+
+absl::StatusOr<CompressionStage::Method*> CompressionStage::GetMethod(const std::string& spec) {
+  auto it = methods_.find(spec);
+  if (it != methods_.end()) return &it->second;
+  auto parsed = ParseCompressionSpec(spec, options_.registry);
+  if (!parsed.ok()) return parsed.status();
+  auto compressor = CreateCompressor(*parsed);
+  if (!compressor.ok()) return compressor.status();
+  Method m{*std::move(parsed), *std::move(compressor)};
+  return &methods_.emplace(spec, std::move(m)).first->second;
+}
+
+absl::Status CompressionStage::Reduce(const std::string& spec,
+                                      absl::Span<const TensorView> tensors,
+                                      size_t element_bytes, ReduceOp op,
+                                      transport::Communicator& comm) {
+  auto method = GetMethod(spec);
+  if (!method.ok()) return method.status();
+  Method& m = **method;
+  const int n = comm.size();
+
+  // Split the bucket: tensors in warm-up go plain. Steps are counted identically on every
+  // rank (same tensors, same order), so every rank splits the bucket the same way.
+  std::vector<TensorView> compressed;
+  std::vector<int64_t*> counters;
+  for (const TensorView& t : tensors) {
+    int64_t& step = steps_[{spec, std::string(t.name)}];
+    if (step < m.spec.start_step) {
+      const uint64_t before = comm.stats().bytes_sent;
+      absl::Status s = comm.AllReduce(t.data, t.data, t.count, DataType::kFloat32, op);
+      if (!s.ok()) return s;
+      ++step;
+      ByteStats b;
+      b.reductions = 1;
+      b.uncompressed_bytes = b.payload_bytes = t.count * element_bytes;
+      b.transport_bytes = comm.stats().bytes_sent - before;
+      b.reference_transport_bytes = ReferenceTransport(b.uncompressed_bytes, n);
+      Record(t.name, spec, b);
+      continue;
+    }
+    compressed.push_back(t);
+    counters.push_back(&step);
+  }
+  if (compressed.empty()) return absl::OkStatus();
+
+  payload_.assign(compressed.size(), 0);
+  step_values_.clear();
+  for (int64_t* c : counters) step_values_.push_back(*c - m.spec.start_step);
+  StepContext ctx;
+  ctx.op = op;
+  ctx.seed = options_.seed;
+  ctx.steps = step_values_;
+  ctx.payload_bytes = absl::MakeSpan(payload_);
+  const uint64_t before = comm.stats().bytes_sent;
+  absl::Status s = m.compressor->Reduce(compressed, comm, ctx);
+  if (!s.ok()) return s;
+  const uint64_t sent = comm.stats().bytes_sent - before;
+  uint64_t total_payload = 0;
+  for (uint64_t p : payload_) total_payload += p;
+  for (size_t i = 0; i < compressed.size(); ++i) {
+    ++*counters[i];
+    ByteStats b;
+    b.reductions = 1;
+    b.uncompressed_bytes = compressed[i].count * element_bytes;
+    b.payload_bytes = payload_[i];
+    // The bucket's bytes on the wire, apportioned by payload share.
+    b.transport_bytes =
+        total_payload == 0 ? 0 : static_cast<uint64_t>(static_cast<double>(sent) * payload_[i] / total_payload + 0.5);
+    b.reference_transport_bytes = ReferenceTransport(b.uncompressed_bytes, n);
+    Record(compressed[i].name, spec, b);
+  }
+  return absl::OkStatus();
+}
+
+void CompressionStage::RecordUncompressed(absl::string_view name, uint64_t bytes,
+                                          uint64_t transport_bytes, int world_size) {
+  ByteStats b;
+  b.reductions = 1;
+  b.uncompressed_bytes = b.payload_bytes = bytes;
+  b.transport_bytes = transport_bytes;
+  b.reference_transport_bytes = ReferenceTransport(bytes, world_size);
+  Record(name, "none", b);
+}
+
+void CompressionStage::Record(absl::string_view name, const std::string& method,
+                              const ByteStats& b) {
+  absl::MutexLock lock(&mu_);
+  stats_[{std::string(name), method}].Add(b);
+}
+
+CompressionReport CompressionStage::Report() const {
+  CompressionReport r;
+  std::map<std::string, MethodCompressionStats> by_method;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, b] : stats_) {
+    r.tensors.push_back({key.first, key.second, b});
+    MethodCompressionStats& m = by_method[key.second];
+    m.method = key.second;
+    ++m.tensors;
+    m.bytes.Add(b);
+  }
+  for (auto& [name, m] : by_method) r.methods.push_back(std::move(m));
+  return r;
+}
+
+}  // namespace braid::compression
