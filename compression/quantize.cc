@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "common/half.h"
 
 // Hot loops are multiversioned like transport/reduce.cc: an AVX2 clone and a baseline clone
 // chosen at load time, never -march=native. The loops are written branch-free (selects,
@@ -19,6 +18,10 @@ namespace {
 
 constexpr size_t kBlock = 256;  // codes staged per block before packing (even)
 
+// Bit casts the vectorizer sees through (FloatBits' memcpy blocks it in these loops).
+inline uint32_t Bits(float f) { return __builtin_bit_cast(uint32_t, f); }
+inline float Float(uint32_t u) { return __builtin_bit_cast(float, u); }
+
 inline uint32_t Fmix32(uint32_t h) {
   h ^= h >> 16;
   h *= 0x85ebca6bu;
@@ -32,30 +35,37 @@ inline float Uniform(uint32_t seed, uint32_t index) {
   return static_cast<float>(Fmix32(index * 0x9E3779B9u + seed) >> 8) * (1.0f / 16777216.0f);
 }
 
-// FP4 codes of x[0..n) under a finite scale s > 0, one per byte.
+// FP4 codes of x[0..n) under a power-of-two scale s in [2^-125, 2^125], one per byte.
+// Branch-free integer and select arithmetic on the float bits, so GCC vectorizes it.
 BRAID_MULTIVERSION
-void Fp4Codes(const float* x, size_t n, float s, uint32_t seed, uint32_t index0, uint8_t* codes) {
+void Fp4Codes(const float* __restrict x, size_t n, float s, uint32_t seed, uint32_t index0,
+              uint8_t* __restrict codes) {
+  const float inv_s = 1.0f / s;  // exact, and so is a * inv_s: s is a power of two
   for (size_t i = 0; i < n; ++i) {
-    const uint32_t xb = FloatBits(x[i]);
-    const float t = BitsToFloat(xb & 0x7fffffffu) / s;  // in [0, 1]; exact: s is a power of two
-    const int32_t e = static_cast<int32_t>(FloatBits(t) >> 23) - 127;  // floor(log2 t)
-    const int32_t k = e >> 1;                                        // floor(log4 t)
-    const bool small = e < -12;                                      // t < 4^-6
-    // Position of t between its neighbouring levels lo and hi = 4·lo: (t/lo - 1) / 3; below
-    // the smallest level, between 0 and 4^-6: t·4^6.
-    const float inv_lo = BitsToFloat(static_cast<uint32_t>(127 - 2 * k) << 23);
-    const float r = small ? t * 4096.0f : (t * inv_lo - 1.0f) / 3.0f;
+    const float v = x[i];
+    const float t = std::fabs(v) * inv_s;  // in [0, 1]
+    const uint32_t tb = Bits(t);
+    const int32_t e = static_cast<int32_t>(tb >> 23) - 127;  // floor(log2 t)
+    const int32_t k = e >> 1;                                // floor(log4 t), lo = 4^k
+    // t / lo = 1.mantissa * 2^(e - 2k), in [1, 4): set t's exponent to e - 2k = e & 1.
+    const float y = Float((tb & 0x007fffffu) | (static_cast<uint32_t>(127 + (e & 1)) << 23));
+    const bool small = e < -12;  // t < 4^-6: between 0 and the smallest level
+    // Where t lies between its neighbouring levels lo and hi = 4·lo, in [0, 1).
+    const float r_small = t * 4096.0f;
+    const float r_big = (y - 1.0f) * (1.0f / 3.0f);
+    const float r = small ? r_small : r_big;
     const int32_t m_lo = small ? 0 : 7 + k;
     int32_t m = m_lo + (Uniform(seed, index0 + static_cast<uint32_t>(i)) < r ? 1 : 0);
     m = m > 7 ? 7 : m;
-    const uint32_t sign = (xb >> 31) << 3;
-    codes[i] = static_cast<uint8_t>(m == 0 ? 0u : (sign | static_cast<uint32_t>(m)));
+    const int32_t sign = v < 0.0f ? 8 : 0;
+    codes[i] = static_cast<uint8_t>(m == 0 ? 0 : (sign | m));
   }
 }
 
 // INT4 codes of x[0..n) under a finite scale s > 0.
 BRAID_MULTIVERSION
-void Int4Codes(const float* x, size_t n, float s, uint32_t seed, uint32_t index0, uint8_t* codes) {
+void Int4Codes(const float* __restrict x, size_t n, float s, uint32_t seed, uint32_t index0,
+               uint8_t* __restrict codes) {
   for (size_t i = 0; i < n; ++i) {
     float t = x[i] / s;
     t = t > 7.0f ? 7.0f : (t < -7.0f ? -7.0f : t);
@@ -95,18 +105,18 @@ void DecodeImpl(const uint8_t* packed, size_t count, const float* table, float* 
   }
 }
 
-// max |x| and whether any element is NaN or infinite.
+// max |x| and whether any element is NaN or infinite. Computed on the bits: for |x| the
+// unsigned integer order is the float order, infinities are 0x7f800000 and NaNs above it,
+// and an integer max reduction vectorizes where a float one may not (NaN semantics).
 BRAID_MULTIVERSION
-float MaxAbs(const float* x, size_t n, bool* nonfinite) {
-  float m = 0.0f;
-  float probe = 0.0f;  // x - x is 0 for finite x, NaN for NaN and infinities
+float MaxAbs(const float* __restrict x, size_t n, bool* nonfinite) {
+  uint32_t m = 0;
   for (size_t i = 0; i < n; ++i) {
-    const float a = BitsToFloat(FloatBits(x[i]) & 0x7fffffffu);
+    const uint32_t a = Bits(x[i]) & 0x7fffffffu;
     m = a > m ? a : m;
-    probe += x[i] - x[i];
   }
-  *nonfinite = probe != 0.0f;  // NaN != 0
-  return m;
+  *nonfinite = m >= 0x7f800000u;
+  return Float(m);
 }
 
 }  // namespace
@@ -165,7 +175,13 @@ void Encode(FourBitFormat format, const float* x, size_t count, float scale, uin
   for (size_t done = 0; done < count; done += kBlock) {
     const size_t n = count - done < kBlock ? count - done : kBlock;
     const uint32_t i0 = static_cast<uint32_t>(index0 + done);
-    if (format == FourBitFormat::kFp4) {
+    if (format == FourBitFormat::kFp4 && scale < 0x1p-100f) {
+      // A tiny (near-denormal) scale: 1/scale would overflow. Scale the block up by 2^100
+      // first, which is exact for values this small and changes no code.
+      float scaled[kBlock];
+      for (size_t i = 0; i < n; ++i) scaled[i] = x[done + i] * 0x1p100f;
+      Fp4Codes(scaled, n, scale * 0x1p100f, seed, i0, codes);
+    } else if (format == FourBitFormat::kFp4) {
       Fp4Codes(x + done, n, scale, seed, i0, codes);
     } else {
       Int4Codes(x + done, n, scale, seed, i0, codes);
