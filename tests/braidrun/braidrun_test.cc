@@ -336,7 +336,7 @@ TEST(Braidrun, RanksSeeTheirEnvironment) {
   Result r = RunBraidrun({"-np", "2", "--fusion-threshold-mb", "2", "--cycle-time-ms", "3",
                           "--cache-capacity", "7", "--timeline-filename", "/tmp/tl.json",
                           "--stall-check-seconds", "1.5", "--stall-shutdown-seconds", "30",
-                          "--compression", "powersgd:rank=2", "--timeout", "20", "/bin/sh",
+                          "--compression", "fp4:ef=1", "--timeout", "20", "/bin/sh",
                           "-c", script});
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   // The coordinator address the ranks got is the one braidrun announced.
@@ -354,7 +354,7 @@ TEST(Braidrun, RanksSeeTheirEnvironment) {
     want.push_back(pre + "COORD=" + announced);
     want.push_back(pre + "UNBUF=1 OMP=1 UCX=lo");
     want.push_back(pre + "FUSION=2097152 CYCLE=3 CACHE=7 TL=/tmp/tl.json");
-    want.push_back(pre + "STALL=1.5 STOP=30 COMP=powersgd:rank=2 TIMEOUT=20");
+    want.push_back(pre + "STALL=1.5 STOP=30 COMP=fp4:ef=1 TIMEOUT=20");
     want.push_back(pre + "SECRET=32");
   }
   EXPECT_THAT(Lines(r.out), ::testing::UnorderedElementsAreArray(want));
@@ -546,6 +546,14 @@ TEST(Braidrun, UsageErrorsExit2) {
   EXPECT_EQ(RunBraidrun({"-np", "0", "/bin/true"}).exit_code(), 2);
   EXPECT_EQ(RunBraidrun({"-np", "1", "--bogus", "/bin/true"}).exit_code(), 2);
   EXPECT_EQ(RunBraidrun({"--help"}).exit_code(), 0);
+}
+
+TEST(Braidrun, BadCompressionSpecIsAUsageError) {
+  Result r = RunBraidrun({"-np", "2", "--compression", "fp5", "/bin/echo", "started"});
+  EXPECT_EQ(r.exit_code(), 2);
+  EXPECT_EQ(r.out, "") << "no rank started";
+  EXPECT_THAT(r.err, HasSubstr("braidrun: --compression: compression 'fp5': unknown method 'fp5'; "
+                               "valid methods: none, fp16, bf16, fp4, int4"));
 }
 
 TEST(Braidrun, MissingCommandExits127) {

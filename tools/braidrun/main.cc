@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "compression/registry.h"
 #include "coordinator/server.h"
 #include "glog/logging.h"
 #include "tools/braidrun/host_list.h"
@@ -141,7 +142,7 @@ int main(int argc, char** argv) {
                      "abort the job after a stall of S s, 0: never (BRAID_STALL_SHUTDOWN_S)")
           ->check(CLI::NonNegativeNumber);
   auto* o_compression = app.add_option("--compression", compression,
-                                       "compression spec, e.g. fp16, powersgd:rank=2 (BRAID_COMPRESSION)");
+                                       "default compression of float all-reduces, e.g. fp16, fp4:ef=1 (BRAID_COMPRESSION)");
   app.add_flag("-v,--verbose", verbose, "report every rank's pid and exit status");
 
   // Split braidrun's own options from COMMAND: options end at "--" or at the first word
@@ -177,6 +178,18 @@ int main(int argc, char** argv) {
   if (command.empty()) {
     Fail("no COMMAND given (braidrun -np N COMMAND [ARGS...]; see --help)");
     return kUsageError;
+  }
+
+  // A bad compression spec fails here, once, not in every rank's init.
+  if (o_compression->count()) {
+    braid::compression::RegistryOptions ro;
+    const char* tests = std::getenv("BRAID_TEST_COMPRESSORS");
+    ro.test_methods = tests != nullptr && std::string(tests) == "1";
+    auto spec = braid::compression::ParseCompressionSpec(compression, ro);
+    if (!spec.ok()) {
+      Fail(absl::StrCat("--compression: ", spec.status().message()));
+      return kUsageError;
+    }
   }
 
   // Hosts: the flag parses and validates; only this host can be used yet.
