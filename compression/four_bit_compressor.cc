@@ -14,6 +14,9 @@ FourBitLayout PlanFourBit(absl::Span<const size_t> counts, size_t chunk, int ran
   L.tensor_payload_bytes.assign(counts.size(), 0);
   size_t total = 0;
   for (size_t c : counts) total += c;
+  size_t chunks = 0;
+  for (size_t c : counts) chunks += (c + chunk - 1) / chunk;
+  L.chunks.reserve(chunks);
   size_t global = 0;
   for (size_t t = 0; t < counts.size(); ++t) {
     for (size_t begin = 0; begin < counts[t]; begin += chunk) {
@@ -126,18 +129,25 @@ class FourBitCompressor : public Compressor {
     for (size_t i = first; i < last; ++i) {
       acc_offset_[i - first + 1] = acc_offset_[i - first] + L.chunks[i].count;
     }
-    acc_.assign(acc_offset_.back(), 0.0f);
+    acc_.resize(acc_offset_.back());
     for (int p = 0; p < n; ++p) {
       const uint8_t* block = recv_.data() + static_cast<size_t>(p) * mine;
       for (size_t i = first; i < last; ++i) {
         const FourBitChunk& c = L.chunks[i];
-        DecodeAdd(o_.format, block + c.code_offset, c.count, LoadScale(block, c.scale_index),
-                  acc_.data() + acc_offset_[i - first]);
+        float* acc = acc_.data() + acc_offset_[i - first];
+        const float scale = LoadScale(block, c.scale_index);
+        if (p == 0) {  // the first rank's values initialise the sum
+          Decode(o_.format, block + c.code_offset, c.count, scale, acc);
+        } else {
+          DecodeAdd(o_.format, block + c.code_offset, c.count, scale, acc);
+        }
       }
     }
     if (ctx.op == ReduceOp::kAverage) {
       const float fn = static_cast<float>(n);
-      for (float& v : acc_) v /= fn;
+      float* acc = acc_.data();
+      const size_t count = acc_.size();
+      for (size_t i = 0; i < count; ++i) acc[i] /= fn;
     }
 
     // 4. Re-quantize the reduced shard.
