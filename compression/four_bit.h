@@ -5,7 +5,8 @@
 //      its error-feedback residual);
 //   2. all-to-all: rank p receives every rank's codes (and scales) for shard p;
 //   3. rank p decodes them and sums in float32 in rank order 0..n-1 (divides by n to average);
-//   4. rank p re-quantizes its reduced shard (seeded by its own rank);
+//   4. rank p re-quantizes its reduced shard (seeded by tensor and step, not by p, so a
+//      tensor's result does not depend on the bucket it was fused into);
 //   5. all-gather of the re-quantized shards; every rank decodes all of them — also its own
 //      shard, from the codes — so every rank ends bit-identical.
 // Two quantizations whatever the number of ranks, and each rank sends 2(n-1)/n of its payload,
@@ -54,7 +55,8 @@ struct FourBitLayout {
 FourBitLayout PlanFourBit(absl::Span<const size_t> counts, size_t chunk, int ranks);
 
 // The 32-bit stochastic-rounding seed for one quantization stage (1: a rank's own input,
-// 2: the re-quantization of the shard it reduced) of tensor `name` at `step` on `rank`.
+// 2: the re-quantization of a reduced shard, with rank -1) of tensor `name` at `step` on
+// `rank`. Element i of the tensor then draws UniformDraw(seed, i).
 uint32_t StreamSeed(uint64_t job_seed, int rank, absl::string_view name, int64_t step, int stage);
 
 }  // namespace braid::compression

@@ -63,6 +63,8 @@ uint32_t StreamSeed(uint64_t job_seed, int rank, absl::string_view name, int64_t
 
 namespace {
 
+constexpr int kAnyRank = -1;  // stage-2 seeds: the same whichever rank re-quantizes
+
 inline float LoadScale(const uint8_t* block, size_t index) {
   float s;
   std::memcpy(&s, block + index * sizeof(float), sizeof(float));
@@ -150,7 +152,9 @@ class FourBitCompressor : public Compressor {
       for (size_t i = 0; i < count; ++i) acc[i] /= fn;
     }
 
-    // 4. Re-quantize the reduced shard.
+    // 4. Re-quantize the reduced shard. Its seed depends on the tensor, not on which rank owns
+    // the shard: which ranks own which chunks depends on the bucket the tensor landed in
+    // (timing decides fusion), and the result must not.
     gather_send_.resize(mine);
     for (size_t i = first; i < last; ++i) {
       const FourBitChunk& c = L.chunks[i];
@@ -158,7 +162,7 @@ class FourBitCompressor : public Compressor {
       const float sc = ChunkScale(o_.format, x, c.count);
       StoreScale(gather_send_.data(), c.scale_index, sc);
       Encode(o_.format, x, c.count, sc,
-             StreamSeed(ctx.seed, rank, tensors[c.tensor].name, step(c.tensor), 2), c.begin,
+             StreamSeed(ctx.seed, kAnyRank, tensors[c.tensor].name, step(c.tensor), 2), c.begin,
              gather_send_.data() + c.code_offset);
     }
 

@@ -4,6 +4,8 @@
 // checked against the documented error bound of its method, element by element.
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -182,6 +184,51 @@ TEST_P(CompressionWorldTest, FourBitSendsAtMostOneSeventhOfTheBytes) {
       c.Expect(b.transport_bytes > 0, method + ": transport bytes measured");
     }
   });
+}
+
+// Fusion depends on timing (which requests reach the coordinator in one cycle), so a
+// tensor's compressed result must not depend on its bucket: two jobs, fused and unfused,
+// give bit-identical results over three steps (error feedback included).
+TEST_P(CompressionWorldTest, FusedAndUnfusedResultsAreBitIdentical) {
+  const int size = GetParam();
+  const std::string dir = braid::testing::MakeTempDir("braid_fusion_eq");
+  for (const char* threshold : {"67108864", "0"}) {
+    RunJob(size, [&](int rank, Runtime& rt, Checker& c) {
+      std::vector<uint8_t> all;
+      for (int step = 0; step < 3; ++step) {
+        for (const std::string method : {"fp4:ef=1", "int4", "fp16"}) {
+          const std::vector<size_t> sizes = {3000, 129, 1};
+          std::vector<std::vector<float>> in(sizes.size()), out(sizes.size());
+          std::vector<absl::StatusOr<std::shared_ptr<Handle>>> handles;
+          for (size_t t = 0; t < sizes.size(); ++t) {
+            in[t] = Input(rank, 50 + 7 * step + static_cast<int>(t), sizes[t]);
+            out[t].assign(sizes[t], 0.0f);
+            CollectiveRequest r = AllReduceOf(absl::StrCat(method, "/", t), in[t].data(),
+                                              out[t].data(), sizes[t], ReduceOp::kAverage);
+            r.compression = method;
+            handles.push_back(rt.Enqueue(r));  // all before waiting: a bucket when fusing
+          }
+          for (size_t t = 0; t < sizes.size(); ++t) {
+            c.Ok(WaitFor(handles[t]), method);
+            std::vector<uint8_t> b = Bytes(out[t]);
+            all.insert(all.end(), b.begin(), b.end());
+          }
+        }
+      }
+      FILE* f = fopen(absl::StrCat(dir, "/", threshold, ".", rank).c_str(), "wb");
+      c.Expect(f != nullptr && fwrite(all.data(), 1, all.size(), f) == all.size(), "write");
+      if (f) fclose(f);
+    }, absl::Seconds(120), 30, {{"BRAID_FUSION_THRESHOLD", threshold}});
+  }
+  auto read = [&](const std::string& name) {
+    std::ifstream f(dir + "/" + name, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  for (int rank = 0; rank < size; ++rank) {
+    const std::string fused = read(absl::StrCat("67108864.", rank));
+    EXPECT_FALSE(fused.empty());
+    EXPECT_TRUE(fused == read(absl::StrCat("0.", rank))) << "rank " << rank;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CompressionWorldTest, ::testing::Values(2, 3, 4),
