@@ -12,6 +12,12 @@ Run:  braidrun -np 4 /usr/bin/python3 examples/train_digits.py --epochs 20
 Model: 64 -> --hidden (ReLU) -> 10 (softmax), float32, plain SGD with momentum 0.9.
 Data: sklearn.datasets.load_digits (1797 8x8 images, pixel values 0..16 scaled to 0..1),
 a fixed 75/25 train/test split (random_state=0).
+
+Reproducible: --seed fixes the initial weights and the order of the batches, so every run
+and every --compression method starts from the same weights and sees the same data. (The
+stochastic rounding of the 4-bit methods has its own seed, BRAID_SEED.) Rank 0 writes the
+final metrics as JSON to --json PATH (test_accuracy in 0..1); tools/convergence/
+check_convergence.py compares them across compression methods.
 """
 import argparse
 import json
@@ -139,7 +145,8 @@ def main(argv=None):
               f"({size} ranks, {wall:.2f} s)", flush=True)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"ranks": size, "epochs": args.epochs, "test_accuracy": test_acc,
+                json.dump({"ranks": size, "epochs": args.epochs, "seed": args.seed,
+                           "test_accuracy": test_acc, "test_samples": len(y_test),
                            "loss": loss, "wall_time_s": wall,
                            "gradient_bytes_reduced_per_rank": bytes_reduced,
                            "compression": args.compression or "default"}, f, indent=2)
