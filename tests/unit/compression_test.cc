@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "common/half.h"
 #include "compression/error_feedback.h"
 #include "compression/four_bit.h"
 #include "compression/quantize.h"
@@ -391,6 +392,37 @@ TEST(StageTest, CastCompressorRoundsThroughHalfPrecision) {
   EXPECT_EQ(r.tensors[0].name, "x");
   EXPECT_EQ(r.tensors[0].bytes.payload_bytes, 6u);
   EXPECT_EQ(r.tensors[1].bytes.payload_bytes, 2u);
+}
+
+// The vector conversion path (F16C where the CPU has it, 8 at a time) must agree bit for bit
+// with the scalar reference of common/half.h: normals, fp16 subnormals, overflow, zeros.
+TEST(StageTest, HalfConversionMatchesTheScalarReference) {
+  std::mt19937 gen(17);
+  std::uniform_real_distribution<float> mant(-2.0f, 2.0f);
+  std::vector<float> x(10007);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = std::ldexp(mant(gen), static_cast<int>(gen() % 50) - 30);  // 2^-30 .. 2^19
+  }
+  x[0] = 0.0f;
+  x[1] = -0.0f;
+  x[2] = 65504.0f;
+  x[3] = 65520.0f;  // rounds to infinity
+  x[4] = std::ldexp(1.0f, -24);
+  x[5] = std::ldexp(1.0f, -25);  // ties to even: zero
+  for (const char* method : {"fp16", "bf16"}) {
+    CompressionStage stage(StageOptions{});
+    SelfCommunicator comm;
+    std::vector<float> y = x;
+    std::vector<int64_t> shape = {static_cast<int64_t>(y.size())};
+    std::vector<TensorView> bucket = {{"x", shape, y.data(), y.size()}};
+    ASSERT_TRUE(stage.Reduce(method, bucket, 4, ReduceOp::kSum, comm).ok());
+    const bool fp16 = std::string(method) == "fp16";
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float want = fp16 ? Float16ToFloat(FloatToFloat16(x[i]))
+                              : BFloat16ToFloat(FloatToBFloat16(x[i]));
+      ASSERT_EQ(FloatBits(y[i]), FloatBits(want)) << method << " x=" << x[i] << " i=" << i;
+    }
+  }
 }
 
 }  // namespace
