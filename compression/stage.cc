@@ -120,22 +120,31 @@ void CompressionStage::RecordUncompressed(absl::string_view name, uint64_t bytes
 void CompressionStage::Record(absl::string_view name, const std::string& method,
                               const ByteStats& b) {
   absl::MutexLock lock(&mu_);
-  stats_[{std::string(name), method}].Add(b);
+  auto [it, inserted] = stats_.try_emplace({std::string(name), method});
+  it->second.Add(b);
+  MethodCompressionStats& m = totals_[method];
+  if (inserted) {
+    m.method = method;
+    ++m.tensors;
+  }
+  m.bytes.Add(b);
 }
 
 CompressionReport CompressionStage::Report() const {
   CompressionReport r;
-  std::map<std::string, MethodCompressionStats> by_method;
   absl::MutexLock lock(&mu_);
-  for (const auto& [key, b] : stats_) {
-    r.tensors.push_back({key.first, key.second, b});
-    MethodCompressionStats& m = by_method[key.second];
-    m.method = key.second;
-    ++m.tensors;
-    m.bytes.Add(b);
-  }
-  for (auto& [name, m] : by_method) r.methods.push_back(std::move(m));
+  r.tensors.reserve(stats_.size());
+  for (const auto& [key, b] : stats_) r.tensors.push_back({key.first, key.second, b});
+  for (const auto& [method, m] : totals_) r.methods.push_back(m);
   return r;
+}
+
+std::vector<MethodCompressionStats> CompressionStage::MethodTotals() const {
+  std::vector<MethodCompressionStats> out;
+  absl::MutexLock lock(&mu_);
+  out.reserve(totals_.size());
+  for (const auto& [method, m] : totals_) out.push_back(m);
+  return out;
 }
 
 }  // namespace braid::compression

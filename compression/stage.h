@@ -84,6 +84,10 @@ class CompressionStage {
 
   // A snapshot of every counter. Thread-safe.
   CompressionReport Report() const;
+  // Only the per-method totals (CompressionReport::methods), kept up to date as reductions
+  // are recorded, so this costs O(methods) however many tensors there are: it is what each
+  // heartbeat to the coordinator carries. Thread-safe.
+  std::vector<MethodCompressionStats> MethodTotals() const;
 
  private:
   struct Method {
@@ -103,6 +107,8 @@ class CompressionStage {
 
   mutable absl::Mutex mu_;
   std::map<std::pair<std::string, std::string>, ByteStats> stats_ ABSL_GUARDED_BY(mu_);
+  // The sums of stats_ per method (the same numbers Report() derives), by method.
+  std::map<std::string, MethodCompressionStats> totals_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace braid::compression

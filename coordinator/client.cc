@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -132,6 +133,17 @@ class GrpcClient final : public CoordinatorClient {
       closed_ = closing_ = true;
     }
     if (stream_ != nullptr) {
+      bool stream_open;
+      {
+        absl::MutexLock lock(&mu_);
+        stream_open = !reader_done_;
+      }
+      // The final report, sent (and answered) before the goodbye so the coordinator has it
+      // before it marks this rank shut down. Skipped when the stream is already gone (a lost
+      // coordinator must not delay shutdown).
+      if (stream_open && opts_.fill_heartbeat) {
+        SendHeartbeat(std::min(grace, absl::Milliseconds(500)));
+      }
       {
         absl::MutexLock lock(&write_mu_);
         proto::RequestList bye;
@@ -164,13 +176,18 @@ class GrpcClient final : public CoordinatorClient {
         auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_heartbeat_; };
         if (mu_.AwaitWithTimeout(absl::Condition(&stop), opts_.heartbeat_interval)) return;
       }
-      grpc::ClientContext ctx;
-      ctx.set_deadline(Deadline(opts_.heartbeat_interval));
-      proto::HeartbeatRequest req;
-      req.set_rank(rank_);
-      proto::HeartbeatResponse resp;
-      stub_->Heartbeat(&ctx, req, &resp);  // a lost coordinator shows on the stream
+      SendHeartbeat(opts_.heartbeat_interval);
     }
+  }
+
+  void SendHeartbeat(absl::Duration timeout) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(timeout));
+    proto::HeartbeatRequest req;
+    if (opts_.fill_heartbeat) opts_.fill_heartbeat(&req);
+    req.set_rank(rank_);
+    proto::HeartbeatResponse resp;
+    stub_->Heartbeat(&ctx, req, &resp);  // a lost coordinator shows on the stream
   }
 
   ClientOptions opts_;

@@ -2,6 +2,7 @@
 #ifndef BRAID_COORDINATOR_CLIENT_H_
 #define BRAID_COORDINATOR_CLIENT_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -16,6 +17,12 @@ struct ClientOptions {
   int rank_for_heartbeat = -1;
   absl::Duration connect_timeout = absl::Seconds(60);
   absl::Duration heartbeat_interval = absl::Seconds(2);
+  // Adds what this rank reports to the coordinator (its per-method compression totals) to
+  // each heartbeat; the client sets the rank itself. Called from the heartbeat thread every
+  // heartbeat_interval once negotiation started, and once more from Close() just before the
+  // goodbye, so the coordinator keeps the rank's final totals. Must be thread-safe and
+  // cheap (it runs on every heartbeat); null: plain heartbeats.
+  std::function<void(proto::HeartbeatRequest*)> fill_heartbeat;
 };
 
 // Connects (retrying until connect_timeout, so ranks may start before the coordinator).

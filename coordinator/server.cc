@@ -7,7 +7,10 @@
 #include <deque>
 #include <map>
 #include <set>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -254,7 +257,14 @@ class Service final : public proto::Coordinator::Service {
                          proto::HeartbeatResponse*) override {
     absl::MutexLock lock(&mu_);
     if (req->rank() >= 0 && req->rank() < static_cast<int>(ranks_.size())) {
-      ranks_[req->rank()].last_seen = absl::Now();
+      RankState& rs = ranks_[req->rank()];
+      rs.last_seen = absl::Now();
+      // Each report holds the rank's cumulative totals, so the newer replaces the older. A
+      // report counting fewer reductions than the one kept is older, overtaken in flight
+      // (the heartbeat thread's last beat racing the final report from Close()): drop it.
+      if (TotalReductions(req->compression()) >= TotalReductions(rs.compression)) {
+        rs.compression.assign(req->compression().begin(), req->compression().end());
+      }
     }
     return grpc::Status::OK;
   }
@@ -274,19 +284,12 @@ class Service final : public proto::Coordinator::Service {
                                   ? -1
                                   : absl::ToInt64Milliseconds(now - ranks_[r].last_seen));
     }
+    for (proto::CompressionStat& c : CompressionStatsLocked()) {
+      *resp->add_compression() = std::move(c);
+    }
     if (table_) {
       resp->set_tensors_negotiated(table_->tensors_negotiated());
       resp->set_bytes_negotiated(table_->bytes_negotiated());
-      for (const auto& [method, counts] : table_->by_compression()) {
-        proto::CompressionStat* c = resp->add_compression();
-        c->set_method(method);
-        c->set_tensors(counts.first);
-        c->set_bytes_before(counts.second);
-        // Payload sizes come from the compression stage; until a method reports them, only
-        // "none" is known: its payload is the tensor itself.
-        c->set_bytes_after(method == "none" ? counts.second : 0);
-        c->set_ratio(method == "none" ? 1.0 : 0.0);
-      }
       auto pending = table_->PendingTensors(now);
       resp->set_tensors_pending(static_cast<int64_t>(pending.size()));
       for (const auto& p : pending) {
@@ -347,7 +350,60 @@ class Service final : public proto::Coordinator::Service {
     int64_t pid = 0;
     std::string state = "unregistered";
     absl::Time last_seen = absl::InfinitePast();
+    // The rank's latest per-method byte counters (from its heartbeats), cumulative.
+    std::vector<proto::MethodBytes> compression;
   };
+
+  template <typename Reports>
+  static int64_t TotalReductions(const Reports& reports) {
+    int64_t n = 0;
+    for (const proto::MethodBytes& m : reports) n += m.reductions();
+    return n;
+  }
+
+  // One row per method, by method: what was negotiated (one rank's share) merged with what
+  // the ranks reported (summed over them). See CompressionStat in proto/braid.proto.
+  std::vector<proto::CompressionStat> CompressionStatsLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::map<std::string, proto::CompressionStat> by_method;
+    if (table_) {
+      for (const auto& [method, counts] : table_->by_compression()) {
+        proto::CompressionStat& c = by_method[method];
+        c.set_tensors(counts.first);
+        c.set_bytes_before(counts.second);
+      }
+    }
+    for (const RankState& rs : ranks_) {
+      for (const proto::MethodBytes& m : rs.compression) {
+        proto::CompressionStat& c = by_method[m.method()];
+        c.set_reductions(c.reductions() + m.reductions());
+        c.set_uncompressed_bytes(c.uncompressed_bytes() + m.uncompressed_bytes());
+        c.set_payload_bytes(c.payload_bytes() + m.payload_bytes());
+        c.set_transport_bytes(c.transport_bytes() + m.transport_bytes());
+        c.set_reference_transport_bytes(c.reference_transport_bytes() +
+                                        m.reference_transport_bytes());
+        c.set_ranks_reporting(c.ranks_reporting() + 1);
+      }
+    }
+    std::vector<proto::CompressionStat> out;
+    out.reserve(by_method.size());
+    for (auto& [method, c] : by_method) {
+      c.set_method(method);
+      if (c.ranks_reporting() > 0) {
+        c.set_bytes_after(c.payload_bytes() / c.ranks_reporting());
+        c.set_ratio(c.payload_bytes() == 0 ? 0.0
+                                           : static_cast<double>(c.uncompressed_bytes()) /
+                                                 static_cast<double>(c.payload_bytes()));
+      } else {
+        // No rank reported yet (or a client that does not report): only "none" is known
+        // from negotiation alone, its payload being the tensor itself.
+        c.set_bytes_after(method == "none" ? c.bytes_before() : 0);
+        c.set_ratio(method == "none" ? 1.0 : 0.0);
+      }
+      out.push_back(std::move(c));
+    }
+    return out;
+  }
 
   static proto::ResponseList AbortMessage(const absl::Status& s) {
     proto::ResponseList rl;
@@ -424,6 +480,7 @@ class Service final : public proto::Coordinator::Service {
     clean_.clear();
     kv_.clear();
     table_.reset();
+    for (RankState& rs : ranks_) rs.compression.clear();  // the old job's reports
     abort_ = absl::OkStatus();
     size_ = opts_.world_size;
     cv_.SignalAll();

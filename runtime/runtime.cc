@@ -20,6 +20,7 @@
 #include "coordinator/client.h"
 #include "coordinator/server.h"
 #include "glog/logging.h"
+#include "runtime/heartbeat_report.h"
 #include "runtime/timeline.h"
 #include "transport/ucx_communicator.h"
 
@@ -240,10 +241,19 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
       address = absl::StrCat(config.coordinator_host, ":", config.coordinator_port);
     }
   }
+  // Before the client: its heartbeats read the stage (braidctl status).
+  compression::StageOptions stage_options;
+  stage_options.seed = config.seed;
+  stage_options.registry.test_methods = config.test_compressors;
+  stage_ = std::make_unique<compression::CompressionStage>(stage_options);
+
   coordinator::ClientOptions co;
   co.address = address;
   co.connect_timeout = std::max(config.timeout, absl::Seconds(30));
   co.heartbeat_interval = std::max(absl::Milliseconds(100), config.heartbeat_timeout / 4);
+  // Heartbeats carry this rank's compression totals (braidctl status). stage_ exists before
+  // the client and is replaced only by the next Init, after client_->Close().
+  co.fill_heartbeat = [this](proto::HeartbeatRequest* hb) { AddCompressionTotals(*stage_, hb); };
   auto fail = [this](absl::Status s) {
     timeline_.reset();
     client_.reset();
@@ -282,11 +292,6 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
     if (!tl.ok()) return fail(tl.status());
     timeline_ = *std::move(tl);
   }
-
-  compression::StageOptions stage_options;
-  stage_options.seed = config.seed;
-  stage_options.registry.test_methods = config.test_compressors;
-  stage_ = std::make_unique<compression::CompressionStage>(stage_options);
 
   transport::UcxOptions uo;
   uo.rank = rank_;

@@ -5,8 +5,10 @@
 // braid_handle. No C++ exception crosses the C boundary (Guard).
 #include "braid/c_api.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -20,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
+#include "compression/stage.h"
 #include "runtime/config.h"
 #include "runtime/handle.h"
 #include "runtime/runtime.h"
@@ -53,6 +56,13 @@ static_assert(BRAID_INTERNAL == static_cast<int>(absl::StatusCode::kInternal), "
 static_assert(BRAID_UNAVAILABLE == static_cast<int>(absl::StatusCode::kUnavailable), "ABI");
 // Enums are stored in the options structs: they must keep the size of an int32.
 static_assert(sizeof(braid_reduce_op) == 4 && sizeof(braid_dtype) == 4, "ABI");
+// braid_compression_stat's layout is frozen (fields are only appended).
+static_assert(offsetof(braid_compression_stat, method) == sizeof(size_t), "ABI");
+static_assert(offsetof(braid_compression_stat, tensors) == sizeof(size_t) + 64 + 256, "ABI");
+static_assert(offsetof(braid_compression_stat, reference_transport_bytes) ==
+                  sizeof(size_t) + 64 + 256 + 5 * sizeof(uint64_t), "ABI");
+static_assert(sizeof(braid_compression_stat) == sizeof(size_t) + 64 + 256 + 6 * sizeof(uint64_t),
+              "ABI");
 
 // The C handle: the runtime's handle plus what the C side needs to finish the call.
 struct braid_handle {
@@ -129,6 +139,10 @@ bool HasField(size_t struct_size, size_t offset, size_t size) {
 #define BRAID_HAS_FIELD(opts, type, field) \
   HasField((opts)->struct_size, offsetof(type, field), sizeof(((type*)nullptr)->field))
 
+// Far beyond any struct this API will grow to: an uninitialised struct, whose tail must not
+// be read (or, for output structs, written).
+constexpr size_t kMaxStructSize = 4096;
+
 // Checks an options struct's size prefix (see "ABI rules" in c_api.h): at least the prefix
 // itself; any tail beyond what this library knows must be all zero (= defaults).
 absl::Status CheckStructSize(const void* opts, size_t known_size, const char* type) {
@@ -139,9 +153,6 @@ absl::Status CheckStructSize(const void* opts, size_t known_size, const char* ty
         type, ".struct_size is ", struct_size, ": initialise the struct with ", type,
         "_init() or the matching _INIT macro"));
   }
-  // Far beyond any struct this API will grow to: an uninitialised struct, whose tail must
-  // not be read.
-  constexpr size_t kMaxStructSize = 4096;
   if (struct_size > kMaxStructSize) {
     return absl::InvalidArgumentError(absl::StrCat(
         type, ".struct_size is ", struct_size, ", more than any version of ", type,
@@ -348,6 +359,28 @@ absl::Status AllGatherRequest(const std::string& name, const void* input,
   r->output_capacity_bytes = output == nullptr ? 0 : capacity;
   r->process_set_id = o.process_set_id;
   return absl::OkStatus();
+}
+
+// Copies `src` into the fixed-size C string `dst`, truncating, always NUL-terminated.
+template <size_t N>
+void CopyCString(const std::string& src, char (&dst)[N]) {
+  const size_t n = std::min(src.size(), N - 1);
+  std::memcpy(dst, src.data(), n);
+  std::memset(dst + n, 0, N - n);
+}
+
+braid_compression_stat ToCStat(const std::string& method, const std::string& name,
+                               uint64_t tensors, const braid::compression::ByteStats& b) {
+  braid_compression_stat c = BRAID_COMPRESSION_STAT_INIT;
+  CopyCString(method, c.method);
+  CopyCString(name, c.name);
+  c.tensors = tensors;
+  c.reductions = b.reductions;
+  c.uncompressed_bytes = b.uncompressed_bytes;
+  c.payload_bytes = b.payload_bytes;
+  c.transport_bytes = b.transport_bytes;
+  c.reference_transport_bytes = b.reference_transport_bytes;
+  return c;
 }
 
 absl::Status NeedName(const char* name, const char* fn) {
@@ -585,5 +618,61 @@ int braid_handle_copy_output(braid_handle* handle, void* output, size_t output_c
 }
 
 void braid_handle_free(braid_handle* handle) { delete handle; }
+
+void braid_compression_stat_init(braid_compression_stat* stat) {
+  if (stat != nullptr) *stat = braid_compression_stat BRAID_COMPRESSION_STAT_INIT;
+}
+
+int braid_compression_stats(int kind, braid_compression_stat* out, size_t capacity,
+                            size_t* count) {
+  return Guard([&]() -> absl::Status {
+    constexpr const char* fn = "braid_compression_stats";
+    absl::Status s = NotNull(count, "count", fn);
+    if (s.ok() && capacity > 0) s = NotNull(out, "out", fn);
+    if (!s.ok()) return s;
+    if (kind != BRAID_COMPRESSION_STATS_BY_METHOD && kind != BRAID_COMPRESSION_STATS_BY_TENSOR) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          fn, ": unknown kind ", kind, " (valid: BRAID_COMPRESSION_STATS_BY_METHOD = 0, ",
+          "BRAID_COMPRESSION_STATS_BY_TENSOR = 1)"));
+    }
+    size_t stride = 0;
+    if (capacity > 0) {
+      std::memcpy(&stride, out, sizeof(stride));
+      // An output struct: only the size bounds matter (its tail is ours to zero-fill).
+      if (stride < sizeof(size_t) || stride > kMaxStructSize) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            fn, ": out[0].struct_size is ", stride,
+            ": initialise it with BRAID_COMPRESSION_STAT_INIT or braid_compression_stat_init()"));
+      }
+    }
+    auto report = braid::GlobalRuntime().compression_report();
+    if (!report.ok()) return report.status();
+    std::vector<braid_compression_stat> stats;
+    if (kind == BRAID_COMPRESSION_STATS_BY_METHOD) {
+      stats.reserve(report->methods.size());
+      for (const auto& m : report->methods) {
+        stats.push_back(ToCStat(m.method, "", m.tensors, m.bytes));
+      }
+    } else {
+      stats.reserve(report->tensors.size());
+      for (const auto& t : report->tensors) {
+        stats.push_back(ToCStat(t.method, t.name, 1, t.bytes));
+      }
+    }
+    const size_t n = std::min(capacity, stats.size());
+    for (size_t i = 0; i < n; ++i) {
+      // The caller's element i starts at i * stride; copy the fields it has room for.
+      unsigned char* dst = reinterpret_cast<unsigned char*>(out) + i * stride;
+      std::memcpy(dst, &stats[i], std::min(stride, sizeof(braid_compression_stat)));
+      if (stride > sizeof(braid_compression_stat)) {
+        std::memset(dst + sizeof(braid_compression_stat), 0,
+                    stride - sizeof(braid_compression_stat));
+      }
+      std::memcpy(dst, &stride, sizeof(stride));
+    }
+    *count = stats.size();
+    return absl::OkStatus();
+  });
+}
 
 }  // extern "C"

@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
+#include "compression/stage.h"
 #include "glog/logging.h"
 #include "runtime/config.h"
 #include "runtime/handle.h"
@@ -232,6 +233,37 @@ NativeHandle Enqueue(int collective, const std::string& name, int dtype, const p
   return NativeHandle(Value(std::move(h)), name);
 }
 
+// One counter set as a dict of ints (bytes, except `reductions`); see compression/stage.h.
+py::dict ByteStatsDict(const braid::compression::ByteStats& b) {
+  py::dict d;
+  d["reductions"] = b.reductions;
+  d["uncompressed_bytes"] = b.uncompressed_bytes;
+  d["payload_bytes"] = b.payload_bytes;
+  d["transport_bytes"] = b.transport_bytes;
+  d["reference_transport_bytes"] = b.reference_transport_bytes;
+  return d;
+}
+
+// The runtime's CompressionReport as plain lists of dicts: (methods, tensors), sorted by
+// method and by (name, method). braid._ops.compression_stats shapes it for users.
+py::tuple CompressionReport() {
+  braid::compression::CompressionReport r = Value(braid::GlobalRuntime().compression_report());
+  py::list methods, tensors;
+  for (const auto& m : r.methods) {
+    py::dict d = ByteStatsDict(m.bytes);
+    d["method"] = m.method;
+    d["tensors"] = m.tensors;
+    methods.append(d);
+  }
+  for (const auto& t : r.tensors) {
+    py::dict d = ByteStatsDict(t.bytes);
+    d["name"] = t.name;
+    d["method"] = t.method;
+    tensors.append(d);
+  }
+  return py::make_tuple(methods, tensors);
+}
+
 PyObject* NewError(py::module_& m, const char* name, PyObject* base, const char* doc) {
   std::string full = std::string("braid.") + name;
   PyObject* cls = PyErr_NewExceptionWithDoc(full.c_str(), doc, base, nullptr);
@@ -302,6 +334,9 @@ PYBIND11_MODULE(_braid, m) {
   m.def("enqueue", &Enqueue, py::arg("collective"), py::arg("name"), py::arg("dtype"),
         py::arg("input"), py::arg("output"), py::arg("op"), py::arg("root_rank"),
         py::arg("splits"), py::arg("compression") = "");
+
+  m.def("compression_report", &CompressionReport,
+        "This rank's compression byte counters: (per-method dicts, per-tensor dicts).");
 
   py::class_<NativeHandle>(m, "NativeHandle")
       .def_property_readonly("name", &NativeHandle::name)

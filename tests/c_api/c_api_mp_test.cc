@@ -1,10 +1,10 @@
-// Runs the C examples (examples/c) as real jobs: a braid-coordinator process on 127.0.0.1
-// port 0 and 2 rank processes talking over UCX shared memory, each rank exec'ing the
-// example binary. Every wait has a deadline; survivors are killed when it passes. The test
+// Runs the C examples (examples/c) and C test programs as real jobs: a braid-coordinator
+// process on 127.0.0.1 port 0 and 2 rank processes talking over UCX shared memory, each rank
+// exec'ing the binary. Every wait has a deadline; survivors are killed when it passes. The test
 // process itself never touches gRPC or UCX, so forking it is safe.
 //
-// BRAID_COORDINATOR_BIN, BRAID_EXAMPLE_BLOCKING and BRAID_EXAMPLE_ASYNC are the binaries'
-// paths (set by CMake).
+// BRAID_COORDINATOR_BIN, BRAID_EXAMPLE_BLOCKING, BRAID_EXAMPLE_ASYNC and
+// BRAID_COMPRESSION_STATS_RANK are the binaries' paths (set by CMake / Bazel).
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -136,6 +136,13 @@ void RunJob(const char* binary, int ranks) {
 TEST(CApiExamples, AllReduceBlockingTwoRanks) { RunJob(BRAID_EXAMPLE_BLOCKING, 2); }
 
 TEST(CApiExamples, AllReduceAsyncTwoRanks) { RunJob(BRAID_EXAMPLE_ASYNC, 2); }
+
+// braid_compression_stats() on 2 ranks: an fp16 and a "none" all-reduce of N float32
+// elements count exactly 2N and 4N payload bytes of 4N uncompressed (the rank program checks
+// every field and exits 1 on a mismatch).
+TEST(CApiCompressionStats, ExactByteCountsTwoRanks) {
+  RunJob(BRAID_COMPRESSION_STATS_RANK, 2);
+}
 
 // Without any launcher variable each example is a world of one with a private coordinator.
 TEST(CApiExamples, WorldOfOneNeedsNoLauncher) {

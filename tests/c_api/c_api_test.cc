@@ -147,6 +147,35 @@ TEST(CApiNotInitialized, LastErrorIsPerThread) {
   EXPECT_EQ(main_message, braid_last_error());
 }
 
+TEST(CApiNotInitialized, CompressionStatsNeedInitAndValidArguments) {
+  size_t count = 77;
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION,
+              braid_compression_stats(BRAID_COMPRESSION_STATS_BY_METHOD, nullptr, 0, &count));
+  EXPECT_TRUE(Contains(braid_last_error(), "init")) << braid_last_error();
+  EXPECT_EQ(count, 77u);  // untouched on failure
+  // Argument checks come first, initialized or not.
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_compression_stats(BRAID_COMPRESSION_STATS_BY_METHOD, nullptr, 0, nullptr));
+  EXPECT_TRUE(Contains(braid_last_error(), "count is NULL")) << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_compression_stats(BRAID_COMPRESSION_STATS_BY_TENSOR, nullptr, 3, &count));
+  EXPECT_TRUE(Contains(braid_last_error(), "out is NULL")) << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_compression_stats(2, nullptr, 0, &count));
+  EXPECT_TRUE(Contains(braid_last_error(), "unknown kind 2")) << braid_last_error();
+  braid_compression_stat st;
+  std::memset(&st, 0, sizeof(st));  // struct_size 0: not initialised
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_compression_stats(BRAID_COMPRESSION_STATS_BY_METHOD, &st, 1, &count));
+  EXPECT_TRUE(Contains(braid_last_error(), "struct_size is 0")) << braid_last_error();
+
+  braid_compression_stat a = BRAID_COMPRESSION_STAT_INIT, b;
+  std::memset(&b, 0xff, sizeof(b));
+  braid_compression_stat_init(&b);
+  EXPECT_EQ(a.struct_size, sizeof(braid_compression_stat));
+  EXPECT_EQ(std::memcmp(&a, &b, sizeof(a)), 0);
+  braid_compression_stat_init(nullptr);  // ignored
+}
+
 // --- a world of one --------------------------------------------------------------------
 
 class CApiTest : public ::testing::Test {
@@ -470,6 +499,87 @@ TEST_F(CApiTest, FreeingAPendingHandleIsAllowed) {
   // has completed once this barrier returns, and its name is free again.
   EXPECT_CODE(BRAID_OK, braid_barrier());
   EXPECT_CODE(BRAID_OK, braid_allreduce("freed", in, out, kShape3, 1, BRAID_FLOAT32, nullptr));
+}
+
+// Byte counters of a world of one: exact payloads, no transport (nothing leaves the rank),
+// and the size prefix of the output array honoured for older and newer callers.
+TEST_F(CApiTest, CompressionStatsOnOneRank) {
+  constexpr int64_t kN = 1000;
+  std::vector<float> in(kN, 1.5f), out(kN);
+  const int64_t shape[1] = {kN};
+  braid_allreduce_opts o = BRAID_ALLREDUCE_OPTS_INIT;
+  o.compression = "fp16";
+  EXPECT_CODE(BRAID_OK, braid_allreduce("w.fp16", in.data(), out.data(), shape, 1,
+                                        BRAID_FLOAT32, &o));
+  EXPECT_CODE(BRAID_OK, braid_allreduce("w.fp16", in.data(), out.data(), shape, 1,
+                                        BRAID_FLOAT32, &o));  // a second step
+  o.compression = nullptr;  // the job's default: none
+  EXPECT_CODE(BRAID_OK, braid_allreduce("w.none", in.data(), out.data(), shape, 1,
+                                        BRAID_FLOAT32, &o));
+
+  braid_compression_stat st[3];
+  for (auto& x : st) braid_compression_stat_init(&x);
+  size_t count = 0;
+  EXPECT_CODE(BRAID_OK, braid_compression_stats(BRAID_COMPRESSION_STATS_BY_METHOD, st, 3, &count));
+  ASSERT_EQ(count, 2u);
+  EXPECT_STREQ(st[0].method, "fp16");
+  EXPECT_STREQ(st[0].name, "");
+  EXPECT_EQ(st[0].tensors, 1u);
+  EXPECT_EQ(st[0].reductions, 2u);
+  EXPECT_EQ(st[0].uncompressed_bytes, 2u * 4 * kN);
+  EXPECT_EQ(st[0].payload_bytes, 2u * 2 * kN);
+  EXPECT_EQ(st[0].transport_bytes, 0u);
+  EXPECT_EQ(st[0].reference_transport_bytes, 0u);  // 2(n-1)/n = 0 for n = 1
+  EXPECT_STREQ(st[1].method, "none");
+  EXPECT_EQ(st[1].payload_bytes, 4u * kN);
+  EXPECT_EQ(st[1].uncompressed_bytes, 4u * kN);
+  EXPECT_EQ(st[1].struct_size, sizeof(braid_compression_stat));
+
+  // An older caller whose struct ends before payload_bytes: the array's stride is its
+  // struct_size, and nothing at or past that offset is written.
+  const size_t old_size = offsetof(braid_compression_stat, payload_bytes);
+  std::vector<unsigned char> buf(2 * old_size + 16, 0xab);
+  std::memcpy(buf.data(), &old_size, sizeof(old_size));
+  EXPECT_CODE(BRAID_OK, braid_compression_stats(
+                            BRAID_COMPRESSION_STATS_BY_TENSOR,
+                            reinterpret_cast<braid_compression_stat*>(buf.data()), 2, &count));
+  ASSERT_EQ(count, 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    braid_compression_stat e;
+    std::memset(&e, 0, sizeof(e));
+    std::memcpy(&e, buf.data() + i * old_size, old_size);
+    EXPECT_EQ(e.struct_size, old_size);
+    EXPECT_STREQ(e.name, i == 0 ? "w.fp16" : "w.none");
+    EXPECT_STREQ(e.method, i == 0 ? "fp16" : "none");
+    EXPECT_EQ(e.uncompressed_bytes, (i == 0 ? 2u : 1u) * 4 * kN);
+  }
+  for (size_t i = 2 * old_size; i < buf.size(); ++i) ASSERT_EQ(buf[i], 0xab) << "byte " << i;
+
+  // A newer caller with fields this library does not know: they read as zero.
+  const size_t new_size = sizeof(braid_compression_stat) + 24;
+  std::vector<unsigned char> big(new_size, 0xab);
+  std::memcpy(big.data(), &new_size, sizeof(new_size));
+  EXPECT_CODE(BRAID_OK, braid_compression_stats(
+                            BRAID_COMPRESSION_STATS_BY_METHOD,
+                            reinterpret_cast<braid_compression_stat*>(big.data()), 1, &count));
+  braid_compression_stat e;
+  std::memcpy(&e, big.data(), sizeof(e));
+  EXPECT_EQ(e.struct_size, new_size);
+  EXPECT_STREQ(e.method, "fp16");
+  EXPECT_EQ(e.payload_bytes, 2u * 2 * kN);
+  for (size_t i = sizeof(braid_compression_stat); i < new_size; ++i) {
+    ASSERT_EQ(big[i], 0) << "byte " << i;
+  }
+
+  // A name longer than the field is truncated, still NUL-terminated.
+  const std::string long_name(300, 'n');
+  EXPECT_CODE(BRAID_OK, braid_allreduce(long_name.c_str(), in.data(), out.data(), shape, 1,
+                                        BRAID_FLOAT32, nullptr));
+  braid_compression_stat t[3];
+  for (auto& x : t) braid_compression_stat_init(&x);
+  EXPECT_CODE(BRAID_OK, braid_compression_stats(BRAID_COMPRESSION_STATS_BY_TENSOR, t, 3, &count));
+  ASSERT_EQ(count, 3u);
+  EXPECT_EQ(std::string(t[0].name), long_name.substr(0, sizeof(t[0].name) - 1));
 }
 
 TEST_F(CApiTest, FinalizeThenReinit) {

@@ -17,7 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -676,6 +678,121 @@ TEST(RuntimeTest, TensorWaitingForARankThatShutDownFails) {
                  s.message() == "tensor 'x' can never complete: rank 1 already shut down",
              "got " + s.ToString());
   });
+}
+
+}  // namespace
+}  // namespace braid
+
+namespace braid {
+namespace {
+
+// The compression row of `braidctl status --json` for `method`, or null.
+nlohmann::json CompressionRow(const nlohmann::json& status, const std::string& method) {
+  for (const auto& c : status["compression"]) {
+    if (c["method"] == method) return c;
+  }
+  return nullptr;
+}
+
+// Ranks report their compression byte counters with their heartbeats: `braidctl status`
+// shows them summed over ranks, per method, while the job runs and (from each rank's last
+// report as it leaves) after it ended. An fp16 all-reduce of N float32 elements on 2 ranks
+// is 2 x 4N bytes uncompressed and 2 x 2N payload.
+TEST(StatusTest, BraidctlShowsCompressionBytesSummedOverRanks) {
+  constexpr int64_t kN = 1000;
+  CoordinatorProcess coord(2);
+  ASSERT_FALSE(coord.address().empty());
+  const std::string dir = braid::testing::MakeTempDir("braid_status_");
+  const std::string braidctl =
+      std::string(BRAIDCTL_PATH) + " status --coordinator " + coord.address();
+  RunRanksOptions o;
+  o.ranks = 2;
+  o.deadline = absl::Seconds(90);
+  std::string live_json, live_table;
+  int live_rc = -1, table_rc = -1;
+  o.after_start = [&](const std::vector<pid_t>&) {
+    // Poll until both ranks' heartbeats carried the fp16 all-reduce (they beat every 0.5 s
+    // with BRAID_HEARTBEAT_TIMEOUT_S=2), under a deadline.
+    const absl::Time limit = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < limit) {
+      live_json = RunCommand(braidctl + " --json", &live_rc);
+      if (live_rc == 0) {
+        auto row = CompressionRow(nlohmann::json::parse(live_json, nullptr, false), "fp16");
+        if (row.is_object() && row["ranks_reporting"] == 2) break;
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    live_table = RunCommand(braidctl, &table_rc);
+    FILE* f = fopen((dir + "/checked").c_str(), "w");
+    if (f) fclose(f);
+  };
+  auto exits = RunRanks(o, [&](int rank) {
+    SetRankEnv(coord.address(), rank, 2);
+    setenv("BRAID_HEARTBEAT_TIMEOUT_S", "2", 1);
+    Checker c{rank};
+    Runtime rt;
+    if (!c.Ok(InitRuntime(rt), "init")) return 1;
+    std::vector<float> a(kN, 0.25f), b(kN);
+    CollectiveRequest r = AllReduceOf("g.fp16", a.data(), b.data(), kN, ReduceOp::kSum);
+    r.compression = "fp16";
+    c.Ok(WaitFor(rt.Enqueue(r)), "fp16 all-reduce");
+    c.Ok(WaitFor(rt.Enqueue(AllReduceOf("g.none", a.data(), b.data(), kN, ReduceOp::kSum))),
+         "uncompressed all-reduce");
+    const absl::Time limit = absl::Now() + absl::Seconds(45);
+    while (access((dir + "/checked").c_str(), F_OK) != 0 && absl::Now() < limit) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    c.Ok(rt.Shutdown(), "shutdown");
+    return c.failures == 0 ? 0 : 1;
+  });
+  for (const RankExit& e : exits) EXPECT_EQ(e.exit_code, 0) << "rank " << e.rank;
+  int final_rc = -1;
+  const std::string final_json = RunCommand(braidctl + " --json", &final_rc);
+
+  // int64 fields are strings in proto3 JSON; byte fields are summed over the 2 ranks.
+  auto expect_rows = [&](const std::string& json, const char* when) {
+    SCOPED_TRACE(when);
+    auto j = nlohmann::json::parse(json, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << json;
+    auto fp16 = CompressionRow(j, "fp16");
+    ASSERT_TRUE(fp16.is_object()) << json;
+    EXPECT_EQ(fp16["ranks_reporting"], 2) << json;
+    EXPECT_EQ(fp16["tensors"], "1");
+    EXPECT_EQ(fp16["reductions"], "2");
+    EXPECT_EQ(fp16["uncompressed_bytes"], std::to_string(2 * 4 * kN));
+    EXPECT_EQ(fp16["payload_bytes"], std::to_string(2 * 2 * kN));  // half of uncompressed
+    EXPECT_EQ(fp16["reference_transport_bytes"], std::to_string(2 * 4 * kN));  // 2 x 2(n-1)/n
+    EXPECT_GT(std::stoll(fp16["transport_bytes"].get<std::string>()), 0);
+    EXPECT_EQ(fp16["bytes_before"], std::to_string(4 * kN));  // negotiated, one rank's share
+    EXPECT_EQ(fp16["bytes_after"], std::to_string(2 * kN));
+    EXPECT_EQ(fp16["ratio"], 2.0);
+    auto none = CompressionRow(j, "none");
+    ASSERT_TRUE(none.is_object()) << json;
+    EXPECT_EQ(none["payload_bytes"], none["uncompressed_bytes"]);
+    EXPECT_EQ(none["uncompressed_bytes"], std::to_string(2 * 4 * kN));
+    EXPECT_EQ(none["ratio"], 1.0);
+  };
+  ASSERT_EQ(live_rc, 0) << live_json;
+  expect_rows(live_json, "while the job runs");
+  ASSERT_EQ(final_rc, 0) << final_json;
+  expect_rows(final_json, "after every rank shut down");
+
+  // The table: per method, tensors, uncompressed, payload, transport, ratio, ranks.
+  ASSERT_EQ(table_rc, 0) << live_table;
+  EXPECT_NE(live_table.find("UNCOMPRESSED"), std::string::npos) << live_table;
+  bool found = false;
+  for (const absl::string_view line : absl::StrSplit(live_table, '\n')) {
+    if (!absl::StartsWith(line, "fp16 ")) continue;
+    found = true;
+    std::vector<std::string> cols = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    ASSERT_EQ(cols.size(), 7u) << line;
+    EXPECT_EQ(cols[1], "1");
+    EXPECT_EQ(cols[2], std::to_string(2 * 4 * kN));
+    EXPECT_EQ(cols[3], std::to_string(2 * 2 * kN));
+    EXPECT_EQ(cols[5], "2.00");
+    EXPECT_EQ(cols[6], "2");
+  }
+  EXPECT_TRUE(found) << live_table;
 }
 
 }  // namespace

@@ -42,6 +42,12 @@ def test_lost_peer(np_):
     assert f"rank {np_ - 1}: exiting abruptly" in res.output, res.output
 
 
+@pytest.mark.parametrize("np_", [2, 3])
+def test_compression_stats(np_):
+    """compression_stats(): exact fp16 / fp4 / none byte counts for a 1e6-element tensor."""
+    run("compression_stats.py", np_)
+
+
 SINGLE = r"""
 import inspect, os, sys
 import numpy as np

@@ -4,7 +4,9 @@
 //
 // Asks the coordinator (BRAID_COORDINATOR when --coordinator is not given; braidrun prints
 // its address at start) for the job's status: every rank's host, pid, state and last
-// contact, counters, and the tensors waiting for some ranks (stalled ones flagged, with the
+// contact, counters, per compression method the tensors negotiated and the bytes the ranks
+// measured (uncompressed, payload, transport: summed over ranks, reported with heartbeats),
+// and the tensors waiting for some ranks (stalled ones flagged, with the
 // ranks missing). --json prints the StatusResponse message as JSON with its proto field
 // names (stable: fields are only ever added). An unreachable coordinator: one line on
 // stderr, exit code 2.
@@ -40,13 +42,22 @@ void PrintTable(const braid::proto::StatusResponse& s, const std::string& addres
               static_cast<long long>(s.bytes_negotiated()),
               static_cast<long long>(s.tensors_pending()));
   if (s.compression_size() > 0) {
-    std::printf("\n%-24s %-10s %-16s %-16s %s\n", "COMPRESSION", "TENSORS", "BYTES BEFORE",
-                "BYTES AFTER", "RATIO");
+    // TENSORS as negotiated; the byte columns are what the ranks measured, summed over the
+    // RANKS that reported (proto CompressionStat); "-" until a rank has reported.
+    std::printf("\n%-24s %-10s %-16s %-16s %-16s %-8s %s\n", "COMPRESSION", "TENSORS",
+                "UNCOMPRESSED", "PAYLOAD", "TRANSPORT", "RATIO", "RANKS");
     for (const auto& c : s.compression()) {
-      std::printf("%-24s %-10lld %-16lld %-16lld %.2f\n", c.method().c_str(),
-                  static_cast<long long>(c.tensors()), static_cast<long long>(c.bytes_before()),
-                  static_cast<long long>(c.bytes_after()), c.ratio());
+      const bool reported = c.ranks_reporting() > 0;
+      auto bytes = [reported](int64_t v) {
+        return reported ? absl::StrCat(v) : std::string("-");
+      };
+      const std::string ratio = c.ratio() > 0 ? absl::StrFormat("%.2f", c.ratio()) : "-";
+      std::printf("%-24s %-10lld %-16s %-16s %-16s %-8s %d\n", c.method().c_str(),
+                  static_cast<long long>(c.tensors()), bytes(c.uncompressed_bytes()).c_str(),
+                  bytes(c.payload_bytes()).c_str(), bytes(c.transport_bytes()).c_str(),
+                  ratio.c_str(), c.ranks_reporting());
     }
+    std::printf("(bytes summed over the RANKS that reported; RATIO = uncompressed / payload)\n");
   }
   std::printf("\n%-5s %-20s %-8s %-12s %s\n", "RANK", "HOST", "PID", "STATE", "LAST SEEN");
   for (const auto& r : s.ranks()) {

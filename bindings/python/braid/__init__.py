@@ -11,6 +11,7 @@ Typical use, under ``braidrun -np 4 python3 train.py``::
     braid.allreduce_(grad, op=braid.Sum)              # in place
     h = braid.allgather_async(np.arange(braid.rank() + 1))
     everything = braid.synchronize(h)                  # ranks' rows concatenated
+    braid.compression_stats()["methods"]               # bytes sent, per compression method
     braid.shutdown()                                   # also done at exit
 
 Supported NumPy dtypes: float32, float64, float16, int32, int64, uint8. The runtime also
@@ -64,6 +65,7 @@ from ._ops import (  # noqa: F401
     broadcast_,
     broadcast_async,
     broadcast_async_,
+    compression_stats,
     init,
     is_initialized,
     local_rank,
@@ -83,8 +85,9 @@ __all__ = [
     "Product", "ReduceOp", "SUPPORTED_DTYPES", "Sum", "UnavailableError", "allgather",
     "allgather_async", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async",
-    "broadcast_async_", "init", "is_initialized", "local_rank", "local_size", "poll", "rank",
-    "reducescatter", "reducescatter_async", "shutdown", "size", "synchronize",
+    "broadcast_async_", "compression_stats", "init", "is_initialized", "local_rank",
+    "local_size", "poll", "rank", "reducescatter", "reducescatter_async", "shutdown", "size",
+    "synchronize",
 ]
 
 __version__ = "0.1.0"

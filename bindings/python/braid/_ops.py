@@ -185,6 +185,76 @@ def local_size():
     return _topo(3, _braid.local_size)
 
 
+# --- statistics -----------------------------------------------------------------------------
+
+_BYTE_FIELDS = ("reductions", "uncompressed_bytes", "payload_bytes", "transport_bytes",
+                "reference_transport_bytes")
+
+
+def _with_ratio(d):
+    d["compression_ratio"] = (d["uncompressed_bytes"] / d["payload_bytes"]
+                              if d["payload_bytes"] else 0.0)
+    return d
+
+
+def compression_stats():
+    """This rank's all-reduce byte counters since ``init()``, per compression method and per
+    tensor.
+
+    Returns a dict::
+
+        {"methods": {method: {"tensors", "reductions", "uncompressed_bytes",
+                              "payload_bytes", "transport_bytes",
+                              "reference_transport_bytes", "compression_ratio"}},
+         "tensors": {name: {"method", "reductions", "uncompressed_bytes", "payload_bytes",
+                            "transport_bytes", "reference_transport_bytes",
+                            "compression_ratio"}}}
+
+    ``method`` is the canonical compression spec ("none", "fp16", "fp4", ...); uncompressed
+    all-reduces count under "none". All counts are ints, cumulative over steps, for this rank
+    only (``braidctl status`` shows them summed over ranks):
+
+    - ``tensors``: distinct tensor names all-reduced with the method;
+    - ``reductions``: all-reduces counted (one per tensor per step);
+    - ``uncompressed_bytes``: the tensors' size in their own dtype, in bytes;
+    - ``payload_bytes``: bytes of the compressed representation this rank contributed
+      (e.g. 2 per element for "fp16"; equal to uncompressed_bytes for "none" and for a
+      method's warm-up steps);
+    - ``transport_bytes``: bytes this rank actually sent on the data plane for them;
+    - ``reference_transport_bytes``: bytes a bandwidth-optimal all-reduce of the uncompressed
+      tensors sends per rank, 2(n-1)/n * uncompressed_bytes for world size n (0 when n = 1);
+    - ``compression_ratio``: uncompressed_bytes / payload_bytes, a float (0.0 when nothing
+      was sent).
+
+    A tensor all-reduced with several methods over time (rare) has one entry whose byte
+    fields are summed over them and whose ``method`` joins their specs with " + ".
+
+    Raises FailedPreconditionError before ``init()``, after ``shutdown()`` and in a forked
+    child of an initialized process.
+    """
+    _check_process("compression_stats()")
+    methods, tensors = _braid.compression_report()
+    out_methods = {}
+    for m in methods:
+        d = {"tensors": m["tensors"]}
+        d.update((k, m[k]) for k in _BYTE_FIELDS)
+        out_methods[m["method"]] = _with_ratio(d)
+    out_tensors = {}
+    for t in tensors:  # sorted by (name, method): a name's entries are adjacent
+        d = out_tensors.get(t["name"])
+        if d is None:
+            d = {"method": t["method"]}
+            d.update((k, t[k]) for k in _BYTE_FIELDS)
+            out_tensors[t["name"]] = d
+        else:
+            d["method"] += " + " + t["method"]
+            for k in _BYTE_FIELDS:
+                d[k] += t[k]
+    for d in out_tensors.values():
+        _with_ratio(d)
+    return {"methods": out_methods, "tensors": out_tensors}
+
+
 # --- argument conversion --------------------------------------------------------------------
 
 def _dtype_info(fn, name, dt):

@@ -281,6 +281,67 @@ BRAID_C_EXPORT int braid_handle_copy_output(braid_handle* handle, void* output,
  * reference, completes it, and the name becomes free again then. NULL is ignored. */
 BRAID_C_EXPORT void braid_handle_free(braid_handle* handle);
 
+/* ------------------------------------------------------------------------------------ */
+/* Compression statistics                                                               */
+/* ------------------------------------------------------------------------------------ */
+/*
+ * Byte counters of every all-reduce this rank ran since braid_init(), per compression method
+ * or per (tensor, method). Counts are this rank's own (not summed over ranks; `braidctl
+ * status` shows the sums), cumulative over steps, in bytes:
+ *   uncompressed_bytes         the tensors' bytes in their own dtype, per reduction;
+ *   payload_bytes              the compressed representation this rank contributed (what a
+ *                              compression ratio divides: uncompressed / payload);
+ *   transport_bytes            what this rank actually sent on the data plane for them;
+ *   reference_transport_bytes  what a bandwidth-optimal all-reduce of the uncompressed
+ *                              tensors sends per rank, 2(n-1)/n * uncompressed_bytes, the
+ *                              yardstick transport_bytes compares against.
+ * Uncompressed all-reduces count under method "none" with payload = uncompressed; warm-up
+ * steps of a method (start_step) count under that method with payload = uncompressed.
+ */
+
+typedef enum braid_compression_stats_kind {
+  BRAID_COMPRESSION_STATS_BY_METHOD = 0, /* one entry per method, sorted by method */
+  BRAID_COMPRESSION_STATS_BY_TENSOR = 1  /* one per (tensor, method), sorted by name, method */
+} braid_compression_stats_kind;
+
+/* One entry of braid_compression_stats(). An output struct: the library writes it. Its
+ * struct_size follows the options structs' rule in reverse: the library writes only the
+ * fields inside the caller's struct_size and zero-fills any tail it does not know, so
+ * callers built against an older or newer header both work. Fields added later go at the
+ * end. */
+typedef struct braid_compression_stat {
+  size_t struct_size;   /* sizeof(braid_compression_stat) as compiled by the caller */
+  char method[64];      /* canonical spec ("none", "fp16", "fp4", "powersgd:rank=2"),
+                           NUL-terminated; truncated (still terminated) if longer */
+  char name[256];       /* BY_TENSOR: the tensor's name, NUL-terminated, truncated if
+                           longer; BY_METHOD: "" */
+  uint64_t tensors;     /* BY_METHOD: distinct tensor names reduced with it; BY_TENSOR: 1 */
+  uint64_t reductions;  /* all-reduces counted (one per tensor per step) */
+  uint64_t uncompressed_bytes;
+  uint64_t payload_bytes;
+  uint64_t transport_bytes;
+  uint64_t reference_transport_bytes;
+} braid_compression_stat;
+
+#define BRAID_COMPRESSION_STAT_INIT \
+  { sizeof(braid_compression_stat), "", "", 0, 0, 0, 0, 0, 0 }
+
+/* Fills *stat with zeros and sets its struct_size (same as the macro). NULL is ignored. */
+BRAID_C_EXPORT void braid_compression_stat_init(braid_compression_stat* stat);
+
+/* A snapshot of this rank's compression counters, `kind` = a braid_compression_stats_kind.
+ * Writes the number of entries that exist to *count and the first min(capacity, *count)
+ * of them to out[0..]. `out` is an array of braid_compression_stat whose stride is
+ * out[0].struct_size (set it, e.g. with BRAID_COMPRESSION_STAT_INIT); the library sets every
+ * written entry's struct_size to that value. capacity = 0 (out may then be NULL) just
+ * counts. A capacity below *count is not an error: call again with a larger array (more
+ * entries may exist by then if collectives ran meanwhile).
+ * Errors: FAILED_PRECONDITION (not initialized), INVALID_ARGUMENT (count NULL, out NULL
+ * with capacity > 0, unknown kind, out[0].struct_size below sizeof(size_t) or above 4096).
+ * Nothing is written on error. */
+BRAID_C_EXPORT int braid_compression_stats(int kind, braid_compression_stat* out,
+                                           size_t capacity, size_t* count);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

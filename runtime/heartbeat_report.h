@@ -1,0 +1,18 @@
+// What a rank tells the coordinator in each heartbeat, besides being alive: its per-method
+// compression totals, which the coordinator sums over ranks for `braidctl status`.
+#ifndef BRAID_RUNTIME_HEARTBEAT_REPORT_H_
+#define BRAID_RUNTIME_HEARTBEAT_REPORT_H_
+
+#include "compression/stage.h"
+#include "proto/braid.pb.h"
+
+namespace braid {
+
+// Appends one MethodBytes per method of `stage` (cumulative since the stage was created) to
+// `hb`. O(methods), not O(tensors): it runs on every heartbeat. Thread-safe.
+void AddCompressionTotals(const compression::CompressionStage& stage,
+                          proto::HeartbeatRequest* hb);
+
+}  // namespace braid
+
+#endif  // BRAID_RUNTIME_HEARTBEAT_REPORT_H_
