@@ -365,7 +365,7 @@ def _enqueue(collective, name, arr, code, output=None, op=ReduceOp.Average, root
     _check_process(collective)
     if compression is not None and not isinstance(compression, str):
         raise InvalidArgumentError(f"{collective} '{name}': compression must be a string such "
-                                   f"as 'fp16' or 'powersgd:rank=2', got {compression!r}")
+                                   f"as 'fp16' or 'fp4:ef=1', got {compression!r}")
     native = _braid.enqueue(_COLL[collective], name, code, arr, output, int(op), int(root_rank),
                             list(splits), compression or "")
     h = Handle(native, collective, (arr, output, target), output, target, arr.dtype)
@@ -417,8 +417,15 @@ def allreduce_async(tensor, name=None, op=Average, compression=None):
     the same shape on every rank (non-contiguous arrays are copied first). ``synchronize``
     returns a new C-contiguous array of the same shape and dtype; ``tensor`` is not modified.
     ``op``: braid.Sum, braid.Average (float dtypes only), braid.Min, braid.Max, braid.Product.
-    ``compression``: this tensor's compression spec (e.g. "fp16"; every rank must pass the
-    same); None uses the job's default (BRAID_COMPRESSION).
+    ``compression``: this tensor's compression spec, the same on every rank: "none", "fp16",
+    "bf16" (cast to 16 bits, 1/2 of float32's bytes), "fp4" (radix-4 FP4 with per-chunk
+    GradScale, Sun et al. 2020) or "int4" (4-bit integers), about 1/7.5 of the bytes, with
+    options such as "fp4:chunk=128,ef=1" or "int4:start_step=100" (README: Compression).
+    The result is then approximate, within the bound each method documents, and identical
+    on every rank. None uses the job's default (BRAID_COMPRESSION), which applies only to
+    floating-point tensors with op Sum or Average. Raises InvalidArgumentError for an
+    unknown method or option, a method on an integer tensor or another op, or (from
+    ``synchronize``) ranks asking for different methods.
     """
     name = _next_name("allreduce") if name is None else name
     op = _check_op(op)

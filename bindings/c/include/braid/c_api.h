@@ -138,8 +138,12 @@ typedef struct braid_allreduce_opts {
   size_t struct_size;       /* sizeof(braid_allreduce_opts) as compiled by the caller */
   braid_reduce_op op;       /* default BRAID_AVERAGE (as in Horovod); integer dtypes need
                                another op */
-  const char* compression;  /* NULL or "" = BRAID_COMPRESSION (default "none"); e.g. "fp16",
-                               "powersgd:rank=2"; copied at enqueue time */
+  const char* compression;  /* NULL or "" = BRAID_COMPRESSION (default "none"), which applies
+                               to floating-point sum/average all-reduces only; else a spec:
+                               "none", "fp16", "bf16", "fp4", "int4", with options such as
+                               "fp4:chunk=128,ef=1" (README: Compression). Unknown method or
+                               option, or a method on an integer tensor / other op:
+                               BRAID_INVALID_ARGUMENT. Copied at enqueue time. */
   int32_t process_set_id;   /* 0 = the whole world (default) */
 } braid_allreduce_opts;
 
