@@ -4,7 +4,8 @@
 //   1. every rank quantizes every chunk of every tensor (quantize.h; optionally after adding
 //      its error-feedback residual);
 //   2. all-to-all: rank p receives every rank's codes (and scales) for shard p;
-//   3. rank p decodes them and sums in float32 in rank order 0..n-1 (divides by n to average);
+//   3. rank p decodes them (each scale divided by n to average) and sums them in float32
+//      in rank order 0..n-1;
 //   4. rank p re-quantizes its reduced shard (seeded by tensor and step, not by p, so a
 //      tensor's result does not depend on the bucket it was fused into);
 //   5. all-gather of the re-quantized shards; every rank decodes all of them — also its own

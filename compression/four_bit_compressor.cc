@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include "absl/strings/string_view.h"
 
@@ -125,45 +126,37 @@ class FourBitCompressor : public Compressor {
     absl::Status s = comm.AllToAll(send_.data(), L.shard_bytes, recv_.data(), recv_bytes);
     if (!s.ok()) return s;
 
-    // 3. Decode and sum every rank's codes for this shard, in rank order.
+    // 3+4. Per chunk of this rank's shard, while it sits in L1: decode and sum every rank's
+    // codes in rank order (each divided by n to average), re-quantize. The re-quantization's seed depends
+    // on the tensor, not on which rank owns the shard: which ranks own which chunks depends
+    // on the bucket the tensor landed in (timing decides fusion), and the result must not.
     const size_t first = L.shard_first_chunk[rank], last = L.shard_first_chunk[rank + 1];
-    acc_offset_.assign(last - first + 1, 0);
+    acc_.resize(o_.chunk);
+    gather_send_.resize(mine);
+    const float divisor = ctx.op == ReduceOp::kAverage ? static_cast<float>(n) : 1.0f;
+    size_t seed_tensor = SIZE_MAX;
+    uint32_t seed2 = 0;
     for (size_t i = first; i < last; ++i) {
-      acc_offset_[i - first + 1] = acc_offset_[i - first] + L.chunks[i].count;
-    }
-    acc_.resize(acc_offset_.back());
-    for (int p = 0; p < n; ++p) {
-      const uint8_t* block = recv_.data() + static_cast<size_t>(p) * mine;
-      for (size_t i = first; i < last; ++i) {
-        const FourBitChunk& c = L.chunks[i];
-        float* acc = acc_.data() + acc_offset_[i - first];
-        const float scale = LoadScale(block, c.scale_index);
+      const FourBitChunk& c = L.chunks[i];
+      if (c.tensor != seed_tensor) {
+        seed_tensor = c.tensor;
+        seed2 = StreamSeed(ctx.seed, kAnyRank, tensors[c.tensor].name, step(c.tensor), 2);
+      }
+      float* acc = acc_.data();
+      for (int p = 0; p < n; ++p) {
+        const uint8_t* block = recv_.data() + static_cast<size_t>(p) * mine;
+        // Averaging divides each rank's scale by n (one division per chunk, folded into the
+        // decode table) instead of every element of the sum.
+        const float scale = LoadScale(block, c.scale_index) / divisor;
         if (p == 0) {  // the first rank's values initialise the sum
           Decode(o_.format, block + c.code_offset, c.count, scale, acc);
         } else {
           DecodeAdd(o_.format, block + c.code_offset, c.count, scale, acc);
         }
       }
-    }
-    if (ctx.op == ReduceOp::kAverage) {
-      const float fn = static_cast<float>(n);
-      float* acc = acc_.data();
-      const size_t count = acc_.size();
-      for (size_t i = 0; i < count; ++i) acc[i] /= fn;
-    }
-
-    // 4. Re-quantize the reduced shard. Its seed depends on the tensor, not on which rank owns
-    // the shard: which ranks own which chunks depends on the bucket the tensor landed in
-    // (timing decides fusion), and the result must not.
-    gather_send_.resize(mine);
-    for (size_t i = first; i < last; ++i) {
-      const FourBitChunk& c = L.chunks[i];
-      const float* x = acc_.data() + acc_offset_[i - first];
-      const float sc = ChunkScale(o_.format, x, c.count);
+      const float sc = ChunkScale(o_.format, acc, c.count);
       StoreScale(gather_send_.data(), c.scale_index, sc);
-      Encode(o_.format, x, c.count, sc,
-             StreamSeed(ctx.seed, kAnyRank, tensors[c.tensor].name, step(c.tensor), 2), c.begin,
-             gather_send_.data() + c.code_offset);
+      Encode(o_.format, acc, c.count, sc, seed2, c.begin, gather_send_.data() + c.code_offset);
     }
 
     // 5. All-gather the shards and decode all of them (this rank's too: bit-identical).
@@ -183,7 +176,7 @@ class FourBitCompressor : public Compressor {
   std::string spec_;
   ErrorFeedback ef_;
   // Scratch, reused across steps (no allocation per step in steady state).
-  std::vector<size_t> counts_, acc_offset_;
+  std::vector<size_t> counts_;
   std::vector<uint8_t> send_, recv_, gather_send_, gather_recv_;
   std::vector<float> acc_, sent_;
 };
