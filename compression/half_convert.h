@@ -1,0 +1,19 @@
+// Bulk float32 <-> float16 / bfloat16 conversions of the fp16 / bf16 compressors, round to
+// nearest even, bit-identical to the scalar reference in common/half.h (up to NaN payloads).
+// Own file because it is built with -O3 -fno-trapping-math (see compression/CMakeLists.txt).
+#ifndef BRAID_COMPRESSION_HALF_CONVERT_H_
+#define BRAID_COMPRESSION_HALF_CONVERT_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace braid::compression {
+
+// out[i] = half(in[i] / divisor): bfloat16 when `bf16`, else IEEE float16.
+void ToHalf(const float* in, size_t n, float divisor, bool bf16, uint16_t* out);
+// out[i] = float(in[i]) (exact).
+void FromHalf(const uint16_t* in, size_t n, bool bf16, float* out);
+
+}  // namespace braid::compression
+
+#endif  // BRAID_COMPRESSION_HALF_CONVERT_H_
