@@ -61,6 +61,10 @@ void DecodeAdd(FourBitFormat format, const uint8_t* packed, size_t count, float 
 void PackCodes(const uint8_t* codes, size_t count, uint8_t* packed);
 void UnpackCodes(const uint8_t* packed, size_t count, uint8_t* codes);
 
+// false: only the portable kernels (tests compare them with the AVX2 ones, which must give the
+// same bytes and values). Not thread-safe; default true.
+void UseVectorKernels(bool enabled);
+
 // The uniform in [0, 1) element `index` draws under `seed` (24 bits of a murmur3 finaliser).
 float UniformDraw(uint32_t seed, uint64_t index);
 
