@@ -5,12 +5,7 @@
 #endif
 
 #include "common/half.h"
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define BRAID_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define BRAID_MULTIVERSION
-#endif
+#include "common/multiversion.h"
 
 namespace braid::compression {
 namespace {

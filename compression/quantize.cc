@@ -7,16 +7,11 @@
 #include <immintrin.h>
 #endif
 
+#include "common/multiversion.h"
 
-// Hot loops are multiversioned like transport/reduce.cc: an AVX2 clone and a baseline clone
-// chosen at load time, never -march=native. The loops are written branch-free (selects,
-// fixed-size blocks) so that GCC vectorizes them.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define BRAID_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define BRAID_MULTIVERSION
-#endif
-
+// Hot loops are multiversioned (common/multiversion.h) and written branch-free (selects,
+// fixed-size blocks) so that GCC vectorizes them; where it cannot, AVX2 intrinsics behind a
+// run-time CPU check do the work, checked against the portable loops by the unit tests.
 namespace braid::compression {
 namespace {
 
