@@ -14,9 +14,7 @@
 // kept too); the reported time is the max over ranks, gathered with a small all-reduce.
 // With -c 1 the inputs hold an exact integer pattern and one more call is checked element
 // by element against a locally computed reference (tools/bench/bench_check.h).
-#include <signal.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,6 +38,7 @@
 #include "glog/logging.h"
 #include "tools/bench/bench_check.h"
 #include "tools/bench/bench_math.h"
+#include "tools/bench/bench_ranks.h"
 #include "tools/bench/bench_report.h"
 #include "transport/communicator.h"
 #include "transport/store.h"
@@ -359,17 +358,7 @@ int RunRank(const Config& cfg, int rank, const std::string& store_dir, double me
   return local_wrong > 0 ? 1 : 0;
 }
 
-std::string DescribeWait(int wstatus) {
-  if (WIFEXITED(wstatus)) return absl::StrCat("exit code ", WEXITSTATUS(wstatus));
-  if (WIFSIGNALED(wstatus)) {
-    return absl::StrCat("killed by signal ", WTERMSIG(wstatus), " (", strsignal(WTERMSIG(wstatus)),
-                        ")");
-  }
-  return absl::StrCat("wait status ", wstatus);
-}
-
-// Forks the ranks and waits for them. SIGCHLD is blocked before fork so sigtimedwait() sees
-// every exit without a sleep loop; the children restore the mask at once.
+// Forks the ranks and waits for them (tools/bench/bench_ranks.h).
 int RunParent(const Config& cfg) {
   const double memcpy_gbps = MeasureMemcpyGbps();
 
@@ -380,85 +369,16 @@ int RunParent(const Config& cfg) {
   }
   const std::string store_dir = tmpl;
 
-  sigset_t chld, old_mask;
-  sigemptyset(&chld);
-  sigaddset(&chld, SIGCHLD);
-  sigprocmask(SIG_BLOCK, &chld, &old_mask);
-
-  std::fflush(stdout);
-  std::fflush(stderr);
-  std::vector<pid_t> pids(static_cast<size_t>(cfg.ranks), -1);
-  std::vector<std::optional<int>> exit_codes(pids.size());
-  std::vector<std::string> how(pids.size());
-  int live = 0;
-  bool failed = false;
-  for (int r = 0; r < cfg.ranks; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      sigprocmask(SIG_SETMASK, &old_mask, nullptr);
-      // A lost tcp peer must surface as the Communicator's Unavailable, not kill the rank.
-      signal(SIGPIPE, SIG_IGN);
-      _exit(RunRank(cfg, r, store_dir, memcpy_gbps));
-    }
-    if (pid < 0) {
-      std::fprintf(stderr, "braid-bench: fork for rank %d: %s\n", r, std::strerror(errno));
-      failed = true;
-      break;
-    }
-    pids[static_cast<size_t>(r)] = pid;
-    ++live;
-  }
-
-  // After a failure the others get a short grace to fail on their own (the Communicator should
-  // notice a lost peer), then they are killed; past the deadline everything is killed.
-  const auto deadline = Clock::now() + absl::ToChronoNanoseconds(cfg.deadline);
-  std::optional<Clock::time_point> kill_at;
-  if (failed) kill_at = Clock::now();
-  bool killed = false;
-  while (live > 0) {
-    int wstatus = 0;
-    pid_t pid;
-    while (live > 0 && (pid = waitpid(-1, &wstatus, WNOHANG)) > 0) {
-      auto it = std::find(pids.begin(), pids.end(), pid);
-      if (it == pids.end()) continue;
-      const size_t r = static_cast<size_t>(it - pids.begin());
-      --live;
-      exit_codes[r] = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 2;
-      how[r] = DescribeWait(wstatus);
-      if (*exit_codes[r] == 2 && !kill_at) kill_at = Clock::now() + std::chrono::seconds(5);
-    }
-    if (live == 0) break;
-    auto now = Clock::now();
-    if (!killed && (now >= deadline || (kill_at && now >= *kill_at))) {
-      if (now >= deadline) {
-        std::fprintf(stderr, "braid-bench: deadline of %s passed; killing the ranks left\n",
-                     absl::FormatDuration(cfg.deadline).c_str());
-      }
-      for (size_t r = 0; r < pids.size(); ++r) {
-        if (pids[r] > 0 && !exit_codes[r]) kill(pids[r], SIGKILL);
-      }
-      killed = true;
-    }
-    auto wake = killed ? now + std::chrono::seconds(1) : deadline;
-    if (kill_at && !killed) wake = std::min(wake, *kill_at);
-    auto wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wake - now).count();
-    wait_ns = std::max<int64_t>(wait_ns, 1000000);
-    timespec ts{static_cast<time_t>(wait_ns / 1000000000), static_cast<long>(wait_ns % 1000000000)};
-    sigtimedwait(&chld, nullptr, &ts);
-  }
-  sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+  RanksOptions opts;
+  opts.ranks = cfg.ranks;
+  opts.deadline = cfg.deadline;
+  opts.prog = "braid-bench";
+  const RanksRun run =
+      RunRanks(opts, [&](int r) { return RunRank(cfg, r, store_dir, memcpy_gbps); });
 
   std::error_code ec;
   std::filesystem::remove_all(store_dir, ec);
-
-  int result = failed ? 2 : 0;
-  for (size_t r = 0; r < pids.size(); ++r) {
-    if (!exit_codes[r] || *exit_codes[r] == 0) continue;
-    std::fprintf(stderr, "braid-bench: rank %zu failed: %s%s\n", r, how[r].c_str(),
-                 *exit_codes[r] == 1 ? " (wrong elements)" : "");
-    result = std::max(result, *exit_codes[r] == 1 ? 1 : 2);
-  }
-  return result;
+  return ReportRanks(run, opts.prog, " (wrong elements)");
 }
 
 }  // namespace
