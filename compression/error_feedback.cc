@@ -24,11 +24,22 @@ void ErrorFeedback::Apply(absl::string_view name, float* g, size_t count) {
 void ErrorFeedback::Update(absl::string_view name, const float* p, const float* sent,
                            size_t count) {
   std::vector<float>& e = Slot(name, count);
-  if (beta_ == 1.0f) {
-    for (size_t i = 0; i < count; ++i) e[i] = p[i] - sent[i];
-  } else {
-    const float keep = 1.0f - beta_;
-    for (size_t i = 0; i < count; ++i) e[i] = keep * e[i] + beta_ * (p[i] - sent[i]);
+  const float keep = 1.0f - beta_;
+  size_t nonfinite = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const float d = p[i] - sent[i];
+    // A NaN or infinity (an overflowing step, as loss scaling produces routinely) shows in
+    // this step's result; kept in the residual it would poison every later step, so the
+    // residual of that element starts again from zero.
+    const bool finite = d - d == 0.0f;
+    nonfinite += finite ? 0 : 1;
+    const float next = beta_ == 1.0f ? d : keep * e[i] + beta_ * d;
+    e[i] = finite ? next : 0.0f;
+  }
+  if (nonfinite > 0) {
+    LOG(WARNING) << "tensor '" << name << "': " << nonfinite
+                 << " non-finite elements this step; their error-feedback residual restarts "
+                    "from zero";
   }
 }
 

@@ -28,7 +28,8 @@ class ErrorFeedback {
   void Apply(absl::string_view name, float* g, size_t count);
 
   // e = (1 - beta)·e + beta·(p - sent), where p is what Apply produced and `sent` what the
-  // other ranks will see of it.
+  // other ranks will see of it. Where p - sent is NaN or infinite (a non-finite gradient),
+  // e becomes 0 instead, so one overflowing step does not poison later ones.
   void Update(absl::string_view name, const float* p, const float* sent, size_t count);
 
   // The residual of `name` (empty if none): for tests and statistics.

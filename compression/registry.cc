@@ -1,6 +1,7 @@
 #include "compression/registry.h"
 
 #include <cstdlib>
+#include <set>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -60,7 +61,7 @@ absl::StatusOr<std::string> Normalise(absl::string_view spec, const OptionDef& d
     case Kind::kBool: {
       if (value == "1" || value == "true") return std::string("1");
       if (value == "0" || value == "false") return std::string("0");
-      return bad("0 or 1");
+      return bad("0 or 1 (or false / true)");
     }
     case Kind::kFraction: {
       double v = 0;
@@ -97,22 +98,37 @@ absl::StatusOr<CompressionSpec> ParseCompressionSpec(absl::string_view spec,
   if (spec.empty()) spec = "none";
   std::pair<absl::string_view, absl::string_view> parts =
       absl::StrSplit(spec, absl::MaxSplits(':', 1));
-  const absl::string_view method = parts.first;
+  const absl::string_view method = absl::StripAsciiWhitespace(parts.first);
   const MethodDef* def = nullptr;
   for (const MethodDef& m : Methods()) {
     if (m.name == method && (!m.test_only || options.test_methods)) def = &m;
   }
   if (def == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("compression '", spec, "': unknown method '", method,
-                     "'; valid methods: ", absl::StrJoin(CompressionMethods(options), ", ")));
+    bool test_only = false;
+    for (const MethodDef& m : Methods()) test_only = test_only || (m.test_only && m.name == method);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compression '", spec, "': unknown method '", method,
+        "'; valid methods: ", absl::StrJoin(CompressionMethods(options), ", "),
+        test_only ? " (test-only methods need BRAID_TEST_COMPRESSORS=1)" : ""));
   }
   CompressionSpec out;
   out.method = def->name;
   for (const OptionDef& o : def->options) out.options[o.name] = o.default_value;
-  if (!parts.second.empty()) {
+  const bool has_options = spec.find(':') != absl::string_view::npos;
+  if (has_options) {
+    std::set<std::string> seen;
     for (absl::string_view item : absl::StrSplit(parts.second, ',')) {
       std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+      kv.first = absl::StripAsciiWhitespace(kv.first);
+      kv.second = absl::StripAsciiWhitespace(kv.second);
+      if (kv.first.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "compression '", spec, "': empty option; write method:option=value,option=value"));
+      }
+      if (!seen.insert(std::string(kv.first)).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("compression '", spec, "': option '", kv.first, "' given twice"));
+      }
       const OptionDef* odef = nullptr;
       for (const OptionDef& o : def->options) {
         if (o.name == kv.first) odef = &o;

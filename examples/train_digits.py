@@ -129,8 +129,9 @@ def main(argv=None):
                 params[name] -= np.float32(args.lr) * velocity[name]
             losses.append(shard_loss * (hi - lo) / len(batch))
         # Global mean training loss of the epoch (every rank's weighted shard losses summed).
+        # A metric, not a gradient: exact, whatever the job's default compression is.
         epoch_loss = braid.allreduce(np.array([sum(losses) / max(len(losses), 1)]),
-                                     name="epoch_loss", op=braid.Sum)
+                                     name="epoch_loss", op=braid.Sum, compression="none")
         loss = float(epoch_loss[0])
         if rank == 0 and not args.quiet:
             print(f"epoch {epoch + 1:3d}  loss {loss:.4f}  "

@@ -554,6 +554,11 @@ TEST(Braidrun, BadCompressionSpecIsAUsageError) {
   EXPECT_EQ(r.out, "") << "no rank started";
   EXPECT_THAT(r.err, HasSubstr("braidrun: --compression: compression 'fp5': unknown method 'fp5'; "
                                "valid methods: none, fp16, bf16, fp4, int4"));
+  r = RunBraidrun({"-np", "2", "/bin/echo", "started"}, 30,
+                  CleanEnv({"BRAID_COMPRESSION=fp4:chunk=1"}));
+  EXPECT_EQ(r.exit_code(), 2);
+  EXPECT_THAT(r.err, HasSubstr("braidrun: BRAID_COMPRESSION: compression 'fp4:chunk=1': option "
+                               "'chunk' must be an integer in [2, 2^30], got '1'"));
 }
 
 TEST(Braidrun, MissingCommandExits127) {

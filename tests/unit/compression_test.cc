@@ -294,6 +294,16 @@ TEST(ErrorFeedbackTest, LowPassBetaBlendsTheOldResidual) {
   EXPECT_EQ(ef.residual("t"), (std::vector<float>{0.0f, 0.0f, 0.0f}));
 }
 
+TEST(ErrorFeedbackTest, NonFiniteStepDoesNotPoisonLaterSteps) {
+  for (float beta : {1.0f, 0.5f}) {
+    ErrorFeedback ef(beta);
+    std::vector<float> p = {1.0f, NAN, 2.0f}, sent = {0.5f, NAN, INFINITY};
+    ef.Apply("t", p.data(), 3);
+    ef.Update("t", p.data(), sent.data(), 3);
+    EXPECT_EQ(ef.residual("t"), (std::vector<float>{0.5f * beta, 0.0f, 0.0f})) << beta;
+  }
+}
+
 TEST(RegistryTest, CanonicalFormsAndDefaults) {
   auto canon = [](const char* spec) { return ParseCompressionSpec(spec).value().canonical; };
   EXPECT_EQ(canon(""), "none");
@@ -305,6 +315,7 @@ TEST(RegistryTest, CanonicalFormsAndDefaults) {
   EXPECT_EQ(canon("fp4:ef=true,start_step=5"), "fp4:ef=1,start_step=5");
   EXPECT_EQ(canon("int4:chunk=64"), "int4:chunk=64");
   EXPECT_EQ(canon(" bf16 "), "bf16");
+  EXPECT_EQ(canon("fp4: chunk = 64 , ef=1"), "fp4:chunk=64,ef=1");
   CompressionSpec s = ParseCompressionSpec("int4:chunk=64,start_step=3").value();
   EXPECT_EQ(s.IntOption("chunk"), 64);
   EXPECT_EQ(s.IntOption("ef"), 0);
@@ -322,7 +333,16 @@ TEST(RegistryTest, ErrorsListWhatIsValid) {
   EXPECT_EQ(ParseCompressionSpec("fp4:chunk=1").status().message(),
             "compression 'fp4:chunk=1': option 'chunk' must be an integer in [2, 2^30], got '1'");
   EXPECT_EQ(ParseCompressionSpec("int4:ef=yes").status().message(),
-            "compression 'int4:ef=yes': option 'ef' must be 0 or 1, got 'yes'");
+            "compression 'int4:ef=yes': option 'ef' must be 0 or 1 (or false / true), got 'yes'");
+  EXPECT_EQ(ParseCompressionSpec("fp4:ef=1,ef=0").status().message(),
+            "compression 'fp4:ef=1,ef=0': option 'ef' given twice");
+  EXPECT_EQ(ParseCompressionSpec("fp4:").status().message(),
+            "compression 'fp4:': empty option; write method:option=value,option=value");
+  EXPECT_EQ(ParseCompressionSpec("fp4:chunk=64,").status().message(),
+            "compression 'fp4:chunk=64,': empty option; write method:option=value,option=value");
+  EXPECT_EQ(ParseCompressionSpec("test_randomk").status().message(),
+            "compression 'test_randomk': unknown method 'test_randomk'; valid methods: none, "
+            "fp16, bf16, fp4, int4 (test-only methods need BRAID_TEST_COMPRESSORS=1)");
   // Test-only methods exist only when asked for.
   EXPECT_FALSE(ParseCompressionSpec("test_randomk").ok());
   RegistryOptions with_tests;

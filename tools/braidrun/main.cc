@@ -180,14 +180,17 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
 
-  // A bad compression spec fails here, once, not in every rank's init.
-  if (o_compression->count()) {
+  // A bad compression spec (the flag's, else an inherited BRAID_COMPRESSION) fails here,
+  // once, not in every rank's init.
+  const char* env_compression = std::getenv("BRAID_COMPRESSION");
+  if (o_compression->count() || (env_compression != nullptr && *env_compression != '\0')) {
     braid::compression::RegistryOptions ro;
     const char* tests = std::getenv("BRAID_TEST_COMPRESSORS");
     ro.test_methods = tests != nullptr && std::string(tests) == "1";
-    auto spec = braid::compression::ParseCompressionSpec(compression, ro);
+    const bool flag = o_compression->count() > 0;
+    auto spec = braid::compression::ParseCompressionSpec(flag ? compression : env_compression, ro);
     if (!spec.ok()) {
-      Fail(absl::StrCat("--compression: ", spec.status().message()));
+      Fail(absl::StrCat(flag ? "--compression: " : "BRAID_COMPRESSION: ", spec.status().message()));
       return kUsageError;
     }
   }

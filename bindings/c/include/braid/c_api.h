@@ -315,7 +315,7 @@ typedef enum braid_compression_stats_kind {
  * end. */
 typedef struct braid_compression_stat {
   size_t struct_size;   /* sizeof(braid_compression_stat) as compiled by the caller */
-  char method[64];      /* canonical spec ("none", "fp16", "fp4", "powersgd:rank=2"),
+  char method[64];      /* canonical spec ("none", "fp16", "fp4:ef=1"),
                            NUL-terminated; truncated (still terminated) if longer */
   char name[256];       /* BY_TENSOR: the tensor's name, NUL-terminated, truncated if
                            longer; BY_METHOD: "" */
