@@ -37,6 +37,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "tools/bench/bench_check.h"
+#include "tools/bench/bench_buffer.h"
 #include "tools/bench/bench_math.h"
 #include "tools/bench/bench_ranks.h"
 #include "tools/bench/bench_report.h"
@@ -79,21 +80,6 @@ bool IsReduction(Collective c) {
 // and reduce-scatter have no documented aliasing rule, so they are measured out of place only.
 bool HasInPlace(Collective c) { return c == Collective::kAllReduce; }
 
-// Page-aligned, touched once (so no page fault lands in a timed loop).
-struct Buffer {
-  explicit Buffer(size_t bytes) : size(std::max<size_t>(bytes, 1)) {
-    void* p = nullptr;
-    if (posix_memalign(&p, 4096, size) != 0) p = nullptr;
-    CHECK(p != nullptr) << "cannot allocate " << size << " bytes";
-    std::memset(p, 0, size);
-    data = static_cast<char*>(p);
-  }
-  ~Buffer() { free(data); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  size_t size;
-  char* data;
-};
 
 // Single-thread memcpy bandwidth of a 64 MiB buffer already touched: bytes copied per second,
 // median of 9 copies. Measured in the parent before fork, with no rank running.

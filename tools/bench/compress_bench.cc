@@ -64,6 +64,7 @@
 #include "compression/registry.h"
 #include "glog/logging.h"
 #include "nlohmann/json.hpp"
+#include "tools/bench/bench_buffer.h"
 #include "tools/bench/bench_math.h"
 #include "tools/bench/bench_ranks.h"
 #include "transport/communicator.h"
@@ -134,22 +135,6 @@ absl::StatusOr<Method> ParseMethod(const std::string& text) {
   return m;
 }
 
-// Page-aligned, touched once (page faults cost ~15 us per page in these VMs: TRAPS.md).
-struct Buffer {
-  explicit Buffer(size_t bytes) : size(std::max<size_t>(bytes, 1)) {
-    void* p = nullptr;
-    if (posix_memalign(&p, 4096, size) != 0) p = nullptr;
-    CHECK(p != nullptr) << "cannot allocate " << size << " bytes";
-    std::memset(p, 0, size);
-    data = static_cast<char*>(p);
-  }
-  ~Buffer() { free(data); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  float* floats() { return reinterpret_cast<float*>(data); }
-  size_t size;
-  char* data;
-};
 
 template <typename F>
 double SecondsOf(F&& f) {
