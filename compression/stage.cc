@@ -12,6 +12,16 @@ uint64_t ReferenceTransport(uint64_t bytes, int n) {
   return n <= 1 ? 0 : 2 * bytes * static_cast<uint64_t>(n - 1) / static_cast<uint64_t>(n);
 }
 
+// Counters of one reduction sent as is (no compression, or a warm-up step).
+ByteStats Plain(uint64_t bytes, uint64_t transport_bytes, int n) {
+  ByteStats b;
+  b.reductions = 1;
+  b.uncompressed_bytes = b.payload_bytes = bytes;
+  b.transport_bytes = transport_bytes;
+  b.reference_transport_bytes = ReferenceTransport(bytes, n);
+  return b;
+}
+
 }  // namespace
 
 void ByteStats::Add(const ByteStats& o) {
@@ -65,12 +75,7 @@ absl::Status CompressionStage::Reduce(const std::string& spec,
       absl::Status s = comm.AllReduce(t.data, t.data, t.count, DataType::kFloat32, op);
       if (!s.ok()) return s;
       ++step;
-      ByteStats b;
-      b.reductions = 1;
-      b.uncompressed_bytes = b.payload_bytes = t.count * element_bytes;
-      b.transport_bytes = comm.stats().bytes_sent - before;
-      b.reference_transport_bytes = ReferenceTransport(b.uncompressed_bytes, n);
-      Record(t.name, spec, b);
+      Record(t.name, spec, Plain(t.count * element_bytes, comm.stats().bytes_sent - before, n));
       continue;
     }
     compressed.push_back(t);
@@ -109,12 +114,7 @@ absl::Status CompressionStage::Reduce(const std::string& spec,
 
 void CompressionStage::RecordUncompressed(absl::string_view name, uint64_t bytes,
                                           uint64_t transport_bytes, int world_size) {
-  ByteStats b;
-  b.reductions = 1;
-  b.uncompressed_bytes = b.payload_bytes = bytes;
-  b.transport_bytes = transport_bytes;
-  b.reference_transport_bytes = ReferenceTransport(bytes, world_size);
-  Record(name, "none", b);
+  Record(name, "none", Plain(bytes, transport_bytes, world_size));
 }
 
 void CompressionStage::Record(absl::string_view name, const std::string& method,

@@ -14,8 +14,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "common/half.h"
 #include "common/status_macros.h"
+#include "compression/half_convert.h"
 #include "compression/stage.h"
 #include "coordinator/client.h"
 #include "coordinator/server.h"
@@ -67,17 +67,17 @@ std::vector<int64_t> EvenRows(int64_t rows, int size) {
   return out;
 }
 
-// float16 / bfloat16 / float32 / float64 -> the compression stage's float32 work buffer.
+// float16 / bfloat16 / float32 / float64 -> the compression stage's float32 work buffer. The
+// 16-bit conversions are the compression kernels' (vectorized, round to nearest even).
 void ToFloat32(const void* in, DataType dtype, size_t n, float* out) {
   switch (dtype) {
     case DataType::kFloat32:
       if (n) std::memcpy(out, in, n * sizeof(float));
       return;
     case DataType::kFloat16:
-      for (size_t i = 0; i < n; ++i) out[i] = Float16ToFloat(static_cast<const uint16_t*>(in)[i]);
-      return;
     case DataType::kBFloat16:
-      for (size_t i = 0; i < n; ++i) out[i] = BFloat16ToFloat(static_cast<const uint16_t*>(in)[i]);
+      compression::FromHalf(static_cast<const uint16_t*>(in), n, dtype == DataType::kBFloat16,
+                            out);
       return;
     case DataType::kFloat64:
       for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<const double*>(in)[i]);
@@ -87,17 +87,16 @@ void ToFloat32(const void* in, DataType dtype, size_t n, float* out) {
   }
 }
 
-// The inverse (round to nearest even for the 16-bit types).
+// The inverse.
 void FromFloat32(const float* in, DataType dtype, size_t n, void* out) {
   switch (dtype) {
     case DataType::kFloat32:
       if (n && out != in) std::memcpy(out, in, n * sizeof(float));
       return;
     case DataType::kFloat16:
-      for (size_t i = 0; i < n; ++i) static_cast<uint16_t*>(out)[i] = FloatToFloat16(in[i]);
-      return;
     case DataType::kBFloat16:
-      for (size_t i = 0; i < n; ++i) static_cast<uint16_t*>(out)[i] = FloatToBFloat16(in[i]);
+      compression::ToHalf(in, n, /*divisor=*/1.0f, dtype == DataType::kBFloat16,
+                          static_cast<uint16_t*>(out));
       return;
     case DataType::kFloat64:
       for (size_t i = 0; i < n; ++i) static_cast<double*>(out)[i] = in[i];
