@@ -19,8 +19,8 @@ std::chrono::system_clock::time_point Deadline(absl::Duration d) {
   return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(d);
 }
 
-// transport::Store over the coordinator's KeyValue RPCs.
-class GrpcStore final : public transport::Store {
+// Store over the coordinator's KeyValue RPCs.
+class GrpcStore final : public Store {
  public:
   explicit GrpcStore(proto::Coordinator::Stub* stub) : stub_(stub) {}
   absl::Status Set(const std::string& key, const std::string& value) override {
@@ -81,7 +81,7 @@ class GrpcClient final : public CoordinatorClient {
     return resp;
   }
 
-  transport::Store* store() override { return &store_; }
+  Store* store() override { return &store_; }
 
   absl::Status StartNegotiation(int rank,
                                 std::function<void(const proto::ResponseList&)> on_message,

@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/braid.pb.h"
-#include "transport/store.h"
+#include "common/store.h"
 
 namespace braid {
 
@@ -21,7 +21,7 @@ class CoordinatorClient {
   virtual absl::StatusOr<proto::RegisterResponse> Register(const proto::RegisterRequest& req,
                                                            absl::Duration timeout) = 0;
   // The coordinator's key-value store, for the data plane's address exchange.
-  virtual transport::Store* store() = 0;
+  virtual Store* store() = 0;
 
   // Opens this rank's negotiation stream. `on_message` is called for every ResponseList in
   // order, and `on_closed` once when the stream ends (OK after Close(), Unavailable when the

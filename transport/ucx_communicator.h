@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "transport/communicator.h"
-#include "transport/store.h"
+#include "common/store.h"
 
 namespace braid::transport {
 

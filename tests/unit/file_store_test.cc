@@ -16,9 +16,9 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "transport/store.h"
+#include "common/store.h"
 
-namespace braid::transport {
+namespace braid {
 namespace {
 
 class FileStoreTest : public ::testing::Test {
@@ -180,4 +180,4 @@ TEST_F(FileStoreTest, KeysWithSlashesAndSpecialNamesStayDistinct) {
 }
 
 }  // namespace
-}  // namespace braid::transport
+}  // namespace braid

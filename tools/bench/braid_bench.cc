@@ -42,7 +42,7 @@
 #include "tools/bench/bench_ranks.h"
 #include "tools/bench/bench_report.h"
 #include "transport/communicator.h"
-#include "transport/store.h"
+#include "common/store.h"
 #include "transport/ucx_communicator.h"
 
 namespace braid::bench {
@@ -270,7 +270,7 @@ int RunRank(const Config& cfg, int rank, const std::string& store_dir, double me
   int64_t local_wrong = 0;
   bool header_printed = false;
   auto sweep = [&]() -> absl::Status {
-    transport::FileStore store(store_dir);
+    FileStore store(store_dir);
     transport::UcxOptions opts = cfg.ucx_base;
     opts.rank = rank;
     opts.size = cfg.ranks;

@@ -68,7 +68,7 @@
 #include "tools/bench/bench_math.h"
 #include "tools/bench/bench_ranks.h"
 #include "transport/communicator.h"
-#include "transport/store.h"
+#include "common/store.h"
 #include "transport/ucx_communicator.h"
 
 namespace braid::bench {
@@ -752,7 +752,7 @@ int RunRank(const Config& cfg, int rank, const std::string& store_dir, Outcome o
   int64_t local_wrong = 0;
   bool header = false;
   auto body = [&]() -> absl::Status {
-    transport::FileStore store(store_dir);
+    FileStore store(store_dir);
     transport::UcxOptions opts = cfg.ucx_base;
     opts.rank = rank;
     opts.size = cfg.ranks;

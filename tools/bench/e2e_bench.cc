@@ -51,7 +51,7 @@ struct Options {
 int RunRank(int rank, const Options& o, const std::vector<size_t>& sizes,
             const std::string& store_dir, const std::string& coordinator,
             const std::string& out_path) {
-  braid::transport::FileStore store(store_dir);
+  braid::FileStore store(store_dir);
   braid::transport::UcxOptions uo;
   uo.rank = rank;
   uo.size = o.ranks;

@@ -20,9 +20,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "transport/store.h"
+#include "common/store.h"
 
-namespace braid::transport {
+namespace braid {
 namespace {
 
 constexpr absl::Duration kFirstBackoff = absl::Milliseconds(1);
@@ -191,4 +191,4 @@ absl::Status FileStore::Wait(const std::vector<std::string>& keys, absl::Duratio
   }
 }
 
-}  // namespace braid::transport
+}  // namespace braid

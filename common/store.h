@@ -1,8 +1,10 @@
 // Rendezvous key-value store, after gloo's and c10d's Store: ranks publish their data-plane
 // addresses under agreed keys and wait for each other's. The gRPC coordinator implements
-// the same interface later; FileStore serves tests and the benchmark until then.
-#ifndef BRAID_TRANSPORT_STORE_H_
-#define BRAID_TRANSPORT_STORE_H_
+// the same interface over its KeyValue RPCs; FileStore serves tests and the benchmarks. It
+// lives in common/ because it is no transport type: the coordinator serves it without
+// linking the data plane.
+#ifndef BRAID_COMMON_STORE_H_
+#define BRAID_COMMON_STORE_H_
 
 #include <chrono>
 #include <memory>
@@ -13,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
-namespace braid::transport {
+namespace braid {
 
 class Store {
  public:
@@ -41,6 +43,6 @@ class FileStore : public Store {
   std::string directory_;
 };
 
-}  // namespace braid::transport
+}  // namespace braid
 
-#endif  // BRAID_TRANSPORT_STORE_H_
+#endif  // BRAID_COMMON_STORE_H_
