@@ -71,7 +71,8 @@ _COLL = _braid.COLLECTIVES
 
 _lock = threading.Lock()
 _counters = {}       # collective -> next default-name index
-_inflight = {}       # id(handle) -> Handle: keeps arrays alive until the runtime is done
+_inflight = {}       # id(handle) -> handle: keeps arrays/tensors alive until the runtime is done
+_sweep_at = 64       # sweep _inflight for completed handles once it holds this many
 _init_pid = None     # the process that called init() (forked children must not shut it down)
 _topology = None     # (rank, size, local_rank, local_size) at init, for forked children
 _atexit_registered = False
@@ -93,6 +94,25 @@ def _next_name(collective):
         n = _counters.get(collective, 0)
         _counters[collective] = n + 1
     return f"{collective}.noname.{n}"
+
+
+def _keep_alive(handle):
+    """Registers an in-flight handle (numpy or torch) so that its buffers outlive the caller's
+    references until the runtime is done with them. A handle leaves on completion (its
+    ``_finish``); handles the caller dropped without synchronizing are swept out once the
+    registry doubles, so a step that enqueues many tensors costs O(1) per enqueue."""
+    global _sweep_at
+    with _lock:
+        _inflight[id(handle)] = handle
+        if len(_inflight) >= _sweep_at:
+            for k in [k for k, v in _inflight.items() if v._native.poll()]:
+                del _inflight[k]
+            _sweep_at = max(64, 2 * len(_inflight))
+
+
+def _forget(handle):
+    with _lock:
+        _inflight.pop(id(handle), None)
 
 
 def _atexit_shutdown():
@@ -356,8 +376,7 @@ class Handle:
             self._done = True
             self._keep = None
             self._output = None
-            with _lock:
-                _inflight.pop(id(self), None)
+            _forget(self)
 
 
 def _enqueue(collective, name, arr, code, output=None, op=ReduceOp.Average, root_rank=0,
@@ -369,12 +388,7 @@ def _enqueue(collective, name, arr, code, output=None, op=ReduceOp.Average, root
     native = _braid.enqueue(_COLL[collective], name, code, arr, output, int(op), int(root_rank),
                             list(splits), compression or "")
     h = Handle(native, collective, (arr, output, target), output, target, arr.dtype)
-    with _lock:
-        # Forget completed handles; keep the arrays of running ones alive even if the caller
-        # drops its Handle.
-        for k in [k for k, v in _inflight.items() if v._native.poll()]:
-            del _inflight[k]
-        _inflight[id(h)] = h
+    _keep_alive(h)  # the arrays of a running collective outlive a dropped Handle
     return h
 
 
@@ -570,3 +584,57 @@ def barrier(name=None):
     name = _next_name("barrier") if name is None else name
     arr = np.empty((0,), dtype=np.uint8)
     synchronize(_enqueue("barrier", name, arr, _braid.DTYPES["uint8"], op=ReduceOp.Sum))
+
+
+# --- Python objects -------------------------------------------------------------------------
+
+def _default_object_name(kind, name):
+    # Not the object's type name (as some frameworks do): a non-root rank usually passes None,
+    # and the names must agree across ranks.
+    return _next_name(kind) if name is None else name
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """Returns ``root_rank``'s ``obj`` on every rank (pickled, sent as bytes).
+
+    Every rank calls it; the object other ranks pass is ignored (None is usual). ``obj``
+    must be picklable (the standard ``pickle`` module; lambdas and local classes are not).
+    Two broadcasts travel: the pickle's length (int64), then its bytes (uint8), named
+    ``NAME.size`` and ``NAME.bytes``; ``name`` defaults to ``"broadcast_object.noname.<n>"``.
+    Ranks unpickle what the root sends: use it only among the ranks of one job, which trust
+    each other. Raises the collectives' errors (InvalidArgumentError for a bad root rank).
+    """
+    import pickle
+    name = _default_object_name("broadcast_object", name)
+    if rank() == root_rank:
+        payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+        length = np.array([payload.size], np.int64)
+    else:
+        payload, length = None, np.zeros(1, np.int64)
+    broadcast_(length, root_rank, name=name + ".size")
+    if payload is None:
+        payload = np.empty(int(length[0]), np.uint8)
+    out = broadcast_(np.array(payload), root_rank, name=name + ".bytes")
+    return obj if rank() == root_rank else pickle.loads(out.tobytes())
+
+
+def allgather_object(obj, name=None):
+    """Returns the list of every rank's ``obj``, in rank order (pickled, sent as bytes).
+
+    Two all-gathers run concurrently: the pickles' lengths (int64) and their bytes (uint8),
+    named ``NAME.size`` and ``NAME.bytes``; ``name`` defaults to
+    ``"allgather_object.noname.<n>"``. ``obj`` must be picklable. As with broadcast_object,
+    ranks unpickle each other's bytes: use it only within one job.
+    """
+    import pickle
+    name = _default_object_name("allgather_object", name)
+    payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    h_len = allgather_async(np.array([payload.size], np.int64), name=name + ".size")
+    h_bytes = allgather_async(payload, name=name + ".bytes")
+    lengths = synchronize(h_len)
+    data = synchronize(h_bytes)
+    out, offset = [], 0
+    for n in lengths.tolist():
+        out.append(pickle.loads(data[offset:offset + n].tobytes()))
+        offset += n
+    return out
