@@ -197,8 +197,7 @@ def main(argv=None):
     transport, uncompressed, payload = wire_bytes()
     ratio = uncompressed / payload if payload else 0.0
     if rank == 0:
-        target = (f"{time_to_target:.1f} s" if time_to_target is not None else
-                  f"not reached")
+        target = f"{time_to_target:.1f} s" if time_to_target is not None else "not reached"
         print(f"final test accuracy {100 * history[-1]['test_accuracy']:.2f}%  wall time "
               f"{wall:.1f} s  time to {100 * args.target_accuracy:g}%: {target}", flush=True)
         print(f"gradient bytes on the wire (all ranks): {transport / 1e6:.1f} MB  "

@@ -45,19 +45,20 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _run_ddp(out, np_, timeout=180):
-    """The DDP reference: torchrun's variables set by hand (torchrun itself does not start on
-    Debian's Python 3.11)."""
-    port = _free_port()
+def _run_torchrun_style(mode, out, np_, timeout=180):
+    """Ranks started the way torchrun starts them: its variables set by hand (torchrun itself
+    does not start on Debian's Python 3.11). braid's rank 0 then hosts the coordinator on
+    MASTER_ADDR at BRAID_COORDINATOR_PORT."""
+    port, braid_port = _free_port(), _free_port()
     procs = []
     for r in range(np_):
         env = braid_launch.rank_env(braid_launch.build_dir(), {
             "RANK": str(r), "WORLD_SIZE": str(np_), "LOCAL_RANK": str(r),
             "LOCAL_WORLD_SIZE": str(np_), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "GLOO_SOCKET_IFNAME": "lo"})
+            "BRAID_COORDINATOR_PORT": str(braid_port), "GLOO_SOCKET_IFNAME": "lo"})
         procs.append(subprocess.Popen(
             [braid_launch.PYTHON, str(braid_launch.REPO / "tests/python/workers/torch_ddp_compare.py"),
-             "ddp", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+             mode, str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True))
     outputs = []
     try:
@@ -69,13 +70,14 @@ def _run_ddp(out, np_, timeout=180):
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
     for r, p in enumerate(procs):
-        assert p.returncode == 0, f"DDP rank {r} exited with {p.returncode}:\n" + "\n".join(outputs)
+        assert p.returncode == 0, (f"{mode} rank {r} exited with {p.returncode}:\n"
+                                   + "\n".join(outputs))
 
 
 def test_matches_distributed_data_parallel(tmp_path):
     """braid's DistributedOptimizer and DDP (gloo), same model, data, seed and batch split:
     the parameters agree within float32 tolerance after 20 steps, on every rank."""
-    _run_ddp(tmp_path / "ddp", 2)
+    _run_torchrun_style("ddp", tmp_path / "ddp", 2)
     res = braid_launch.run_worker("torch_ddp_compare.py", 2, args=("braid", tmp_path / "braid"))
     assert res.returncode == 0, res.output
     ddp = [torch.load(tmp_path / f"ddp.rank{r}.pt") for r in range(2)]
@@ -97,6 +99,15 @@ def test_matches_distributed_data_parallel(tmp_path):
     init = mod.Net().state_dict()
     moved = max(float((ours[0][n] - init[n]).abs().max()) for n in init)
     assert moved > 1e-2, f"parameters barely moved ({moved}): the comparison is vacuous"
+
+
+def test_torchrun_style_launch(tmp_path):
+    """braid.torch started as torchrun starts ranks (RANK, WORLD_SIZE, MASTER_ADDR, ...; no
+    braidrun) trains like under braidrun: the same parameters on both ranks."""
+    _run_torchrun_style("braid", tmp_path / "tr", 2)
+    ranks = [torch.load(tmp_path / f"tr.rank{r}.pt") for r in range(2)]
+    for name in ranks[0]:
+        assert torch.equal(ranks[0][name], ranks[1][name]), name
 
 
 SINGLE = r"""

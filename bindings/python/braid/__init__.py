@@ -54,7 +54,6 @@ from ._ops import (  # noqa: F401
     UnavailableError,
     allgather,
     allgather_async,
-    allgather_object,
     allreduce,
     allreduce_,
     allreduce_async,
@@ -66,7 +65,6 @@ from ._ops import (  # noqa: F401
     broadcast_,
     broadcast_async,
     broadcast_async_,
-    broadcast_object,
     compression_stats,
     init,
     is_initialized,
@@ -80,6 +78,8 @@ from ._ops import (  # noqa: F401
     size,
     synchronize,
 )
+
+from ._objects import allgather_object, broadcast_object  # noqa: F401
 
 __all__ = [
     "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 import braid  # noqa: E402
 import braid.torch as hvd  # noqa: E402
-from _common import check, expect_raises, fail, log, main  # noqa: E402
+from _common import check, expect_raises, log, main  # noqa: E402
 from _torch_common import check_tensor  # noqa: E402
 
 torch.set_num_threads(1)

@@ -6,6 +6,7 @@ build every rank's batch from (step, rank)): with equal batches per rank, the av
 ranks of the per-rank mean gradients is the mean gradient of the union.
 """
 
+import gc
 import os
 import sys
 
@@ -181,6 +182,36 @@ def check_sparse(size, rank):
     check_tensor(results[1], ref.weight.detach(), "sparse_as_dense", tol=TOL)
 
 
+def check_rewrap(size, rank):
+    """A model wrapped again after its first DistributedOptimizer was dropped: the old hooks
+    are inert at once, without waiting for the garbage collector (no second all-reduce of the
+    same names, no stale optimizer stepping)."""
+    gc.disable()  # no collection may rescue broken code: refcounts alone must do it
+    try:
+        _rewrap(size, rank)
+    finally:
+        gc.enable()
+
+
+def _rewrap(size, rank):
+    model = new_model()
+    first = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters())
+    del first
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    x, y = batch(11, rank)
+    F.cross_entropy(model(x), y).backward()
+    opt.synchronize()
+    ref = new_model()
+    xs, ys = zip(*(batch(11, r) for r in range(size)))
+    F.cross_entropy(ref(torch.cat(xs)), torch.cat(ys)).backward()
+    check_tensor(model.fc1.weight.grad, ref.fc1.weight.grad, "gradient after re-wrapping",
+                 tol=TOL)
+    with opt.skip_synchronize():
+        opt.step()
+
+
 def check_misuse(size, rank):
     E, P = hvd.InvalidArgumentError, hvd.FailedPreconditionError
     model = new_model()
@@ -216,7 +247,8 @@ def check_misuse(size, rank):
 def body():
     hvd.init()
     size, rank = hvd.size(), hvd.rank()
-    for fn in (check_equivalence, check_unused_and_synchronize, check_sparse, check_misuse):
+    for fn in (check_equivalence, check_unused_and_synchronize, check_sparse, check_rewrap,
+               check_misuse):
         fn(size, rank)
     hvd.shutdown()
 

@@ -12,7 +12,7 @@ import torch
 
 from .. import _braid
 from .. import _ops
-from .._ops import (  # noqa: F401  (re-exported)
+from .._ops import (  # re-exported by braid.torch
     AlreadyExistsError,
     BraidError,
     CancelledError,
@@ -22,6 +22,13 @@ from .._ops import (  # noqa: F401  (re-exported)
     InvalidArgumentError,
     UnavailableError,
 )
+
+__all__ = [
+    "Adasum", "AlreadyExistsError", "Average", "BraidError", "CancelledError",
+    "DeadlineExceededError", "FailedPreconditionError", "global_process_set", "Handle",
+    "InternalError", "InvalidArgumentError", "Max", "Min", "poll", "Product", "ReduceOp",
+    "staging_copies", "Sum", "SUPPORTED_DTYPES", "synchronize", "UnavailableError",
+]
 
 # --- ops ------------------------------------------------------------------------------------
 

@@ -8,12 +8,12 @@ The Horovod recipe starts every rank from rank 0's weights and optimizer state::
 
 import torch
 
-from .. import _ops
+from .. import _objects, _ops
 from . import mpi_ops
 from ._handles import InvalidArgumentError
 
-broadcast_object = _ops.broadcast_object
-allgather_object = _ops.allgather_object
+broadcast_object = _objects.broadcast_object
+allgather_object = _objects.allgather_object
 
 
 def _named_tensors(params):
@@ -89,7 +89,7 @@ def _broadcast_state(state, root_rank, name):
     on every rank: the structure and non-tensor values exactly (pickled), the tensors by
     broadcast (a rank allocates them from the root's shapes and dtypes)."""
     tensors = []
-    skel = _ops.broadcast_object(_skeleton(state, tensors), root_rank, name=name + ".layout")
+    skel = _objects.broadcast_object(_skeleton(state, tensors), root_rank, name=name + ".layout")
     if _ops.rank() == root_rank:
         bufs = [t.detach() for t in tensors]
     else:

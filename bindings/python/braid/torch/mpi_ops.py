@@ -58,6 +58,18 @@ from ._handles import (  # noqa: F401  (re-exported)
 )
 from . import compression as _compression
 
+# Horovod's horovod.torch.mpi_ops exports the ops, errors and handle functions too.
+__all__ = [
+    "Adasum", "allgather", "allgather_async", "allreduce", "allreduce_", "allreduce_async",
+    "allreduce_async_", "alltoall", "alltoall_async", "AlreadyExistsError", "Average",
+    "barrier", "BraidError", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "CancelledError", "DeadlineExceededError", "FailedPreconditionError", "global_process_set",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "Handle", "InternalError", "InvalidArgumentError", "Max", "Min",
+    "poll", "Product", "reducescatter", "reducescatter_async", "ReduceOp", "staging_copies",
+    "Sum", "SUPPORTED_DTYPES", "synchronize", "UnavailableError",
+]
+
 def _needs_grad(tensor):
     return isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled()
 

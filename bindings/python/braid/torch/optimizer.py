@@ -9,6 +9,7 @@ the wrapped optimizer's update on the averaged gradients.
 
 import contextlib
 import warnings
+import weakref
 
 import torch
 
@@ -83,8 +84,15 @@ class _DistributedMixin:
             self._grad_accs.append(acc)  # the node lives as long as someone holds it
 
     def _make_hook(self, p):
+        # The hook holds the optimizer weakly: the accumulator node (which the parameter keeps
+        # while anyone holds it) must not keep a discarded DistributedOptimizer alive and
+        # all-reducing; once the optimizer is gone, its hooks do nothing.
+        me = weakref.ref(self)
+
         def hook(*_):
-            self._on_gradient(p)
+            opt = me()
+            if opt is not None:
+                opt._on_gradient(p)
         return hook
 
     # -- the hook and the reductions -----------------------------------------------------
