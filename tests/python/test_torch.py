@@ -111,7 +111,11 @@ def test_torchrun_style_launch(tmp_path):
 
 
 SINGLE = r"""
-import torch, braid.torch as hvd
+import inspect, torch, braid.torch as hvd
+for n in hvd.__all__:
+    obj = getattr(hvd, n)
+    if inspect.isfunction(obj) or inspect.isclass(obj):
+        assert obj.__doc__, f"braid.torch.{n} has no docstring"
 hvd.init()
 assert (hvd.size(), hvd.rank(), hvd.cross_size(), hvd.cross_rank()) == (1, 0, 1, 0)
 torch.manual_seed(0)

@@ -14,6 +14,9 @@ Typical use, under ``braidrun -np 4 python3 train.py``::
     braid.compression_stats()["methods"]               # bytes sent, per compression method
     braid.shutdown()                                   # also done at exit
 
+PyTorch: ``import braid.torch as hvd`` gives Horovod's PyTorch API (tensors, a
+DistributedOptimizer, state broadcast) over the same runtime; see braid/torch/__init__.py.
+
 Supported NumPy dtypes: float32, float64, float16, int32, int64, uint8. The runtime also
 supports bfloat16, but NumPy has no bfloat16 dtype, so it is not reachable from here (use the
 C API or a framework binding). Other dtypes (bool, int16, complex, ...) raise
