@@ -142,7 +142,9 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     """Starts an in-place all-reduce: ``tensor`` receives the result. See allreduce_async.
 
     A contiguous tensor is reduced in its own memory (the runtime gets its address); another
-    is reduced through a contiguous copy that is copied back when the handle completes.
+    is reduced through a contiguous copy that is copied back when the handle completes. A
+    ``prescale_factor`` scales the tensor in place before the collective starts (so a call
+    that then fails leaves it scaled).
     """
     _check_process_set("allreduce_async_", process_set)
     op = _check_op("allreduce_async_", name, op, average)
