@@ -65,9 +65,11 @@ from ._ops import (  # noqa: F401
     broadcast_,
     broadcast_async,
     broadcast_async_,
+    compression_state,
     compression_stats,
     init,
     is_initialized,
+    load_compression_state,
     local_rank,
     local_size,
     poll,
@@ -85,9 +87,9 @@ __all__ = [
     "Product", "ReduceOp", "SUPPORTED_DTYPES", "Sum", "UnavailableError", "allgather",
     "allgather_async", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async",
-    "broadcast_async_", "compression_stats", "init", "is_initialized", "local_rank",
-    "local_size", "poll", "rank", "reducescatter", "reducescatter_async", "shutdown", "size",
-    "synchronize",
+    "broadcast_async_", "compression_state", "compression_stats", "init", "is_initialized",
+    "load_compression_state", "local_rank", "local_size", "poll", "rank", "reducescatter",
+    "reducescatter_async", "shutdown", "size", "synchronize",
 ]
 
 __version__ = "0.1.0"
