@@ -455,6 +455,28 @@ TEST(PowerSgdTest, OneStepOnTwoRanksMatchesTheReference) {
   }
 }
 
+// Ranks above 4 take sgemm instead of one sgemv per column: the same algorithm.
+TEST(PowerSgdTest, LargeRankMatchesTheReference) {
+  const int rows = 40, cols = 36, R = 6;
+  std::vector<int64_t> shape = {rows, cols};
+  std::vector<std::vector<float>> in(2), out(2);
+  std::vector<std::map<std::string, SavedTensor>> saved(2);
+  for (int w = 0; w < 2; ++w) in[w] = Gaussian(300 + w, rows * cols);
+  RunWorld(2, [&](int w, HubCommunicator& comm) {
+    auto c = Make("powersgd:rank=6");
+    out[w] = in[w];
+    ASSERT_TRUE(ReduceOnce(*c, comm, {{"big", shape, out[w].data(), out[w].size()}}, 0).ok());
+    saved[w] = StateOf(*c);
+  });
+  std::vector<float> q(cols * R);
+  DrawQ(7, "big", 0, q.data(), q.size());
+  const Reference ref = RefStep(in, q, rows, cols, R);
+  for (int w = 0; w < 2; ++w) {
+    ExpectClose(out[w], ref.out, 1e-5, "rank 6 result");
+    ExpectClose(saved[w]["big"].residual, ref.residual[w], 1e-5, "rank 6 residual");
+  }
+}
+
 TEST(PowerSgdTest, SumIsWorldSizeTimesTheAverageAndKeepsTheSameResidual) {
   std::vector<std::vector<float>> avg(2), sum(2);
   std::vector<std::map<std::string, SavedTensor>> s_avg(2), s_sum(2);
