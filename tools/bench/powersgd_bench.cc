@@ -22,7 +22,8 @@
 // the orthogonal projection P̂·P̂ᵀ·mean(G) of the mean gradient): every rank recomputes the
 // mean of all ranks' inputs in double; uncompressed tensors must equal it within float32
 // rounding, compressed ones must satisfy ⟨mean − result, result⟩ ≈ 0 and ‖result‖ ≤ ‖mean‖;
-// every rank must hold the same bits. Exit code 1 when a check fails, 2 on an error.
+// every rank must hold the same bits. Exit code 1 when a check fails, 2 on an error;
+// --corrupt 2 doubles every checked result to show that the checks fail.
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -70,6 +71,9 @@ struct Config {
   int warmup = 2;
   int repeat = 3;
   std::string json_path;
+  // Testing the checks: every checked result is multiplied by this first (1: off), so 2
+  // must make the run fail with exit code 1.
+  double corrupt = 1;
   absl::Duration timeout = absl::Seconds(120);
   absl::Duration deadline = absl::Minutes(30);
 };
@@ -303,6 +307,9 @@ absl::Status Measure(const Config& cfg, TimedCommunicator& comm, std::vector<Row
     runners[k].step = 0;
     std::memcpy(work.data, pristine.data, total * sizeof(float));
     BRAID_RETURN_IF_ERROR(runners[k].Call(comm, views, work.floats(), total));
+    if (cfg.corrupt != 1) {
+      for (size_t i = 0; i < total; ++i) work.floats()[i] *= static_cast<float>(cfg.corrupt);
+    }
     double agree[3] = {static_cast<double>(CheckResult(
                            shapes, work.floats(), comm.size(),
                            CompressedTensors(cfg.methods[k], shapes))),
@@ -432,6 +439,10 @@ int main(int argc, char** argv) {
   app.add_option("--repeat", cfg.repeat, "repeats (medians over them)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--json", cfg.json_path, "also write the tables here as JSON");
+  app.add_option("--corrupt", cfg.corrupt,
+                 "testing the checks: multiply every checked result by this (the run must then "
+                 "exit 1)")
+      ->capture_default_str();
   app.add_option("--timeout", timeout_s, "seconds without progress before a collective fails")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--deadline", deadline_s, "seconds per --tls run before its ranks are killed")
