@@ -18,9 +18,10 @@
 //   E_w  = M_w − P̂·Q̂ᵀ                   the new residual (ef=1), as the authors' code and
 //                                          PyTorch's powerSGD_hook do
 //
-// Every rank ends with the same P̂ and Q̂, hence bit-identical results (the same BLAS kernel
-// on every rank: OpenBLAS picks its kernel by CPU model, so hosts with different CPUs need
-// OPENBLAS_CORETYPE set alike). The last Q̂ is kept for the next step (warm start); a column
+// Every rank ends with the same P̂ and Q̂, hence bit-identical results: the orthogonalization
+// and the decompression are braid's own loops (lowrank_kernels.h), which give the same bits on
+// every CPU; OpenBLAS (blas.h), whose kernels differ by CPU model, only computes each rank's
+// own P_w and Q_w. The last Q̂ is kept for the next step (warm start); a column
 // of Q̂ that is exactly zero (a zero gradient) is redrawn for the next step, since a zero
 // column would stay zero forever.
 //
@@ -58,6 +59,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "compression/compressor.h"
@@ -94,8 +96,9 @@ void Orthogonalize(float* p, size_t rows, size_t cols, double epsilon);
 // (Box–Muller on a counter-based hash), identical on every rank and every run.
 void DrawQ(uint64_t seed, absl::string_view name, int64_t step, float* q, size_t count);
 
-std::unique_ptr<Compressor> MakePowerSgdCompressor(const PowerSgdOptions& options,
-                                                   std::string spec);
+// FailedPrecondition when OpenBLAS cannot be opened (blas.h).
+absl::StatusOr<std::unique_ptr<Compressor>> MakePowerSgdCompressor(
+    const PowerSgdOptions& options, std::string spec);
 
 }  // namespace braid::compression
 

@@ -1,19 +1,17 @@
 // PowerSGD (see powersgd.h): two all-reduces per bucket; P = M·Q and Q = Mᵀ·P̂ through
 // OpenBLAS, the element-wise passes and the decompression in lowrank_kernels.cc.
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "compression/blas.h"
 #include "compression/lowrank_kernels.h"
 #include "compression/methods.h"
 #include "compression/powersgd.h"
@@ -107,18 +105,15 @@ constexpr int64_t kGemvColumns = 4;
 // one sgemv per column: each streams a at memory speed, where sgemm first packs a copy of a.
 void Product(bool ta, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
              const float* b, float* c) {
-  const auto bi = [](int64_t v) { return static_cast<blasint>(v); };
   if (n <= kGemvColumns) {
     // Row-major a is m × k (or k × m): gemv's own rows and columns; column j of b and c is
     // strided by n.
     for (int64_t j = 0; j < n; ++j) {
-      cblas_sgemv(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, ta ? bi(k) : bi(m),
-                  ta ? bi(m) : bi(k), 1.0f, a, bi(lda), b + j, bi(n), 0.0f, c + j, bi(n));
+      blas::Sgemv(ta, ta ? k : m, ta ? m : k, a, lda, b + j, n, c + j, n);
     }
     return;
   }
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, CblasNoTrans, bi(m), bi(n), bi(k),
-              1.0f, a, bi(lda), b, bi(n), 0.0f, c, bi(n));
+  blas::Sgemm(ta, m, n, k, a, lda, b, c);
 }
 
 std::string Quoted(const std::vector<std::string>& names) {
@@ -470,17 +465,10 @@ absl::Status PowerSgdCompressor::LoadState(absl::string_view state) {
 
 }  // namespace
 
-std::unique_ptr<Compressor> MakePowerSgdCompressor(const PowerSgdOptions& options,
-                                                   std::string spec) {
-  // Ranks of a job share a host's few cores (here two ranks on two cores), next to each
-  // rank's data-plane progress. OpenBLAS's default, one thread per core in every rank, would
-  // oversubscribe them and make every GEMM wait for threads the other ranks are using. One
-  // thread per rank: the matrices of one bucket are small (R columns) and memory-bound anyway.
-  // The setting is process-wide: other users of the same OpenBLAS in this process (e.g. a
-  // framework linked to it) get one thread too.
-  static std::once_flag pinned;
-  std::call_once(pinned, [] { openblas_set_num_threads(1); });
-  return std::make_unique<PowerSgdCompressor>(options, std::move(spec));
+absl::StatusOr<std::unique_ptr<Compressor>> MakePowerSgdCompressor(
+    const PowerSgdOptions& options, std::string spec) {
+  BRAID_RETURN_IF_ERROR(blas::Load());  // OpenBLAS, pinned to one thread (blas.h says why)
+  return std::unique_ptr<Compressor>(std::make_unique<PowerSgdCompressor>(options, std::move(spec)));
 }
 
 }  // namespace braid::compression
