@@ -1,7 +1,8 @@
 """PowerSGD from Python on 2 ranks (workers/powersgd.py): braid's output equals an independent
 NumPy implementation of the paper's algorithm for 5 steps from an injected Q (warm start and
-error feedback included), and a checkpoint of the compression state taken at step 10 gives
-bit-identical steps 11-15, in the same job and in a new one."""
+error feedback included); compression_state() refuses while a compressed all-reduce is in
+flight; and a checkpoint of the compression state taken at step 10 gives bit-identical steps
+11-15, in the same job and in a new one."""
 
 import braid_launch
 

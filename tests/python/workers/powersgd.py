@@ -7,7 +7,8 @@ Usage: powersgd.py reference
 reference: the initial Q of every compressed tensor is injected with
 load_compression_state() (the bytes are built here from the documented format), then five
 steps of ``powersgd:rank=2`` (error feedback and warm start on) must equal, within float
-tolerance, the NumPy reference below in float64: Vogels et al. 2019, Algorithm 1 inside
+tolerance, the NumPy reference below in float64 (then compression_state() must refuse while
+a compressed all-reduce is in flight): Vogels et al. 2019, Algorithm 1 inside
 Algorithm 2 -- M_w = G_w + E_w; P = sum_w M_w Q; P^ = orthonormal basis of P's columns
 (np.linalg.qr, signs fixed so that R has a positive diagonal, as Gram-Schmidt gives);
 Q = mean_w M_w^T P^; result P^ Q^T; E_w = M_w - P^ Q^T; the next step starts from this Q.
@@ -27,7 +28,7 @@ import sys
 import numpy as np
 
 import braid
-from _common import check, check_array, log, main
+from _common import check, expect_raises, log, main
 
 SPEC = "powersgd:rank=2"
 R = 2
@@ -121,6 +122,22 @@ def reference():
               and got["uncompressed_bytes"] == 5 * 4 * n,
               f"{name}: stats {got}, expected payload {5 * per_step}")
     log(f"rank {rank}: reference matched over 5 steps")
+
+    # The state cannot be taken while a compressed all-reduce is in flight: rank 0 submits
+    # one that rank 1 holds back until after a barrier.
+    x = np.ones((40, 24), np.float32)
+    if rank == 0:
+        h = braid.allreduce_async(x, name="inflight", compression=SPEC)
+        expect_raises(braid.FailedPreconditionError, braid.compression_state,
+                      "compression_state() in flight", contains="'inflight' is in flight")
+        expect_raises(braid.InvalidArgumentError, lambda: braid.load_compression_state("x"),
+                      "load_compression_state(str)", contains="must be bytes")
+    braid.barrier()
+    if rank != 0:
+        h = braid.allreduce_async(x, name="inflight", compression=SPEC)
+    braid.synchronize(h)
+    expect_raises(braid.InvalidArgumentError, lambda: braid.load_compression_state(b"BRDCMPST"),
+                  "load_compression_state(truncated)", contains="truncated")
 
 
 def checkpoint(directory, mode):
