@@ -233,6 +233,29 @@ int64_t CheckResult(const std::vector<std::vector<int64_t>>& shapes, const float
   return wrong;
 }
 
+// Checks `result` (total floats: the method's output on fresh inputs) on every rank and agrees
+// on the verdict: r->wrong (tensors failing CheckResult, the most on any rank) and
+// r->identical (every rank holds the same bits).
+absl::Status CheckOnEveryRank(const Config& cfg, transport::Communicator& comm,
+                              const std::vector<std::vector<int64_t>>& shapes, float* result,
+                              size_t total, Row* r) {
+  if (cfg.corrupt != 1) {
+    for (size_t i = 0; i < total; ++i) result[i] *= static_cast<float>(cfg.corrupt);
+  }
+  double agree[3] = {static_cast<double>(CheckResult(shapes, result, comm.size(),
+                                                     CompressedTensors(r->method, shapes))),
+                     0, 0};
+  const auto* bytes = reinterpret_cast<const uint8_t*>(result);
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the result's bytes
+  for (size_t i = 0; i < total * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  agree[1] = static_cast<double>(h >> 11);  // exact in a double
+  agree[2] = -agree[1];
+  BRAID_RETURN_IF_ERROR(comm.AllReduce(agree, agree, 3, DataType::kFloat64, ReduceOp::kMax));
+  r->wrong = static_cast<int64_t>(agree[0]);
+  r->identical = agree[1] == -agree[2];  // max == min over ranks
+  return absl::OkStatus();
+}
+
 // Times every method on this rank; rank 0 fills `rows`.
 absl::Status Measure(const Config& cfg, TimedCommunicator& comm, std::vector<Row>* rows) {
   const auto shapes = ResNet18Shapes();
@@ -307,20 +330,7 @@ absl::Status Measure(const Config& cfg, TimedCommunicator& comm, std::vector<Row
     runners[k].step = 0;
     std::memcpy(work.data, pristine.data, total * sizeof(float));
     BRAID_RETURN_IF_ERROR(runners[k].Call(comm, views, work.floats(), total));
-    if (cfg.corrupt != 1) {
-      for (size_t i = 0; i < total; ++i) work.floats()[i] *= static_cast<float>(cfg.corrupt);
-    }
-    double agree[3] = {static_cast<double>(CheckResult(
-                           shapes, work.floats(), comm.size(),
-                           CompressedTensors(cfg.methods[k], shapes))),
-                       0, 0};
-    uint64_t h = 1469598103934665603ull;  // FNV-1a of the result's bytes
-    for (size_t i = 0; i < total * sizeof(float); ++i) h = (h ^ uint8_t(work.data[i])) * 1099511628211ull;
-    agree[1] = static_cast<double>(h >> 11);
-    agree[2] = -agree[1];
-    BRAID_RETURN_IF_ERROR(comm.AllReduce(agree, agree, 3, DataType::kFloat64, ReduceOp::kMax));
-    r.wrong = static_cast<int64_t>(agree[0]);
-    r.identical = agree[1] == -agree[2];
+    BRAID_RETURN_IF_ERROR(CheckOnEveryRank(cfg, comm, shapes, work.floats(), total, &r));
     rows->push_back(r);
   }
   for (Row& r : *rows) {
