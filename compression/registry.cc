@@ -1,5 +1,7 @@
 #include "compression/registry.h"
 
+#include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <set>
 
@@ -9,17 +11,18 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "compression/methods.h"
+#include "compression/powersgd.h"
 
 namespace braid::compression {
 namespace {
 
-enum class Kind { kInt, kBool, kFraction };
+enum class Kind { kInt, kBool, kFraction, kFloat };
 
 struct OptionDef {
   const char* name;
   Kind kind;
   const char* default_value;
-  int64_t min_int = 0;  // kInt: smallest value allowed
+  int64_t min_int = 0;  // kInt, kFloat: smallest value allowed
 };
 
 struct MethodDef {
@@ -37,6 +40,13 @@ const std::vector<MethodDef>& Methods() {
        {{"chunk", Kind::kInt, "128", 2}, {"ef", Kind::kBool, "0"}, {"start_step", Kind::kInt, "0", 0}}},
       {"int4", false,
        {{"chunk", Kind::kInt, "128", 2}, {"ef", Kind::kBool, "0"}, {"start_step", Kind::kInt, "0", 0}}},
+      {"powersgd", false,
+       {{"rank", Kind::kInt, "1", 1},
+        {"min_compression_rate", Kind::kFloat, "2", 1},
+        {"ef", Kind::kBool, "1"},
+        {"warm_start", Kind::kBool, "1"},
+        {"orthogonalization_epsilon", Kind::kFloat, "0", 0},
+        {"start_step", Kind::kInt, "0", 0}}},
       {"test_randomk", true, {{"keep", Kind::kFraction, "0.01"}, {"start_step", Kind::kInt, "0", 0}}},
   };
   return *methods;
@@ -69,6 +79,16 @@ absl::StatusOr<std::string> Normalise(absl::string_view spec, const OptionDef& d
         return bad("a number in (0, 1]");
       }
       return absl::StrCat(v);
+    }
+    case Kind::kFloat: {
+      double v = 0;
+      if (!absl::SimpleAtod(value, &v) || !std::isfinite(v) || v < def.min_int) {
+        return bad(absl::StrCat("a finite number >= ", def.min_int));
+      }
+      // Shortest text that reads back as the same double (StrCat keeps 6 digits only).
+      char buf[32];
+      auto end = std::to_chars(buf, buf + sizeof buf, v + 0.0).ptr;  // + 0.0: "-0" -> "0"
+      return std::string(buf, end);
     }
   }
   return bad("valid");
@@ -168,6 +188,15 @@ absl::StatusOr<std::unique_ptr<Compressor>> CreateCompressor(const CompressionSp
     o.chunk = static_cast<size_t>(spec.IntOption("chunk"));
     o.error_feedback = spec.IntOption("ef") != 0;
     return MakeFourBitCompressor(o, spec.canonical);
+  }
+  if (spec.method == "powersgd") {
+    PowerSgdOptions o;
+    o.rank = static_cast<int>(spec.IntOption("rank"));
+    o.min_compression_rate = spec.FloatOption("min_compression_rate");
+    o.error_feedback = spec.IntOption("ef") != 0;
+    o.warm_start = spec.IntOption("warm_start") != 0;
+    o.orthogonalization_epsilon = spec.FloatOption("orthogonalization_epsilon");
+    return MakePowerSgdCompressor(o, spec.canonical);
   }
   if (spec.method == "test_randomk") {
     return MakeRandomKCompressor(spec.FloatOption("keep"), spec.canonical);

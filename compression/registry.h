@@ -6,6 +6,10 @@
 //   fp16, bf16                cast to 16 bits, all-reduce, cast back
 //   fp4, int4                 4-bit all-reduce (see four_bit.h); chunk=N (elements per
 //                             scale, >= 2, default 128), ef=0|1 (error feedback, default 0)
+//   powersgd                  low-rank P·Qᵀ (see powersgd.h): rank=R (>= 1, default 1),
+//                             min_compression_rate=X (>= 1, default 2), ef=0|1 (default 1),
+//                             warm_start=0|1 (default 1), orthogonalization_epsilon=E (>= 0,
+//                             default 0)
 // Every method except none also takes start_step=N (default 0): the first N reductions of
 // each tensor run as a plain float32 all-reduce (warm-up).
 // With RegistryOptions::test_methods (BRAID_TEST_COMPRESSORS=1) the registry also knows

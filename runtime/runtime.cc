@@ -136,6 +136,14 @@ class Runtime::Impl {
     }
     return stage_->Report();  // stage_ changes only in Init, before the state is kRunning
   }
+  absl::StatusOr<std::string> compression_state() const {
+    BRAID_RETURN_IF_ERROR(CheckNoCompressionInFlight("compression_state()"));
+    return stage_->SaveState(rank_, size_);
+  }
+  absl::Status LoadCompressionState(absl::string_view state) {
+    BRAID_RETURN_IF_ERROR(CheckNoCompressionInFlight("load_compression_state()"));
+    return stage_->LoadState(state, rank_, size_);
+  }
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 
@@ -148,6 +156,8 @@ class Runtime::Impl {
   };
 
   absl::Status CheckRunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FailedPrecondition when not running or while a compressed all-reduce is in flight.
+  absl::Status CheckNoCompressionInFlight(absl::string_view what) const;
   absl::Status CheckRequest(const CollectiveRequest& r) const;
   void Loop();
   void OnMessage(const proto::ResponseList& msg);
@@ -203,6 +213,19 @@ absl::Status Runtime::Impl::CheckRunningLocked() const {
           "braid has been shut down: call init() again to start a new job");
   }
   return absl::InternalError("bad state");
+}
+
+absl::Status Runtime::Impl::CheckNoCompressionInFlight(absl::string_view what) const {
+  absl::MutexLock lock(&mu_);
+  BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+  for (const auto& [name, e] : table_) {
+    if (e.req.collective == Collective::kAllReduce && e.req.compression != "none") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " on rank ", rank_, " while the compressed all-reduce '", name,
+          "' is in flight: call it between steps, after synchronizing every all-reduce"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
@@ -840,6 +863,12 @@ absl::StatusOr<transport::TransportStats> Runtime::transport_stats() const {
 }
 absl::StatusOr<compression::CompressionReport> Runtime::compression_report() const {
   return impl_->compression_report();
+}
+absl::StatusOr<std::string> Runtime::compression_state() const {
+  return impl_->compression_state();
+}
+absl::Status Runtime::LoadCompressionState(absl::string_view state) {
+  return impl_->LoadCompressionState(state);
 }
 
 Runtime& GlobalRuntime() {

@@ -342,6 +342,27 @@ py::tuple CompressionReport() {
   return py::make_tuple(methods, tensors);
 }
 
+// Checkpointing of the compression state (Runtime::compression_state); may wait for a bucket
+// being reduced, so without the GIL.
+py::bytes CompressionState() {
+  absl::StatusOr<std::string> state;
+  {
+    py::gil_scoped_release release;
+    state = braid::GlobalRuntime().compression_state();
+  }
+  return py::bytes(Value(std::move(state)));
+}
+
+void LoadCompressionState(const py::bytes& state) {
+  std::string bytes = state;  // copied with the GIL held
+  absl::Status s;
+  {
+    py::gil_scoped_release release;
+    s = braid::GlobalRuntime().LoadCompressionState(bytes);
+  }
+  Check(s);
+}
+
 PyObject* NewError(py::module_& m, const char* name, PyObject* base, const char* doc) {
   std::string full = std::string("braid.") + name;
   PyObject* cls = PyErr_NewExceptionWithDoc(full.c_str(), doc, base, nullptr);
@@ -423,6 +444,9 @@ PYBIND11_MODULE(_braid, m) {
 
   m.def("compression_report", &CompressionReport,
         "This rank's compression byte counters: (per-method dicts, per-tensor dicts).");
+  m.def("compression_state", &CompressionState, "This rank's compression state (bytes).");
+  m.def("load_compression_state", &LoadCompressionState, py::arg("state"),
+        "Restores a compression_state() result.");
 
   py::class_<NativeHandle>(m, "NativeHandle")
       .def_property_readonly("name", &NativeHandle::name)

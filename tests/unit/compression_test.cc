@@ -324,7 +324,8 @@ TEST(RegistryTest, CanonicalFormsAndDefaults) {
 
 TEST(RegistryTest, ErrorsListWhatIsValid) {
   EXPECT_EQ(ParseCompressionSpec("fp5").status().message(),
-            "compression 'fp5': unknown method 'fp5'; valid methods: none, fp16, bf16, fp4, int4");
+            "compression 'fp5': unknown method 'fp5'; valid methods: none, fp16, bf16, fp4, int4, "
+            "powersgd");
   EXPECT_EQ(ParseCompressionSpec("fp4:chnk=3").status().message(),
             "compression 'fp4:chnk=3': unknown option 'chnk' for fp4; valid options: chunk, ef, "
             "start_step");
@@ -342,7 +343,7 @@ TEST(RegistryTest, ErrorsListWhatIsValid) {
             "compression 'fp4:chunk=64,': empty option; write method:option=value,option=value");
   EXPECT_EQ(ParseCompressionSpec("test_randomk").status().message(),
             "compression 'test_randomk': unknown method 'test_randomk'; valid methods: none, "
-            "fp16, bf16, fp4, int4 (test-only methods need BRAID_TEST_COMPRESSORS=1)");
+            "fp16, bf16, fp4, int4, powersgd (test-only methods need BRAID_TEST_COMPRESSORS=1)");
   // Test-only methods exist only when asked for.
   EXPECT_FALSE(ParseCompressionSpec("test_randomk").ok());
   RegistryOptions with_tests;

@@ -12,8 +12,11 @@ For the baseline `none` and then for every SPEC given, runs
 
 once per --seeds value (one job at a time) and compares the final test accuracy (the mean
 over the seeds) with the baseline's. A method passes when its accuracy is at most
---tolerance percentage points below the baseline's; doing better always passes. A method
-whose job fails (non-zero exit, e.g. an unknown spec) is marked ERROR and fails too.
+--tolerance percentage points below the baseline's (doing better always passes) and the
+payload ratio it achieved on the gradients (uncompressed bytes / payload bytes over the whole
+run, the lowest over the seeds) is at least --min-payload-ratio (default 1.5), so a method that
+never compressed -- e.g. a start_step longer than the run -- cannot pass. A method whose job
+fails (non-zero exit, e.g. an unknown spec) is marked ERROR and fails too.
 
 Same start for every method: --seed fixes train_digits.py's initial weights and batch order,
 and the harness sets BRAID_SEED (the stochastic-rounding seed) to the same value.
@@ -25,7 +28,8 @@ depend on the bucket it was fused into (tests/mp/compression_mp_test.cc checks t
 Test set: 450 digits, so one sample is 0.22 points and the default tolerance of 1.0 point
 allows four more misclassified digits than the baseline.
 
-Output: a table (method, accuracy, delta in points, pass/fail) and, with --json, the same as
+Output: a table (method, accuracy, delta in points, payload ratio, pass/fail) and, with
+--json, the same as
 JSON. Exit code: 0 when every method passes, 1 when any fails, 2 when the baseline itself
 did not run (or on a usage error).
 
@@ -65,6 +69,8 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=20, help="training epochs (default 20)")
     p.add_argument("--tolerance", type=float, default=1.0,
                    help="largest allowed accuracy drop, percentage points (default 1.0)")
+    p.add_argument("--min-payload-ratio", type=float, default=1.5, metavar="X",
+                   help="smallest gradient payload ratio a method must achieve (default 1.5)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], metavar="SEED",
                    help="training seeds; accuracy is the mean over them (default 0)")
     p.add_argument("--fusion-threshold-mb", type=float, default=None, metavar="MB",
@@ -123,47 +129,58 @@ def run_job(args, spec, seed, workdir):
         return {"seed": seed, "accuracy": None, "wall_s": wall,
                 "error": f"no result from rank 0: {e}"}
     return {"seed": seed, "accuracy": float(metrics["test_accuracy"]), "wall_s": wall,
-            "error": None}
+            "payload_ratio": float(metrics.get("gradient_payload_ratio", 0.0)), "error": None}
 
 
 def run_method(args, spec, workdir):
     runs = [run_job(args, spec, seed, workdir) for seed in args.seeds]
     errors = [f"seed {r['seed']}: {r['error']}" for r in runs if r["error"]]
     accuracy = None if errors else statistics.fmean(r["accuracy"] for r in runs)
-    return {"spec": spec, "accuracy": accuracy, "runs": runs,
+    ratio = None if errors else min(r["payload_ratio"] for r in runs)
+    return {"spec": spec, "accuracy": accuracy, "payload_ratio": ratio, "runs": runs,
             "wall_s": sum(r["wall_s"] for r in runs), "error": "; ".join(errors) or None}
 
 
-def judge(method, baseline_accuracy, tolerance):
-    """Adds delta_points (accuracy - baseline, percentage points) and status to `method`."""
+def judge(method, baseline_accuracy, tolerance, min_payload_ratio=0.0):
+    """Adds delta_points (accuracy - baseline, percentage points), ratio_ok and status to
+    `method`."""
     if method["error"]:
         method["delta_points"] = None
+        method["ratio_ok"] = None
         method["status"] = "ERROR"
     else:
         method["delta_points"] = 100.0 * (method["accuracy"] - baseline_accuracy)
+        method["ratio_ok"] = method.get("payload_ratio", 0.0) >= min_payload_ratio
         # A small epsilon so that exactly `tolerance` points (e.g. 4.5 of 450 digits) passes
         # despite float rounding of the accuracies.
-        method["status"] = "pass" if method["delta_points"] >= -tolerance - 1e-9 else "FAIL"
+        accurate = method["delta_points"] >= -tolerance - 1e-9
+        method["status"] = "pass" if accurate and method["ratio_ok"] else "FAIL"
     return method
 
 
-def format_table(baseline, methods, tolerance):
+def format_table(baseline, methods, tolerance, min_payload_ratio):
     def pct(x):
         return "-" if x is None else f"{100.0 * x:.2f}%"
 
-    rows = [("method", "accuracy", "delta (points)", "result", "time (s)")]
-    rows.append((baseline["spec"], pct(baseline["accuracy"]), "baseline",
+    def ratio(m):
+        r = m.get("payload_ratio")
+        return "-" if r is None else f"{r:.2f}x" + ("" if m.get("ratio_ok", True) else " (low)")
+
+    rows = [("method", "accuracy", "delta (points)", "payload ratio", "result", "time (s)")]
+    rows.append((baseline["spec"], pct(baseline["accuracy"]), "baseline", ratio(baseline),
                  "ERROR" if baseline["error"] else "-", f"{baseline['wall_s']:.1f}"))
     for m in methods:
         delta = "-" if m["delta_points"] is None else f"{m['delta_points']:+.2f}"
-        rows.append((m["spec"], pct(m["accuracy"]), delta, m["status"], f"{m['wall_s']:.1f}"))
+        rows.append((m["spec"], pct(m["accuracy"]), delta, ratio(m), m["status"],
+                     f"{m['wall_s']:.1f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for m in [baseline] + methods:
         if m["error"]:
             lines.append(f"{m['spec']}: {m['error']}")
-    lines.append(f"tolerance: {tolerance:g} points below the baseline")
+    lines.append(f"tolerance: {tolerance:g} points below the baseline; payload ratio at least "
+                 f"{min_payload_ratio:g}x")
     return "\n".join(lines)
 
 
@@ -181,11 +198,12 @@ def main(argv=None):
         methods = []
         if not baseline["error"]:
             for spec in specs:
-                m = judge(run_method(args, spec, workdir), baseline["accuracy"], args.tolerance)
+                m = judge(run_method(args, spec, workdir), baseline["accuracy"], args.tolerance,
+                          args.min_payload_ratio)
                 methods.append(m)
                 print(f"  {spec}: " + (m["error"] or f"{100 * m['accuracy']:.2f}%")
                       + f" ({m['wall_s']:.1f} s)", flush=True)
-    print(format_table(baseline, methods, args.tolerance))
+    print(format_table(baseline, methods, args.tolerance, args.min_payload_ratio))
     if baseline["error"]:
         code = 2
     else:
@@ -196,6 +214,7 @@ def main(argv=None):
     if args.json:
         report = {"ranks": args.ranks, "epochs": args.epochs, "seeds": args.seeds,
                   "fusion_threshold_mb": args.fusion_threshold_mb, "tolerance_points": args.tolerance,
+                  "min_payload_ratio": args.min_payload_ratio,
                   "baseline": baseline, "methods": methods, "passed": code == 0,
                   "failed": failed}
         with open(args.json, "w") as f:

@@ -68,9 +68,11 @@ from ._ops import (  # noqa: F401
     broadcast_,
     broadcast_async,
     broadcast_async_,
+    compression_state,
     compression_stats,
     init,
     is_initialized,
+    load_compression_state,
     local_rank,
     local_size,
     poll,
@@ -85,14 +87,15 @@ from ._ops import (  # noqa: F401
 from ._objects import allgather_object, broadcast_object  # noqa: F401
 
 __all__ = [
-    "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
-    "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "AlreadyExistsError",
-    "Average", "barrier", "BraidError", "broadcast", "broadcast_", "broadcast_async",
-    "broadcast_async_", "broadcast_object", "CancelledError", "compression_stats",
-    "DeadlineExceededError", "FailedPreconditionError", "Handle", "init", "InternalError",
-    "InvalidArgumentError", "is_initialized", "local_rank", "local_size", "Max", "Min", "poll",
-    "Product", "rank", "ReduceOp", "reducescatter", "reducescatter_async", "shutdown", "size",
-    "Sum", "SUPPORTED_DTYPES", "synchronize", "UnavailableError",
+    "AlreadyExistsError", "Average", "BraidError", "CancelledError", "DeadlineExceededError",
+    "FailedPreconditionError", "Handle", "InternalError", "InvalidArgumentError", "Max", "Min",
+    "Product", "ReduceOp", "SUPPORTED_DTYPES", "Sum", "UnavailableError", "allgather",
+    "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async",
+    "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_",
+    "broadcast_async", "broadcast_async_", "broadcast_object", "compression_state",
+    "compression_stats", "init", "is_initialized", "load_compression_state", "local_rank",
+    "local_size", "poll", "rank", "reducescatter", "reducescatter_async", "shutdown", "size",
+    "synchronize",
 ]
 
 __version__ = "0.1.0"

@@ -275,6 +275,40 @@ def compression_stats():
     return {"methods": out_methods, "tensors": out_tensors}
 
 
+def compression_state():
+    """This rank's compression state, as ``bytes``, to keep in a training checkpoint.
+
+    It holds what compressors carry from one step to the next -- PowerSGD's Q matrices and
+    error-feedback residuals (float32, one residual per compressed tensor, as large as the
+    tensor) -- and each tensor's step counter, so that ``load_compression_state()`` after a
+    restart continues bit-identically. The state is per rank: save every rank's (e.g. to
+    ``ckpt.rank{braid.rank()}``). The byte format is versioned and documented in
+    ``compression/stage.h`` (CompressionStage::SaveState) and ``compression/powersgd.h``.
+
+    Call it between steps, once every all-reduce of the step was synchronized: raises
+    FailedPreconditionError while a compressed all-reduce is in flight on this rank, before
+    ``init()`` and after ``shutdown()``.
+    """
+    _check_process("compression_state()")
+    return _braid.compression_state()
+
+
+def load_compression_state(state):
+    """Restores a ``compression_state()`` result (``bytes``) on this rank, typically right
+    after ``init()`` when resuming from a checkpoint, before the first step.
+
+    Methods in ``state`` restart from their saved state; methods not in it are untouched. A
+    state saved by another rank loads with a warning (its residuals are that rank's). Raises
+    InvalidArgumentError (nothing changed) when ``state`` is malformed, FailedPreconditionError
+    as ``compression_state()`` does.
+    """
+    _check_process("load_compression_state()")
+    if not isinstance(state, (bytes, bytearray, memoryview)):
+        raise InvalidArgumentError(
+            f"load_compression_state(): state must be bytes, got {type(state).__name__}")
+    _braid.load_compression_state(bytes(state))
+
+
 # --- argument conversion --------------------------------------------------------------------
 
 def _dtype_info(fn, name, dt):
