@@ -4,8 +4,9 @@
 // Note [Peers at registration]: each rank opens its UCX worker first, so its address is
 // known before any peer is, and sends it (with its host and pid) in its RegisterRequest. The
 // coordinator answers once the whole world has registered, with every rank's address in
-// RegisterResponse.peers, so each rank makes one round trip before connecting (with a
-// key-value store it made 2N-1: one set, N-1 gets).
+// RegisterResponse.peers, so each rank makes one round trip before connecting (through the
+// key-value store it made 2N more, one after the other: a set, a get per rank to wait for
+// every address, and a get per peer to read it).
 #ifndef BRAID_RUNTIME_REGISTRATION_H_
 #define BRAID_RUNTIME_REGISTRATION_H_
 

@@ -251,6 +251,7 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
   co.fill_heartbeat = [this](proto::HeartbeatRequest* hb) { AddCompressionTotals(*stage_, hb); };
   auto fail = [this](absl::Status s) {
     timeline_.reset();
+    comm_.reset();
     client_.reset();
     if (hosted_) hosted_->Shutdown(absl::ZeroDuration());
     hosted_.reset();
@@ -275,10 +276,7 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
     std::string path = rank_ == 0 ? config.timeline_path
                                   : absl::StrCat(config.timeline_path, ".rank", rank_);
     auto tl = Timeline::Open(path, rank_);
-    if (!tl.ok()) {
-      comm_.reset();
-      return fail(tl.status());
-    }
+    if (!tl.ok()) return fail(tl.status());
     timeline_ = *std::move(tl);
   }
 
