@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -165,8 +166,11 @@ struct JobSeen {
 
 // Runs a job of `size` ranks, each doing `tensors` all-reduces, on the coordinator at
 // `address`. While every rank is in the job (registered, stream open, work done) the
-// parent looks at the coordinator; then the ranks shut down.
-JobSeen RunJobOf(int size, int tensors, const StandaloneCoordinator& coord) {
+// parent looks at the coordinator; then the ranks shut down. With `assigned_ranks` the
+// ranks know only the world size (no BRAID_RANK): the coordinator numbers them, and each
+// finds its own data-plane address among the peers.
+JobSeen RunJobOf(int size, int tensors, const StandaloneCoordinator& coord,
+                 bool assigned_ranks = false) {
   int ready[2], go[2];
   EXPECT_EQ(pipe(ready), 0);
   EXPECT_EQ(pipe(go), 0);
@@ -177,8 +181,12 @@ JobSeen RunJobOf(int size, int tensors, const StandaloneCoordinator& coord) {
   o.ranks = size;
   o.deadline = absl::Seconds(120);
   o.after_start = [&](const std::vector<pid_t>&) {
+    // Each rank writes its rank as it knows it: every rank of the world, once.
     std::string got = ReadUntil(ready[0], size, absl::Now() + absl::Seconds(60));
-    EXPECT_EQ(got.size(), static_cast<size_t>(size)) << "ranks ready";
+    std::sort(got.begin(), got.end());
+    std::string want;
+    for (int r = 0; r < size; ++r) want.push_back(static_cast<char>('0' + r));
+    EXPECT_EQ(got, want) << "ranks ready";
     seen.threads = SteadyThreadCount(coord.pid());
     ThreadCount(coord.pid(), &seen.thread_names);
     int rc = -1;
@@ -196,9 +204,11 @@ JobSeen RunJobOf(int size, int tensors, const StandaloneCoordinator& coord) {
   };
   auto exits = RunRanks(o, [&](int rank) {
     SetRankEnv(coord.address(), rank, size);
+    if (assigned_ranks) unsetenv("BRAID_RANK");
     Checker c{rank};
     Runtime rt;
     if (!c.Ok(InitRuntime(rt), "init")) return 1;
+    const int my_rank = *rt.rank();
     std::vector<float> a(16, 1.0f), b(16);
     for (int t = 0; t < tensors; ++t) {
       if (c.Ok(WaitFor(rt.Enqueue(AllReduceOf(absl::StrCat("t", t), a.data(), b.data(), 16,
@@ -207,7 +217,8 @@ JobSeen RunJobOf(int size, int tensors, const StandaloneCoordinator& coord) {
         c.Expect(b[0] == static_cast<float>(size), absl::StrCat("sum ", b[0]));
       }
     }
-    c.Expect(write(ready[1], "r", 1) == 1, "ready");
+    const char me = static_cast<char>('0' + my_rank);
+    c.Expect(write(ready[1], &me, 1) == 1, "ready");
     c.Expect(ReadUntil(go[0], 1, absl::Now() + absl::Seconds(60)) == "g", "go");
     c.Ok(rt.Shutdown(), "shutdown");
     return c.failures == 0 ? 0 : 1;
@@ -226,8 +237,8 @@ TEST(StandaloneCoordinatorTest, TwoJobsInTurnEachShowOnlyTheirOwnCountersAndThre
 
   WarmUp(coord);
 
-  // Job 1: 2 ranks, 3 tensors.
-  JobSeen first = RunJobOf(2, 3, coord);
+  // Job 1: 2 ranks numbered by the coordinator, 3 tensors.
+  JobSeen first = RunJobOf(2, 3, coord, /*assigned_ranks=*/true);
   auto s1 = nlohmann::json::parse(first.status_json, nullptr, false);
   ASSERT_TRUE(s1.is_object()) << first.status_json;
   EXPECT_EQ(s1["job_id"], "1");  // int64 fields are strings in proto3 JSON
