@@ -21,17 +21,11 @@
 #include "coordinator/server.h"
 #include "glog/logging.h"
 #include "runtime/heartbeat_report.h"
+#include "runtime/registration.h"
 #include "runtime/timeline.h"
-#include "transport/ucx_communicator.h"
 
 namespace braid {
 namespace {
-
-std::string HostName() {
-  char buf[256] = {0};
-  gethostname(buf, sizeof(buf) - 1);
-  return buf;
-}
 
 absl::string_view CollectiveName(Collective c) {
   switch (c) {
@@ -250,9 +244,8 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
       so.port = alone ? 0 : config.coordinator_port;
       so.world_size = launch.size;
       so.job_secret = config.job_secret;
-      so.heartbeat_timeout = config.heartbeat_timeout;
-      so.stall_check = config.stall_check;
-      so.stall_shutdown = config.stall_shutdown;
+      // No settings of its own: every rank's registration proposes the job settings it set,
+      // this one's included (Note [Job settings]).
       BRAID_ASSIGN_OR_RETURN(hosted_, coordinator::StartCoordinator(so));
       address = hosted_->address();
     } else if (launch.rank < 0) {
@@ -272,12 +265,16 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
   coordinator::ClientOptions co;
   co.address = address;
   co.connect_timeout = std::max(config.timeout, absl::Seconds(30));
-  co.heartbeat_interval = std::max(absl::Milliseconds(100), config.heartbeat_timeout / 4);
+  // Registration replaces it with the job's (coordinator/client.h).
+  if (config.job.heartbeat_timeout) {
+    co.heartbeat_interval = coordinator::HeartbeatInterval(*config.job.heartbeat_timeout);
+  }
   // Heartbeats carry this rank's compression totals (braidctl status). stage_ exists before
   // the client and is replaced only by the next Init, after client_->Close().
   co.fill_heartbeat = [this](proto::HeartbeatRequest* hb) { AddCompressionTotals(*stage_, hb); };
   auto fail = [this](absl::Status s) {
     timeline_.reset();
+    comm_.reset();
     client_.reset();
     if (hosted_) hosted_->Shutdown(absl::ZeroDuration());
     hosted_.reset();
@@ -287,24 +284,15 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
   if (!client.ok()) return fail(client.status());
   client_ = *std::move(client);
 
-  proto::RegisterRequest reg;
-  reg.set_rank(launch.rank);
-  reg.set_size(launch.size);
-  reg.set_local_rank(launch.local_rank);
-  reg.set_local_size(launch.local_size);
-  reg.set_host(HostName());
-  reg.set_pid(getpid());
-  reg.set_job_secret(config.job_secret);
-  reg.set_fusion_threshold_bytes(config.fusion_threshold_bytes);
-  reg.set_stall_check_ms(absl::ToInt64Milliseconds(config.stall_check));
-  reg.set_cache_capacity(config.cache_capacity);
-  reg.set_stall_shutdown_ms(absl::ToInt64Milliseconds(config.stall_shutdown));
-  auto registered = client_->Register(reg, std::max(config.timeout, absl::Seconds(60)));
-  if (!registered.ok()) return fail(registered.status());
-  rank_ = registered->rank();
-  size_ = registered->size();
-  local_rank_ = registered->local_rank();
-  local_size_ = registered->local_size();
+  // Note [Peers at registration]: one Register RPC, then the data plane connects.
+  auto joined = JoinJob(config, launch, *client_);
+  if (!joined.ok()) return fail(joined.status());
+  const proto::RegisterResponse& registered = joined->registration;
+  rank_ = registered.rank();
+  size_ = registered.size();
+  local_rank_ = registered.local_rank();
+  local_size_ = registered.local_size();
+  comm_ = std::move(joined->comm);
 
   if (!config.timeline_path.empty()) {
     // Rank 0 writes the path itself, rank r writes PATH.rank<r>.
@@ -314,17 +302,6 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
     if (!tl.ok()) return fail(tl.status());
     timeline_ = *std::move(tl);
   }
-
-  transport::UcxOptions uo;
-  uo.rank = rank_;
-  uo.size = size_;
-  uo.store = client_->store();
-  uo.timeout = config.timeout;
-  uo.connect_timeout = std::max(config.timeout, absl::Seconds(30));
-  uo.peer_error_handling = config.ucx_peer_error_handling;
-  auto comm = transport::CreateUcxCommunicator(uo);
-  if (!comm.ok()) return fail(comm.status());
-  comm_ = *std::move(comm);
 
   {
     absl::MutexLock lock(&mu_);
