@@ -4,9 +4,8 @@
 // filtered memory against ErrorFeedback; ties; non-finite input failing on every rank with
 // the memory kept; payload counts.
 //
-// Inputs are multiples of 2^-8 below 8 in magnitude and β is 1 or 1/2, so every sum below is
-// exact in float32 whatever the order of addition: the reference can sum in double and the
-// results must match bit for bit.
+// Inputs and β keep every sum exact (tests/testing/sparse_reference.h), so results must match
+// the reference bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -22,24 +21,18 @@
 #include "compression/sparse.h"
 #include "compression/sparse_core.h"
 #include "gtest/gtest.h"
+#include "tests/testing/sparse_reference.h"
 #include "tests/unit/thread_world.h"
 
 namespace braid::compression {
 namespace {
 
+using braid::testing::Dyadic;
+using braid::testing::InputFn;
+using braid::testing::RefTopK;
 using braid::testing::ThreadWorld;
 
-// Input of element i of tensor t on `rank` at `step`: a multiple of 2^-8 in [-4, 4].
-float Dyadic(int rank, int step, size_t t, size_t i) {
-  uint64_t h = (static_cast<uint64_t>(rank) * 1000003u + static_cast<uint64_t>(step)) * 7919u +
-               t * 104729u + i;
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdull;
-  h ^= h >> 33;
-  return static_cast<float>(static_cast<int>(h % 2049) - 1024) / 256.0f;
-}
-
-using InputFn = std::function<float(int rank, int step, size_t tensor, size_t i)>;
+using Reference = braid::testing::SparseReference;
 
 // What one rank saw at one step.
 struct RankStep {
@@ -97,77 +90,6 @@ std::vector<std::vector<RankStep>> RunJob(const Job& job) {
 // The first step's results (by value: safe to iterate over).
 std::vector<RankStep> FirstStep(const Job& job) { return RunJob(job)[0]; }
 
-// Top-k of |x| by a full stable sort (ties: lower index), ascending.
-std::vector<size_t> RefTopK(const std::vector<float>& x, size_t k) {
-  std::vector<size_t> idx(x.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(),
-                   [&](size_t a, size_t b) { return std::fabs(x[a]) > std::fabs(x[b]); });
-  idx.resize(std::min(k, idx.size()));
-  std::sort(idx.begin(), idx.end());
-  return idx;
-}
-
-// The reference ScaleComp of sparse.h on flat buckets: outputs per step (identical on every
-// rank), or nothing for a step in `bad_steps` (the ranks must fail it and keep their memory).
-struct Reference {
-  double ratio = 100;
-  float beta = 1.0f;
-  bool per_tensor = false;
-  int fixed_leader = -1;
-  bool topk = false;  // the topk baseline instead: every rank its own indices, all-gathered
-
-  std::vector<std::vector<float>> Run(const Job& job) const {
-    const int n = job.ranks;
-    std::vector<size_t> off = {0};
-    for (size_t s : job.sizes) off.push_back(off.back() + s);
-    const size_t total = off.back();
-    std::vector<std::vector<float>> m(n, std::vector<float>(total, 0.0f));
-    std::vector<std::vector<float>> outs;
-    for (int step = 0; step < job.steps; ++step) {
-      std::vector<std::vector<float>> p(n, std::vector<float>(total));
-      for (int r = 0; r < n; ++r) {
-        for (size_t t = 0; t < job.sizes.size(); ++t) {
-          for (size_t i = 0; i < job.sizes[t]; ++i) {
-            p[r][off[t] + i] = job.input(r, step, t, i) + m[r][off[t] + i];
-          }
-        }
-      }
-      auto select = [&](const std::vector<float>& x) {
-        std::vector<size_t> I;
-        if (!per_tensor) return RefTopK(x, SparseK(total, ratio));
-        for (size_t t = 0; t < job.sizes.size(); ++t) {
-          std::vector<float> part(x.begin() + off[t], x.begin() + off[t + 1]);
-          for (size_t i : RefTopK(part, SparseK(part.size(), ratio))) I.push_back(off[t] + i);
-        }
-        return I;
-      };
-      const int leader = fixed_leader >= 0 ? fixed_leader : static_cast<int>(outs.size()) % n;
-      std::vector<double> sum(total, 0.0);
-      std::vector<std::vector<size_t>> sent(n);
-      std::vector<float> out(total, 0.0f);
-      const float divisor = job.op == ReduceOp::kAverage ? static_cast<float>(n) : 1.0f;
-      for (int r = 0; r < n; ++r) {
-        sent[r] = topk ? select(p[r]) : select(p[leader]);
-        for (size_t i : sent[r]) {
-          sum[i] += p[r][i];
-          if (topk) out[i] += p[r][i] / divisor;  // documented: divided first, rank order
-        }
-      }
-      for (size_t i = 0; i < total && !topk; ++i) {
-        out[i] = static_cast<float>(sum[i]) / divisor;  // the sum is exact: dyadic inputs
-      }
-      outs.push_back(out);
-      for (int r = 0; r < n; ++r) {  // m <- (1 - beta) m + beta (p - p restricted to sent)
-        std::vector<float> d = p[r];
-        for (size_t i : sent[r]) d[i] = 0.0f;
-        for (size_t i = 0; i < total; ++i) m[r][i] = (1.0f - beta) * m[r][i] + beta * d[i];
-      }
-    }
-    return outs;
-  }
-};
-
 std::vector<float> Flat(const std::vector<std::vector<float>>& per_tensor) {
   std::vector<float> f;
   for (const auto& v : per_tensor) f.insert(f.end(), v.begin(), v.end());
@@ -176,7 +98,9 @@ std::vector<float> Flat(const std::vector<std::vector<float>>& per_tensor) {
 
 void ExpectMatches(const Job& job, const Reference& ref) {
   const auto got = RunJob(job);
-  const auto want = ref.Run(job);
+  Reference r = ref;
+  r.average = job.op == ReduceOp::kAverage;
+  const auto want = r.Run(job.ranks, job.steps, job.sizes, job.input);
   for (int step = 0; step < job.steps; ++step) {
     for (int r = 0; r < job.ranks; ++r) {
       const RankStep& rs = got[step][r];
