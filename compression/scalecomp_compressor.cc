@@ -26,22 +26,26 @@ class ScaleCompCompressor : public Compressor {
                                                      o_.leader, " is not a rank of a world of ",
                                                      "size ", n));
     }
-    const int64_t status = bucket_.Begin(tensors);
+    bucket_.Begin(tensors);
     const SparsePlan& plan = bucket_.plan();
     const size_t k = plan.total_k, w = plan.index_bytes;
     if (k == 0) return absl::OkStatus();  // only empty tensors: nothing to send
     const int64_t t = ctx.steps.empty() ? 0 : ctx.steps[0];
     const int leader = o_.leader >= 0 ? o_.leader : static_cast<int>(t % n);
 
-    // 1. The leader's top-k indices, or a header saying why there are none.
+    // 1. The leader's top-k indices (its finiteness check in the same pass), or a header
+    // saying why there are none; the others check their own p meanwhile.
     wire_.assign((k + 1) * w, 0);
+    int64_t status = 0;
     if (rank == leader) {
+      status = bucket_.SelectTopK(tensors, &indices_);
       if (status != 0) {
         bucket_.WriteWord(static_cast<uint64_t>(status), wire_.data());
       } else {
-        bucket_.SelectTopK(tensors, &indices_);
         bucket_.PackIndices(indices_, wire_.data() + w);
       }
+    } else {
+      status = bucket_.CheckFinite(tensors);
     }
     absl::Status s = comm.Broadcast(wire_.data(), wire_.size(), leader);
     if (!s.ok()) return s;

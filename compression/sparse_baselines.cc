@@ -23,18 +23,18 @@ class TopKCompressor : public Compressor {
                       StepContext& ctx) override {
     const int n = comm.size();
     for (uint64_t& p : ctx.payload_bytes) p = 0;
-    const int64_t status = bucket_.Begin(tensors);
+    bucket_.Begin(tensors);
     const size_t k = bucket_.plan().total_k, w = bucket_.plan().index_bytes;
     if (k == 0) return absl::OkStatus();
     // A block: k indices, then k float32 values.
     const size_t block = k * (w + sizeof(float));
     send_.assign(block, 0);
+    const int64_t status = bucket_.SelectTopK(tensors, &indices_);
     if (status != 0) {  // no pairs: the sentinel, and the tensor's position in value 0
       bucket_.WriteWord(bucket_.Sentinel(), send_.data());
       const uint32_t position = static_cast<uint32_t>(status - 1);
       std::memcpy(send_.data() + k * w, &position, sizeof(position));
     } else {
-      bucket_.SelectTopK(tensors, &indices_);
       bucket_.PackIndices(indices_, send_.data());
       values_.resize(k);
       bucket_.Gather(tensors, indices_, values_.data());
@@ -106,9 +106,10 @@ class SharedRandomKCompressor : public Compressor {
   absl::Status Reduce(absl::Span<const TensorView> tensors, transport::Communicator& comm,
                       StepContext& ctx) override {
     for (uint64_t& p : ctx.payload_bytes) p = 0;
-    const int64_t status = bucket_.Begin(tensors);
+    bucket_.Begin(tensors);
     const SparsePlan& plan = bucket_.plan();
     if (plan.total_k == 0) return absl::OkStatus();
+    const int64_t status = bucket_.CheckFinite(tensors);
     auto step = [&](size_t t) { return t < ctx.steps.size() ? ctx.steps[t] : 0; };
     // The seed depends on what every rank knows alike: the job's seed, the names, the step.
     const uint64_t base = Mix64(ctx.seed ^ 0x72616e646f6d6bull);  // "randomk"

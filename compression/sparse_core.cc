@@ -63,41 +63,52 @@ std::unique_ptr<Compressor> CreateSparseCompressor(const CompressionSpec& spec) 
   return MakeSharedRandomKCompressor(o, spec.canonical);
 }
 
-int64_t SparseBucket::Begin(absl::Span<const TensorView> tensors) {
+void SparseBucket::Begin(absl::Span<const TensorView> tensors) {
   counts_.clear();
   for (const TensorView& t : tensors) counts_.push_back(t.count);
   plan_ = PlanSparse(counts_, o_);
   mem_.assign(tensors.size(), nullptr);
-  int64_t status = 0;
   for (size_t t = 0; t < tensors.size(); ++t) {
-    std::vector<float>& m = memory_.MutableResidual(tensors[t].name, tensors[t].count);
-    mem_[t] = m.data();
-    const uint32_t max_key = AddAndMaxKey(tensors[t].data, m.data(), tensors[t].count);
-    if (max_key >= kNonFiniteKey && status == 0) status = static_cast<int64_t>(t) + 1;
+    mem_[t] = memory_.MutableResidual(tensors[t].name, tensors[t].count).data();
   }
-  return status;
 }
 
-void SparseBucket::SelectTopK(absl::Span<const TensorView> tensors,
-                              std::vector<uint64_t>* indices) {
+int64_t SparseBucket::CheckFinite(absl::Span<const TensorView> tensors) const {
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    if (MaxKeyOfSum(tensors[t].data, mem_[t], tensors[t].count) >= kNonFiniteKey) {
+      return static_cast<int64_t>(t) + 1;
+    }
+  }
+  return 0;
+}
+
+int64_t SparseBucket::SelectTopK(absl::Span<const TensorView> tensors,
+                                 std::vector<uint64_t>* indices) {
   if (o_.granularity == SparseGranularity::kBucket) {
     std::vector<FloatSegment> segments;
     segments.reserve(tensors.size());
-    for (const TensorView& t : tensors) segments.push_back({t.data, t.count});
-    selector_.Select(segments, plan_.k[0], indices, o_.selection);
-    return;
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      segments.push_back({tensors[t].data, tensors[t].count, mem_[t]});
+    }
+    if (selector_.Select(segments, plan_.k[0], indices, o_.selection)) return 0;
+    return CheckFinite(tensors);  // which tensor: only on this failure path
   }
   indices->clear();
   for (size_t t = 0; t < tensors.size(); ++t) {
-    const FloatSegment one{tensors[t].data, tensors[t].count};
-    selector_.Select(absl::MakeConstSpan(&one, 1), plan_.k[t], &part_, o_.selection);
+    const FloatSegment one{tensors[t].data, tensors[t].count, mem_[t]};
+    if (!selector_.Select(absl::MakeConstSpan(&one, 1), plan_.k[t], &part_, o_.selection)) {
+      return static_cast<int64_t>(t) + 1;
+    }
     for (uint64_t i : part_) indices->push_back(plan_.offset[t] + i);
   }
+  return 0;
 }
 
 void SparseBucket::Gather(absl::Span<const TensorView> tensors,
                           absl::Span<const uint64_t> indices, float* out) const {
-  ForEachIndex(plan_, indices, [&](size_t t, size_t e, size_t i) { out[i] = tensors[t].data[e]; });
+  ForEachIndex(plan_, indices, [&](size_t t, size_t e, size_t i) {
+    out[i] = tensors[t].data[e] + mem_[t][e];
+  });
 }
 
 void SparseBucket::Scatter(absl::Span<const TensorView> tensors,
@@ -121,7 +132,7 @@ void SparseBucket::UpdateMemoryAndClear(absl::Span<const TensorView> tensors,
     ForEachIndex(plan_, sent, [&](size_t t, size_t e, size_t i) { saved_[i] = mem_[t][e]; });
   }
   for (size_t t = 0; t < tensors.size(); ++t) {
-    FilterMemoryAndClear(mem_[t], tensors[t].data, tensors[t].count, beta);
+    AddFilterAndClear(mem_[t], tensors[t].data, tensors[t].count, beta);
   }
   // Where p was sent, p - sent = +0: ErrorFeedback's next = d (β = 1) or keep·e + β·d.
   ForEachIndex(plan_, sent, [&](size_t t, size_t e, size_t i) {

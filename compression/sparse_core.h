@@ -30,25 +30,30 @@ class SparseBucket {
   SparseBucket(const SparseOptions& options, std::string spec)
       : o_(options), spec_(std::move(spec)), memory_(options.beta) {}
 
-  // Plans the bucket and adds each tensor's memory to it in place (p = m + g). Returns the
-  // status word of this rank: 0, or 1 + the position of the first tensor whose p holds a NaN
-  // or an infinity. The memory itself is unchanged until UpdateMemoryAndClear.
-  int64_t Begin(absl::Span<const TensorView> tensors);
+  // Plans the bucket and finds each tensor's memory m (zeros at first). Nothing is written:
+  // p = g + m is formed on the fly, and the memory changes only in UpdateMemoryAndClear, once
+  // every rank is known to have succeeded.
+  void Begin(absl::Span<const TensorView> tensors);
   const SparsePlan& plan() const { return plan_; }
 
-  // The top-k indices of |p| under the plan (one top-k over the bucket, or k_j per tensor),
-  // global in the bucket, ascending.
-  void SelectTopK(absl::Span<const TensorView> tensors, std::vector<uint64_t>* indices);
+  // This rank's status word: 0, or 1 + the position of the first tensor whose p holds a NaN
+  // or an infinity. One read of g and m.
+  int64_t CheckFinite(absl::Span<const TensorView> tensors) const;
 
-  // out[i] = p[indices[i]].
+  // The top-k indices of |p| under the plan (one top-k over the bucket, or k_j per tensor),
+  // global in the bucket, ascending; the finiteness check in the same pass. Returns the
+  // status word as CheckFinite (then *indices is not usable).
+  int64_t SelectTopK(absl::Span<const TensorView> tensors, std::vector<uint64_t>* indices);
+
+  // out[i] = p[indices[i]] = g + m there.
   void Gather(absl::Span<const TensorView> tensors, absl::Span<const uint64_t> indices,
               float* out) const;
   // p[indices[i]] = values[i] / divisor (add: +=). Division, not a reciprocal, as documented.
   void Scatter(absl::Span<const TensorView> tensors, absl::Span<const uint64_t> indices,
                const float* values, float divisor, bool add) const;
 
-  // m = (1 - β)·m + β·(p - p⊙1_sent) for every tensor (ErrorFeedback::Update's expression,
-  // with the sent elements exactly p there), then the tensors become zeros.
+  // m = (1 - β)·m + β·(p - p⊙1_sent) for every tensor (ErrorFeedback's Apply and Update
+  // expressions, with the sent elements exactly p there), then the tensors become zeros.
   void UpdateMemoryAndClear(absl::Span<const TensorView> tensors,
                             absl::Span<const uint64_t> sent);
 

@@ -17,11 +17,11 @@
 //   kSampledThreshold  estimate a threshold t <= T from 4096 keys at fixed pseudo-random
 //                      positions (the (k/N)-quantile of the sample lowered by three standard
 //                      deviations of its binomial count), collect the candidates with key >= t
-//                      in one streaming pass (blocks of 32 without a candidate cost a
-//                      vectorized max), then nth_element over the candidates only
-//                      (about 1.5·k of them at k/N = 1%). Correct whatever t is: when fewer
-//                      than k candidates pass, or far more than expected (many ties), it falls
-//                      back to kNthElement. One pass over N keys.
+//                      and their keys in one streaming pass (AVX2: a block of 16 elements
+//                      without a candidate costs two compares and a test), then nth_element
+//                      over the candidates only (about 1.5·k of them at k/N = 1%). Correct
+//                      whatever t is: when fewer than k candidates pass, or far more than
+//                      expected (many ties), it falls back to kNthElement. One pass over N.
 //   kAuto              kSampledThreshold for N >= 32768 and k <= N/16, else kNthElement.
 // BENCHMARKS.md compares the two (braid-compress-bench --parts codec).
 #ifndef BRAID_COMPRESSION_TOPK_H_
@@ -45,11 +45,14 @@ inline uint32_t MagnitudeKey(float x) {
 // Keys at or above this are infinities (== it) or NaNs (above it).
 constexpr uint32_t kNonFiniteKey = 0x7f800000u;
 
-// One tensor of a bucket as the selection sees it; global index = the segment's offset in the
-// concatenation of all segments + the element's index in the segment.
+// One tensor of a bucket as the selection sees it: element i is data[i] + addend[i] (the
+// sparsifiers' memory-compensated gradient g + m, formed on the fly so the memory is not
+// touched before the step is known to succeed), or data[i] when addend is null. Global index
+// = the segment's offset in the concatenation of all segments + i.
 struct FloatSegment {
   const float* data = nullptr;
   size_t count = 0;
+  const float* addend = nullptr;
 };
 
 enum class TopKAlgorithm { kAuto, kNthElement, kSampledThreshold };
@@ -57,37 +60,42 @@ enum class TopKAlgorithm { kAuto, kNthElement, kSampledThreshold };
 class TopKSelector {
  public:
   // Replaces *out with the global indices, ascending, of the k elements of largest magnitude
-  // of the concatenated segments (ties: lower index first). k is clamped to the total count.
-  void Select(absl::Span<const FloatSegment> segments, size_t k, std::vector<uint64_t>* out,
+  // of the concatenated segments (ties: lower index first); k is clamped to the total count.
+  // Returns false, with *out empty, when some element is an infinity or a NaN: the check is
+  // part of the same pass over the data, and a non-finite key never reaches a selection.
+  bool Select(absl::Span<const FloatSegment> segments, size_t k, std::vector<uint64_t>* out,
               TopKAlgorithm algorithm = TopKAlgorithm::kAuto);
 
   // The algorithm the last Select ran to its end (kNthElement after a sampled fallback).
   TopKAlgorithm last_algorithm() const { return last_; }
 
  private:
-  void SelectByNthElement(absl::Span<const FloatSegment> segments, size_t total, size_t k,
+  // kNthElement; false when non-finite.
+  bool SelectByNthElement(absl::Span<const FloatSegment> segments, size_t total, size_t k,
                           std::vector<uint64_t>* out);
-  bool SelectBySample(absl::Span<const FloatSegment> segments, size_t total, size_t k,
-                      std::vector<uint64_t>* out);
+  // kSampledThreshold: 1 done, 0 fall back to kNthElement, -1 non-finite.
+  int SelectBySample(absl::Span<const FloatSegment> segments, size_t total, size_t k,
+                     std::vector<uint64_t>* out);
 
   TopKAlgorithm last_ = TopKAlgorithm::kAuto;
   // Scratch, reused across calls (no allocation per step in steady state).
   std::vector<uint32_t> keys_, sample_;
-  std::vector<uint64_t> candidates_;
+  std::vector<uint64_t> candidates_, offsets_;
 };
 
-// p[i] += m[i] for i < n, and returns the largest MagnitudeKey of the sums (>= kNonFiniteKey:
-// some sum is infinite or NaN). The first pass of every sparsifier: error-feedback memory
-// added to the gradient, and the finiteness check, in one read of each.
-uint32_t AddAndMaxKey(float* p, const float* m, size_t n);
+// false: the portable candidate scan only (tests compare it with the AVX2 one, which must
+// find the same candidates). Not thread-safe; default true.
+void UseVectorSelection(bool enabled);
 
-// The largest MagnitudeKey of x[0..n).
-uint32_t MaxKey(const float* x, size_t n);
+// The largest MagnitudeKey of x[i] + a[i] (of x[i] when a is null) over i < n; at or above
+// kNonFiniteKey when some element is infinite or NaN. Reads only.
+uint32_t MaxKeyOfSum(const float* x, const float* a, size_t n);
 
-// The low-pass filtered memory update of every element, as if none had been sent:
-// m[i] = (1 - beta)·m[i] + beta·p[i] (beta == 1: m[i] = p[i], a copy); then p[i] = 0.
-// The sparsifiers then fix up the sent elements (sparse.h).
-void FilterMemoryAndClear(float* m, float* p, size_t n, float beta);
+// The end of a sparsifier's step for one tensor, every element as if none had been sent
+// (the sent ones are fixed up afterwards, sparse_core.cc): with p = g[i] + m[i],
+// m[i] = (1 - beta)·m[i] + beta·(p - 0) (beta == 1: m[i] = p), then g[i] = 0 for the result.
+// ErrorFeedback's Apply-then-Update expressions, bit for bit.
+void AddFilterAndClear(float* m, float* g, size_t n, float beta);
 
 }  // namespace braid::compression
 

@@ -41,7 +41,7 @@ std::vector<uint64_t> Select(const std::vector<float>& x, size_t k, TopKAlgorith
   }
   TopKSelector sel;
   std::vector<uint64_t> out = {12345};  // replaced, not appended to
-  sel.Select(segs, k, &out, a);
+  EXPECT_TRUE(sel.Select(segs, k, &out, a));
   if (ran) *ran = sel.last_algorithm();
   return out;
 }
@@ -54,9 +54,14 @@ void ExpectAgreesWithFullSort(const std::vector<float>& x, const std::string& wh
     for (TopKAlgorithm a : {TopKAlgorithm::kAuto, TopKAlgorithm::kNthElement,
                             TopKAlgorithm::kSampledThreshold}) {
       for (size_t pieces : {1, 3}) {
-        ASSERT_EQ(Select(x, k, a, nullptr, pieces), want)
-            << what << " n=" << n << " k=" << k << " algorithm=" << static_cast<int>(a)
-            << " pieces=" << pieces;
+        for (bool vector : {true, false}) {  // the AVX2 candidate scan and the portable one
+          UseVectorSelection(vector);
+          const std::vector<uint64_t> got = Select(x, k, a, nullptr, pieces);
+          UseVectorSelection(true);
+          ASSERT_EQ(got, want) << what << " n=" << n << " k=" << k << " algorithm="
+                               << static_cast<int>(a) << " pieces=" << pieces
+                               << " vector=" << vector;
+        }
       }
     }
   }
@@ -112,30 +117,65 @@ TEST(TopKTest, SampledThresholdRunsOnGradientsAndFallsBackOnTies) {
   EXPECT_EQ(ran, TopKAlgorithm::kNthElement) << "all ties: the sample's threshold takes too many";
 }
 
-TEST(TopKTest, NonFiniteKeysOrderAboveEveryFiniteValue) {
-  // Defined, never undefined behaviour (the compressors reject such inputs before selecting).
-  std::vector<float> x = {1.0f, NAN, -INFINITY, 3e38f, 0.0f, -NAN};
+TEST(TopKTest, MagnitudeKeysOrderAsMagnitudes) {
   EXPECT_EQ(MagnitudeKey(-INFINITY), kNonFiniteKey);
   EXPECT_GT(MagnitudeKey(NAN), kNonFiniteKey);
-  EXPECT_EQ(Select(x, 3, TopKAlgorithm::kNthElement), (std::vector<uint64_t>{1, 2, 5}));
+  EXPECT_LT(MagnitudeKey(3e38f), kNonFiniteKey);
   EXPECT_EQ(MagnitudeKey(-0.0f), MagnitudeKey(0.0f));
+  EXPECT_LT(MagnitudeKey(-1.0f), MagnitudeKey(1.5f));
+  EXPECT_LT(MagnitudeKey(std::numeric_limits<float>::denorm_min()), MagnitudeKey(1e-38f));
 }
 
 TEST(TopKTest, FusedKernelsMatchTheirDefinitions) {
-  std::vector<float> p = {1.0f, -2.0f, 0.5f, -0.0f}, m = {0.25f, 2.0f, -4.0f, 0.0f};
-  EXPECT_EQ(AddAndMaxKey(p.data(), m.data(), 4), MagnitudeKey(-3.5f));
-  EXPECT_EQ(p, (std::vector<float>{1.25f, 0.0f, -3.5f, 0.0f}));
-  std::vector<float> bad = {1.0f, 3e38f}, add = {0.0f, 3e38f};
-  EXPECT_EQ(AddAndMaxKey(bad.data(), add.data(), 2), kNonFiniteKey) << "overflow to infinity";
-  EXPECT_GE(MaxKey(std::vector<float>{0.0f, NAN}.data(), 2), kNonFiniteKey);
+  std::vector<float> g = {1.0f, -2.0f, 0.5f, -0.0f}, m = {0.25f, 2.0f, -4.0f, 0.0f};
+  EXPECT_EQ(MaxKeyOfSum(g.data(), m.data(), 4), MagnitudeKey(-3.5f));
+  EXPECT_EQ(MaxKeyOfSum(g.data(), nullptr, 4), MagnitudeKey(-2.0f));
+  std::vector<float> big = {1.0f, 3e38f};
+  EXPECT_EQ(MaxKeyOfSum(big.data(), big.data(), 2), kNonFiniteKey) << "overflow to infinity";
+  EXPECT_GE(MaxKeyOfSum(std::vector<float>{0.0f, NAN}.data(), nullptr, 2), kNonFiniteKey);
   std::vector<float> mem = {1.0f, 2.0f}, q = {4.0f, -8.0f};
-  FilterMemoryAndClear(mem.data(), q.data(), 2, 0.25f);
-  EXPECT_EQ(mem, (std::vector<float>{0.75f * 1.0f + 0.25f * 4.0f, 0.75f * 2.0f - 0.25f * 8.0f}));
+  AddFilterAndClear(mem.data(), q.data(), 2, 0.25f);  // p = {5, -6}
+  EXPECT_EQ(mem, (std::vector<float>{0.75f * 1.0f + 0.25f * 5.0f, 0.75f * 2.0f - 0.25f * 6.0f}));
   EXPECT_EQ(q, (std::vector<float>{0.0f, 0.0f}));
   mem = {1.0f, 2.0f};
   q = {4.0f, -8.0f};
-  FilterMemoryAndClear(mem.data(), q.data(), 2, 1.0f);
-  EXPECT_EQ(mem, (std::vector<float>{4.0f, -8.0f}));
+  AddFilterAndClear(mem.data(), q.data(), 2, 1.0f);
+  EXPECT_EQ(mem, (std::vector<float>{5.0f, -6.0f}));
+  EXPECT_EQ(q, (std::vector<float>{0.0f, 0.0f}));
+}
+
+// The selection of g + m formed on the fly equals the selection of the materialized sum, and a
+// non-finite sum (even one overflowing from finite parts) is reported, never selected from.
+TEST(TopKTest, SelectsFromTheSumAndRefusesNonFiniteInput) {
+  std::mt19937 gen(4);
+  std::normal_distribution<float> d;
+  for (size_t n : {1000, 100000}) {
+    std::vector<float> g(n), m(n), p(n);
+    for (size_t i = 0; i < n; ++i) {
+      g[i] = d(gen);
+      m[i] = d(gen);
+      p[i] = g[i] + m[i];
+    }
+    for (TopKAlgorithm a : {TopKAlgorithm::kNthElement, TopKAlgorithm::kSampledThreshold}) {
+      const FloatSegment seg{g.data(), n, m.data()};
+      TopKSelector sel;
+      std::vector<uint64_t> got;
+      ASSERT_TRUE(sel.Select(absl::MakeConstSpan(&seg, 1), n / 100, &got, a));
+      EXPECT_EQ(got, FullSortTopK(p, n / 100)) << n;
+      for (float bad : {NAN, INFINITY}) {
+        g[n / 2] = bad;
+        got = {1, 2, 3};
+        EXPECT_FALSE(sel.Select(absl::MakeConstSpan(&seg, 1), n / 100, &got, a)) << bad;
+        EXPECT_TRUE(got.empty());
+        g[n / 2] = 0.0f;
+      }
+      g[7] = 3e38f;
+      m[7] = 3e38f;
+      EXPECT_FALSE(sel.Select(absl::MakeConstSpan(&seg, 1), n / 100, &got, a)) << "overflow";
+      EXPECT_FALSE(sel.Select(absl::MakeConstSpan(&seg, 1), n, &got, a)) << "k = N: checked too";
+      g[7] = m[7] = 1.0f;
+    }
+  }
 }
 
 TEST(SparsePlanTest, KIsDenseSizeOverRatioRoundedUp) {
