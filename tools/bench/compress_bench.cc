@@ -442,7 +442,7 @@ absl::StatusOr<CodecResult> RunCodec(const Config& cfg) {
       continue;
     }
     kinds.push_back(m.kind);
-    names.push_back(m.kind == Kind::kSparse ? m.spec.canonical : name_of(m.kind));
+    names.push_back(m.kind == Kind::kSparse ? m.name : name_of(m.kind));
     sparse.push_back(m.kind == Kind::kSparse ? &m : nullptr);
   }
   std::vector<compression::TopKAlgorithm> select_by;
