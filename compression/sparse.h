@@ -39,12 +39,18 @@
 // all ranks and show in the transport bytes: a bandwidth-optimal all-reduce sends
 // 2(n-1)/n·4·(k + n) bytes, plus this rank's part of the index broadcast.
 //
-// Non-finite input. A NaN or infinity in p never reaches the selection: the first pass
-// (m + g) also finds the largest magnitude. A leader with a non-finite p broadcasts the
+// Non-finite input. A NaN or infinity in p never reaches the selection: p = g + m is formed
+// on the fly, and the pass that reads it (the leader's candidate scan, every other rank's
+// check) finds the largest magnitude first. A leader with a non-finite p broadcasts the
 // header instead of indices; any other rank flags its status word in the all-reduce it runs
 // anyway. Either way every rank returns the same InvalidArgument naming the tensors and
-// ranks, with no extra collective and nothing left waiting, and every rank keeps its memory
-// as it was before the step (the tensors' contents are unspecified, as after any error).
+// ranks, with no extra collective and nothing left waiting. The memory is written only after
+// every status was 0, so after a failed step every rank holds its memory as before it.
+//
+// Errors of Reduce: InvalidArgument (non-finite input; scalecomp's leader=R with R not a
+// rank), Internal (indices received that are not ascending or not in the bucket: every rank
+// learns it through the status words), and the communicator's (Unavailable,
+// DeadlineExceeded, Cancelled); after any error the tensors' contents are unspecified.
 //
 // Baselines (those the paper compares against), both with the same memory and β:
 //   topk    each rank selects the top-k of its own |p_i| and all-gathers k (index, value)

@@ -1,6 +1,6 @@
 // braid-compress-bench: what gradient compression costs and saves on one host, in one run.
 //
-//   braid-compress-bench [--parts codec,allreduce] [--methods none,fp4,int4,fp16,bf16]
+//   braid-compress-bench [--parts codec,allreduce] [--methods none,fp4,scalecomp:ratio=100,...]
 //       [--codec-bytes 64M] [--chunk 128] -b 64M -e 64M -f 2 -n 10 -w 2 --repeat 5
 //       --ranks 2 --tls tcp|sm [--json PATH]
 //
@@ -9,7 +9,10 @@
 //     chunk at a time as the 4-bit Compressor does: ChunkScale + Encode over the whole
 //     buffer (quantize), Decode over the whole buffer (dequantize), and both back to back
 //     (round trip). fp16 / bf16 run the cast Compressor's own loops through its Reduce on a
-//     one-rank communicator whose all-reduce is a no-op, so only the round trip is known.
+//     one-rank communicator whose all-reduce is a no-op, so only the round trip is known;
+//     so do the sparsifiers (scalecomp, topk, randomk: memory, top-k, gather, memory update,
+//     scatter), one row per spec, checked with sparse_bench.h; with a sparsifier, the top-k
+//     selection alone is timed too (k = N/100, each algorithm of compression/topk.h).
 //     GB/s counts float32 input bytes (memcpy: bytes copied); memcpy copies a buffer of the
 //     same size in the same run. Every element of the round trip is checked against the
 //     codec's documented error bound (quantize.h, cast_compressor.cc).
@@ -21,7 +24,9 @@
 //     bytes the Compressor reports, then one more call on fresh inputs checked element by
 //     element against the exact mean, recomputed here in float64 from every rank's input
 //     (each rank can regenerate any rank's input), with the method's error bound
-//     (four_bit.h, cast_compressor.cc), and a hash showing every rank holds the same bits.
+//     (four_bit.h, cast_compressor.cc; a sparsifier's non-zero results against the mean,
+//     at most k of them), and a hash showing every rank holds the same bits. The ratio
+//     columns: float32 bytes / payload, and none's transport bytes / the method's.
 //
 // Method (nccl-tests, BENCHMARKS.md): buffers allocated and touched once; per repeat and
 // method `warmup` untimed calls, a Barrier, `iters` timed calls; a rank's time is its mean per
