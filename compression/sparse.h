@@ -28,8 +28,8 @@
 // granularity=tensor (or BRAID_FUSION_THRESHOLD=0) repeats bit for bit. The leader step t is
 // the compressed-step count of the bucket's first tensor (StepContext::steps[0]).
 //
-// Wire. Indices are uint32 (uint64 when a bucket holds 2^31 elements or more), global in the
-// bucket, ascending. scalecomp broadcasts [header][k indices] from the leader (header 0, or
+// Wire. Indices are int32 (int64 when a bucket holds 2^31 elements or more), global in the
+// bucket, ascending; the all-ones word (-1) is topk's sentinel. scalecomp broadcasts [header][k indices] from the leader (header 0, or
 // 1 + the bucket position of the tensor the leader found non-finite) and all-reduces (sum)
 // k + n float32: the k values and one status word per rank (1 + its first non-finite
 // tensor, or 0); an average divides the k sums by n afterwards, identically on every rank,
@@ -57,8 +57,8 @@
 //           pairs; every rank adds all n lists into zeros in rank order, each value divided
 //           by n first for an average, so every rank ends bit-identical. Payload 4·k + w·k;
 //           bytes received grow as (n - 1)·k·(4 + w): the gradient build-up. A rank with a
-//           non-finite p sends the sentinel index 2^32 - 1 (2^64 - 1) with the tensor's
-//           position in its first value instead of pairs.
+//           non-finite p sends the sentinel index -1 with the tensor's position in its first
+//           value instead of pairs.
 //   randomk k indices from a seed every rank shares (BRAID_SEED, the bucket's tensor names,
 //           the step): one uniformly random index in each of k strata of equal size (N/k,
 //           rounded), so exactly k distinct indices and every element selected with

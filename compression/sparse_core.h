@@ -68,7 +68,7 @@ class SparseBucket {
   bool UnpackIndices(const uint8_t* in, size_t k, std::vector<uint64_t>* out) const;
   uint64_t ReadWord(const uint8_t* in) const;
   void WriteWord(uint64_t v, uint8_t* out) const;
-  // The all-ones word: "no indices follow" in topk's blocks.
+  // The all-ones word (-1 as int32 / int64): "no indices follow" in topk's blocks.
   uint64_t Sentinel() const { return plan_.index_bytes == 4 ? 0xffffffffull : ~0ull; }
 
   // The error every rank returns when some status word is not 0 (`status[r]`: rank r's):
