@@ -290,8 +290,10 @@ TEST(ErrorFeedbackTest, LowPassBetaBlendsTheOldResidual) {
   ef.Update("t", g2.data(), sent2.data(), 2);
   // 0.75*0.25 + 0.25*1.25 = 0.5; 0.75*0 + 0.25*1 = 0.25
   EXPECT_EQ(ef.residual("t"), (std::vector<float>{0.5f, 0.25f}));
-  ef.Apply("t", g2.data(), 3);  // size change: starts again from zero
+  std::vector<float> g3 = {1.0f, 2.0f, 3.0f};
+  ef.Apply("t", g3.data(), 3);  // size change: starts again from zero
   EXPECT_EQ(ef.residual("t"), (std::vector<float>{0.0f, 0.0f, 0.0f}));
+  EXPECT_EQ(g3, (std::vector<float>{1.0f, 2.0f, 3.0f}));
 }
 
 TEST(ErrorFeedbackTest, NonFiniteStepDoesNotPoisonLaterSteps) {
