@@ -12,17 +12,27 @@
 #include "absl/strings/strip.h"
 #include "compression/methods.h"
 #include "compression/powersgd.h"
+#include "compression/sparse.h"
 
 namespace braid::compression {
 namespace {
 
-enum class Kind { kInt, kBool, kFraction, kFloat };
+enum class Kind {
+  kInt,
+  kBool,
+  kFraction,
+  kFloat,    // a finite number >= OptionDef::min_int
+  kRatio,    // a finite number >= 1 (sparsifiers: dense size / k)
+  kChoice,   // one of OptionDef::choices, '|'-separated
+  kLeader,   // "cyclic", or a rank (an integer >= 0)
+};
 
 struct OptionDef {
   const char* name;
   Kind kind;
   const char* default_value;
   int64_t min_int = 0;  // kInt, kFloat: smallest value allowed
+  const char* choices = "";  // kChoice: the values allowed, '|'-separated
 };
 
 struct MethodDef {
@@ -31,15 +41,26 @@ struct MethodDef {
   std::vector<OptionDef> options;
 };
 
+std::vector<OptionDef> SparseOptionDefs(bool leader) {
+  std::vector<OptionDef> o = {{"ratio", Kind::kRatio, "100"},
+                              {"beta", Kind::kFraction, "1"},
+                              {"start_step", Kind::kInt, "0", 0}};
+  if (leader) o.push_back({"leader", Kind::kLeader, "cyclic"});
+  o.push_back({"granularity", Kind::kChoice, "bucket", 0, "bucket|tensor"});
+  return o;
+}
+
 const std::vector<MethodDef>& Methods() {
   static const auto* methods = new std::vector<MethodDef>{
       {"none", false, {}},
       {"fp16", false, {{"start_step", Kind::kInt, "0", 0}}},
       {"bf16", false, {{"start_step", Kind::kInt, "0", 0}}},
       {"fp4", false,
-       {{"chunk", Kind::kInt, "128", 2}, {"ef", Kind::kBool, "0"}, {"start_step", Kind::kInt, "0", 0}}},
+       {{"chunk", Kind::kInt, "128", 2}, {"ef", Kind::kBool, "0"}, {"beta", Kind::kFraction, "1"},
+        {"start_step", Kind::kInt, "0", 0}}},
       {"int4", false,
-       {{"chunk", Kind::kInt, "128", 2}, {"ef", Kind::kBool, "0"}, {"start_step", Kind::kInt, "0", 0}}},
+       {{"chunk", Kind::kInt, "128", 2}, {"ef", Kind::kBool, "0"}, {"beta", Kind::kFraction, "1"},
+        {"start_step", Kind::kInt, "0", 0}}},
       {"powersgd", false,
        {{"rank", Kind::kInt, "1", 1},
         {"min_compression_rate", Kind::kFloat, "2", 1},
@@ -47,6 +68,10 @@ const std::vector<MethodDef>& Methods() {
         {"warm_start", Kind::kBool, "1"},
         {"orthogonalization_epsilon", Kind::kFloat, "0", 0},
         {"start_step", Kind::kInt, "0", 0}}},
+      // Sparsifiers (sparse.h).
+      {"scalecomp", false, SparseOptionDefs(/*leader=*/true)},
+      {"topk", false, SparseOptionDefs(/*leader=*/false)},
+      {"randomk", false, SparseOptionDefs(/*leader=*/false)},
       {"test_randomk", true, {{"keep", Kind::kFraction, "0.01"}, {"start_step", Kind::kInt, "0", 0}}},
   };
   return *methods;
@@ -89,6 +114,27 @@ absl::StatusOr<std::string> Normalise(absl::string_view spec, const OptionDef& d
       char buf[32];
       auto end = std::to_chars(buf, buf + sizeof buf, v + 0.0).ptr;  // + 0.0: "-0" -> "0"
       return std::string(buf, end);
+    }
+    case Kind::kRatio: {
+      double v = 0;
+      if (!absl::SimpleAtod(value, &v) || !(v >= 1.0 && v <= 1e12)) {
+        return bad("a number in [1, 1e12]");
+      }
+      return absl::StrCat(v);
+    }
+    case Kind::kChoice: {
+      for (absl::string_view c : absl::StrSplit(def.choices, '|')) {
+        if (value == c) return std::string(c);
+      }
+      return bad(absl::StrJoin(absl::StrSplit(def.choices, '|'), " or "));
+    }
+    case Kind::kLeader: {
+      int64_t v = 0;
+      if (value == "cyclic") return std::string("cyclic");
+      if (!absl::SimpleAtoi(value, &v) || v < 0 || v > (int64_t{1} << 30)) {
+        return bad("cyclic or a rank (an integer >= 0)");
+      }
+      return absl::StrCat(v);
     }
   }
   return bad("valid");
@@ -176,6 +222,11 @@ absl::StatusOr<CompressionSpec> ParseCompressionSpec(absl::string_view spec,
   std::sort(changed.begin(), changed.end());
   if (!changed.empty()) absl::StrAppend(&out.canonical, ":", absl::StrJoin(changed, ","));
   if (out.options.count("start_step")) out.start_step = out.IntOption("start_step");
+  if ((out.method == "fp4" || out.method == "int4") && out.options["beta"] != "1" &&
+      out.options["ef"] == "0") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compression '", spec, "': option 'beta' filters the error-feedback memory: it needs ef=1"));
+  }
   return out;
 }
 
@@ -187,6 +238,7 @@ absl::StatusOr<std::unique_ptr<Compressor>> CreateCompressor(const CompressionSp
     o.format = spec.method == "fp4" ? FourBitFormat::kFp4 : FourBitFormat::kInt4;
     o.chunk = static_cast<size_t>(spec.IntOption("chunk"));
     o.error_feedback = spec.IntOption("ef") != 0;
+    o.beta = static_cast<float>(spec.FloatOption("beta"));
     return MakeFourBitCompressor(o, spec.canonical);
   }
   if (spec.method == "powersgd") {
@@ -197,6 +249,9 @@ absl::StatusOr<std::unique_ptr<Compressor>> CreateCompressor(const CompressionSp
     o.warm_start = spec.IntOption("warm_start") != 0;
     o.orthogonalization_epsilon = spec.FloatOption("orthogonalization_epsilon");
     return MakePowerSgdCompressor(o, spec.canonical);
+  }
+  if (spec.method == "scalecomp" || spec.method == "topk" || spec.method == "randomk") {
+    return CreateSparseCompressor(spec);
   }
   if (spec.method == "test_randomk") {
     return MakeRandomKCompressor(spec.FloatOption("keep"), spec.canonical);

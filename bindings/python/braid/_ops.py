@@ -468,12 +468,15 @@ def allreduce_async(tensor, name=None, op=Average, compression=None):
     ``compression``: this tensor's compression spec, the same on every rank: "none", "fp16",
     "bf16" (cast to 16 bits, 1/2 of float32's bytes), "fp4" (radix-4 FP4 with per-chunk
     GradScale, Sun et al. 2020) or "int4" (4-bit integers), about 1/7.5 of the bytes, with
-    options such as "fp4:chunk=128,ef=1" or "int4:start_step=100" (README: Compression).
-    The result is then approximate, within the bound each method documents, and identical
-    on every rank. None uses the job's default (BRAID_COMPRESSION), which applies only to
-    floating-point tensors with op Sum or Average. Raises InvalidArgumentError for an
-    unknown method or option, a method on an integer tensor or another op, or (from
-    ``synchronize``) ranks asking for different methods.
+    options such as "fp4:chunk=128,ef=1" or "int4:start_step=100", or a sparsifier that
+    sends 1/ratio of the elements and keeps the rest in an error-feedback memory:
+    "scalecomp:ratio=100" (ScaleCom, Chen et al. 2020), "topk", "randomk" (README:
+    Compression). The result is then approximate, within the bound each method documents,
+    and identical on every rank. None uses the job's default (BRAID_COMPRESSION), which
+    applies only to floating-point tensors with op Sum or Average. Raises
+    InvalidArgumentError for an unknown method or option, a method on an integer tensor or
+    another op, or (from ``synchronize``) ranks asking for different methods or, with a
+    sparsifier, a NaN or infinity in any rank's gradient.
     """
     name = _next_name("allreduce") if name is None else name
     op = _check_op(op)
