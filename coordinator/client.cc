@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "coordinator/credentials.h"
 #include "coordinator/grpc_status.h"
 #include "glog/logging.h"
 #include "proto/braid.grpc.pb.h"
@@ -22,10 +23,12 @@ std::chrono::system_clock::time_point Deadline(absl::Duration d) {
 // Store over the coordinator's KeyValue RPCs.
 class GrpcStore final : public Store {
  public:
-  explicit GrpcStore(proto::Coordinator::Stub* stub) : stub_(stub) {}
+  GrpcStore(proto::Coordinator::Stub* stub, const std::string* secret)
+      : stub_(stub), secret_(secret) {}
   absl::Status Set(const std::string& key, const std::string& value) override {
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(absl::Seconds(30)));
+    AddCallCredentials(&ctx, *secret_);
     proto::KeyValueSetRequest req;
     req.set_key(key);
     req.set_value(value);
@@ -35,6 +38,7 @@ class GrpcStore final : public Store {
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(timeout + absl::Seconds(5)));
+    AddCallCredentials(&ctx, *secret_);
     proto::KeyValueGetRequest req;
     req.set_key(key);
     req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
@@ -59,13 +63,14 @@ class GrpcStore final : public Store {
 
  private:
   proto::Coordinator::Stub* stub_;
+  const std::string* secret_;  // the client's
 };
 
 class GrpcClient final : public CoordinatorClient {
  public:
   GrpcClient(const ClientOptions& o, std::shared_ptr<grpc::Channel> channel)
       : opts_(o), channel_(std::move(channel)), stub_(proto::Coordinator::NewStub(channel_)),
-        store_(stub_.get()), heartbeat_interval_(o.heartbeat_interval) {}
+        store_(stub_.get(), &opts_.job_secret), heartbeat_interval_(o.heartbeat_interval) {}
 
   ~GrpcClient() override { Close(absl::Milliseconds(200)); }
 
@@ -74,10 +79,12 @@ class GrpcClient final : public CoordinatorClient {
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(timeout + absl::Seconds(5)));
     ctx.set_wait_for_ready(true);
+    AddCallCredentials(&ctx, opts_.job_secret);
     proto::RegisterResponse resp;
     absl::Status s = FromGrpcStatus(stub_->Register(&ctx, req, &resp),
                                     "registering with the coordinator at " + opts_.address);
     if (!s.ok()) return s;
+    rank_token_ = resp.rank_token();
     if (resp.settings().has_heartbeat_timeout_ms()) {
       // The job's heartbeat timeout, which the coordinator judges liveness by.
       absl::MutexLock lock(&mu_);
@@ -94,6 +101,7 @@ class GrpcClient final : public CoordinatorClient {
                                 std::function<void(const absl::Status&)> on_closed) override {
     rank_ = rank;
     stream_ctx_ = std::make_unique<grpc::ClientContext>();
+    AddCallCredentials(stream_ctx_.get(), opts_.job_secret, rank_token_);
     stream_ = stub_->Negotiate(stream_ctx_.get());
     proto::RequestList hello;
     hello.set_rank(rank);
@@ -191,6 +199,7 @@ class GrpcClient final : public CoordinatorClient {
   void SendHeartbeat(absl::Duration timeout) {
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline(timeout));
+    AddCallCredentials(&ctx, opts_.job_secret, rank_token_);
     proto::HeartbeatRequest req;
     if (opts_.fill_heartbeat) opts_.fill_heartbeat(&req);
     req.set_rank(rank_);
@@ -203,6 +212,8 @@ class GrpcClient final : public CoordinatorClient {
   std::unique_ptr<proto::Coordinator::Stub> stub_;
   GrpcStore store_;
   int rank_ = -1;
+  // From Register, before the stream and the heartbeat thread start; read-only after.
+  std::string rank_token_;
   std::unique_ptr<grpc::ClientContext> stream_ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<proto::RequestList, proto::ResponseList>> stream_;
   std::thread reader_;
@@ -228,11 +239,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectCoordinator(const Clie
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  auto channel = grpc::CreateCustomChannel(o.address, grpc::InsecureChannelCredentials(), args);
+  auto credentials = MakeChannelCredentials(o.tls_ca_file);
+  if (!credentials.ok()) return credentials.status();
+  auto channel = grpc::CreateCustomChannel(o.address, *credentials, args);
   if (!channel->WaitForConnected(Deadline(o.connect_timeout))) {
-    return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", o.address,
-                                               " within ",
-                                               absl::FormatDuration(o.connect_timeout)));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach the coordinator at ", o.address, " within ",
+        absl::FormatDuration(o.connect_timeout),
+        o.tls_ca_file.empty() ? "" : " (over TLS: is its certificate signed by BRAID_TLS_CA?)"));
   }
   return std::unique_ptr<CoordinatorClient>(std::make_unique<GrpcClient>(o, std::move(channel)));
 }

@@ -14,6 +14,10 @@ namespace braid::coordinator {
 
 struct ClientOptions {
   std::string address;  // host:port
+  // Presented on every call (Note [Who may join] in admission.h).
+  std::string job_secret;
+  // TLS: the PEM certificate(s) to trust for the coordinator; "" = plaintext.
+  std::string tls_ca_file;
   absl::Duration connect_timeout = absl::Seconds(60);
   // Until registration returns the job's heartbeat timeout T; then HeartbeatInterval(T).
   absl::Duration heartbeat_interval = absl::Seconds(2);
@@ -30,7 +34,9 @@ struct ClientOptions {
 absl::Duration HeartbeatInterval(absl::Duration heartbeat_timeout);
 
 // Connects (retrying until connect_timeout, so ranks may start before the coordinator).
-// Unavailable names the address when it cannot be reached.
+// Unavailable names the address when it cannot be reached (or, with TLS, when its
+// certificate is not one tls_ca_file trusts); InvalidArgument for an unreadable CA file.
+// After Register, the stream and the heartbeats carry the rank's token.
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectCoordinator(const ClientOptions& o);
 
 }  // namespace braid::coordinator

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/secret.h"
 #include "coordinator/rendezvous.h"
 #include "glog/logging.h"
 
@@ -89,12 +90,19 @@ void Job::Form(absl::Time now, Completions* out) {
     r.host = pending[i].request.host();
     r.pid = pending[i].request.pid();
     r.last_seen = now;
+    r.token = RandomSecret();
+    (*formed)[i].set_rank_token(r.token);
     out->push_back([done = std::move(pending[i].done), resp = std::move((*formed)[i])] {
       done(resp);
     });
   }
   phase_ = proto::JOB_RUNNING;
   VLOG(1) << "coordinator: job " << id() << " formed: " << world_size_ << " ranks";
+}
+
+bool Job::HasRankProcess(const std::string& host, int64_t pid) const {
+  return std::any_of(ranks_.begin(), ranks_.end(),
+                     [&](const Rank& r) { return r.host == host && r.pid == pid; });
 }
 
 bool Job::RemoveRegistration(int64_t call_id, const absl::Status& why, Completions* out) {
@@ -108,11 +116,25 @@ bool Job::RemoveRegistration(int64_t call_id, const absl::Status& why, Completio
   return true;
 }
 
-absl::Status Job::OpenStream(int rank, std::shared_ptr<StreamSink> sink, absl::Time now) {
+absl::Status Job::CheckToken(int rank, absl::string_view token, absl::string_view what) const {
+  if (rank >= 0 && rank < static_cast<int>(ranks_.size()) &&
+      SecretsEqual(token, ranks_[rank].token)) {
+    return absl::OkStatus();
+  }
+  const std::string why = token.empty() ? std::string("no rank token")
+                                        : absl::StrCat("not its token in job ", id());
+  return absl::PermissionDeniedError(
+      absl::StrCat(what, " for rank ", rank, " refused: ", why,
+                   " (a stream or heartbeat speaks only for the rank that registered it)"));
+}
+
+absl::Status Job::OpenStream(int rank, absl::string_view token, std::shared_ptr<StreamSink> sink,
+                             absl::Time now) {
   if (phase_ == proto::JOB_FORMING || rank < 0 || rank >= static_cast<int>(ranks_.size())) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank, " opened negotiation before job ", id(), " formed"));
   }
+  if (absl::Status s = CheckToken(rank, token, "negotiation stream"); !s.ok()) return s;
   Rank& r = ranks_[rank];
   if (phase_ == proto::JOB_ENDED || r.state == RankState::kShutDown ||
       r.state == RankState::kLost) {
@@ -194,8 +216,13 @@ void Job::Lose(int rank, const std::string& why) {
   Abort(absl::UnavailableError(why));
 }
 
-void Job::Heartbeat(const proto::HeartbeatRequest& req, absl::Time now) {
-  if (req.rank() < 0 || req.rank() >= static_cast<int>(ranks_.size())) return;
+absl::Status Job::Heartbeat(const proto::HeartbeatRequest& req, absl::string_view token,
+                            absl::Time now) {
+  if (phase_ == proto::JOB_FORMING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("heartbeat for rank ", req.rank(), " before job ", id(), " formed"));
+  }
+  if (absl::Status s = CheckToken(req.rank(), token, "heartbeat"); !s.ok()) return s;
   Rank& r = ranks_[req.rank()];
   r.last_seen = now;
   // Each report holds the rank's cumulative totals, so the newer replaces the older. A
@@ -209,6 +236,29 @@ void Job::Heartbeat(const proto::HeartbeatRequest& req, absl::Time now) {
   if (total(req.compression()) >= total(r.compression)) {
     r.compression.assign(req.compression().begin(), req.compression().end());
   }
+  return absl::OkStatus();
+}
+
+absl::Status Job::KeyValueSet(const std::string& key, const std::string& value) {
+  const KeyValueLimits& l = opts_.kv_limits;
+  if (key.size() > l.max_key_bytes || value.size() > l.max_value_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key-value store of job ", id(), ": a key of ", key.size(), " bytes and a value of ",
+        value.size(), " bytes exceed its limits of ", l.max_key_bytes, " and ",
+        l.max_value_bytes, " bytes"));
+  }
+  auto it = kv_.find(key);
+  if (it == kv_.end() && static_cast<int>(kv_.size()) >= l.max_keys) {
+    return absl::InvalidArgumentError(absl::StrCat("key-value store of job ", id(),
+                                                   " is full: it holds its limit of ",
+                                                   l.max_keys, " keys"));
+  }
+  if (it == kv_.end()) {
+    kv_.emplace(key, value);
+  } else {
+    it->second = value;
+  }
+  return absl::OkStatus();
 }
 
 const std::string* Job::KeyValueGet(const std::string& key) const {

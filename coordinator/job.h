@@ -50,6 +50,15 @@ absl::string_view RankStateName(RankState state);
 
 using RegisterDone = std::function<void(absl::StatusOr<proto::RegisterResponse>)>;
 
+// Bounds of a job's key-value store: tools rendezvous through it (a few keys per rank), so
+// these are far above any real use and keep a caller from filling the coordinator's memory
+// (at most max_keys * (max_key_bytes + max_value_bytes), 65 MiB by default).
+struct KeyValueLimits {
+  int max_keys = 1024;
+  size_t max_key_bytes = 1024;
+  size_t max_value_bytes = 64 * 1024;
+};
+
 class Job {
  public:
   struct Options {
@@ -57,12 +66,16 @@ class Job {
     int world_size = 0;                  // 0: the first registration's
     proto::JobSettings settings;         // the coordinator's own (Note [Job settings])
     absl::Duration register_timeout = absl::Seconds(120);
+    KeyValueLimits kv_limits;
   };
   Job(const Options& options, absl::Time now);
 
   int64_t id() const { return opts_.id; }
   proto::JobPhase phase() const { return phase_; }
+  int world_size() const { return world_size_; }
   bool ended() const { return phase_ == proto::JOB_ENDED; }
+  // Whether process `pid` on `host` is one of the job's ranks.
+  bool HasRankProcess(const std::string& host, int64_t pid) const;
   // Whether anything happened yet (a registration arrived).
   bool started() const { return register_rpcs_ > 0; }
 
@@ -76,20 +89,26 @@ class Job {
   bool RemoveRegistration(int64_t id, const absl::Status& why, Completions* out);
 
   // ---- Negotiation streams ----
-  // Attaches `sink` as `rank`'s stream. FailedPrecondition before the job formed, after it
-  // ended, or for a rank that already left it.
-  absl::Status OpenStream(int rank, std::shared_ptr<StreamSink> sink, absl::Time now);
+  // Attaches `sink` as `rank`'s stream when `token` is the rank's (RegisterResponse's
+  // rank_token; compared in constant time). PermissionDenied for another token (the rank's
+  // current stream is untouched); FailedPrecondition before the job formed, after it ended,
+  // or for a rank that already left it.
+  absl::Status OpenStream(int rank, absl::string_view token, std::shared_ptr<StreamSink> sink,
+                          absl::Time now);
   // A RequestList from `rank`'s stream `sink` (ignored when that is no longer its stream).
   void OnRequests(int rank, const StreamSink* sink, const proto::RequestList& msg,
                   absl::Time now);
   // `rank`'s stream `sink` ended; without a goodbye the rank is lost and the job aborted.
   void OnStreamEnd(int rank, const StreamSink* sink, absl::Time now);
 
-  void Heartbeat(const proto::HeartbeatRequest& req, absl::Time now);
+  // PermissionDenied unless `token` is req.rank's; FailedPrecondition before the job formed.
+  absl::Status Heartbeat(const proto::HeartbeatRequest& req, absl::string_view token,
+                         absl::Time now);
 
-  // ---- Key-value store (per job) ----
+  // ---- Key-value store (per job, bounded by Options::kv_limits) ----
   void CountKeyValueRpc() { ++kv_rpcs_; }
-  void KeyValueSet(const std::string& key, const std::string& value) { kv_[key] = value; }
+  // InvalidArgument for a key or value over the limits, or a new key in a full store.
+  absl::Status KeyValueSet(const std::string& key, const std::string& value);
   const std::string* KeyValueGet(const std::string& key) const;
 
   // The monitor's work: registrations past their deadline, ranks silent past the heartbeat
@@ -118,6 +137,7 @@ class Job {
     // The rank's latest per-method byte counters (from its heartbeats), cumulative.
     std::vector<proto::MethodBytes> compression;
     std::shared_ptr<StreamSink> stream;  // null unless negotiating
+    std::string token;                   // RegisterResponse.rank_token (Note [Who may join])
   };
 
   void Form(absl::Time now, Completions* out);
@@ -126,6 +146,8 @@ class Job {
   void Broadcast(const proto::ResponseList& rl);
   void InspectLiveness(absl::Time now);
   void InspectStalls(absl::Time now);
+  // OK when `token` is `rank`'s (`rank` in range); PermissionDenied naming `what` else.
+  absl::Status CheckToken(int rank, absl::string_view token, absl::string_view what) const;
   void MaybeEnd(absl::Time now);
   std::vector<proto::CompressionStat> CompressionStats() const;
   std::string JobState() const;

@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "coordinator/admission.h"
+#include "coordinator/credentials.h"
 #include "coordinator/grpc_status.h"
 #include "coordinator/monitor.h"
 #include "coordinator/service.h"
@@ -24,6 +26,20 @@ namespace braid::coordinator {
 namespace {
 
 class NegotiateReactor;
+
+// The caller as the call presents itself: its address and its credentials' metadata.
+Caller CallerOf(const grpc::CallbackServerContext* ctx) {
+  Caller c;
+  c.peer = ctx->peer();
+  const auto& md = ctx->client_metadata();
+  auto value = [&md](const char* key) {
+    auto it = md.find(key);
+    return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+  };
+  c.job_secret = value(kJobSecretMetadata);
+  c.rank_token = value(kRankTokenMetadata);
+  return c;
+}
 
 // One rank's stream as the service sees it (StreamSink). Shared between the service, which
 // sends on it, and the reactor, which may be gone first: Detach() then drops later sends.
@@ -92,12 +108,19 @@ class GrpcStream final : public StreamSink {
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_) = grpc::Status::OK;
 };
 
-// A Negotiate stream: RequestLists in (the first names the rank), ResponseLists out.
+// A Negotiate stream: RequestLists in (the first names the rank), ResponseLists out. A
+// caller without the job secret is refused before anything is read.
 class NegotiateReactor final
     : public grpc::ServerBidiReactor<proto::RequestList, proto::ResponseList> {
  public:
-  explicit NegotiateReactor(CoordinatorService* service)
-      : service_(service), stream_(std::make_shared<GrpcStream>(this)) {
+  NegotiateReactor(CoordinatorService* service, Caller caller)
+      : service_(service), caller_(std::move(caller)),
+        stream_(std::make_shared<GrpcStream>(this)) {
+    absl::Status admitted = service_->AdmitStream(caller_);
+    if (!admitted.ok()) {
+      stream_->Fail(admitted);
+      return;
+    }
     StartRead(&in_);
   }
 
@@ -108,7 +131,7 @@ class NegotiateReactor final
       return;
     }
     if (!key_) {
-      auto key = service_->OpenStream(in_, stream_);
+      auto key = service_->OpenStream(caller_, in_, stream_);
       if (!key.ok()) {
         stream_->Fail(key.status());
         return;
@@ -127,6 +150,7 @@ class NegotiateReactor final
 
  private:
   CoordinatorService* const service_;
+  const Caller caller_;
   const std::shared_ptr<GrpcStream> stream_;
   proto::RequestList in_;  // touched by read reactions only, which gRPC runs one at a time
   std::optional<StreamKey> key_;
@@ -151,11 +175,11 @@ class GrpcService final : public proto::Coordinator::CallbackService {
  public:
   explicit GrpcService(CoordinatorService* service) : service_(service) {}
 
-  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext*,
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const proto::RegisterRequest* req,
                                      proto::RegisterResponse* resp) override {
     auto* r = new DeferredReactor(service_);
-    service_->Register(r->id(), *req,
+    service_->Register(r->id(), CallerOf(ctx), *req,
                        [r, resp](absl::StatusOr<proto::RegisterResponse> got) {
                          if (got.ok()) *resp = *std::move(got);
                          r->Finish(ToGrpcStatus(got.status()));
@@ -166,37 +190,38 @@ class GrpcService final : public proto::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* KeyValueSet(grpc::CallbackServerContext* ctx,
                                         const proto::KeyValueSetRequest* req,
                                         proto::KeyValueSetResponse*) override {
-    service_->KeyValueSet(*req);
-    return Done(ctx);
+    return Done(ctx, service_->KeyValueSet(CallerOf(ctx), *req));
   }
 
-  grpc::ServerUnaryReactor* KeyValueGet(grpc::CallbackServerContext*,
+  grpc::ServerUnaryReactor* KeyValueGet(grpc::CallbackServerContext* ctx,
                                         const proto::KeyValueGetRequest* req,
                                         proto::KeyValueGetResponse* resp) override {
     auto* r = new DeferredReactor(service_);
-    service_->KeyValueGet(r->id(), *req, [r, resp](proto::KeyValueGetResponse got) {
-      *resp = std::move(got);
-      r->Finish(grpc::Status::OK);
-    });
+    service_->KeyValueGet(r->id(), CallerOf(ctx), *req,
+                          [r, resp](absl::StatusOr<proto::KeyValueGetResponse> got) {
+                            if (got.ok()) *resp = *std::move(got);
+                            r->Finish(ToGrpcStatus(got.status()));
+                          });
     return r;
   }
 
   grpc::ServerBidiReactor<proto::RequestList, proto::ResponseList>* Negotiate(
-      grpc::CallbackServerContext*) override {
-    return new NegotiateReactor(service_);
+      grpc::CallbackServerContext* ctx) override {
+    return new NegotiateReactor(service_, CallerOf(ctx));
   }
 
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
                                       const proto::HeartbeatRequest* req,
                                       proto::HeartbeatResponse*) override {
-    service_->Heartbeat(*req);
-    return Done(ctx);
+    return Done(ctx, service_->Heartbeat(CallerOf(ctx), *req));
   }
 
-  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext*, const proto::StatusRequest* req,
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx,
+                                   const proto::StatusRequest* req,
                                    proto::StatusResponse* resp) override {
     auto* r = new DeferredReactor(service_);
-    service_->Status(r->id(), *req, [r, resp](absl::StatusOr<proto::StatusResponse> got) {
+    service_->Status(r->id(), CallerOf(ctx), *req,
+                     [r, resp](absl::StatusOr<proto::StatusResponse> got) {
       if (got.ok()) *resp = *std::move(got);
       r->Finish(ToGrpcStatus(got.status()));
     });
@@ -206,14 +231,14 @@ class GrpcService final : public proto::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Shutdown(grpc::CallbackServerContext* ctx,
                                      const proto::ShutdownRequest* req,
                                      proto::ShutdownResponse*) override {
-    service_->RequestShutdown(*req);  // the monitor stops the server
-    return Done(ctx);
+    // The monitor stops the server.
+    return Done(ctx, service_->RequestShutdown(CallerOf(ctx), *req));
   }
 
  private:
-  static grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx) {
+  static grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
     grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-    r->Finish(grpc::Status::OK);
+    r->Finish(ToGrpcStatus(s));
     return r;
   }
 
@@ -224,6 +249,7 @@ ServiceOptions ServiceOptionsFrom(const ServerOptions& o) {
   ServiceOptions s;
   s.world_size = o.world_size;
   s.job_secret = o.job_secret;
+  s.single_job = o.single_job;
   s.register_timeout = o.register_timeout;
   s.settings = o.settings;
   return s;
@@ -236,9 +262,15 @@ class GrpcCoordinatorServer final : public CoordinatorServer {
   ~GrpcCoordinatorServer() override { Shutdown(absl::Milliseconds(200)); }
 
   absl::Status Start() {
+    if (opts_.job_secret.empty()) {
+      return absl::InvalidArgumentError(
+          "a coordinator needs a job secret (Note [Who may join]): none was given");
+    }
+    auto credentials = MakeServerCredentials(opts_.tls_cert_file, opts_.tls_key_file);
+    if (!credentials.ok()) return credentials.status();
     grpc::ServerBuilder builder;
     const std::string addr = absl::StrCat(opts_.bind_address, ":", opts_.port);
-    builder.AddListeningPort(addr, grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort(addr, *credentials, &port_);
     // A second coordinator must not silently share the port (gRPC sets SO_REUSEPORT by
     // default).
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -250,7 +282,9 @@ class GrpcCoordinatorServer final : public CoordinatorServer {
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port_ == 0) {
       return absl::UnavailableError(absl::StrCat(
-          "coordinator cannot listen on ", addr, " (address in use or not local)"));
+          "coordinator cannot listen on ", addr,
+          " (the port is in use, maybe by another job's coordinator, or the address is not "
+          "local)"));
     }
     monitor_ = std::make_unique<Monitor>(opts_.monitor_period, [this] {
       service_.Inspect();

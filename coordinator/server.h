@@ -20,8 +20,16 @@ struct ServerOptions {
   int port = 0;  // 0: pick a free port (read it back with port())
   // World size; 0 takes it from the first rank that registers (per job).
   int world_size = 0;
-  // Ranks must present this secret when registering ("" = no check).
+  // Every call must present this secret (Note [Who may join] in admission.h). Required:
+  // StartCoordinator refuses to start without one.
   std::string job_secret;
+  // TLS: both set, the server speaks only TLS with this PEM certificate and private key
+  // (mode 0600); both empty, plaintext (one host, or a trusted network).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // Serves one job (braidrun's, rank 0's): a registration while it runs is another job's
+  // rank on the same port, refused at once (service.h).
+  bool single_job = false;
   // Register waits this long for the whole world.
   absl::Duration register_timeout = absl::Seconds(120);
   // The coordinator's own job settings: a field that is present binds every job, and a rank
@@ -48,7 +56,8 @@ class CoordinatorServer {
 };
 
 // Starts the server. Errors: Unavailable when the address cannot be bound (the port is in
-// use: SO_REUSEPORT is off so a second coordinator cannot silently share it).
+// use: SO_REUSEPORT is off so a second coordinator cannot silently share it);
+// InvalidArgument without a job secret, or for bad TLS files (credentials.h).
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> StartCoordinator(const ServerOptions& options);
 
 }  // namespace braid::coordinator

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
 
 namespace braid::coordinator {
@@ -16,7 +17,7 @@ void Run(Completions& out) {
 }  // namespace
 
 CoordinatorService::CoordinatorService(ServiceOptions options)
-    : opts_(std::move(options)), start_(Now()) {
+    : opts_(std::move(options)), start_(Now()), admission_(opts_.job_secret) {
   absl::MutexLock lock(&mu_);
   job_ = std::make_unique<Job>(JobOptions(1), start_);
 }
@@ -29,6 +30,7 @@ Job::Options CoordinatorService::JobOptions(int64_t id) const {
   o.world_size = opts_.world_size;
   o.settings = opts_.settings;
   o.register_timeout = opts_.register_timeout;
+  o.kv_limits = opts_.kv_limits;
   return o;
 }
 
@@ -43,8 +45,9 @@ Job* CoordinatorService::FindJobLocked(int64_t job_id) {
   return nullptr;
 }
 
-void CoordinatorService::Register(int64_t call_id, const proto::RegisterRequest& req,
-                                  RegisterDone done) {
+void CoordinatorService::Register(int64_t call_id, const Caller& caller,
+                                  const proto::RegisterRequest& req, RegisterDone done) {
+  if (absl::Status s = admission_.Check(caller, "Register"); !s.ok()) return done(s);
   Completions out;
   {
     absl::MutexLock lock(&mu_);
@@ -53,9 +56,16 @@ void CoordinatorService::Register(int64_t call_id, const proto::RegisterRequest&
     };
     if (shutting_down_) {
       refuse(absl::UnavailableError("the coordinator is shutting down"));
-    } else if (!opts_.job_secret.empty() && req.job_secret() != opts_.job_secret) {
-      refuse(absl::PermissionDeniedError(absl::StrCat(
-          "pid ", req.pid(), " on ", req.host(), " presented the wrong job secret")));
+    } else if (opts_.single_job && job_->phase() == proto::JOB_RUNNING &&
+               !job_->HasRankProcess(req.host(), req.pid())) {
+      // Note [One job at a time]: this coordinator's one job is running and the caller is
+      // none of its processes (those may init again: they wait for the job to end), so it
+      // is another job's rank, sent to the same port.
+      refuse(absl::FailedPreconditionError(absl::StrCat(
+          "pid ", req.pid(), " on ", req.host(), " tried to join a job of ",
+          job_->world_size(), " ranks that is already running on this coordinator: is a "
+          "second job using the same coordinator port? Give each job its own port "
+          "(BRAID_COORDINATOR_PORT or MASTER_PORT)")));
     } else {
       RegisterLocked(call_id, req, std::move(done), Now(), &out);
       AfterChangeLocked(&out);
@@ -138,7 +148,7 @@ void CoordinatorService::Cancel(int64_t call_id) {
                             [&](const Waiter& x) { return x.id == call_id; });
       if (w != waiters_.end()) {
         if (w->kv_done) {
-          out.push_back([done = std::move(w->kv_done)] { done({}); });
+          out.push_back([done = std::move(w->kv_done)] { done(proto::KeyValueGetResponse()); });
         } else {
           out.push_back([done = std::move(w->status_done), why] { done(why); });
         }
@@ -149,12 +159,14 @@ void CoordinatorService::Cancel(int64_t call_id) {
   Run(out);
 }
 
-void CoordinatorService::KeyValueSet(const proto::KeyValueSetRequest& req) {
+absl::Status CoordinatorService::KeyValueSet(const Caller& caller,
+                                             const proto::KeyValueSetRequest& req) {
+  BRAID_RETURN_IF_ERROR(admission_.Check(caller, "KeyValueSet"));
   Completions out;
   {
     absl::MutexLock lock(&mu_);
     job_->CountKeyValueRpc();
-    job_->KeyValueSet(req.key(), req.value());
+    BRAID_RETURN_IF_ERROR(job_->KeyValueSet(req.key(), req.value()));
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (it->kv_done && it->key == req.key()) {
         proto::KeyValueGetResponse resp;
@@ -168,10 +180,12 @@ void CoordinatorService::KeyValueSet(const proto::KeyValueSetRequest& req) {
     }
   }
   Run(out);
+  return absl::OkStatus();
 }
 
-void CoordinatorService::KeyValueGet(int64_t call_id, const proto::KeyValueGetRequest& req,
-                                     KeyValueDone done) {
+void CoordinatorService::KeyValueGet(int64_t call_id, const Caller& caller,
+                                     const proto::KeyValueGetRequest& req, KeyValueDone done) {
+  if (absl::Status s = admission_.Check(caller, "KeyValueGet"); !s.ok()) return done(s);
   proto::KeyValueGetResponse resp;
   {
     absl::MutexLock lock(&mu_);
@@ -189,11 +203,24 @@ void CoordinatorService::KeyValueGet(int64_t call_id, const proto::KeyValueGetRe
   done(resp);
 }
 
-absl::StatusOr<StreamKey> CoordinatorService::OpenStream(const proto::RequestList& hello,
+absl::Status CoordinatorService::AdmitStream(const Caller& caller) {
+  return admission_.Check(caller, "Negotiate");
+}
+
+absl::StatusOr<StreamKey> CoordinatorService::OpenStream(const Caller& caller,
+                                                         const proto::RequestList& hello,
                                                          std::shared_ptr<StreamSink> sink) {
-  absl::MutexLock lock(&mu_);
-  StreamKey key{job_->id(), hello.rank(), sink.get()};
-  absl::Status s = job_->OpenStream(hello.rank(), std::move(sink), Now());
+  BRAID_RETURN_IF_ERROR(admission_.Check(caller, "Negotiate"));
+  absl::Status s;
+  StreamKey key;
+  {
+    absl::MutexLock lock(&mu_);
+    key = StreamKey{job_->id(), hello.rank(), sink.get()};
+    s = job_->OpenStream(hello.rank(), caller.rank_token, std::move(sink), Now());
+  }
+  if (s.code() == absl::StatusCode::kPermissionDenied) {
+    admission_.LogRefusal(caller, "Negotiate", s.message());
+  }
   if (!s.ok()) return s;
   return key;
 }
@@ -220,13 +247,23 @@ void CoordinatorService::OnStreamEnd(const StreamKey& key) {
   Run(out);
 }
 
-void CoordinatorService::Heartbeat(const proto::HeartbeatRequest& req) {
-  absl::MutexLock lock(&mu_);
-  if (job_->phase() != proto::JOB_FORMING) job_->Heartbeat(req, Now());
+absl::Status CoordinatorService::Heartbeat(const Caller& caller,
+                                           const proto::HeartbeatRequest& req) {
+  BRAID_RETURN_IF_ERROR(admission_.Check(caller, "Heartbeat"));
+  absl::Status s;
+  {
+    absl::MutexLock lock(&mu_);
+    s = job_->Heartbeat(req, caller.rank_token, Now());
+  }
+  if (s.code() == absl::StatusCode::kPermissionDenied) {
+    admission_.LogRefusal(caller, "Heartbeat", s.message());
+  }
+  return s;
 }
 
-void CoordinatorService::Status(int64_t call_id, const proto::StatusRequest& req,
-                                StatusDone done) {
+void CoordinatorService::Status(int64_t call_id, const Caller& caller,
+                                const proto::StatusRequest& req, StatusDone done) {
+  if (absl::Status s = admission_.Check(caller, "Status"); !s.ok()) return done(s);
   Completions out;
   {
     absl::MutexLock lock(&mu_);
@@ -243,11 +280,14 @@ void CoordinatorService::Status(int64_t call_id, const proto::StatusRequest& req
   Run(out);
 }
 
-void CoordinatorService::RequestShutdown(const proto::ShutdownRequest& req) {
+absl::Status CoordinatorService::RequestShutdown(const Caller& caller,
+                                                 const proto::ShutdownRequest& req) {
+  BRAID_RETURN_IF_ERROR(admission_.Check(caller, "Shutdown"));
   absl::MutexLock lock(&mu_);
-  LOG(INFO) << "coordinator: shutdown requested"
+  LOG(INFO) << "coordinator: shutdown requested by " << caller.peer
             << (req.reason().empty() ? std::string() : ": " + req.reason());
   shutdown_requested_ = true;
+  return absl::OkStatus();
 }
 
 bool CoordinatorService::shutdown_requested() const {
@@ -267,7 +307,7 @@ void CoordinatorService::BeginShutdown() {
     queued_.clear();
     for (Waiter& w : waiters_) {
       if (w.kv_done) {
-        out.push_back([done = std::move(w.kv_done)] { done({}); });
+        out.push_back([done = std::move(w.kv_done)] { done(proto::KeyValueGetResponse()); });
       } else {
         CompleteStatusLocked(w, &out);
       }
@@ -300,7 +340,7 @@ void CoordinatorService::Inspect() {
         continue;
       }
       if (it->kv_done) {
-        out.push_back([done = std::move(it->kv_done)] { done({}); });
+        out.push_back([done = std::move(it->kv_done)] { done(proto::KeyValueGetResponse()); });
       } else {
         CompleteStatusLocked(*it, &out);
       }

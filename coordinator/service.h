@@ -9,6 +9,11 @@
 // shut down may init again before its peers have left. The first registration after the end
 // starts the next job, a new Job with every counter and table at zero; status then describes
 // the new job, and the ended one stays readable by its id until the job after that starts.
+// A coordinator that serves one job only (braidrun's, or the one rank 0 hosts) refuses at
+// once a registration that arrives while its job runs from a process that is none of the
+// job's ranks: it is another job's rank, pointed at the same port.
+//
+// Every handler first admits its caller (Note [Who may join] in admission.h).
 #ifndef BRAID_COORDINATOR_SERVICE_H_
 #define BRAID_COORDINATOR_SERVICE_H_
 
@@ -22,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/admission.h"
 #include "coordinator/job.h"
 #include "proto/braid.pb.h"
 
@@ -30,10 +36,15 @@ namespace braid::coordinator {
 struct ServiceOptions {
   // World size; 0 takes it from the first rank that registers (per job).
   int world_size = 0;
-  // Ranks must present this secret when registering ("" = no check).
+  // Every call must present this secret (Note [Who may join]); "" refuses every call.
   std::string job_secret;
   // Register waits this long for the whole world (and for a running job to end).
   absl::Duration register_timeout = absl::Seconds(120);
+  // One job only at a time, and a registration while it runs is refused at once instead of
+  // waiting for it to end (Note [One job at a time]).
+  bool single_job = false;
+  // Bounds of each job's key-value store.
+  KeyValueLimits kv_limits;
   // The coordinator's own job settings (Note [Job settings]); absent fields: the ranks'.
   proto::JobSettings settings;
   // Time source; null: absl::Now. Tests step a fake clock and call Inspect().
@@ -49,7 +60,7 @@ struct StreamKey {
 
 class CoordinatorService {
  public:
-  using KeyValueDone = std::function<void(proto::KeyValueGetResponse)>;
+  using KeyValueDone = std::function<void(absl::StatusOr<proto::KeyValueGetResponse>)>;
   using StatusDone = std::function<void(absl::StatusOr<proto::StatusResponse>)>;
 
   explicit CoordinatorService(ServiceOptions options);
@@ -60,33 +71,47 @@ class CoordinatorService {
   int64_t NewCallId();
   void Cancel(int64_t call_id);
 
+  // Every call below is refused with PermissionDenied when `caller` did not present the job
+  // secret (and, for streams and heartbeats, the rank's token), before it touches the job.
+
   // Blocks nothing: `done` runs exactly once, never under the service's lock, maybe before
-  // Register returns: with this rank's place, the job's settings and every rank's PeerInfo
-  // once the world registered; or PermissionDenied (wrong secret), InvalidArgument (bad
-  // world size, ranks, settings), DeadlineExceeded (the world did not register in time),
-  // FailedPrecondition (another job kept running), Unavailable (shutting down), Cancelled.
-  void Register(int64_t call_id, const proto::RegisterRequest& req, RegisterDone done);
+  // Register returns: with this rank's place, token, the job's settings and every rank's
+  // PeerInfo once the world registered; or PermissionDenied (no or wrong secret),
+  // InvalidArgument (bad world size, ranks, settings), DeadlineExceeded (the world did not
+  // register in time), FailedPrecondition (another job kept running, or, single_job, is
+  // running), Unavailable (shutting down), Cancelled.
+  void Register(int64_t call_id, const Caller& caller, const proto::RegisterRequest& req,
+                RegisterDone done);
 
-  void KeyValueSet(const proto::KeyValueSetRequest& req);
+  // InvalidArgument past the store's bounds (KeyValueLimits).
+  absl::Status KeyValueSet(const Caller& caller, const proto::KeyValueSetRequest& req);
   // `done` once the key exists or after req.timeout_ms (found = false).
-  void KeyValueGet(int64_t call_id, const proto::KeyValueGetRequest& req, KeyValueDone done);
+  void KeyValueGet(int64_t call_id, const Caller& caller, const proto::KeyValueGetRequest& req,
+                   KeyValueDone done);
 
-  // The first RequestList of a stream names its rank. FailedPrecondition when that rank
-  // cannot negotiate now (job not formed, or the rank already left).
-  absl::StatusOr<StreamKey> OpenStream(const proto::RequestList& hello,
+  // Whether `caller` may open a Negotiate stream at all (the secret); the gRPC layer asks
+  // before it reads the stream's first message.
+  absl::Status AdmitStream(const Caller& caller);
+  // The first RequestList of a stream names its rank, and the caller must hold that rank's
+  // token. PermissionDenied for a wrong token (another rank's, an earlier job's);
+  // FailedPrecondition when that rank cannot negotiate now (job not formed, or the rank
+  // already left).
+  absl::StatusOr<StreamKey> OpenStream(const Caller& caller, const proto::RequestList& hello,
                                        std::shared_ptr<StreamSink> sink);
   void OnRequests(const StreamKey& key, const proto::RequestList& msg);
   // The stream's read side ended (a goodbye was processed already, or the rank is lost).
   void OnStreamEnd(const StreamKey& key);
 
-  void Heartbeat(const proto::HeartbeatRequest& req);
+  // PermissionDenied unless the caller holds req.rank's token for the current job.
+  absl::Status Heartbeat(const Caller& caller, const proto::HeartbeatRequest& req);
 
   // The job's status (StatusRequest says which job, and whether to wait for its end).
   // FailedPrecondition for a job the coordinator no longer knows.
-  void Status(int64_t call_id, const proto::StatusRequest& req, StatusDone done);
+  void Status(int64_t call_id, const Caller& caller, const proto::StatusRequest& req,
+              StatusDone done);
 
   // A Shutdown RPC: the server stops (its monitor sees shutdown_requested()).
-  void RequestShutdown(const proto::ShutdownRequest& req);
+  absl::Status RequestShutdown(const Caller& caller, const proto::ShutdownRequest& req);
   bool shutdown_requested() const;
   // Stops serving: every stream gets a final ResponseList with shutdown set and is closed,
   // and every waiting call completes (Unavailable).
@@ -94,6 +119,9 @@ class CoordinatorService {
 
   // The monitor's work (monitor.h): deadlines of waiting calls, liveness, stalls.
   void Inspect();
+
+  // Calls refused so far (Note [Who may join]).
+  int64_t refusals() const { return admission_.refusals(); }
 
  private:
   struct Waiter {
@@ -124,6 +152,7 @@ class CoordinatorService {
 
   const ServiceOptions opts_;
   const absl::Time start_;
+  Admission admission_;
   mutable absl::Mutex mu_;
   std::unique_ptr<Job> job_ ABSL_GUARDED_BY(mu_);       // the current job
   std::unique_ptr<Job> previous_ ABSL_GUARDED_BY(mu_);  // the one before, ended

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/secret.h"
 #include "compression/registry.h"
 
 namespace braid {
@@ -63,6 +64,13 @@ const Variable kVariables[] = {
        c->coordinator_host = std::string(t);
        return absl::OkStatus();
      }},
+    // Before BRAID_COORDINATOR_PORT, which overrides it.
+    {"MASTER_PORT",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       auto port = ParsePort(w, t, /*zero_allowed=*/false);
+       if (port.ok()) c->coordinator_port = *port <= 55535 ? *port + 10000 : *port - 10000;
+       return port.status();
+     }},
     {"BRAID_COORDINATOR_PORT",
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        return Assign(ParsePort(w, t, /*zero_allowed=*/false), &c->coordinator_port);
@@ -70,6 +78,40 @@ const Variable kVariables[] = {
     {"BRAID_JOB_SECRET",
      [](absl::string_view, absl::string_view t, RuntimeConfig* c) {
        c->job_secret = std::string(t);
+       return absl::OkStatus();
+     }},
+    {"BRAID_JOB_SECRET_FILE",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       if (!c->job_secret.empty()) {
+         return absl::InvalidArgumentError(absl::StrCat(
+             "BRAID_JOB_SECRET and ", w, " are both set: set one of them"));
+       }
+       return Assign(ReadSecretFile(w, std::string(t)), &c->job_secret);
+     }},
+    // HOME, then XDG_CONFIG_HOME, which takes precedence.
+    {"HOME",
+     [](absl::string_view, absl::string_view t, RuntimeConfig* c) {
+       c->user_key_file = absl::StrCat(t, "/.config/braid/user.key");
+       return absl::OkStatus();
+     }},
+    {"XDG_CONFIG_HOME",
+     [](absl::string_view, absl::string_view t, RuntimeConfig* c) {
+       c->user_key_file = absl::StrCat(t, "/braid/user.key");
+       return absl::OkStatus();
+     }},
+    {"BRAID_TLS_CERT",
+     [](absl::string_view, absl::string_view t, RuntimeConfig* c) {
+       c->tls_cert_file = std::string(t);
+       return absl::OkStatus();
+     }},
+    {"BRAID_TLS_KEY",
+     [](absl::string_view, absl::string_view t, RuntimeConfig* c) {
+       c->tls_key_file = std::string(t);
+       return absl::OkStatus();
+     }},
+    {"BRAID_TLS_CA",
+     [](absl::string_view, absl::string_view t, RuntimeConfig* c) {
+       c->tls_ca_file = std::string(t);
        return absl::OkStatus();
      }},
     {"BRAID_TIMELINE",
@@ -152,6 +194,26 @@ absl::StatusOr<bool> ReadInt(const Getenv& env, const char* name, int64_t* out) 
   if (!parsed.ok()) return parsed.status();
   *out = *parsed;
   return true;
+}
+
+// The launcher's name for the job (LaunchInfo::job_id), whichever launcher set one.
+std::string LauncherJobId(const Getenv& env) {
+  auto get = [&env](const char* name) -> std::string {
+    const char* v = env(name);
+    return v == nullptr ? std::string() : std::string(v);
+  };
+  // torchrun's static rendezvous names every run "none": no identity.
+  if (std::string id = get("TORCHELASTIC_RUN_ID"); !id.empty() && id != "none") {
+    return absl::StrCat("torchrun:", id);
+  }
+  if (std::string id = get("SLURM_JOB_ID"); !id.empty()) {
+    return absl::StrCat("slurm:", id, ".", get("SLURM_STEP_ID"));
+  }
+  if (std::string id = get("OMPI_MCA_ess_base_jobid"); !id.empty()) {
+    return absl::StrCat("openmpi:", id);
+  }
+  if (std::string id = get("PMIX_NAMESPACE"); !id.empty()) return absl::StrCat("pmix:", id);
+  return "";
 }
 
 }  // namespace
@@ -310,8 +372,9 @@ absl::StatusOr<LaunchInfo> LaunchInfoFromEnv(const Getenv& env) {
     }
     info.local_rank = local_known ? static_cast<int>(lr) : -1;
     info.local_size = local_known ? static_cast<int>(ls) : 0;
-    return info;
+    break;
   }
+  info.job_id = LauncherJobId(env);
   return info;
 }
 

@@ -56,6 +56,10 @@ struct LaunchInfo {
   int local_rank = -1;
   int local_size = 0;
   std::string source;  // "braid", "torchrun", "slurm", "openmpi" or "" (none found)
+  // The launcher's own name for this job, where it has one (Note [Job identity] in
+  // runtime/job_identity.h): TORCHELASTIC_RUN_ID, SLURM_JOB_ID.SLURM_STEP_ID, Open MPI's
+  // job id (OMPI_MCA_ess_base_jobid) or PMIx namespace; "" when none is set.
+  std::string job_id;
 };
 
 using Getenv = std::function<const char*(const char*)>;
@@ -63,8 +67,8 @@ using Getenv = std::function<const char*(const char*)>;
 // Looks, in order, at BRAID_RANK/BRAID_SIZE/BRAID_LOCAL_RANK/BRAID_LOCAL_SIZE, torchrun
 // (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), Slurm (SLURM_PROCID, SLURM_NTASKS,
 // SLURM_LOCALID, SLURM_NTASKS_PER_NODE), Open MPI (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK,
-// _LOCAL_SIZE). `getenv` returns nullptr for an unset variable. InvalidArgument names a
-// variable that is not an integer or is out of range.
+// _LOCAL_SIZE), and the launcher's job id. `getenv` returns nullptr for an unset variable.
+// InvalidArgument names a variable that is not an integer or is out of range.
 absl::StatusOr<LaunchInfo> LaunchInfoFromEnv(const Getenv& getenv);
 
 // ---- Settings ----
@@ -88,8 +92,22 @@ struct RuntimeConfig {
   LaunchInfo launch;
   std::string coordinator;               // BRAID_COORDINATOR host:port; "" = rank 0 hosts it
   std::string coordinator_host = "127.0.0.1";  // MASTER_ADDR when rank 0 hosts
-  int coordinator_port = 29600;          // BRAID_COORDINATOR_PORT
-  std::string job_secret;                // BRAID_JOB_SECRET
+  // BRAID_COORDINATOR_PORT; unset: MASTER_PORT + 10000 (- 10000 above 55535) when MASTER_PORT
+  // is set, so jobs with different MASTER_PORTs never meet and braid never takes the port of
+  // torch's own store; else 29600.
+  int coordinator_port = 29600;
+  // BRAID_JOB_SECRET, or the contents of BRAID_JOB_SECRET_FILE (mode 0600, checked; trailing
+  // whitespace removed); one of them, never both. "" = none given (runtime/job_identity.h).
+  std::string job_secret;
+  // Where this user's key for derived job secrets lives (Note [Job identity]):
+  // $XDG_CONFIG_HOME/braid/user.key, else $HOME/.config/braid/user.key; "" without either.
+  std::string user_key_file;
+  // TLS (coordinator/credentials.h): the coordinator's PEM certificate and private key (mode
+  // 0600) where this process hosts it (BRAID_TLS_CERT, BRAID_TLS_KEY); the PEM certificate(s)
+  // a client trusts (BRAID_TLS_CA). Unset: plaintext.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_ca_file;
   absl::Duration cycle_time = absl::Milliseconds(1);  // BRAID_CYCLE_TIME_MS
   std::string timeline_path;             // BRAID_TIMELINE
   // BRAID_COMPRESSION: the default for floating-point sum/average all-reduces that do not

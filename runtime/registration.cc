@@ -43,7 +43,6 @@ absl::StatusOr<Joined> JoinJob(const RuntimeConfig& config, const LaunchInfo& la
   reg.set_local_size(launch.local_size);
   reg.set_host(self.host.empty() ? HostName() : self.host);
   reg.set_pid(getpid());
-  reg.set_job_secret(config.job_secret);
   reg.set_transport_address(self.address);
   *reg.mutable_settings() = ToProto(config.job);
   auto registered = client.Register(reg, std::max(config.timeout, absl::Seconds(60)));

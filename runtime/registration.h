@@ -27,7 +27,7 @@ struct Joined {
   std::unique_ptr<transport::Communicator> comm;  // connected to every peer
 };
 
-// Opens the UCX worker, registers through `client` (launch info, host, pid, job secret, the
+// Opens the UCX worker, registers through `client` (launch info, host, pid, the
 // worker's address, the job settings `config` set) and connects to the peers the coordinator
 // returned. Errors: Internal (UCX), those of Register (InvalidArgument, DeadlineExceeded,
 // Unavailable, ...), InvalidArgument when the peers do not include this rank's worker.

@@ -21,6 +21,7 @@
 #include "coordinator/server.h"
 #include "glog/logging.h"
 #include "runtime/heartbeat_report.h"
+#include "runtime/job_identity.h"
 #include "runtime/registration.h"
 #include "runtime/timeline.h"
 
@@ -231,8 +232,11 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
   config_ = config;
   LaunchInfo launch = config.launch;
   std::string address = config.coordinator;
+  const bool alone = address.empty() && launch.size <= 1 && launch.rank <= 0;
+  // Note [Job identity]: the secret every call to the coordinator carries.
+  auto secret = ResolveJobSecret(config, launch, alone);
+  if (!secret.ok()) return secret.status();
   if (address.empty()) {
-    const bool alone = launch.size <= 1 && launch.rank <= 0;
     if (alone) {
       // No launcher and no peers: a private coordinator on a free port.
       launch.rank = 0;
@@ -243,7 +247,10 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
       so.bind_address = alone ? "127.0.0.1" : config.coordinator_host;
       so.port = alone ? 0 : config.coordinator_port;
       so.world_size = launch.size;
-      so.job_secret = config.job_secret;
+      so.job_secret = secret->secret;
+      so.single_job = true;  // another job's ranks on this port are refused at once
+      so.tls_cert_file = config.tls_cert_file;
+      so.tls_key_file = config.tls_key_file;
       // No settings of its own: every rank's registration proposes the job settings it set,
       // this one's included (Note [Job settings]).
       BRAID_ASSIGN_OR_RETURN(hosted_, coordinator::StartCoordinator(so));
@@ -264,6 +271,8 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
 
   coordinator::ClientOptions co;
   co.address = address;
+  co.job_secret = secret->secret;
+  co.tls_ca_file = config.tls_ca_file;
   co.connect_timeout = std::max(config.timeout, absl::Seconds(30));
   // Registration replaces it with the job's (coordinator/client.h).
   if (config.job.heartbeat_timeout) {
@@ -286,7 +295,7 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
 
   // Note [Peers at registration]: one Register RPC, then the data plane connects.
   auto joined = JoinJob(config, launch, *client_);
-  if (!joined.ok()) return fail(joined.status());
+  if (!joined.ok()) return fail(ExplainRefusedSecret(joined.status(), *secret));
   const proto::RegisterResponse& registered = joined->registration;
   rank_ = registered.rank();
   size_ = registered.size();

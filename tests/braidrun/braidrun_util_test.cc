@@ -124,10 +124,12 @@ TEST(BuildRankEnv, MinimalJobAppendsLauncherVariables) {
 TEST(BuildRankEnv, LauncherVariablesReplaceInheritedOnesInPlace) {
   std::vector<std::string> env = BuildRankEnv(
       {"BRAID_RANK=9", "A=1", "PYTHONUNBUFFERED=0", "OMP_NUM_THREADS=4", "UCX_NET_DEVICES=eth0",
-       "NOEQUALS", "=bad", "B=x=y"},
+       "NOEQUALS", "=bad", "B=x=y", "BRAID_JOB_SECRET_FILE=/home/u/other.secret"},
       MinimalJob(), 0, 0, 4);
+  // The job's secret replaces an inherited secret file (empty is unset).
   EXPECT_THAT(env, ElementsAre("BRAID_RANK=0", "A=1", "PYTHONUNBUFFERED=1", "OMP_NUM_THREADS=4",
-                               "UCX_NET_DEVICES=eth0", "B=x=y", "BRAID_COORDINATOR=127.0.0.1:4242",
+                               "UCX_NET_DEVICES=eth0", "B=x=y", "BRAID_JOB_SECRET_FILE=",
+                               "BRAID_COORDINATOR=127.0.0.1:4242",
                                "BRAID_SIZE=4", "BRAID_LOCAL_RANK=0", "BRAID_LOCAL_SIZE=4",
                                "BRAID_JOB_SECRET=s3cret"));
 }

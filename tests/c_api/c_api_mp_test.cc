@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/secret.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fork_ranks.h"
 
@@ -40,6 +41,8 @@ class Coordinator {
     if (dir.empty()) return;
     const std::string port_file = dir + "/port";
     const std::string size = std::to_string(world_size);
+    // The job's secret: the coordinator and the ranks inherit it.
+    setenv("BRAID_JOB_SECRET", braid::RandomSecret().c_str(), 1);
     fflush(stdout);
     fflush(stderr);
     pid_ = fork();

@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/secret.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "runtime/runtime.h"
@@ -57,10 +58,13 @@ std::string ReadUntil(int fd, size_t want, absl::Time deadline, char stop = '\0'
   return got;
 }
 
-// braid-coordinator in its own process; stopped with SIGTERM.
+// braid-coordinator in its own process; stopped with SIGTERM. Its job secret is exported as
+// BRAID_JOB_SECRET into the test's process, which its ranks and braidctl inherit.
 class StandaloneCoordinator {
  public:
   StandaloneCoordinator() {
+    setenv("BRAID_JOB_SECRET", RandomSecret().c_str(), 1);
+    unsetenv("BRAID_JOB_SECRET_FILE");
     int out[2];
     if (pipe2(out, O_CLOEXEC) != 0) return;
     posix_spawn_file_actions_t fa;

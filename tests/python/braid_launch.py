@@ -10,6 +10,7 @@ Set ``BRAIDRUN=builtin`` to force the built-in launcher.
 """
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -157,6 +158,9 @@ def _run_builtin(build, command, np, timeout, env, grace):
     if not coordinator_bin.is_file():
         raise RuntimeError(f"{coordinator_bin} is not built")
     out = _Collector()
+    # The job's secret, which the coordinator and every rank share (as braidrun does).
+    env = dict(env, BRAID_JOB_SECRET=secrets.token_hex(32))
+    env.pop("BRAID_JOB_SECRET_FILE", None)
     procs = []  # the coordinator first, then the ranks
     with tempfile.TemporaryDirectory(prefix="braid-pytest-") as tmp:
         try:

@@ -6,14 +6,18 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/secret.h"
 #include "coordinator/server.h"
 
 namespace braid::testing {
 
-CoordinatorProcess::CoordinatorProcess(int world_size) {
+CoordinatorProcess::CoordinatorProcess(int world_size) : secret_(RandomSecret()) {
+  setenv("BRAID_JOB_SECRET", secret_.c_str(), 1);
+  unsetenv("BRAID_JOB_SECRET_FILE");
   int fds[2];
   if (pipe(fds) != 0) return;
   fflush(stdout);
@@ -23,6 +27,7 @@ CoordinatorProcess::CoordinatorProcess(int world_size) {
     close(fds[0]);
     coordinator::ServerOptions o;
     o.world_size = world_size;
+    o.job_secret = secret_;
     o.register_timeout = absl::Seconds(60);
     auto server = coordinator::StartCoordinator(o);
     int port = server.ok() ? (*server)->port() : 0;

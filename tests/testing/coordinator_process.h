@@ -12,14 +12,18 @@ namespace braid::testing {
 class CoordinatorProcess {
  public:
   // Starts it for a world of `world_size`, with no job settings of its own (the ranks'
-  // BRAID_* variables decide them); address() is empty if it failed to start.
+  // BRAID_* variables decide them) and a random job secret, which it exports as
+  // BRAID_JOB_SECRET into this (the test's) process, so the ranks and tools the test starts
+  // afterwards inherit it; address() is empty if it failed to start.
   explicit CoordinatorProcess(int world_size);
   ~CoordinatorProcess();  // SIGTERM, then SIGKILL if it lingers
   const std::string& address() const { return address_; }
+  const std::string& secret() const { return secret_; }
 
  private:
   pid_t pid_ = -1;
   std::string address_;
+  std::string secret_;
 };
 
 }  // namespace braid::testing

@@ -1,6 +1,7 @@
 // The coordinator's handlers (coordinator/service.h) without a server: plain messages in,
 // completion callbacks and recording stream sinks out, a fake clock stepped by hand and
 // Inspect() called as the monitor would. Also the job settings' resolution and the monitor.
+// Who may call them: coordinator_admission_test.cc.
 #include <atomic>
 #include <map>
 #include <memory>
@@ -14,98 +15,10 @@
 #include "coordinator/rendezvous.h"
 #include "coordinator/service.h"
 #include "gtest/gtest.h"
+#include "tests/unit/coordinator_service_fixture.h"
 
 namespace braid::coordinator {
 namespace {
-
-// What the gRPC layer would write to a rank.
-class RecordingSink : public StreamSink {
- public:
-  void Send(const proto::ResponseList& msg) override {
-    if (!closed) sent.push_back(msg);
-  }
-  void Close() override { closed = true; }
-  std::vector<proto::ResponseList> sent;
-  bool closed = false;
-};
-
-proto::RegisterRequest Reg(int rank, int size, const std::string& address = "") {
-  proto::RegisterRequest r;
-  r.set_rank(rank);
-  r.set_size(size);
-  r.set_local_rank(-1);
-  r.set_host("h");
-  r.set_pid(100 + rank);
-  r.set_transport_address(address.empty() ? "ucx-addr-" + std::to_string(rank) : address);
-  return r;
-}
-
-proto::RequestList Allreduce(int rank, const std::string& name) {
-  proto::RequestList l;
-  l.set_rank(rank);
-  proto::Request* r = l.add_requests();
-  r->set_name(name);
-  r->set_collective(proto::ALLREDUCE);
-  r->set_dtype(proto::FLOAT32);
-  r->add_shape(4);
-  r->set_compression("none");
-  return l;
-}
-
-class ServiceTest : public ::testing::Test {
- protected:
-  explicit ServiceTest(ServiceOptions o = {}) {
-    o.clock = [this] { return now_; };
-    if (o.register_timeout == absl::Seconds(120)) o.register_timeout = absl::Seconds(30);
-    service_ = std::make_unique<CoordinatorService>(o);
-  }
-
-  // Registers `req`; the result lands in results_[call id] when the service answers.
-  int64_t Register(const proto::RegisterRequest& req) {
-    int64_t id = service_->NewCallId();
-    service_->Register(id, req, [this, id](absl::StatusOr<proto::RegisterResponse> r) {
-      EXPECT_EQ(results_.count(id), 0u) << "done called twice";
-      results_.emplace(id, std::move(r));
-    });
-    return id;
-  }
-  // Forms a job of `n` ranks and opens every rank's stream.
-  std::vector<std::shared_ptr<RecordingSink>> StartJob(int n, std::vector<StreamKey>* keys) {
-    std::vector<int64_t> ids;
-    for (int r = 0; r < n; ++r) ids.push_back(Register(Reg(r, n)));
-    std::vector<std::shared_ptr<RecordingSink>> sinks;
-    for (int r = 0; r < n; ++r) {
-      EXPECT_TRUE(results_.at(ids[r]).ok()) << results_.at(ids[r]).status();
-      auto sink = std::make_shared<RecordingSink>();
-      proto::RequestList hello;
-      hello.set_rank(r);
-      auto key = service_->OpenStream(hello, sink);
-      EXPECT_TRUE(key.ok()) << key.status();
-      keys->push_back(*key);
-      sinks.push_back(sink);
-    }
-    return sinks;
-  }
-  void Goodbye(const StreamKey& key) {
-    proto::RequestList bye;
-    bye.set_rank(key.rank);
-    bye.set_shutdown(true);
-    service_->OnRequests(key, bye);
-    service_->OnStreamEnd(key);  // the client half-closes after its goodbye
-  }
-  proto::StatusResponse Status(int64_t job_id = 0) {
-    std::optional<absl::StatusOr<proto::StatusResponse>> got;
-    proto::StatusRequest req;
-    req.set_job_id(job_id);
-    service_->Status(service_->NewCallId(), req, [&](auto r) { got = std::move(r); });
-    EXPECT_TRUE(got.has_value() && got->ok()) << (got ? got->status().ToString() : "no answer");
-    return got && got->ok() ? **got : proto::StatusResponse();
-  }
-
-  absl::Time now_ = absl::FromUnixSeconds(1000);
-  std::unique_ptr<CoordinatorService> service_;
-  std::map<int64_t, absl::StatusOr<proto::RegisterResponse>> results_;
-};
 
 // ---- Registration: one call per rank, every peer in the answer ----
 
@@ -142,19 +55,9 @@ TEST_F(ServiceTest, RegistrationIsOneCallPerRankAndReturnsEveryPeer) {
   EXPECT_EQ(s.settings().heartbeat_timeout_ms(), 10000);
 }
 
-TEST_F(ServiceTest, WrongSecretAndWorldSizeMismatchAreRefusedAtOnce) {
-  ServiceOptions o;
-  o.job_secret = "s3cret";
-  o.clock = [this] { return now_; };
-  service_ = std::make_unique<CoordinatorService>(o);
-  int64_t bad = Register(Reg(0, 2));
-  EXPECT_EQ(results_.at(bad).status().code(), absl::StatusCode::kPermissionDenied);
-  proto::RegisterRequest ok = Reg(0, 2);
-  ok.set_job_secret("s3cret");
-  Register(ok);
-  proto::RegisterRequest other = Reg(1, 3);
-  other.set_job_secret("s3cret");
-  int64_t mismatch = Register(other);
+TEST_F(ServiceTest, WorldSizeMismatchIsRefusedAtOnce) {
+  Register(Reg(0, 2));
+  int64_t mismatch = Register(Reg(1, 3));
   EXPECT_EQ(results_.at(mismatch).status().message(),
             "pid 101 on h expects world size 3 but the job has 2");
 }
@@ -253,9 +156,7 @@ TEST_F(ServiceTest, EveryStreamGetsTheSameResponsesAndGoodbyesEndTheJob) {
 
 TEST_F(ServiceTest, StreamBeforeTheJobFormedIsRefused) {
   Register(Reg(0, 2));
-  proto::RequestList hello;
-  hello.set_rank(0);
-  auto key = service_->OpenStream(hello, std::make_shared<RecordingSink>());
+  auto key = Open(0, std::make_shared<RecordingSink>());
   EXPECT_EQ(key.status().message(), "rank 0 opened negotiation before job 1 formed");
 }
 
@@ -278,10 +179,8 @@ TEST_F(ServiceTest, AStreamClosingWithoutGoodbyeLosesTheRankAndAbortsTheJob) {
 TEST_F(ServiceTest, ASilentRankIsLostAfterTheHeartbeatTimeout) {
   std::vector<StreamKey> keys;
   auto sinks = StartJob(2, &keys);
-  proto::HeartbeatRequest hb;
-  hb.set_rank(0);
   now_ += absl::Seconds(9);
-  service_->Heartbeat(hb);
+  EXPECT_TRUE(Beat(0).ok());
   service_->Inspect();
   EXPECT_TRUE(sinks[0]->sent.empty());
   now_ += absl::Seconds(1);  // rank 1 silent for 10 s, the default heartbeat timeout
@@ -305,17 +204,13 @@ TEST_F(ServiceTest, StallIsReportedThenAbortsAfterTheStallShutdown) {
   std::vector<std::shared_ptr<RecordingSink>> sinks;
   for (int r = 0; r < 2; ++r) {
     auto sink = std::make_shared<RecordingSink>();
-    proto::RequestList hello;
-    hello.set_rank(r);
-    keys.push_back(*service_->OpenStream(hello, sink));
+    keys.push_back(*Open(r, sink));
     sinks.push_back(sink);
   }
   service_->OnRequests(keys[0], Allreduce(0, "lonely"));
-  proto::HeartbeatRequest hb0, hb1;
-  hb1.set_rank(1);
   now_ += absl::Seconds(1);
-  service_->Heartbeat(hb0);
-  service_->Heartbeat(hb1);
+  EXPECT_TRUE(Beat(0).ok());
+  EXPECT_TRUE(Beat(1).ok());
   service_->Inspect();
   proto::StatusResponse s = Status();
   ASSERT_EQ(s.pending_size(), 1);
@@ -323,8 +218,8 @@ TEST_F(ServiceTest, StallIsReportedThenAbortsAfterTheStallShutdown) {
   EXPECT_EQ(s.pending(0).missing_ranks(0), 1);
   EXPECT_TRUE(sinks[1]->sent.empty());
   now_ += absl::Seconds(1);
-  service_->Heartbeat(hb0);
-  service_->Heartbeat(hb1);
+  EXPECT_TRUE(Beat(0).ok());
+  EXPECT_TRUE(Beat(1).ok());
   service_->Inspect();
   ASSERT_EQ(sinks[1]->sent.size(), 1u);
   EXPECT_EQ(sinks[1]->sent[0].abort_code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
@@ -362,7 +257,7 @@ TEST_F(ServiceTest, TheNextJobStartsFromZeroAndTheEndedOneStaysReadable) {
   std::optional<absl::StatusOr<proto::StatusResponse>> old;
   proto::StatusRequest req;
   req.set_job_id(7);
-  service_->Status(service_->NewCallId(), req, [&](auto r) { old = std::move(r); });
+  service_->Status(service_->NewCallId(), Job(), req, [&](auto r) { old = std::move(r); });
   ASSERT_TRUE(old.has_value());
   EXPECT_EQ(old->status().code(), absl::StatusCode::kFailedPrecondition);
 }
@@ -386,11 +281,7 @@ TEST_F(ServiceTest, ARegistrationDuringAJobWaitsForItsEnd) {
   // A registration that waits longer than the register timeout for a job to end fails.
   int64_t third = Register(Reg(0, 2));
   now_ += absl::Seconds(30);
-  proto::HeartbeatRequest hb;
-  for (int r = 0; r < 2; ++r) {
-    hb.set_rank(r);
-    service_->Heartbeat(hb);
-  }
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(Beat(r).ok());
   service_->Inspect();
   EXPECT_EQ(results_.at(third).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(results_.at(third).status().message(),
@@ -403,7 +294,7 @@ TEST_F(ServiceTest, AStatusWaitIsAnsweredWhenTheJobEnds) {
   std::optional<absl::StatusOr<proto::StatusResponse>> got;
   proto::StatusRequest req;
   req.set_wait_for_end_ms(60000);
-  service_->Status(service_->NewCallId(), req, [&](auto r) { got = std::move(r); });
+  service_->Status(service_->NewCallId(), Job(), req, [&](auto r) { got = std::move(r); });
   EXPECT_FALSE(got.has_value());
   Goodbye(keys[0]);
   EXPECT_FALSE(got.has_value());
@@ -416,7 +307,7 @@ TEST_F(ServiceTest, AStatusWaitIsAnsweredWhenTheJobEnds) {
   Register(Reg(0, 2));
   got.reset();
   req.set_wait_for_end_ms(1000);
-  service_->Status(service_->NewCallId(), req, [&](auto r) { got = std::move(r); });
+  service_->Status(service_->NewCallId(), Job(), req, [&](auto r) { got = std::move(r); });
   now_ += absl::Seconds(1);
   service_->Inspect();
   ASSERT_TRUE(got.has_value() && got->ok());
@@ -426,26 +317,26 @@ TEST_F(ServiceTest, AStatusWaitIsAnsweredWhenTheJobEnds) {
 // ---- Key-value store, shutdown ----
 
 TEST_F(ServiceTest, KeyValueGetWaitsForItsKeyAndEveryCallIsCounted) {
-  std::optional<proto::KeyValueGetResponse> got;
+  std::optional<absl::StatusOr<proto::KeyValueGetResponse>> got;
   proto::KeyValueGetRequest get;
   get.set_key("k");
   get.set_timeout_ms(5000);
-  service_->KeyValueGet(service_->NewCallId(), get, [&](auto r) { got = r; });
+  service_->KeyValueGet(service_->NewCallId(), Job(), get, [&](auto r) { got = r; });
   EXPECT_FALSE(got.has_value());
   proto::KeyValueSetRequest set;
   set.set_key("k");
   set.set_value("v");
-  service_->KeyValueSet(set);
-  ASSERT_TRUE(got.has_value());
-  EXPECT_TRUE(got->found());
-  EXPECT_EQ(got->value(), "v");
+  EXPECT_TRUE(service_->KeyValueSet(Job(), set).ok());
+  ASSERT_TRUE(got.has_value() && got->ok());
+  EXPECT_TRUE((*got)->found());
+  EXPECT_EQ((*got)->value(), "v");
   got.reset();
   get.set_key("missing");
-  service_->KeyValueGet(service_->NewCallId(), get, [&](auto r) { got = r; });
+  service_->KeyValueGet(service_->NewCallId(), Job(), get, [&](auto r) { got = r; });
   now_ += absl::Seconds(5);
   service_->Inspect();
-  ASSERT_TRUE(got.has_value());
-  EXPECT_FALSE(got->found());
+  ASSERT_TRUE(got.has_value() && got->ok());
+  EXPECT_FALSE((*got)->found());
   EXPECT_EQ(Status().kv_rpcs(), 3);
 }
 
@@ -454,7 +345,7 @@ TEST_F(ServiceTest, ShutdownEndsEveryStreamAndAnswersEveryWaitingCall) {
   auto sinks = StartJob(2, &keys);
   int64_t waiting = Register(Reg(0, 2));
   proto::ShutdownRequest req;
-  service_->RequestShutdown(req);
+  EXPECT_TRUE(service_->RequestShutdown(Job(), req).ok());
   EXPECT_TRUE(service_->shutdown_requested());
   service_->BeginShutdown();
   for (const auto& sink : sinks) {

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/secret.h"
 #include "coordinator/server.h"
 #include "nlohmann/json.hpp"
 #include "runtime/runtime.h"
@@ -239,7 +240,11 @@ int main(int argc, char** argv) {
   std::string dir = mkdtemp(dir_template);
   setenv("UCX_NET_DEVICES", "lo", 0);
 
-  // The coordinator in its own process (fork before anything starts gRPC or UCX here).
+  // The coordinator in its own process (fork before anything starts gRPC or UCX here); the
+  // ranks inherit its secret.
+  const std::string secret = braid::RandomSecret();
+  setenv("BRAID_JOB_SECRET", secret.c_str(), 1);
+  unsetenv("BRAID_JOB_SECRET_FILE");
   int fds[2];
   if (pipe(fds) != 0) return 1;
   pid_t coord = fork();
@@ -247,6 +252,7 @@ int main(int argc, char** argv) {
     close(fds[0]);
     braid::coordinator::ServerOptions so;
     so.world_size = o.ranks;
+    so.job_secret = secret;
     auto server = braid::coordinator::StartCoordinator(so);
     int port = server.ok() ? (*server)->port() : 0;
     if (write(fds[1], &port, sizeof(port)) != sizeof(port) || !server.ok()) _exit(2);

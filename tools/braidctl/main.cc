@@ -18,6 +18,11 @@
 // aborted (a rank lost, a stall, a failed registration); 2 usage error, or the coordinator
 // cannot be reached at start; 3 the coordinator went away before the job ended (braidrun
 // stops its coordinator when its ranks have exited).
+//
+// The coordinator answers only callers that present the job's secret (Note [Who may join] in
+// coordinator/admission.h): --secret-file FILE (mode 0600), else BRAID_JOB_SECRET or
+// BRAID_JOB_SECRET_FILE; --secret is refused (ps would show it to every user). Over TLS:
+// --tls-ca FILE (or BRAID_TLS_CA), the certificate(s) to trust for the coordinator.
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
@@ -31,6 +36,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/util/json_util.h"
+#include "common/secret.h"
+#include "coordinator/credentials.h"
 #include "proto/braid.grpc.pb.h"
 #include "runtime/config.h"
 
@@ -116,15 +123,17 @@ void Print(const braid::proto::StatusResponse& s, const std::string& address, bo
 
 class StatusClient {
  public:
-  explicit StatusClient(const std::string& address)
-      : stub_(braid::proto::Coordinator::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+  StatusClient(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials,
+               std::string secret)
+      : stub_(braid::proto::Coordinator::NewStub(grpc::CreateChannel(address, credentials))),
+        secret_(std::move(secret)) {}
 
   // The status of `job_id` (0: the current job), waiting up to `wait` for it to end.
   grpc::Status Get(int64_t job_id, absl::Duration wait, braid::proto::StatusResponse* resp) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      absl::ToChronoMilliseconds(wait + absl::Seconds(3)));
+    braid::coordinator::AddCallCredentials(&ctx, secret_);
     braid::proto::StatusRequest req;
     req.set_job_id(job_id);
     req.set_wait_for_end_ms(absl::ToInt64Milliseconds(wait));
@@ -133,10 +142,13 @@ class StatusClient {
 
  private:
   std::unique_ptr<braid::proto::Coordinator::Stub> stub_;
+  const std::string secret_;
 };
 
 struct Options {
   std::string address;
+  std::string secret;
+  std::string tls_ca_file;
   bool json = false;
   absl::Duration watch = absl::ZeroDuration();
   bool once = false;
@@ -169,6 +181,34 @@ int FollowOneJob(StatusClient& client, const Options& o) {
   return s.abort_message().empty() ? 0 : 1;
 }
 
+// The secret and the TLS trust from the flags, else from the environment (only the variables
+// braidctl uses: a rank's setting that braidctl does not read cannot stop it).
+absl::Status Credentials(const std::string& secret_file, const std::string& tls_ca,
+                         Options* o) {
+  auto config = braid::SettingsFromEnv([](const char* name) -> const char* {
+    const std::string n(name);
+    if (n == "BRAID_JOB_SECRET" || n == "BRAID_JOB_SECRET_FILE" || n == "BRAID_TLS_CA") {
+      return std::getenv(name);
+    }
+    return nullptr;
+  });
+  if (!config.ok()) return config.status();
+  o->tls_ca_file = tls_ca.empty() ? config->tls_ca_file : tls_ca;
+  if (!secret_file.empty()) {
+    auto secret = braid::ReadSecretFile("--secret-file", secret_file);
+    if (!secret.ok()) return secret.status();
+    o->secret = *secret;
+  } else {
+    o->secret = config->job_secret;
+  }
+  if (o->secret.empty()) {
+    return absl::InvalidArgumentError(
+        "no job secret: pass --secret-file FILE or set BRAID_JOB_SECRET or "
+        "BRAID_JOB_SECRET_FILE (the coordinator answers only its job's callers)");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -176,8 +216,15 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   CLI::App* status = app.add_subcommand("status", "show a job's ranks, counters and pending tensors");
   Options o;
-  std::string address, watch;
+  std::string address, watch, secret_file, secret, tls_ca;
   status->add_option("--coordinator", address, "HOST:PORT (default: $BRAID_COORDINATOR)");
+  status->add_option("--secret-file", secret_file,
+                     "file holding the job secret, mode 0600 (default: $BRAID_JOB_SECRET, "
+                     "$BRAID_JOB_SECRET_FILE)");
+  status->add_option("--secret", secret, "refused: a secret on the command line is visible "
+                                         "to every user (ps); use --secret-file");
+  status->add_option("--tls-ca", tls_ca, "PEM certificate(s) to trust: speak TLS (default: "
+                                         "$BRAID_TLS_CA)");
   status->add_flag("--json", o.json, "print JSON (proto field names)");
   status->add_option("--watch", watch, "refresh every SECONDS (until interrupted, or --once)");
   status->add_flag("--once", o.once, "follow the current job until it ends, then exit with "
@@ -207,7 +254,15 @@ int main(int argc, char** argv) {
     if (!a.ok()) return fail(a.status());
     o.address = *a;
   }
-  StatusClient client(o.address);
+  if (status->get_option("--secret")->count() > 0) {
+    return fail(absl::InvalidArgumentError(
+        "--secret is refused: every user of this host could read it (ps); use --secret-file "
+        "FILE (mode 0600) or BRAID_JOB_SECRET"));
+  }
+  if (absl::Status s = Credentials(secret_file, tls_ca, &o); !s.ok()) return fail(s);
+  auto credentials = braid::coordinator::MakeChannelCredentials(o.tls_ca_file);
+  if (!credentials.ok()) return fail(credentials.status());
+  StatusClient client(o.address, *credentials, o.secret);
   if (o.once) return FollowOneJob(client, o);
   while (true) {
     braid::proto::StatusResponse resp;

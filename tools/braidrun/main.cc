@@ -8,7 +8,6 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,6 +22,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/secret.h"
 #include "coordinator/server.h"
 #include "glog/logging.h"
 #include "runtime/config.h"
@@ -52,19 +52,6 @@ void EnsureStdFds() {
       }
     }
   }
-}
-
-std::string RandomSecret() {
-  unsigned char bytes[16];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
-  std::string hex;
-  for (unsigned char b : bytes) hex += absl::StrFormat("%02x", b);
-  return hex;
 }
 
 // <dir of this executable>/../../python (build/tools/braidrun/braidrun -> build/python),
@@ -102,6 +89,7 @@ struct Args {
   int port = 0;
   std::string hosts_spec;
   bool verbose = false;
+  std::string secret_file;  // --secret-file
   std::vector<std::string> command;
   // Variables of the setting flags given, in SettingFlags() order.
   std::vector<std::pair<std::string, std::string>> settings;
@@ -160,7 +148,7 @@ absl::Status CheckArgs(const std::string& np, const std::string& port,
       if (var == name) return value.c_str();
     }
     const std::string n(name);
-    if (n == "BRAID_COORDINATOR" || n == "BRAID_JOB_SECRET") return nullptr;  // braidrun's
+    if (n == "BRAID_COORDINATOR") return nullptr;  // braidrun's
     return std::getenv(name);
   };
   auto name_of = [&](absl::string_view var) {
@@ -197,6 +185,13 @@ std::optional<Args> ParseArgs(int argc, char** argv, int* exit_code) {
     app.add_option(f.flag, flag_text[f.flag], absl::StrCat(f.help, " (", f.variable, ")"));
   }
   app.add_flag("-v,--verbose", args.verbose, "report every rank's pid and exit status");
+  app.add_option("--secret-file", args.secret_file,
+                 "the job secret, in a file of mode 0600 (created with a random secret when "
+                 "missing), for braidctl to present too (default: BRAID_JOB_SECRET(_FILE), "
+                 "else a random secret)");
+  std::string secret;
+  app.add_option("--secret", secret, "refused: a secret on the command line is visible to "
+                                     "every user (ps); use --secret-file");
   std::vector<std::string> own = OwnArgs(app, argc, argv, &args.command);
   std::vector<char*> own_argv;
   for (std::string& s : own) own_argv.push_back(s.data());
@@ -210,6 +205,11 @@ std::optional<Args> ParseArgs(int argc, char** argv, int* exit_code) {
   *exit_code = kUsageError;
   if (args.command.empty()) {
     Fail("no COMMAND given (braidrun -np N COMMAND [ARGS...]; see --help)");
+    return std::nullopt;
+  }
+  if (app.get_option("--secret")->count() > 0) {
+    Fail("--secret is refused: every user of this host could read it (ps); use --secret-file "
+         "FILE (mode 0600) or BRAID_JOB_SECRET");
     return std::nullopt;
   }
   for (auto it = flag_text.begin(); it != flag_text.end();) {
@@ -264,7 +264,20 @@ int main(int argc, char** argv) {
   so.bind_address = "127.0.0.1";
   so.port = args->port;
   so.world_size = args->np;
-  so.job_secret = RandomSecret();
+  // Note [Who may join]: the job's secret, for its ranks (and braidctl, when given).
+  so.job_secret = args->config.job_secret;
+  if (!args->secret_file.empty()) {
+    auto secret = braid::ReadOrCreateSecretFile("--secret-file", args->secret_file);
+    if (!secret.ok()) {
+      Fail(std::string(secret.status().message()));
+      return kUsageError;
+    }
+    so.job_secret = *secret;
+  }
+  if (so.job_secret.empty()) so.job_secret = braid::RandomSecret();
+  so.single_job = true;
+  so.tls_cert_file = args->config.tls_cert_file;
+  so.tls_key_file = args->config.tls_key_file;
   // The job settings given to braidrun (flags, or its environment) are the job's: ranks
   // that set others are refused (Note [Job settings] in coordinator/rendezvous.h).
   so.settings = braid::ToProto(args->config.job);

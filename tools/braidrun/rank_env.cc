@@ -56,6 +56,8 @@ std::vector<std::string> BuildRankEnv(const std::vector<std::string>& base, cons
   env.Set("BRAID_LOCAL_RANK", absl::StrCat(local_rank));
   env.Set("BRAID_LOCAL_SIZE", absl::StrCat(local_size));
   env.Set("BRAID_JOB_SECRET", job.job_secret);
+  // An inherited secret file would contradict the secret above: empty is unset.
+  if (env.Has("BRAID_JOB_SECRET_FILE")) env.Set("BRAID_JOB_SECRET_FILE", "");
   env.Set("PYTHONUNBUFFERED", "1");
   for (const auto& [name, value] : job.settings) env.Set(name, value);
   env.SetDefault("OMP_NUM_THREADS", "1");

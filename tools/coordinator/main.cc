@@ -10,6 +10,12 @@
 // --stall-shutdown-seconds, --heartbeat-timeout, or their BRAID_* variables in this
 // process's environment) bind every job it runs; the ones left unset are the ranks' to set.
 // Stops on SIGINT, SIGTERM or a Shutdown RPC.
+//
+// Every call must carry the job secret (Note [Who may join] in coordinator/admission.h):
+// --secret-file FILE (read; or created with a random secret, mode 0600, when missing), else
+// BRAID_JOB_SECRET or BRAID_JOB_SECRET_FILE. Never on the command line: --secret is refused
+// (every user of the host could read it with ps). TLS: --tls-cert / --tls-key (or
+// BRAID_TLS_CERT / BRAID_TLS_KEY).
 #include <signal.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -26,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/server.h"
 #include "glog/logging.h"
+#include "common/secret.h"
 #include "runtime/config.h"
 
 namespace {
@@ -38,7 +45,9 @@ constexpr const char* kJobFlags[] = {"--fusion-threshold-mb", "--cache-capacity"
                                      "--heartbeat-timeout"};
 
 struct Flags {
-  std::string bind = "127.0.0.1", port = "0", size = "0", secret, port_file;
+  std::string bind = "127.0.0.1", port = "0", size = "0", secret, secret_file, port_file;
+  std::string tls_cert, tls_key;
+  bool secret_given = false;  // --secret: refused
   std::string register_timeout = "120";
   std::map<std::string, std::string> settings;  // setting flag -> text, when given
 };
@@ -57,10 +66,6 @@ absl::StatusOr<braid::coordinator::ServerOptions> Options(const Flags& f) {
   auto timeout = braid::ParseSeconds("--register-timeout", f.register_timeout, false);
   if (!timeout.ok()) return timeout.status();
   o.register_timeout = *timeout;
-  o.job_secret = f.secret;
-  if (o.job_secret.empty()) {
-    if (const char* s = std::getenv("BRAID_JOB_SECRET")) o.job_secret = s;
-  }
   std::map<std::string, std::string> value_of, flag_of;  // variable -> value / flag
   for (const auto& [flag, text] : f.settings) {
     const braid::SettingFlag* sf = braid::FindSettingFlag(flag);
@@ -80,6 +85,25 @@ absl::StatusOr<braid::coordinator::ServerOptions> Options(const Flags& f) {
       });
   if (!config.ok()) return config.status();
   o.settings = braid::ToProto(config->job);
+  o.tls_cert_file = f.tls_cert.empty() ? config->tls_cert_file : f.tls_cert;
+  o.tls_key_file = f.tls_key.empty() ? config->tls_key_file : f.tls_key;
+  if (f.secret_given) {
+    return absl::InvalidArgumentError(
+        "--secret is refused: every user of this host could read it (ps); use --secret-file "
+        "FILE (mode 0600) or BRAID_JOB_SECRET");
+  }
+  if (!f.secret_file.empty()) {
+    auto secret = braid::ReadOrCreateSecretFile("--secret-file", f.secret_file);
+    if (!secret.ok()) return secret.status();
+    o.job_secret = *secret;
+  } else {
+    o.job_secret = config->job_secret;
+  }
+  if (o.job_secret.empty()) {
+    return absl::InvalidArgumentError(
+        "no job secret: pass --secret-file FILE (created with a random secret when missing) "
+        "or set BRAID_JOB_SECRET or BRAID_JOB_SECRET_FILE; ranks and braidctl use the same");
+  }
   return o;
 }
 
@@ -99,7 +123,13 @@ int main(int argc, char** argv) {
   app.add_option("--port", f.port, "port to listen on (0: any free port)")->capture_default_str();
   app.add_option("--size", f.size, "world size of every job (0: each job's first rank's)")
       ->capture_default_str();
-  app.add_option("--secret", f.secret, "job secret ranks must present (default: BRAID_JOB_SECRET)");
+  app.add_option("--secret-file", f.secret_file,
+                 "file holding the job secret every call must present (mode 0600; created "
+                 "with a random secret when missing). Default: BRAID_JOB_SECRET(_FILE)");
+  app.add_option("--secret", f.secret, "refused: a secret on the command line is visible to "
+                                       "every user (ps); use --secret-file");
+  app.add_option("--tls-cert", f.tls_cert, "PEM certificate: serve TLS (default: BRAID_TLS_CERT)");
+  app.add_option("--tls-key", f.tls_key, "PEM private key, mode 0600 (default: BRAID_TLS_KEY)");
   app.add_option("--port-file", f.port_file, "write the chosen port to this file once listening");
   app.add_option("--register-timeout", f.register_timeout,
                  "seconds a registration waits for the rest of the world")
@@ -112,6 +142,7 @@ int main(int argc, char** argv) {
   for (const char* flag : kJobFlags) {
     if (app.get_option(flag)->count() == 0) f.settings.erase(flag);
   }
+  f.secret_given = app.get_option("--secret")->count() > 0;
   auto options = Options(f);
   if (!options.ok()) {
     std::cerr << "braid-coordinator: " << options.status().message() << "\n";

@@ -1,0 +1,152 @@
+#include "common/secret.h"
+
+#include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace braid {
+namespace {
+
+std::string Errno() { return std::strerror(errno); }
+
+// Closes a descriptor on every path out.
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+absl::Status WriteAll(int fd, absl::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::InternalError(Errno());
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string RandomSecret() {
+  unsigned char bytes[32];
+  // RAND_bytes draws from the operating system's generator; it fails only when that cannot
+  // be read at all, and a secret must never be made without it.
+  if (RAND_bytes(bytes, sizeof(bytes)) != 1) {
+    std::fprintf(stderr, "braid: the random generator failed: cannot make a secret\n");
+    std::abort();
+  }
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
+
+bool SecretsEqual(absl::string_view presented, absl::string_view expected) {
+  unsigned char a[SHA256_DIGEST_LENGTH], b[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(presented.data()), presented.size(), a);
+  SHA256(reinterpret_cast<const unsigned char*>(expected.data()), expected.size(), b);
+  return CRYPTO_memcmp(a, b, sizeof(a)) == 0;
+}
+
+std::string HmacSha256(absl::string_view key, absl::string_view message) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &len);
+  return std::string(reinterpret_cast<const char*>(out), len);
+}
+
+absl::StatusOr<std::string> ReadPrivateFile(absl::string_view what, const std::string& path) {
+  // O_NOFOLLOW: the checks below are of the file itself, never of a link's target chosen by
+  // someone else; fstat on the open descriptor: no window between the check and the read.
+  Fd f{open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)};
+  if (f.fd < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": cannot open '", path, "': ", Errno()));
+  }
+  struct stat st;
+  if (fstat(f.fd, &st) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": cannot stat '", path, "': ", Errno()));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": '", path, "' is not a regular file"));
+  }
+  if (st.st_uid != geteuid()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": '", path, "' belongs to uid ",
+                                                   st.st_uid, ", not to this user (uid ",
+                                                   geteuid(), ")"));
+  }
+  if ((st.st_mode & 077) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: '%s' has mode %04o: other users could read or change it; it must be 0600 "
+        "(chmod 600 '%s')",
+        what, path, st.st_mode & 07777, path));
+  }
+  if (st.st_size > static_cast<off_t>(kMaxSecretFileBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": '", path, "' is larger than ",
+                                                   kMaxSecretFileBytes, " bytes"));
+  }
+  std::string data(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < data.size()) {
+    ssize_t n = read(f.fd, data.data() + got, data.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": cannot read '", path, "': ", Errno()));
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  data.resize(got);
+  return data;
+}
+
+absl::StatusOr<std::string> ReadSecretFile(absl::string_view what, const std::string& path) {
+  auto data = ReadPrivateFile(what, path);
+  if (!data.ok()) return data.status();
+  std::string secret(absl::StripTrailingAsciiWhitespace(*data));
+  if (secret.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": '", path, "' is empty"));
+  }
+  return secret;
+}
+
+absl::StatusOr<std::string> ReadOrCreateSecretFile(absl::string_view what,
+                                                   const std::string& path) {
+  if (access(path.c_str(), F_OK) == 0 || errno != ENOENT) return ReadSecretFile(what, path);
+  // Written in full under a temporary name, then linked into place: link() fails when the
+  // name exists, so of two processes creating it at once one wins and both read its secret.
+  std::string tmp = path + ".XXXXXX";
+  Fd f{mkstemp(tmp.data())};  // mode 0600
+  if (f.fd < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": cannot create '", path, "': ", Errno()));
+  }
+  absl::Status s = WriteAll(f.fd, RandomSecret() + "\n");
+  if (s.ok() && fsync(f.fd) != 0) s = absl::InternalError(Errno());
+  if (s.ok() && link(tmp.c_str(), path.c_str()) != 0 && errno != EEXIST) {
+    s = absl::InternalError(Errno());
+  }
+  unlink(tmp.c_str());
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": cannot create '", path, "': ", s.message()));
+  }
+  return ReadSecretFile(what, path);
+}
+
+}  // namespace braid

@@ -1,0 +1,111 @@
+// Job secrets (common/secret.h): generation, constant-time comparison, HMAC against the RFC's
+// vectors, and the checks on secret files (owner, mode, kind, size).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "common/secret.h"
+#include "gtest/gtest.h"
+
+namespace braid {
+namespace {
+
+std::string TempDir() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string t = std::string(base != nullptr ? base : "/tmp") + "/secret_test.XXXXXX";
+  return mkdtemp(t.data()) != nullptr ? t : "";
+}
+
+std::string Write(const std::string& dir, const std::string& name, const std::string& data,
+                  mode_t mode) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << data;
+  chmod(path.c_str(), mode);
+  return path;
+}
+
+TEST(SecretTest, RandomSecretsAreLongHexAndDistinct) {
+  std::set<std::string> seen;
+  for (int i = 0; i < 100; ++i) {
+    std::string s = RandomSecret();
+    ASSERT_EQ(s.size(), 64u);
+    EXPECT_EQ(s.find_first_not_of("0123456789abcdef"), std::string::npos) << s;
+    seen.insert(s);
+  }
+  EXPECT_EQ(seen.size(), 100u);
+}
+
+TEST(SecretTest, SecretsEqualComparesWholeValues) {
+  EXPECT_TRUE(SecretsEqual("s3cret", "s3cret"));
+  EXPECT_FALSE(SecretsEqual("s3cret", "s3creT"));
+  EXPECT_FALSE(SecretsEqual("s3cre", "s3cret"));  // a prefix is not the secret
+  EXPECT_FALSE(SecretsEqual("s3cret\n", "s3cret"));
+  EXPECT_FALSE(SecretsEqual("", "s3cret"));
+  EXPECT_TRUE(SecretsEqual(std::string("a\0b", 3), std::string("a\0b", 3)));
+  EXPECT_FALSE(SecretsEqual(std::string("a\0b", 3), std::string("a\0c", 3)));
+}
+
+// RFC 4231, test cases 1 and 2.
+TEST(SecretTest, HmacSha256MatchesRfc4231) {
+  EXPECT_EQ(absl::BytesToHexString(HmacSha256(std::string(20, '\x0b'), "Hi There")),
+            "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  EXPECT_EQ(absl::BytesToHexString(HmacSha256("Jefe", "what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+}
+
+TEST(SecretTest, ASecretFileMustBePrivateToItsOwner) {
+  const std::string dir = TempDir();
+  const std::string good = Write(dir, "good", "abc123\n", 0600);
+  EXPECT_EQ(*ReadSecretFile("--secret-file", good), "abc123");
+  EXPECT_EQ(*ReadSecretFile("--secret-file", Write(dir, "ro", "ro", 0400)), "ro");
+  const std::string open = Write(dir, "open", "abc", 0644);
+  EXPECT_EQ(ReadSecretFile("--secret-file", open).status().message(),
+            "--secret-file: '" + open + "' has mode 0644: other users could read or change "
+            "it; it must be 0600 (chmod 600 '" + open + "')");
+  EXPECT_FALSE(ReadSecretFile("X", Write(dir, "group", "abc", 0640)).ok());
+  EXPECT_FALSE(ReadSecretFile("X", Write(dir, "gw", "abc", 0620)).ok());
+  EXPECT_EQ(ReadSecretFile("X", Write(dir, "empty", " \n", 0600)).status().message(),
+            "X: '" + dir + "/empty' is empty");
+  EXPECT_EQ(ReadSecretFile("X", dir).status().message(), "X: '" + dir + "' is not a regular file");
+  const std::string link = dir + "/link";
+  ASSERT_EQ(symlink(good.c_str(), link.c_str()), 0);
+  EXPECT_EQ(ReadSecretFile("X", link).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadSecretFile("X", dir + "/missing").status().message(),
+            "X: cannot open '" + dir + "/missing': No such file or directory");
+  const std::string big = Write(dir, "big", std::string(kMaxSecretFileBytes + 1, 'x'), 0600);
+  EXPECT_EQ(ReadSecretFile("X", big).status().message(),
+            "X: '" + big + "' is larger than 65536 bytes");
+}
+
+TEST(SecretTest, ReadOrCreateMakesOnePrivateSecretEvenWhenRacing) {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/made";
+  std::vector<std::string> got(8);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < got.size(); ++i) {
+    threads.emplace_back([&, i] {
+      auto s = ReadOrCreateSecretFile("key", path);
+      got[i] = s.ok() ? *s : s.status().ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const std::string& s : got) EXPECT_EQ(s, got[0]);
+  EXPECT_EQ(got[0].size(), 64u) << got[0];
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(*ReadOrCreateSecretFile("key", path), got[0]);  // read back, not remade
+  // Only the secret is left in the directory: no temporary files.
+  EXPECT_EQ(system(("test $(ls -A '" + dir + "' | wc -l) -eq 1").c_str()), 0);
+}
+
+}  // namespace
+}  // namespace braid
