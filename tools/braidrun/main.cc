@@ -149,6 +149,10 @@ absl::Status CheckArgs(const std::string& np, const std::string& port,
     }
     const std::string n(name);
     if (n == "BRAID_COORDINATOR") return nullptr;  // braidrun's
+    // --secret-file replaces the secret of the environment.
+    if (!args->secret_file.empty() && (n == "BRAID_JOB_SECRET" || n == "BRAID_JOB_SECRET_FILE")) {
+      return nullptr;
+    }
     return std::getenv(name);
   };
   auto name_of = [&](absl::string_view var) {

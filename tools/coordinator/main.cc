@@ -77,7 +77,13 @@ absl::StatusOr<braid::coordinator::ServerOptions> Options(const Flags& f) {
   auto config = braid::SettingsFromEnv(
       [&](const char* name) -> const char* {
         auto it = value_of.find(name);
-        return it != value_of.end() ? it->second.c_str() : std::getenv(name);
+        if (it != value_of.end()) return it->second.c_str();
+        // --secret-file replaces the secret of the environment.
+        const std::string n(name);
+        if (!f.secret_file.empty() && (n == "BRAID_JOB_SECRET" || n == "BRAID_JOB_SECRET_FILE")) {
+          return nullptr;
+        }
+        return std::getenv(name);
       },
       [&](absl::string_view var) {
         auto it = flag_of.find(std::string(var));
