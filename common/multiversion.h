@@ -6,7 +6,11 @@
 #ifndef BRAID_COMMON_MULTIVERSION_H_
 #define BRAID_COMMON_MULTIVERSION_H_
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+//
+// Not under ThreadSanitizer (gcc defines __SANITIZE_THREAD__): the resolver runs while the
+// program is being loaded, before TSan's runtime is up, and TSan-instrumented it crashes.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
 #define BRAID_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define BRAID_MULTIVERSION

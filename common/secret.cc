@@ -71,6 +71,20 @@ std::string HmacSha256(absl::string_view key, absl::string_view message) {
   return std::string(reinterpret_cast<const char*>(out), len);
 }
 
+absl::Status CheckSecret(absl::string_view what, absl::string_view secret) {
+  if (secret.empty() || secret.size() > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": a secret must be 1 to 4096 "
+                                                   "characters long, got ", secret.size()));
+  }
+  for (char c : secret) {
+    if (c < ' ' || c > '~') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": a secret must be printable ASCII (it travels in call metadata)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadPrivateFile(absl::string_view what, const std::string& path) {
   // O_NOFOLLOW: the checks below are of the file itself, never of a link's target chosen by
   // someone else; fstat on the open descriptor: no window between the check and the read.
@@ -122,6 +136,7 @@ absl::StatusOr<std::string> ReadSecretFile(absl::string_view what, const std::st
   if (secret.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": '", path, "' is empty"));
   }
+  if (absl::Status s = CheckSecret(absl::StrCat(what, " '", path, "'"), secret); !s.ok()) return s;
   return secret;
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -29,6 +30,10 @@ bool SecretsEqual(absl::string_view presented, absl::string_view expected);
 // HMAC-SHA256(key, message): 32 raw bytes.
 std::string HmacSha256(absl::string_view key, absl::string_view message);
 
+// A secret travels in call metadata, which holds printable ASCII only: OK when `secret` is
+// 1 to 4096 characters between ' ' and '~'; else InvalidArgument naming `what`.
+absl::Status CheckSecret(absl::string_view what, absl::string_view secret);
+
 // Checks that `path` is a regular file owned by this user that nobody else may read or write
 // (mode 0600 or 0400), and returns its contents. `what` names it in errors ("--secret-file",
 // "BRAID_JOB_SECRET_FILE"). InvalidArgument when it is missing, not a regular file, owned by
@@ -36,7 +41,7 @@ std::string HmacSha256(absl::string_view key, absl::string_view message);
 absl::StatusOr<std::string> ReadPrivateFile(absl::string_view what, const std::string& path);
 
 // A secret file: ReadPrivateFile, trailing whitespace (a newline an editor added) removed;
-// InvalidArgument also when nothing is left.
+// InvalidArgument also when nothing is left or the rest fails CheckSecret.
 absl::StatusOr<std::string> ReadSecretFile(absl::string_view what, const std::string& path);
 
 // The secret in `path`, or, when no file is there, a new RandomSecret() written to it with

@@ -61,8 +61,10 @@ std::string MismatchMessage(const std::string& name, const std::string& field,
   // Group ranks by value, in order of each value's lowest rank.
   std::vector<std::pair<std::string, std::vector<int>>> groups;
   for (const auto& [rank, value] : value_by_rank) {
+    // A named copy: C++17 lambdas cannot capture a structured binding (clang refuses).
+    const std::string& v = value;
     auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const auto& g) { return g.first == value; });
+                           [&v](const auto& g) { return g.first == v; });
     if (it == groups.end()) groups.push_back({value, {rank}});
     else it->second.push_back(rank);
   }

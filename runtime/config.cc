@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/secret.h"
+#include "common/status_macros.h"
 #include "compression/registry.h"
 
 namespace braid {
@@ -76,7 +77,8 @@ const Variable kVariables[] = {
        return Assign(ParsePort(w, t, /*zero_allowed=*/false), &c->coordinator_port);
      }},
     {"BRAID_JOB_SECRET",
-     [](absl::string_view, absl::string_view t, RuntimeConfig* c) {
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       BRAID_RETURN_IF_ERROR(CheckSecret(w, t));
        c->job_secret = std::string(t);
        return absl::OkStatus();
      }},

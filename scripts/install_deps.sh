@@ -15,6 +15,10 @@ PACKAGES=(
   python3-tqdm dataset-fashion-mnist
   libopenmpi-dev openmpi-bin
   bazel-bootstrap bazel-rules-java
+  # Job secrets and keyed tags (libcrypto), the tests' TLS certificates, their outsider user.
+  libssl-dev openssl passwd
+  # The sanitizer and fuzzing builds (scripts/sanitize_test.sh): clang and its runtimes.
+  clang libclang-rt-14-dev
 )
 
 missing=()

@@ -52,11 +52,16 @@
 namespace braid::transport {
 namespace {
 
-#if defined(__x86_64__)
+// Not under ThreadSanitizer: a clone's resolver runs while the program is being loaded,
+// before TSan's runtime is up, and TSan-instrumented it crashes (the TSan build keeps the
+// default clone only).
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define BRAID_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#define BRAID_X86_64_V3 __attribute__((target("arch=x86-64-v3")))
 #else
 #define BRAID_VECTOR_CLONES
+#endif
+#if defined(__x86_64__)
+#define BRAID_X86_64_V3 __attribute__((target("arch=x86-64-v3")))
 #endif
 #define BRAID_INLINE inline __attribute__((always_inline))
 

@@ -171,6 +171,17 @@ absl::Status CheckStructSize(const void* opts, size_t known_size, const char* ty
   return absl::OkStatus();
 }
 
+// A C caller may pass any int where an enum is declared (a C enum is an int), but in C++
+// reading an enum object whose value lies outside its enumerators' range is undefined
+// behaviour (UBSan reports it). So enum-typed inputs are read as their bytes, then checked.
+template <typename E>
+int EnumBits(const E& e) {
+  static_assert(sizeof(E) == sizeof(int), "C enums are int-sized here");
+  int v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
 absl::Status Dtype(int dtype, braid::DataType* out) {
   if (!braid::IsValidDataType(dtype)) {
     return absl::InvalidArgumentError(
@@ -290,10 +301,11 @@ absl::Status AllReduceRequest(const char* fn, const std::string& name, const voi
                               void* output, const int64_t* shape, int ndim, int dtype,
                               const braid_allreduce_opts* opts, braid::CollectiveRequest* r) {
   braid_allreduce_opts o = BRAID_ALLREDUCE_OPTS_INIT;
+  int op = EnumBits(o.op);
   if (opts != nullptr) {
     absl::Status s = CheckStructSize(opts, sizeof(o), "braid_allreduce_opts");
     if (!s.ok()) return s;
-    if (BRAID_HAS_FIELD(opts, braid_allreduce_opts, op)) o.op = opts->op;
+    if (BRAID_HAS_FIELD(opts, braid_allreduce_opts, op)) op = EnumBits(opts->op);
     if (BRAID_HAS_FIELD(opts, braid_allreduce_opts, compression)) {
       o.compression = opts->compression;
     }
@@ -304,14 +316,14 @@ absl::Status AllReduceRequest(const char* fn, const std::string& name, const voi
   absl::Status s = CommonRequest(braid::Collective::kAllReduce, name.c_str(), shape, ndim,
                                  dtype, r);
   if (!s.ok()) return s;
-  if (!braid::IsValidReduceOp(o.op)) {
+  if (!braid::IsValidReduceOp(op)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        fn, " '", name, "': unknown reduce op ", static_cast<int>(o.op), " (valid: 0..",
+        fn, " '", name, "': unknown reduce op ", op, " (valid: 0..",
         braid::kNumReduceOps - 1, ", see braid_reduce_op)"));
   }
   r->input = input;
   r->output = output;
-  r->op = static_cast<braid::ReduceOp>(o.op);
+  r->op = static_cast<braid::ReduceOp>(op);
   r->compression = o.compression != nullptr ? o.compression : "";
   r->process_set_id = o.process_set_id;
   return absl::OkStatus();
@@ -471,7 +483,7 @@ int braid_allreduce(const char* name, const void* input, void* output, const int
   return Guard([&]() -> absl::Status {
     braid::CollectiveRequest r;
     absl::Status s = AllReduceRequest("allreduce", AutoName(name, "allreduce", &g_allreduce_count),
-                                      input, output, shape, ndim, dtype, opts, &r);
+                                      input, output, shape, ndim, EnumBits(dtype), opts, &r);
     if (!s.ok()) return s;
     return RunBlocking(std::move(r));
   });
@@ -485,7 +497,7 @@ int braid_allreduce_async(const char* name, const void* input, void* output,
     if (s.ok()) s = NeedName(name, "braid_allreduce_async");
     if (!s.ok()) return s;
     braid::CollectiveRequest r;
-    s = AllReduceRequest("allreduce", name, input, output, shape, ndim, dtype, opts, &r);
+    s = AllReduceRequest("allreduce", name, input, output, shape, ndim, EnumBits(dtype), opts, &r);
     if (!s.ok()) return s;
     std::unique_ptr<braid_handle> h;
     s = Enqueue(std::move(r), &h);
@@ -499,7 +511,7 @@ int braid_broadcast(const char* name, void* buffer, const int64_t* shape, int nd
   return Guard([&]() -> absl::Status {
     braid::CollectiveRequest r;
     absl::Status s = BroadcastRequest(AutoName(name, "broadcast", &g_broadcast_count), buffer,
-                                      shape, ndim, dtype, opts, &r);
+                                      shape, ndim, EnumBits(dtype), opts, &r);
     if (!s.ok()) return s;
     return RunBlocking(std::move(r));
   });
@@ -513,7 +525,7 @@ int braid_broadcast_async(const char* name, void* buffer, const int64_t* shape, 
     if (s.ok()) s = NeedName(name, "braid_broadcast_async");
     if (!s.ok()) return s;
     braid::CollectiveRequest r;
-    s = BroadcastRequest(name, buffer, shape, ndim, dtype, opts, &r);
+    s = BroadcastRequest(name, buffer, shape, ndim, EnumBits(dtype), opts, &r);
     if (!s.ok()) return s;
     std::unique_ptr<braid_handle> h;
     s = Enqueue(std::move(r), &h);
@@ -528,7 +540,7 @@ int braid_allgather(const char* name, const void* input, const int64_t* shape, i
   return Guard([&]() -> absl::Status {
     braid::CollectiveRequest r;
     absl::Status s = AllGatherRequest(AutoName(name, "allgather", &g_allgather_count), input,
-                                      shape, ndim, dtype, output, output_capacity_bytes, opts,
+                                      shape, ndim, EnumBits(dtype), output, output_capacity_bytes, opts,
                                       &r);
     if (!s.ok()) return s;
     return RunBlocking(std::move(r), output_first_dim);
@@ -544,7 +556,7 @@ int braid_allgather_async(const char* name, const void* input, const int64_t* sh
     if (s.ok()) s = NeedName(name, "braid_allgather_async");
     if (!s.ok()) return s;
     braid::CollectiveRequest r;
-    s = AllGatherRequest(name, input, shape, ndim, dtype, output, output_capacity_bytes, opts,
+    s = AllGatherRequest(name, input, shape, ndim, EnumBits(dtype), output, output_capacity_bytes, opts,
                          &r);
     if (!s.ok()) return s;
     std::unique_ptr<braid_handle> h;

@@ -61,6 +61,15 @@ TEST(SecretTest, HmacSha256MatchesRfc4231) {
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
 }
 
+TEST(SecretTest, SecretsArePrintableAsciiOfBoundedLength) {
+  EXPECT_TRUE(CheckSecret("S", "a b~!").ok());
+  EXPECT_EQ(CheckSecret("S", "").message(), "S: a secret must be 1 to 4096 characters long, got 0");
+  EXPECT_FALSE(CheckSecret("S", std::string(4097, 'x')).ok());
+  EXPECT_EQ(CheckSecret("S", "tab\there").message(),
+            "S: a secret must be printable ASCII (it travels in call metadata)");
+  EXPECT_FALSE(CheckSecret("S", "caf\xc3\xa9").ok());
+}
+
 TEST(SecretTest, ASecretFileMustBePrivateToItsOwner) {
   const std::string dir = TempDir();
   const std::string good = Write(dir, "good", "abc123\n", 0600);

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The sanitizer and fuzzing suites, each in a build directory of its own (the main build/ is
+# untouched), through ccache:
+#   build-asan  AddressSanitizer + UndefinedBehaviorSanitizer (gcc, as the main build: the
+#               data plane's multiversioned kernels are written for gcc): every unit and
+#               in-process test
+#   build-tsan  ThreadSanitizer (gcc): the in-process concurrency tests (tests/CMakeLists.txt
+#               says which, and why multi-process tests are out of its reach)
+#   build-fuzz  libFuzzer (Debian's clang, which alone has it) on the coordinator's request
+#               validation (tests/fuzz), for FUZZ_SECONDS (default 60), starting from the
+#               saved corpus
+# Every finding fails the run. UCX's memory hooks and its error handler clash with ASan:
+# they are off here (UCX_MEM_MALLOC_HOOKS, UCX_MEM_MMAP_HOOK_MODE, UCX_HANDLE_ERRORS).
+#
+# Usage: scripts/sanitize_test.sh [asan] [tsan] [fuzz]   (default: all three, in that order)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install_deps.sh
+
+suites=("$@")
+[ ${#suites[@]} -eq 0 ] && suites=(asan tsan fuzz)
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true
+export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_HANDLE_ERRORS=none
+export OMP_NUM_THREADS=1
+# Leaks count as findings; gRPC's and protobuf's process-lifetime singletons are not leaks.
+export ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:strict_string_checks=1
+export LSAN_OPTIONS="suppressions=$PWD/tests/sanitize/lsan.supp:print_suppressions=0"
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/sanitize/tsan.supp"
+
+configure() {  # DIR CMAKE_ARGS...
+  local dir=$1
+  shift
+  # -O1: the sanitizers' usual level (RelWithDebInfo's -O2 compiles slower, Debug's -O0 runs
+  # slower).
+  cmake -S . -B "$dir" -G Ninja -DPython3_EXECUTABLE=/usr/bin/python3 \
+    -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" -DCMAKE_C_FLAGS_DEBUG="-g -O1" \
+    "$@" >/dev/null
+}
+
+stamp() { echo "sanitize_test: $* ($(date +%T))"; }
+
+for suite in "${suites[@]}"; do
+  start=$(date +%s)
+  case "$suite" in
+    asan)
+      configure build-asan -DBRAID_SANITIZE=address
+      stamp "building the unit and in-process tests with ASan + UBSan"
+      cmake --build build-asan --target braid_unit_tests
+      stamp "running them"
+      ctest --test-dir build-asan -L "unit|inprocess" -j2 --output-on-failure --timeout 300
+      ;;
+    tsan)
+      configure build-tsan -DBRAID_SANITIZE=thread
+      stamp "building the in-process concurrency tests with TSan"
+      cmake --build build-tsan --target braid_concurrency_tests
+      stamp "running them"
+      # Whole executables, one process each: TSan's start-up is paid once per binary.
+      for t in unit/powersgd_test unit/sparse_test unit/coordinator_service_test \
+               inprocess/coordinator_concurrency_test; do
+        echo "== $t"
+        "build-tsan/tests/$t" --gtest_brief=1
+      done
+      ;;
+    fuzz)
+      CC=clang CXX=clang++ configure build-fuzz -DBRAID_FUZZ=ON
+      stamp "building the fuzz target"
+      cmake --build build-fuzz --target coordinator_fuzz
+      # New inputs go to a scratch corpus; the saved one (tests/fuzz/corpus) is only read.
+      work=build-fuzz/corpus
+      mkdir -p "$work"
+      stamp "fuzzing the coordinator for ${FUZZ_SECONDS:-60} s"
+      build-fuzz/tests/fuzz/coordinator_fuzz -max_total_time="${FUZZ_SECONDS:-60}" \
+        -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ \
+        "$work" tests/fuzz/corpus
+      ;;
+    *)
+      echo "sanitize_test: unknown suite '$suite' (asan, tsan, fuzz)" >&2
+      exit 2
+      ;;
+  esac
+  stamp "$suite passed in $(( $(date +%s) - start )) s"
+done

@@ -1,0 +1,217 @@
+// The coordinator's gRPC server and client in one process: a real server on 127.0.0.1 port
+// 0, ranks as threads using the real client (coordinator/client.h), and bare calls that
+// present other credentials. In one process so that the sanitizers (scripts/sanitize_test.sh)
+// see both sides of every call: the server's callback reactors, the client's reader and
+// heartbeat threads, and the admission of every call (Note [Who may join]).
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/secret.h"
+#include "coordinator/client.h"
+#include "coordinator/server.h"
+#include "gtest/gtest.h"
+#include "tests/testing/raw_client.h"
+
+namespace braid::coordinator {
+namespace {
+
+constexpr grpc::StatusCode kDenied = grpc::StatusCode::PERMISSION_DENIED;
+
+std::unique_ptr<CoordinatorServer> Start(const std::string& secret, int size,
+                                         const std::string& cert = "",
+                                         const std::string& key = "") {
+  ServerOptions o;
+  o.world_size = size;
+  o.job_secret = secret;
+  o.tls_cert_file = cert;
+  o.tls_key_file = key;
+  o.monitor_period = absl::Milliseconds(20);
+  auto s = StartCoordinator(o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *std::move(s) : nullptr;
+}
+
+// One rank as a thread: registers, negotiates `tensors` all-reduces, says goodbye.
+struct Rank {
+  absl::Mutex mu;
+  std::vector<std::string> done;  // names of the responses received, in order
+  absl::Status closed = absl::UnknownError("open");
+  std::string token;
+
+  void Run(const std::string& address, const std::string& secret, int rank, int size,
+           int tensors) {
+    ClientOptions o;
+    o.address = address;
+    o.job_secret = secret;
+    o.connect_timeout = absl::Seconds(10);
+    auto client = ConnectCoordinator(o);
+    ASSERT_TRUE(client.ok()) << client.status();
+    proto::RegisterRequest req;
+    req.set_rank(rank);
+    req.set_size(size);
+    req.set_host("inprocess");
+    req.set_pid(1000 + rank);
+    auto reg = (*client)->Register(req, absl::Seconds(10));
+    ASSERT_TRUE(reg.ok()) << reg.status();
+    token = reg->rank_token();
+    ASSERT_TRUE((*client)
+                    ->StartNegotiation(
+                        rank,
+                        [this](const proto::ResponseList& m) {
+                          absl::MutexLock lock(&mu);
+                          for (const auto& r : m.responses()) done.push_back(r.names(0));
+                        },
+                        [this](const absl::Status& s) {
+                          absl::MutexLock lock(&mu);
+                          closed = s;
+                        })
+                    .ok());
+    for (int t = 0; t < tensors; ++t) {
+      proto::RequestList l;
+      l.set_rank(rank);
+      proto::Request* r = l.add_requests();
+      r->set_name(absl::StrCat("t", t));
+      r->set_dtype(proto::FLOAT32);
+      r->add_shape(8);
+      r->set_compression("none");
+      ASSERT_TRUE((*client)->Send(l).ok());
+    }
+    {
+      absl::MutexLock lock(&mu);
+      auto all = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) {
+        return static_cast<int>(done.size()) == tensors;
+      };
+      EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(20)));
+    }
+    (*client)->Close(absl::Seconds(5));
+  }
+};
+
+TEST(CoordinatorServerTest, RanksAsThreadsNegotiateOverGrpc) {
+  const std::string secret = RandomSecret();
+  auto server = Start(secret, 3);
+  ASSERT_NE(server, nullptr);
+  std::vector<Rank> ranks(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] { ranks[r].Run(server->address(), secret, r, 3, 20); });
+  }
+  for (auto& t : threads) t.join();
+  for (Rank& r : ranks) {
+    absl::MutexLock lock(&r.mu);
+    EXPECT_EQ(r.done, ranks[0].done);  // the same order on every rank
+    EXPECT_EQ(r.done.size(), 20u);
+    EXPECT_TRUE(r.closed.ok()) << r.closed;
+  }
+  EXPECT_NE(ranks[0].token, ranks[1].token);
+  testing::RawClient raw(server->address());
+  proto::StatusResponse st;
+  ASSERT_TRUE(raw.Status(secret, &st).ok());
+  EXPECT_EQ(st.phase(), proto::JOB_ENDED);
+  EXPECT_EQ(st.job_state(), "ended");
+  EXPECT_EQ(st.register_rpcs(), 3);
+  EXPECT_EQ(st.tensors_negotiated(), 20);
+}
+
+TEST(CoordinatorServerTest, CallsWithoutTheSecretOrTheRanksTokenAreRefused) {
+  const std::string secret = RandomSecret();
+  auto server = Start(secret, 1);
+  ASSERT_NE(server, nullptr);
+  testing::RawClient raw(server->address());
+  // A job of one, registered and negotiating through the bare client.
+  proto::RegisterRequest req;
+  req.set_rank(0);
+  req.set_size(1);
+  proto::RegisterResponse reg;
+  ASSERT_TRUE(raw.Register(secret, req, &reg).ok());
+  auto stream = raw.Negotiate(secret, reg.rank_token());
+  proto::RequestList hello;
+  hello.set_rank(0);
+  ASSERT_TRUE(stream->stream->Write(hello));
+  for (const std::string& wrong : {std::string(), std::string("wrong")}) {
+    proto::RegisterResponse r;
+    EXPECT_EQ(raw.Register(wrong, req, &r).error_code(), kDenied);
+    EXPECT_EQ(raw.KeyValueSet(wrong, "k", "v").error_code(), kDenied);
+    proto::KeyValueGetResponse g;
+    EXPECT_EQ(raw.KeyValueGet(wrong, "k", &g).error_code(), kDenied);
+    EXPECT_EQ(raw.NegotiateRefused(wrong, reg.rank_token(), 0).error_code(), kDenied);
+    EXPECT_EQ(raw.Heartbeat(wrong, reg.rank_token(), 0).error_code(), kDenied);
+    proto::StatusResponse s;
+    grpc::Status st = raw.Status(wrong, &s);
+    EXPECT_EQ(st.error_code(), kDenied);
+    EXPECT_TRUE(absl::StrContains(st.error_message(), "the coordinator refused Status"));
+    EXPECT_EQ(raw.Shutdown(wrong).error_code(), kDenied);
+  }
+  // The secret without the rank's token: no stream, no heartbeat for it.
+  grpc::Status st = raw.NegotiateRefused(secret, "", 0);
+  EXPECT_EQ(st.error_code(), kDenied);
+  EXPECT_EQ(st.error_message(), "negotiation stream for rank 0 refused: no rank token (a "
+                                "stream or heartbeat speaks only for the rank that registered it)");
+  EXPECT_EQ(raw.Heartbeat(secret, RandomSecret(), 0).error_code(), kDenied);
+  EXPECT_TRUE(raw.Heartbeat(secret, reg.rank_token(), 0).ok());
+  proto::StatusResponse s;
+  ASSERT_TRUE(raw.Status(secret, &s).ok());
+  EXPECT_EQ(s.ranks(0).state(), "negotiating");
+  EXPECT_TRUE(s.abort_message().empty());
+  // The key-value store answers the job's callers, within its bounds.
+  EXPECT_TRUE(raw.KeyValueSet(secret, "k", "v").ok());
+  EXPECT_EQ(raw.KeyValueSet(secret, "big", std::string(64 * 1024 + 1, 'x')).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  stream->ctx.TryCancel();
+}
+
+TEST(CoordinatorServerTest, NoServerWithoutASecret) {
+  ServerOptions o;
+  auto s = StartCoordinator(o);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CoordinatorServerTest, OverTlsOnlyClientsThatTrustTheCertificateGetIn) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/braid_tls_XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const std::string cert = dir + "/c.pem", key = dir + "/k.pem";
+  const std::string cmd = absl::StrCat(
+      "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 "
+      "-subj /CN=braid-test -addext subjectAltName=IP:127.0.0.1 -keyout ", key, " -out ",
+      cert, " >/dev/null 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  chmod(key.c_str(), 0644);
+  ServerOptions o;
+  o.job_secret = "s";
+  o.tls_cert_file = cert;
+  o.tls_key_file = key;
+  EXPECT_TRUE(absl::StrContains(StartCoordinator(o).status().message(), "has mode 0644"));
+  chmod(key.c_str(), 0600);
+  const std::string secret = RandomSecret();
+  auto server = Start(secret, 1, cert, key);
+  ASSERT_NE(server, nullptr);
+  ClientOptions co;
+  co.address = server->address();
+  co.job_secret = secret;
+  co.connect_timeout = absl::Seconds(2);
+  auto plain = ConnectCoordinator(co);
+  EXPECT_EQ(plain.status().code(), absl::StatusCode::kUnavailable);
+  co.tls_ca_file = cert;
+  co.connect_timeout = absl::Seconds(10);
+  auto client = ConnectCoordinator(co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  proto::RegisterRequest req;
+  req.set_rank(0);
+  req.set_size(1);
+  auto reg = (*client)->Register(req, absl::Seconds(10));
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  EXPECT_EQ(reg->rank_token().size(), 64u);
+}
+
+}  // namespace
+}  // namespace braid::coordinator
