@@ -70,21 +70,14 @@ absl::Status UcxError(absl::string_view what, ucs_status_t status) {
   return absl::InternalError(absl::StrCat(what, ": ", ucs_status_string(status)));
 }
 
-// What a peer publishes in the store: host, pid and its worker address.
-struct PeerInfo {
-  std::string host;
-  int64_t pid = 0;
-  std::string address;
-};
-
-std::string EncodePeer(const PeerInfo& p) {
+std::string EncodePeer(const PeerAddress& p) {
   return absl::StrCat(p.host, "\n", p.pid, "\n", p.address);
 }
 
-absl::StatusOr<PeerInfo> DecodePeer(const std::string& s) {
+absl::StatusOr<PeerAddress> DecodePeer(const std::string& s) {
   size_t a = s.find('\n');
   size_t b = a == std::string::npos ? a : s.find('\n', a + 1);
-  PeerInfo p;
+  PeerAddress p;
   if (b == std::string::npos || !absl::SimpleAtoi(s.substr(a + 1, b - a - 1), &p.pid)) {
     return absl::InternalError("malformed peer record in the rendezvous store");
   }
@@ -93,12 +86,77 @@ absl::StatusOr<PeerInfo> DecodePeer(const std::string& s) {
   return p;
 }
 
+// Phase 1's product: the UCP context and worker, and the address peers connect to.
+class UcxWorkerImpl final : public UcxWorker {
+ public:
+  explicit UcxWorkerImpl(const UcxOptions& o) : options_(o) {}
+  ~UcxWorkerImpl() override {
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (context_ != nullptr) ucp_cleanup(context_);
+  }
+  absl::Status Open();
+  const PeerAddress& self() const override { return self_; }
+
+  UcxOptions options_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int efd_ = -1;
+  PeerAddress self_;
+};
+
+absl::Status UcxWorkerImpl::Open() {
+  if (options_.size < 1 || options_.rank < 0 || options_.rank >= options_.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid rank ", options_.rank, " for world size ", options_.size));
+  }
+  if (options_.size > (1 << kRankBits)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world size ", options_.size, " exceeds 65536"));
+  }
+  // Peer error handling turns the shared-memory transports off unless they are allowed to
+  // handle errors themselves. Only needed when local peers use it too.
+  if (options_.peer_error_handling) {
+    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
+    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
+  }
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) return UcxError("ucp_config_read", st);
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  params.estimated_num_eps = static_cast<size_t>(options_.size);
+  st = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (st != UCS_OK) return UcxError("ucp_init", st);
+
+  ucp_worker_params_t wparams{};
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_EVENTS;
+  wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
+  wparams.events = UCP_WAKEUP_TAG_SEND | UCP_WAKEUP_TAG_RECV | UCP_WAKEUP_RMA;
+  st = ucp_worker_create(context_, &wparams, &worker_);
+  if (st != UCS_OK) return UcxError("ucp_worker_create", st);
+  st = ucp_worker_get_efd(worker_, &efd_);
+  if (st != UCS_OK) return UcxError("ucp_worker_get_efd", st);
+
+  ucp_address_t* addr = nullptr;
+  size_t addr_len = 0;
+  st = ucp_worker_get_address(worker_, &addr, &addr_len);
+  if (st != UCS_OK) return UcxError("ucp_worker_get_address", st);
+  self_ = PeerAddress{HostName(), static_cast<int64_t>(getpid()),
+                      std::string(reinterpret_cast<const char*>(addr), addr_len)};
+  ucp_worker_release_address(worker_, addr);
+  return absl::OkStatus();
+}
+
 class UcxCommunicator final : public Communicator {
  public:
-  explicit UcxCommunicator(const UcxOptions& o) : opts_(o), rank_(o.rank), size_(o.size) {}
+  explicit UcxCommunicator(std::unique_ptr<UcxWorkerImpl> w)
+      : opts_(w->options_), rank_(w->options_.rank), size_(w->options_.size),
+        context_(w->context_), worker_(w->worker_), efd_(w->efd_), owned_(std::move(w)) {}
   ~UcxCommunicator() override;
 
-  absl::Status Init();
+  absl::Status Connect(std::vector<PeerAddress> peers);
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -179,8 +237,9 @@ class UcxCommunicator final : public Communicator {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
+  std::unique_ptr<UcxWorkerImpl> owned_;  // destroys the worker and context last
   std::vector<ucp_ep_h> eps_;
-  std::vector<PeerInfo> peers_;
+  std::vector<PeerAddress> peers_;
   std::vector<std::pair<UcxCommunicator*, int>> ep_args_;  // err-handler argument per peer
   absl::Duration spin_;
   uint64_t seq_ = 0;
@@ -200,90 +259,44 @@ class UcxCommunicator final : public Communicator {
   mutable std::string describe_cache_;
 };
 
-absl::Status UcxCommunicator::Init() {
-  if (size_ < 1 || rank_ < 0 || rank_ >= size_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("invalid rank ", rank_, " for world size ", size_));
+absl::Status UcxCommunicator::Connect(std::vector<PeerAddress> peers) {
+  const PeerAddress& self = owned_->self();
+  if (peers.size() != static_cast<size_t>(size_)) {
+    return absl::InvalidArgumentError(absl::StrCat("ConnectUcx needs one PeerAddress per rank: got ",
+                                                   peers.size(), " for world size ", size_));
   }
-  if (size_ > (1 << kRankBits)) {
-    return absl::InvalidArgumentError(absl::StrCat("world size ", size_, " exceeds 65536"));
+  if (peers[rank_].address != self.address) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ConnectUcx: peers[", rank_, "] is not this rank's own worker address"));
   }
-  if (size_ > 1 && opts_.store == nullptr) {
-    return absl::InvalidArgumentError("UcxOptions.store is required when size > 1");
-  }
-  // Peer error handling turns the shared-memory transports off unless they are allowed to
-  // handle errors themselves (TRAPS.md). Only needed when local peers use it too.
-  if (opts_.peer_error_handling) {
-    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
-    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
-  }
-
-  ucp_config_t* config = nullptr;
-  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
-  if (st != UCS_OK) return UcxError("ucp_config_read", st);
-  ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
-  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
-  params.estimated_num_eps = static_cast<size_t>(size_);
-  st = ucp_init(&params, config, &context_);
-  ucp_config_release(config);
-  if (st != UCS_OK) return UcxError("ucp_init", st);
-
-  ucp_worker_params_t wparams{};
-  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_EVENTS;
-  wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
-  wparams.events = UCP_WAKEUP_TAG_SEND | UCP_WAKEUP_TAG_RECV | UCP_WAKEUP_RMA;
-  st = ucp_worker_create(context_, &wparams, &worker_);
-  if (st != UCS_OK) return UcxError("ucp_worker_create", st);
-  st = ucp_worker_get_efd(worker_, &efd_);
-  if (st != UCS_OK) return UcxError("ucp_worker_get_efd", st);
-
-  ucp_address_t* addr = nullptr;
-  size_t addr_len = 0;
-  st = ucp_worker_get_address(worker_, &addr, &addr_len);
-  if (st != UCS_OK) return UcxError("ucp_worker_get_address", st);
-  PeerInfo self{HostName(), static_cast<int64_t>(getpid()),
-                std::string(reinterpret_cast<const char*>(addr), addr_len)};
-  ucp_worker_release_address(worker_, addr);
-
-  peers_.assign(size_, PeerInfo{});
-  peers_[rank_] = self;
+  peers_ = std::move(peers);
   eps_.assign(size_, nullptr);
-  if (size_ > 1) {
-    const std::string key_base = opts_.store_prefix + "/addr/";
-    BRAID_RETURN_IF_ERROR(opts_.store->Set(key_base + std::to_string(rank_), EncodePeer(self)));
-    std::vector<std::string> keys;
-    for (int p = 0; p < size_; ++p) keys.push_back(key_base + std::to_string(p));
-    BRAID_RETURN_IF_ERROR(opts_.store->Wait(keys, opts_.connect_timeout));
-    ep_args_.resize(size_);
-    for (int p = 0; p < size_; ++p) {
-      if (p == rank_) continue;
-      BRAID_ASSIGN_OR_RETURN(std::string raw, opts_.store->Get(keys[p], opts_.connect_timeout));
-      BRAID_ASSIGN_OR_RETURN(peers_[p], DecodePeer(raw));
-      ep_args_[p] = {this, p};
-      ucp_ep_params_t ep{};
-      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      ep.address = reinterpret_cast<const ucp_address_t*>(peers_[p].address.data());
-      // Note [Local peers and CMA]: in UCX 1.13 peer error handling drops the cma
-      // rendezvous lane, which makes every large intra-host message cost two copies
-      // through a shared-memory bounce buffer instead of one process_vm_readv. Peers on
-      // this host are watched through /proc instead (CheckPeers), so they use the default
-      // mode unless options.peer_error_handling forces it; remote peers always use it.
-      const bool local = peers_[p].host == self.host;
-      ep.err_mode = (local && !opts_.peer_error_handling) ? UCP_ERR_HANDLING_MODE_NONE
-                                                          : UCP_ERR_HANDLING_MODE_PEER;
-      ep.err_handler.cb = &UcxCommunicator::OnEndpointError;
-      ep.err_handler.arg = &ep_args_[p];
-      st = ucp_ep_create(worker_, &ep, &eps_[p]);
-      if (st != UCS_OK) return UcxError(absl::StrCat("ucp_ep_create to rank ", p), st);
-    }
+  ep_args_.resize(size_);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    ep_args_[p] = {this, p};
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(peers_[p].address.data());
+    // Note [Local peers and CMA]: in UCX 1.13 peer error handling drops the cma
+    // rendezvous lane, which makes every large intra-host message cost two copies
+    // through a shared-memory bounce buffer instead of one process_vm_readv. Peers on
+    // this host are watched through /proc instead (CheckPeers), so they use the default
+    // mode unless options.peer_error_handling forces it; remote peers always use it.
+    const bool local = peers_[p].host == self.host;
+    ep.err_mode = (local && !opts_.peer_error_handling) ? UCP_ERR_HANDLING_MODE_NONE
+                                                        : UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &UcxCommunicator::OnEndpointError;
+    ep.err_handler.arg = &ep_args_[p];
+    ucs_status_t st = ucp_ep_create(worker_, &ep, &eps_[p]);
+    if (st != UCS_OK) return UcxError(absl::StrCat("ucp_ep_create to rank ", p), st);
   }
   if (opts_.spin < absl::ZeroDuration()) {
     int local = 0;
     for (const auto& p : peers_) local += p.host == self.host ? 1 : 0;
     unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    // Over-subscribed ranks must not burn the core a peer needs (TRAPS.md).
+    // Over-subscribed ranks must not burn the core a peer needs.
     spin_ = static_cast<unsigned>(local) <= cores ? absl::Microseconds(50) : absl::ZeroDuration();
   } else {
     spin_ = opts_.spin;
@@ -313,9 +326,8 @@ UcxCommunicator::~UcxCommunicator() {
       }
       ucp_request_free(req);
     }
-    ucp_worker_destroy(worker_);
   }
-  if (context_ != nullptr) ucp_cleanup(context_);
+  // owned_ destroys the worker, then the context.
 }
 
 void UcxCommunicator::OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
@@ -961,28 +973,43 @@ std::string UcxCommunicator::Describe() const {
 
 }  // namespace
 
-absl::StatusOr<UcxOptions> UcxOptionsFromEnv(UcxOptions o) {
-  if (const char* v = getenv("BRAID_TIMEOUT_S"); v != nullptr && *v != '\0') {
-    double s = 0;
-    if (!absl::SimpleAtod(v, &s) || !(s > 0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("BRAID_TIMEOUT_S must be a positive number of seconds, got '", v, "'"));
-    }
-    o.timeout = absl::Seconds(s);
-  }
-  if (const char* v = getenv("BRAID_UCX_PEER_ERROR_HANDLING"); v != nullptr && *v != '\0') {
-    if (!absl::SimpleAtob(v, &o.peer_error_handling)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("BRAID_UCX_PEER_ERROR_HANDLING must be 0 or 1, got '", v, "'"));
-    }
-  }
-  return o;
+absl::StatusOr<std::unique_ptr<UcxWorker>> OpenUcxWorker(const UcxOptions& options) {
+  auto worker = std::make_unique<UcxWorkerImpl>(options);
+  BRAID_RETURN_IF_ERROR(worker->Open());
+  return std::unique_ptr<UcxWorker>(std::move(worker));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectUcx(std::unique_ptr<UcxWorker> worker,
+                                                         std::vector<PeerAddress> peers) {
+  if (worker == nullptr) return absl::InvalidArgumentError("ConnectUcx: no worker");
+  // Every UcxWorker is a UcxWorkerImpl: OpenUcxWorker is the only way to make one.
+  std::unique_ptr<UcxWorkerImpl> impl(static_cast<UcxWorkerImpl*>(worker.release()));
+  auto comm = std::make_unique<UcxCommunicator>(std::move(impl));
+  BRAID_RETURN_IF_ERROR(comm->Connect(std::move(peers)));
+  return std::unique_ptr<Communicator>(std::move(comm));
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(const UcxOptions& options) {
-  auto comm = std::make_unique<UcxCommunicator>(options);
-  BRAID_RETURN_IF_ERROR(comm->Init());
-  return std::unique_ptr<Communicator>(std::move(comm));
+  if (options.size > 1 && options.store == nullptr) {
+    return absl::InvalidArgumentError("UcxOptions.store is required when size > 1");
+  }
+  BRAID_ASSIGN_OR_RETURN(std::unique_ptr<UcxWorker> worker, OpenUcxWorker(options));
+  std::vector<PeerAddress> peers(options.size);
+  peers[options.rank] = worker->self();
+  if (options.size > 1) {
+    const std::string key_base = options.store_prefix + "/addr/";
+    BRAID_RETURN_IF_ERROR(
+        options.store->Set(key_base + std::to_string(options.rank), EncodePeer(worker->self())));
+    std::vector<std::string> keys;
+    for (int p = 0; p < options.size; ++p) keys.push_back(key_base + std::to_string(p));
+    BRAID_RETURN_IF_ERROR(options.store->Wait(keys, options.connect_timeout));
+    for (int p = 0; p < options.size; ++p) {
+      if (p == options.rank) continue;
+      BRAID_ASSIGN_OR_RETURN(std::string raw, options.store->Get(keys[p], options.connect_timeout));
+      BRAID_ASSIGN_OR_RETURN(peers[p], DecodePeer(raw));
+    }
+  }
+  return ConnectUcx(std::move(worker), std::move(peers));
 }
 
 }  // namespace braid::transport

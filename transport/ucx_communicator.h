@@ -16,6 +16,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -31,7 +32,8 @@ struct UcxOptions {
   // share one store.
   Store* store = nullptr;
   std::string store_prefix = "ucx";
-  // A collective that makes no progress for this long fails (BRAID_TIMEOUT_S).
+  // A collective that makes no progress for this long fails (the runtime passes
+  // BRAID_TIMEOUT_S). The transport reads no environment variables of its own.
   absl::Duration timeout = absl::Seconds(60);
   // How long Create waits for every peer's address.
   absl::Duration connect_timeout = absl::Seconds(60);
@@ -42,24 +44,49 @@ struct UcxOptions {
   int ring_window = 4;
   // Use UCX peer error handling for peers on this host too. Off by default: in UCX 1.13 it
   // disables the single-copy CMA rendezvous, and braid watches local peers' processes itself.
-  // Remote peers always use it. BRAID_UCX_PEER_ERROR_HANDLING=1 sets it.
+  // Remote peers always use it. (The runtime sets it from BRAID_UCX_PEER_ERROR_HANDLING.)
   bool peer_error_handling = false;
   // Busy-poll this long before blocking on the event fd. Negative: choose by
   // over-subscription (spin only when ranks on this host <= cores).
   absl::Duration spin = absl::Microseconds(-1);
 };
 
-// Defaults overridden by the environment: BRAID_TIMEOUT_S (seconds, > 0),
-// BRAID_UCX_PEER_ERROR_HANDLING (0/1). InvalidArgument names a malformed variable.
-absl::StatusOr<UcxOptions> UcxOptionsFromEnv(UcxOptions defaults = {});
+// What one rank publishes for the data plane: enough for every peer to connect to it and
+// to watch it. Exchanged through the Store by CreateUcxCommunicator, or through the
+// coordinator's registration by the runtime.
+struct PeerAddress {
+  std::string host;     // hostname (same-host peers are watched via /proc)
+  int64_t pid = 0;      // process id on `host`
+  std::string address;  // opaque backend address bytes (the UCX worker address)
+};
 
-// Creates the UCP context and worker, publishes this rank's worker address in the store,
-// waits for every peer's and connects to them. Errors: InvalidArgument (bad options),
-// DeadlineExceeded (a peer never published), Internal (UCX failed).
+// An opened UCP context and worker, not yet connected to any peer (phase 1 of 2).
+class UcxWorker {
+ public:
+  virtual ~UcxWorker() = default;
+  // This rank's PeerAddress: this host, this process, the worker's address.
+  virtual const PeerAddress& self() const = 0;
+};
+
+// Phase 1: opens the UCP context and worker. Uses options.rank, .size and the timeouts and
+// algorithm settings; options.store is not used. Errors: InvalidArgument (bad rank/size),
+// Internal (UCX failed).
 //
-// UCX is configured from the environment as usual (UCX_TLS, UCX_NET_DEVICES, ...). Unless
-// already set, braid sets UCX_POSIX_ERROR_HANDLING=y and UCX_SYSV_ERROR_HANDLING=y so the
-// shared-memory transports stay usable with peer error handling.
+// UCX is configured from the environment as usual (UCX_TLS, UCX_NET_DEVICES, ...). With
+// options.peer_error_handling, braid sets UCX_POSIX_ERROR_HANDLING=y and
+// UCX_SYSV_ERROR_HANDLING=y unless already set, so the shared-memory transports stay usable.
+absl::StatusOr<std::unique_ptr<UcxWorker>> OpenUcxWorker(const UcxOptions& options);
+
+// Phase 2: connects `worker` to every peer. peers.size() == options.size, peers[r] is rank r's
+// PeerAddress and peers[options.rank] is worker->self(). Errors: InvalidArgument (wrong
+// number of peers, peers[rank] not this worker, a null worker), Internal (UCX failed).
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectUcx(std::unique_ptr<UcxWorker> worker,
+                                                         std::vector<PeerAddress> peers);
+
+// Both phases with the exchange in between, for tests and benchmarks: opens the worker,
+// publishes its PeerAddress in options.store under `store_prefix`/addr/<rank>, waits up to
+// connect_timeout for every peer's and connects. Errors: those of the two phases,
+// InvalidArgument (no store with size > 1), DeadlineExceeded (a peer never published).
 absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(const UcxOptions& options);
 
 }  // namespace braid::transport

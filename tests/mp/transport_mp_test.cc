@@ -344,6 +344,58 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat(info.param.tls, "_", info.param.size, "ranks");
     });
 
+// The two phases the runtime uses, with the exchange done by the caller (here through the
+// store, with a record format of the test's own): every rank opens its worker, publishes its
+// PeerAddress, reads everyone's and connects; then an all-reduce of rank + 1 gives n(n+1)/2.
+TEST(TransportTwoPhaseTest, OpenPublishConnectAndReduce) {
+  const int kRanks = 3;
+  std::string dir = braid::testing::MakeTempDir("braid_two_phase_");
+  ASSERT_FALSE(dir.empty());
+  RunRanksOptions o;
+  o.ranks = kRanks;
+  o.deadline = absl::Seconds(120);
+  auto exits = RunRanks(o, [&](int rank) {
+    SetTransportEnv("sm");
+    FileStore store(dir);
+    UcxOptions uo;
+    uo.rank = rank;
+    uo.size = kRanks;
+    uo.timeout = absl::Seconds(30);
+    auto worker = OpenUcxWorker(uo);
+    if (!worker.ok()) return 1;
+    const PeerAddress self = (*worker)->self();
+    if (self.pid != getpid() || self.address.empty()) return 2;
+    const std::string key = absl::StrCat("peer", rank);
+    if (!store.Set(key + "/host", self.host).ok() ||
+        !store.Set(key + "/pid", std::to_string(self.pid)).ok() ||
+        !store.Set(key + "/address", self.address).ok()) {
+      return 3;
+    }
+    std::vector<PeerAddress> peers(kRanks);
+    for (int p = 0; p < kRanks; ++p) {
+      const std::string k = absl::StrCat("peer", p);
+      auto host = store.Get(k + "/host", absl::Seconds(30));
+      auto pid = store.Get(k + "/pid", absl::Seconds(30));
+      auto address = store.Get(k + "/address", absl::Seconds(30));
+      if (!host.ok() || !pid.ok() || !address.ok()) return 4;
+      peers[p] = PeerAddress{*host, std::stoll(*pid), *address};
+    }
+    auto comm = ConnectUcx(*std::move(worker), std::move(peers));
+    if (!comm.ok()) {
+      fprintf(stderr, "[rank %d] %s\n", rank, comm.status().ToString().c_str());
+      return 5;
+    }
+    int64_t x = rank + 1;
+    absl::Status s = (*comm)->AllReduce(&x, &x, 1, DataType::kInt64, ReduceOp::kSum);
+    if (!s.ok() || x != kRanks * (kRanks + 1) / 2) return 6;
+    return (*comm)->Barrier().ok() ? 0 : 7;
+  });
+  for (const RankExit& e : exits) {
+    EXPECT_FALSE(e.timed_out) << "rank " << e.rank << " hung";
+    EXPECT_EQ(e.exit_code, 0) << "rank " << e.rank;
+  }
+}
+
 // Exit codes a rank reports in the failure tests.
 constexpr int kExitUnavailable = 20;
 constexpr int kExitDeadline = 21;

@@ -67,8 +67,8 @@ struct Config {
   std::optional<size_t> ring_threshold_bytes;
   std::optional<int> ring_window;
   std::optional<double> spin_us;
-  // UcxOptionsFromEnv() (BRAID_UCX_PEER_ERROR_HANDLING, ...), validated in the parent; the
-  // flags above override it.
+  // --peer-error-handling (falling back to BRAID_UCX_PEER_ERROR_HANDLING), validated in the
+  // parent; the flags above override the rest.
   transport::UcxOptions ucx_base;
 };
 
@@ -381,7 +381,7 @@ int main(int argc, char** argv) {
   double timeout_s = 60, deadline_s = 600;
   std::string chunk_s, threshold_s;
   double spin_us = -1;
-  int ring_window = 0, peer_error_handling = -1;
+  int ring_window = 0, peer_error_handling = 0;
   app.add_option("collective", collective,
                  "allreduce | allgather | reducescatter | alltoall | broadcast")
       ->required();
@@ -415,8 +415,9 @@ int main(int argc, char** argv) {
   app.add_option("--ring-threshold", threshold_s, "UcxOptions::ring_threshold_bytes");
   app.add_option("--ring-window", ring_window, "UcxOptions::ring_window (chunks in flight)");
   app.add_option("--peer-error-handling", peer_error_handling,
-                 "UcxOptions::peer_error_handling for local peers: 0 or 1 (default: "
-                 "BRAID_UCX_PEER_ERROR_HANDLING, else off)");
+                 "UcxOptions::peer_error_handling for local peers: 0 or 1")
+      ->envname("BRAID_UCX_PEER_ERROR_HANDLING")
+      ->capture_default_str();
   app.add_option("--spin-us", spin_us,
                  "UcxOptions::spin in microseconds (negative: by over-subscription)")
       ->capture_default_str();
@@ -479,10 +480,12 @@ int main(int argc, char** argv) {
   }
   if (spin_us >= 0) cfg.spin_us = spin_us;
   if (ring_window > 0) cfg.ring_window = ring_window;
-  absl::StatusOr<transport::UcxOptions> base = transport::UcxOptionsFromEnv();
-  if (!base.ok()) return fail(base.status());
-  cfg.ucx_base = *base;
-  if (peer_error_handling >= 0) cfg.ucx_base.peer_error_handling = peer_error_handling != 0;
+  if (peer_error_handling != 0 && peer_error_handling != 1) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "--peer-error-handling (or BRAID_UCX_PEER_ERROR_HANDLING) must be 0 or 1, got ",
+        peer_error_handling)));
+  }
+  cfg.ucx_base.peer_error_handling = peer_error_handling != 0;
 
   if (!google::IsGoogleLoggingInitialized()) google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
