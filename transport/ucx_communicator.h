@@ -1,54 +1,59 @@
-// The UCX backend of Communicator (host memory), on the UCP tag API.
+// The UCX backend (host memory), on the UCP tag API: a PointToPoint (transport/p2p.h) under a
+// CollectiveCommunicator, which runs the algorithms of transport/collectives.h (see
+// transport/collective_communicator.h for which one runs when).
 //
-// Algorithms: all-reduce is recursive doubling below `ring_threshold_bytes` and a chunked,
-// pipelined ring (reduce-scatter then all-gather) above; reduce-scatter is the ring's first
-// phase; all-gather is a ring; all-to-all posts every receive, then every send; broadcast is a
-// binomial tree; barrier is a dissemination barrier.
+// Creation is in two phases, so the addresses can travel by whatever rendezvous the caller
+// has: OpenUcxWorker opens the context and worker and tells this rank's PeerAddress; the
+// caller exchanges PeerAddresses (the runtime through the coordinator's registration); then
+// ConnectUcx connects to every peer. CreateUcxCommunicator does all three through a Store.
 //
 // Progress: the calling thread owns the UCP worker. A wait spins for `spin` and then blocks on
 // the worker's event fd (ucp_worker_arm + poll), so idle ranks cost no CPU. Failure: endpoints
 // to other hosts use UCX peer error handling (with the shared-memory transports kept on);
 // peers on this host are watched through /proc (see UcxOptions::peer_error_handling), so a
 // lost peer yields Unavailable; no progress for `timeout` yields DeadlineExceeded; Abort()
-// from any thread fails the call in flight.
+// from any thread fails the call in flight. Tags: Note [Tag layout] in transport/tag.h.
 #ifndef BRAID_TRANSPORT_UCX_COMMUNICATOR_H_
 #define BRAID_TRANSPORT_UCX_COMMUNICATOR_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "transport/communicator.h"
 #include "common/store.h"
+#include "transport/communicator.h"
+#include "transport/context.h"
 
 namespace braid::transport {
 
-struct UcxOptions {
+// The algorithm settings and the progress timeout (CollectiveOptions, transport/context.h:
+// timeout, ring_threshold_bytes, chunk_bytes, ring_window, direct_max_ranks), plus UCX's own.
+// The transport reads no environment variables of its own: the runtime fills these from its
+// configuration (BRAID_TIMEOUT_S, BRAID_UCX_PEER_ERROR_HANDLING).
+struct UcxOptions : CollectiveOptions {
   int rank = 0;
   int size = 1;
-  // Rendezvous store; keys are prefixed with `store_prefix` so several communicators can
-  // share one store.
+  // Rendezvous store of CreateUcxCommunicator; keys are prefixed with `store_prefix` so
+  // several communicators can share one store. Not used by OpenUcxWorker / ConnectUcx.
   Store* store = nullptr;
   std::string store_prefix = "ucx";
-  // A collective that makes no progress for this long fails (the runtime passes
-  // BRAID_TIMEOUT_S). The transport reads no environment variables of its own.
-  absl::Duration timeout = absl::Seconds(60);
-  // How long Create waits for every peer's address.
+  // How long CreateUcxCommunicator waits for every peer's address.
   absl::Duration connect_timeout = absl::Seconds(60);
-  // All-reduces of at least this many bytes use the ring.
-  size_t ring_threshold_bytes = 256 * 1024;
-  // Pipeline chunk of the ring, and how many chunks are in flight at once.
-  size_t chunk_bytes = 256 * 1024;
-  int ring_window = 4;
   // Use UCX peer error handling for peers on this host too. Off by default: in UCX 1.13 it
   // disables the single-copy CMA rendezvous, and braid watches local peers' processes itself.
-  // Remote peers always use it. (The runtime sets it from BRAID_UCX_PEER_ERROR_HANDLING.)
+  // Remote peers always use it.
   bool peer_error_handling = false;
   // Busy-poll this long before blocking on the event fd. Negative: choose by
   // over-subscription (spin only when ranks on this host <= cores).
   absl::Duration spin = absl::Microseconds(-1);
+  // The pair field of the tags (Note [Tag layout]) on messages from `source` to
+  // `destination`; unset: the source rank. Every rank must use the same function, and no
+  // two sources may map to one value at the same destination.
+  std::function<uint32_t(int source, int destination)> pair_tag;
 };
 
 // What one rank publishes for the data plane: enough for every peer to connect to it and
