@@ -24,7 +24,7 @@ CollectiveCommunicator::CollectiveCommunicator(std::unique_ptr<PointToPoint> p2p
                                                const Kernels* kernels)
     : ctx_(std::move(p2p), std::move(options), kernels) {}
 
-absl::Status CollectiveCommunicator::Run(const std::function<absl::Status()>& body) {
+absl::Status CollectiveCommunicator::Run(absl::FunctionRef<absl::Status()> body) {
   if (!sticky_.ok()) return sticky_;
   absl::Status s = ctx_.p2p().Health();
   const TransportStats before = ctx_.completed();

@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "transport/communicator.h"
 #include "transport/context.h"
 #include "transport/p2p.h"
@@ -50,7 +51,7 @@ class CollectiveCommunicator final : public Communicator {
  private:
   // Runs one collective: fails at once when poisoned; on success adds the messages it
   // completed to stats_ and counts it; on failure poisons the communicator.
-  absl::Status Run(const std::function<absl::Status()>& body);
+  absl::Status Run(absl::FunctionRef<absl::Status()> body);
 
   Context ctx_;
   TransportStats stats_;

@@ -109,7 +109,7 @@ absl::Status Context::WaitAll(absl::Span<Request> reqs) {
   return s;
 }
 
-absl::Status Context::Drive(const std::function<absl::StatusOr<bool>()>& step) {
+absl::Status Context::Drive(absl::FunctionRef<absl::StatusOr<bool>()> step) {
   absl::Time last_progress = absl::Now();
   uint64_t seen = completions_;
   while (true) {
@@ -126,7 +126,7 @@ absl::Status Context::Drive(const std::function<absl::StatusOr<bool>()>& step) {
           "rank ", rank_, ": collective #", seq_ - 1, " made no progress for ",
           absl::FormatDuration(options_.timeout), " (BRAID_TIMEOUT_S)"));
     }
-    BRAID_RETURN_IF_ERROR(p2p_->Wait(last_progress + options_.timeout));
+    BRAID_RETURN_IF_ERROR(p2p_->Wait(last_progress, last_progress + options_.timeout));
   }
 }
 

@@ -7,9 +7,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -93,7 +93,7 @@ class Context {
   // whenever a call found no message completed. `step` tests requests and advances the
   // algorithm. Fails with DeadlineExceeded when no message completes for options().timeout,
   // or with the group's error (Abort's reason, a lost peer) or step's.
-  absl::Status Drive(const std::function<absl::StatusOr<bool>()>& step);
+  absl::Status Drive(absl::FunctionRef<absl::StatusOr<bool>()> step);
 
   // Grow-only buffers from kernels().Allocate: `Scratch` stages received pieces, `Work`
   // holds partial sums. Valid until the next call of the same function.

@@ -57,7 +57,7 @@ class LocalPointToPoint final : public PointToPoint {
   absl::Status PostRecv(int peer, Tag tag, void* buf, size_t bytes, Request* req) override;
   absl::StatusOr<bool> Test(Request* req) override;
   void Cancel(absl::Span<Request> reqs) override;
-  absl::Status Wait(absl::Time until) override;
+  absl::Status Wait(absl::Time idle_since, absl::Time until) override;
   absl::Status Health() override;
   void Abort(absl::Status reason) override;
   std::string Describe() const override {
@@ -188,7 +188,7 @@ void LocalPointToPoint::Cancel(absl::Span<Request> reqs) {
   }
 }
 
-absl::Status LocalPointToPoint::Wait(absl::Time until) {
+absl::Status LocalPointToPoint::Wait(absl::Time idle_since, absl::Time until) {
   absl::MutexLock lock(&f_->mu);
   Fabric::Rank& me = f_->ranks[rank_];
   while (true) {

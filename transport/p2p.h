@@ -60,9 +60,13 @@ class PointToPoint {
   virtual void Cancel(absl::Span<Request> reqs) = 0;
 
   // Makes progress, then blocks until something may have completed or `until` passes,
-  // whichever is first; may return early. Returns the group's error once there is one: the
-  // reason given to Abort(), or Unavailable when a peer is known to be lost.
-  virtual absl::Status Wait(absl::Time until) = 0;
+  // whichever is first; may return early. `idle_since` is when the caller last saw one of its
+  // requests complete: a backend that busy-polls before it blocks (UCX does when its ranks
+  // do not outnumber the cores) counts its budget from there, not from this call, so a
+  // stream of events that completes nothing does not keep it spinning. Returns the group's
+  // error once there is one: the reason given to Abort(), or Unavailable when a peer is
+  // known to be lost.
+  virtual absl::Status Wait(absl::Time idle_since, absl::Time until) = 0;
 
   // The group's error, as Wait would return it, without waiting; OK while usable.
   virtual absl::Status Health() = 0;

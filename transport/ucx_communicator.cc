@@ -37,7 +37,10 @@ absl::StatusOr<PeerAddress> DecodePeer(const std::string& s) {
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectUcx(std::unique_ptr<UcxWorker> worker,
                                                          std::vector<PeerAddress> peers) {
   if (worker == nullptr) return absl::InvalidArgumentError("ConnectUcx: no worker");
-  // Every UcxWorker is a ucx::WorkerImpl: OpenUcxWorker is the only way to make one.
+  // OpenUcxWorker is the only maker of workers ConnectUcx can connect.
+  if (dynamic_cast<ucx::WorkerImpl*>(worker.get()) == nullptr) {
+    return absl::InvalidArgumentError("ConnectUcx: the worker was not made by OpenUcxWorker");
+  }
   std::unique_ptr<ucx::WorkerImpl> impl(static_cast<ucx::WorkerImpl*>(worker.release()));
   const UcxOptions options = impl->options();
   if (peers.size() != static_cast<size_t>(options.size)) {

@@ -40,7 +40,7 @@ class UcxPointToPoint final : public PointToPoint {
   absl::Status PostRecv(int peer, Tag tag, void* buf, size_t bytes, Request* req) override;
   absl::StatusOr<bool> Test(Request* req) override;
   void Cancel(absl::Span<Request> reqs) override;
-  absl::Status Wait(absl::Time until) override;
+  absl::Status Wait(absl::Time idle_since, absl::Time until) override;
   absl::Status Health() override;
   void Abort(absl::Status reason) override;
   std::string Describe() const override;
@@ -261,16 +261,15 @@ absl::Status UcxPointToPoint::CheckPeers() {
   return absl::OkStatus();
 }
 
-absl::Status UcxPointToPoint::Wait(absl::Time until) {
-  const absl::Time start = absl::Now();
+absl::Status UcxPointToPoint::Wait(absl::Time idle_since, absl::Time until) {
   while (true) {
     bool progressed = false;
     while (ucp_worker_progress(worker_) != 0) progressed = true;
     BRAID_RETURN_IF_ERROR(Health());
-    if (progressed) return absl::OkStatus();
+    if (progressed) return absl::OkStatus();  // the caller tests its requests
     const absl::Time now = absl::Now();
     if (now >= until) return absl::OkStatus();
-    if (now - start < spin_) continue;
+    if (now - idle_since < spin_) continue;  // busy-poll, within the budget
     if (now >= next_peer_check_) {
       BRAID_RETURN_IF_ERROR(CheckPeers());
       next_peer_check_ = now + kPeerCheckInterval;

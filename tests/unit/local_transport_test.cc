@@ -73,14 +73,14 @@ TEST(LocalPointToPointTest, AMessageOfAnotherLengthFailsTheReceive) {
 TEST(LocalPointToPointTest, WaitReturnsAtItsDeadlineWhenNothingHappens) {
   auto p = CreateLocalPointToPoints(2);
   const absl::Time t0 = absl::Now();
-  EXPECT_TRUE(p[0]->Wait(t0 + absl::Milliseconds(50)).ok());
+  EXPECT_TRUE(p[0]->Wait(t0, t0 + absl::Milliseconds(50)).ok());
   EXPECT_GE(absl::Now() - t0, absl::Milliseconds(50));
 }
 
 TEST(LocalPointToPointTest, AbortWakesAWaitAndSticks) {
   auto p = CreateLocalPointToPoints(2);
   absl::Status waited;
-  std::thread owner([&] { waited = p[0]->Wait(absl::Now() + absl::Seconds(60)); });
+  std::thread owner([&] { waited = p[0]->Wait(absl::Now(), absl::Now() + absl::Seconds(60)); });
   p[0]->Abort(absl::CancelledError("stop"));
   p[0]->Abort(absl::InternalError("second reason is ignored"));
   owner.join();
