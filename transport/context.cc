@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "glog/logging.h"
 #include "transport/reduce.h"
 
 namespace braid::transport {
@@ -45,7 +46,8 @@ char* Context::Buffer::Get(const Kernels& k, size_t want) {
   if (want <= bytes && data != nullptr) return data;
   if (data != nullptr) k.Free(data);
   data = static_cast<char*>(k.Allocate(want == 0 ? 1 : want));
-  bytes = data != nullptr ? want : 0;
+  CHECK(data != nullptr) << "out of memory: " << want << " bytes of collective scratch";
+  bytes = want;
   return data;
 }
 

@@ -460,7 +460,8 @@ def main(argv=None):
                         "busy run if all were)")
     p.add_argument("--workdir", help="keep the runs' logs and JSON here (default: a temp dir)")
     args = p.parse_args(argv)
-    peers = args.peers or ",".join(BEFORE_AFTER_PEERS if args.base else DEFAULT_PEERS)
+    default = VARIANTS if args.load else BEFORE_AFTER_PEERS if args.base else DEFAULT_PEERS
+    peers = args.peers or ",".join(default)
     variants = [v.strip() for v in peers.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
