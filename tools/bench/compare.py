@@ -23,7 +23,7 @@ iteration) and the busbw of that time. Ratios are braid's speed over the other's
 a peer has them.
 
 Before and after: --base REV also runs braid-bench built from git revision REV (exported
-with `git archive` and built into --base-build-dir, default build-base/<sha>, once) as the
+with `git archive` and built into --base-build-dir, default build/base/<sha>, once) as the
 peers base-shm and base-tcp, interleaved with this build's runs in the same rounds:
 
     /usr/bin/python3 tools/bench/compare.py --build-dir build --base ffc1e13 --repeat 5 \
@@ -151,7 +151,8 @@ def build_base(rev, base_dir):
     if sha.returncode != 0:
         raise RuntimeError(f"--base {rev}: not a commit of {REPO}: {sha.stderr.strip()}")
     sha = sha.stdout.strip()
-    base_dir = base_dir or os.path.join(REPO, "build-base", sha[:12])
+    # Under build/, which git and Bazel ignore (the export has BUILD files of its own).
+    base_dir = base_dir or os.path.join(REPO, "build", "base", sha[:12])
     src, build = os.path.join(base_dir, "src"), os.path.join(base_dir, "build")
     exe = os.path.join(build, "tools", "bench", "braid-bench")
     if os.access(exe, os.X_OK):
@@ -435,7 +436,7 @@ def main(argv=None):
                    help="also run braid-bench built from git revision REV as base-shm and "
                         "base-tcp, interleaved with this build's runs (before/after)")
     p.add_argument("--base-build-dir", metavar="DIR",
-                   help="where --base is exported and built (default: build-base/<sha>)")
+                   help="where --base is exported and built (default: build/base/<sha>)")
     p.add_argument("--placement", choices=["in-place", "out-of-place"], default="in-place",
                    help="which rows to compare (gloo has in-place only)")
     p.add_argument("--stat", choices=["mean", "median"], default="mean",
