@@ -63,12 +63,12 @@ class PointToPoint {
   // whichever is first; may return early. `idle_since` is when the caller last saw one of its
   // requests complete: a backend that busy-polls before it blocks (UCX does when its ranks
   // do not outnumber the cores) counts its budget from there, not from this call, so a
-  // stream of events that completes nothing does not keep it spinning. Returns the group's
-  // error once there is one: the reason given to Abort(), or Unavailable when a peer is
-  // known to be lost.
+  // stream of events that completes nothing does not keep it spinning. Returns the reason
+  // given to Abort() once there is one, or Unavailable when a peer that a pending request
+  // involves is lost (a peer that finished its part and left is no failure of this rank's).
   virtual absl::Status Wait(absl::Time idle_since, absl::Time until) = 0;
 
-  // The group's error, as Wait would return it, without waiting; OK while usable.
+  // The reason given to Abort(), without waiting; OK until then.
   virtual absl::Status Health() = 0;
 
   // Thread-safe. Makes the owning thread's Wait (now or later) return `reason`, waking it.

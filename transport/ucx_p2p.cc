@@ -16,7 +16,9 @@
 namespace braid::transport::ucx {
 namespace {
 
-// How often a blocked wait looks at the processes of same-host peers.
+// How often a blocked wait looks at the processes of same-host peers. It looks only once
+// the caller has seen nothing complete for as long: a peer that finished its part of a
+// collective and exited is no failure while its last message is still being progressed here.
 constexpr absl::Duration kPeerCheckInterval = absl::Milliseconds(500);
 // The longest a wait sleeps on the event fd before it looks again.
 constexpr absl::Duration kMaxSleep = absl::Milliseconds(200);
@@ -46,8 +48,15 @@ class UcxPointToPoint final : public PointToPoint {
   std::string Describe() const override;
 
  private:
-  absl::Status CheckPeers();
+  // Unavailable when a peer this rank has requests pending with is lost: its endpoint
+  // reported an error, or (same host) its process is gone. A lost peer nobody waits on (one
+  // that finished its part and exited) is no failure.
+  absl::Status LostPeers(bool check_processes);
+  absl::Status EndpointError(int peer) const;
   absl::Status CompletionError(const Request& r, ucs_status_t st);
+  void Track(const Request& r, int delta) {
+    if (r.pending) pending_[r.peer] += delta;
+  }
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   std::unique_ptr<WorkerImpl> w_;  // destroyed last: the worker outlives the endpoints
@@ -58,6 +67,7 @@ class UcxPointToPoint final : public PointToPoint {
   std::vector<ucp_ep_h> eps_;
   std::vector<std::pair<UcxPointToPoint*, int>> ep_args_;  // err-handler argument per peer
   std::vector<uint32_t> send_pair_, recv_pair_;              // tag pair fields per peer
+  std::vector<int> pending_;                                 // requests pending per peer
   absl::Duration spin_;
   absl::Time next_peer_check_;
   bool failed_ = false;  // a request failed or the group was aborted: close endpoints hard
@@ -78,6 +88,7 @@ absl::Status UcxPointToPoint::Connect() {
   ep_args_.resize(size_);
   send_pair_.resize(size_);
   recv_pair_.resize(size_);
+  pending_.assign(size_, 0);
   for (int p = 0; p < size_; ++p) {
     send_pair_[p] = o.pair_tag ? o.pair_tag(rank_, p) : static_cast<uint32_t>(rank_);
     recv_pair_[p] = o.pair_tag ? o.pair_tag(p, rank_) : static_cast<uint32_t>(p);
@@ -90,7 +101,7 @@ absl::Status UcxPointToPoint::Connect() {
     // Note [Local peers and CMA]: in UCX 1.13 peer error handling drops the cma rendezvous
     // lane, which makes every large intra-host message cost two copies through a
     // shared-memory bounce buffer instead of one process_vm_readv. Peers on this host are
-    // watched through /proc instead (CheckPeers), so they use the default mode unless
+    // watched through /proc instead (LostPeers), so they use the default mode unless
     // options.peer_error_handling forces it; remote peers always use it.
     const bool local = peers_[p].host == self.host;
     ep.err_mode = (local && !o.peer_error_handling) ? UCP_ERR_HANDLING_MODE_NONE
@@ -155,6 +166,7 @@ absl::Status UcxPointToPoint::PostSend(int peer, Tag tag, const void* buf, size_
                                                " failed: ", ucs_status_string(UCS_PTR_STATUS(r))));
   }
   *req = Request{r, r != nullptr, false, peer, bytes};
+  Track(*req, +1);
   return absl::OkStatus();
 }
 
@@ -172,6 +184,7 @@ absl::Status UcxPointToPoint::PostRecv(int peer, Tag tag, void* buf, size_t byte
                     UCS_PTR_STATUS(r));
   }
   *req = Request{r, r != nullptr, true, peer, bytes};
+  Track(*req, +1);
   return absl::OkStatus();
 }
 
@@ -179,6 +192,7 @@ absl::Status UcxPointToPoint::CompletionError(const Request& r, ucs_status_t st)
   failed_ = true;
   if (st == UCS_ERR_CANCELED) {
     BRAID_RETURN_IF_ERROR(Health());
+    BRAID_RETURN_IF_ERROR(EndpointError(r.peer));
     return absl::CancelledError("operation cancelled");
   }
   if (st == UCS_ERR_MESSAGE_TRUNCATED) {
@@ -203,6 +217,7 @@ absl::StatusOr<bool> UcxPointToPoint::Test(Request* r) {
     st = ucp_request_check_status(r->handle);
   }
   if (st == UCS_INPROGRESS) return false;
+  Track(*r, -1);
   ucp_request_free(r->handle);
   r->handle = nullptr;
   r->pending = false;
@@ -225,6 +240,7 @@ void UcxPointToPoint::Cancel(absl::Span<Request> reqs) {
   const absl::Time deadline = absl::Now() + absl::Seconds(1);
   for (Request& r : reqs) {
     if (!r.pending) continue;
+    Track(r, -1);
     while (r.is_recv && ucp_request_check_status(r.handle) == UCS_INPROGRESS &&
            absl::Now() < deadline) {
       ucp_worker_progress(worker_);
@@ -236,27 +252,35 @@ void UcxPointToPoint::Cancel(absl::Span<Request> reqs) {
 }
 
 absl::Status UcxPointToPoint::Health() {
-  if (aborted_.load(std::memory_order_acquire)) {
-    absl::MutexLock lock(&abort_mu_);
-    return abort_reason_;
-  }
-  if (!ep_failures_.empty()) {
-    const auto& [peer, st] = ep_failures_.front();
-    return absl::UnavailableError(absl::StrCat(
-        "rank ", rank_, ": lost connection to rank ", peer, " (pid ", peers_[peer].pid, " on ",
-        peers_[peer].host, "): ", ucs_status_string(st)));
+  if (!aborted_.load(std::memory_order_acquire)) return absl::OkStatus();
+  absl::MutexLock lock(&abort_mu_);
+  return abort_reason_;
+}
+
+absl::Status UcxPointToPoint::EndpointError(int peer) const {
+  for (const auto& [p, st] : ep_failures_) {
+    if (p != peer) continue;
+    return absl::UnavailableError(absl::StrCat("rank ", rank_, ": lost connection to rank ", p,
+                                               " (pid ", peers_[p].pid, " on ", peers_[p].host,
+                                               "): ", ucs_status_string(st)));
   }
   return absl::OkStatus();
 }
 
-absl::Status UcxPointToPoint::CheckPeers() {
+absl::Status UcxPointToPoint::LostPeers(bool check_processes) {
   const std::string& me = peers_[rank_].host;
   for (int p = 0; p < size_; ++p) {
-    if (p == rank_ || peers_[p].host != me || !ProcessGone(peers_[p].pid)) continue;
-    failed_ = true;
-    return absl::UnavailableError(absl::StrCat("rank ", rank_, ": rank ", p, " (pid ",
-                                               peers_[p].pid, " on ", peers_[p].host,
-                                               ") has exited"));
+    if (p == rank_ || pending_[p] == 0) continue;
+    absl::Status s = EndpointError(p);
+    if (s.ok() && check_processes && peers_[p].host == me && ProcessGone(peers_[p].pid)) {
+      s = absl::UnavailableError(absl::StrCat("rank ", rank_, ": rank ", p, " (pid ",
+                                              peers_[p].pid, " on ", peers_[p].host,
+                                              ") has exited"));
+    }
+    if (!s.ok()) {
+      failed_ = true;
+      return s;
+    }
   }
   return absl::OkStatus();
 }
@@ -267,17 +291,20 @@ absl::Status UcxPointToPoint::Wait(absl::Time idle_since, absl::Time until) {
     while (ucp_worker_progress(worker_) != 0) progressed = true;
     BRAID_RETURN_IF_ERROR(Health());
     if (progressed) return absl::OkStatus();  // the caller tests its requests
+    BRAID_RETURN_IF_ERROR(LostPeers(/*check_processes=*/false));
     const absl::Time now = absl::Now();
     if (now >= until) return absl::OkStatus();
     if (now - idle_since < spin_) continue;  // busy-poll, within the budget
-    if (now >= next_peer_check_) {
-      BRAID_RETURN_IF_ERROR(CheckPeers());
+    const absl::Time check_at = std::max(next_peer_check_, idle_since + kPeerCheckInterval);
+    if (now >= check_at) {
+      BRAID_RETURN_IF_ERROR(LostPeers(/*check_processes=*/true));
       next_peer_check_ = now + kPeerCheckInterval;
     }
     ucs_status_t st = ucp_worker_arm(worker_);
     if (st == UCS_ERR_BUSY) continue;  // events arrived meanwhile: progress them
     if (st != UCS_OK) return UcxError("ucp_worker_arm", st);
-    const absl::Duration sleep = std::min({kMaxSleep, until - now, next_peer_check_ - now});
+    const absl::Time wake = std::max(next_peer_check_, idle_since + kPeerCheckInterval);
+    const absl::Duration sleep = std::min({kMaxSleep, until - now, wake - now});
     pollfd pfd{w_->event_fd(), POLLIN, 0};
     poll(&pfd, 1, static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(sleep))));
     if (pfd.revents != 0) continue;  // woken: progress what arrived

@@ -281,9 +281,9 @@ int RunMatrix(int rank, int size, const std::string& dir, int direct_max_ranks) 
     absl::Status s = comm.ReduceScatter(nullptr, nullptr, wrong, DataType::kFloat32, ReduceOp::kSum);
     c.Expect(s.code() == absl::StatusCode::kInvalidArgument, "reduce-scatter with wrong counts");
     float one = 1.0f;
-    c.Expect(comm.AllReduce(&one, &one, 1, DataType::kFloat32, ReduceOp::kSum).ok() &&
-                 one == static_cast<float>(size),
-             "all-reduce after a rejected call");
+    absl::Status after = comm.AllReduce(&one, &one, 1, DataType::kFloat32, ReduceOp::kSum);
+    c.Expect(after.ok() && one == static_cast<float>(size),
+             absl::StrCat("all-reduce after a rejected call: ", after.ToString(), ", ", one));
   }
   if (rank == 0) fprintf(stderr, "[rank 0] transports: %s\n", comm.Describe().c_str());
   return std::min(c.failures, 100);
