@@ -50,7 +50,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-PYTHON = "/usr/bin/python3"  # Debian's, with torch (TRAPS.md: not the pyenv on PATH)
+PYTHON = "/usr/bin/python3"  # Debian's, with torch (a python3 earlier on PATH may lack it)
 
 # Background CPU use (fraction of all CPUs) above which the timings are flagged unreliable.
 BUSY_WARN = 0.15
