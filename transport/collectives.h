@@ -75,8 +75,9 @@ absl::Status ReduceScatterDirect(Context& ctx, const void* send, void* recv,
                                  ReduceOp op);
 
 // Ring: the reduce-scatter phase of AllReduceRing, fan-in 1, partial sums in a work buffer
-// (ctx.Work) so `send` stays untouched. Sent about (n-1)/n N. Order: along the ring (see
-// AllReduceRing).
+// (ctx.Work) so `send` stays untouched. Sent (N - N_r) in n-1 steps. Memory: received
+// (N - N_r) into cache, reads N - N_r of the input, writes N of partial sums and result.
+// Order: along the ring, segment r from rank r+1 on, ending with rank r (see AllReduceRing).
 absl::Status ReduceScatterRing(Context& ctx, const void* send, void* recv,
                                absl::Span<const size_t> recv_counts, DataType dtype,
                                ReduceOp op);
@@ -84,9 +85,10 @@ absl::Status ReduceScatterRing(Context& ctx, const void* send, void* recv,
 // ---- Copying collectives. ----
 
 // All-gather(v) as a pipelined ring: rank r's `send_bytes` bytes land at block r of `recv`
-// (blocks back to back in rank order, block p recv_bytes[p] bytes) on every rank. Sent and
-// received sum(recv_bytes) - recv_bytes[r]; memory: one local copy of the own block, the
-// receives' writes and the sends' reads of as much.
+// (blocks back to back in rank order, block p recv_bytes[p] bytes) on every rank. Received
+// every block but its own, sum(recv_bytes) - recv_bytes[r]; sent every block but the one it
+// receives last, sum(recv_bytes) - recv_bytes[(r+1) % n]. Memory: one local copy of the own
+// block, the receives' writes and the sends' reads.
 absl::Status AllGatherRing(Context& ctx, const void* send, size_t send_bytes, void* recv,
                            absl::Span<const size_t> recv_bytes);
 
