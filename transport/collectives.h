@@ -76,7 +76,8 @@ absl::Status ReduceScatterDirect(Context& ctx, const void* send, void* recv,
 
 // Ring: the reduce-scatter phase of AllReduceRing, fan-in 1, partial sums in a work buffer
 // (ctx.Work) so `send` stays untouched. Sent (N - N_r) in n-1 steps. Memory: received
-// (N - N_r) into cache, reads N - N_r of the input, writes N of partial sums and result.
+// (N - N_r) into cache, reads about as much of the input and writes about as much (partial
+// sums, then its own segment's result).
 // Order: along the ring, segment r from rank r+1 on, ending with rank r (see AllReduceRing).
 absl::Status ReduceScatterRing(Context& ctx, const void* send, void* recv,
                                absl::Span<const size_t> recv_counts, DataType dtype,
