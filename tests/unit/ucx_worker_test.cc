@@ -32,13 +32,33 @@ TEST(UcxWorkerTest, SelfNamesThisProcessAndAWorkerAddress) {
 }
 
 TEST(UcxWorkerTest, OpenRejectsARankOutsideTheWorld) {
-  for (auto [rank, size] : {std::pair{2, 2}, std::pair{-1, 2}, std::pair{0, 0}}) {
+  for (auto [rank, size] : {std::pair{2, 2}, std::pair{5, 3}}) {
     auto worker = OpenUcxWorker(Options(rank, size));
     ASSERT_FALSE(worker.ok());
     EXPECT_EQ(worker.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(worker.status().message(),
               absl::StrCat("invalid rank ", rank, " for world size ", size));
   }
+}
+
+// rank < 0 / size < 1: assigned at registration; ConnectUcx learns them from the peer list.
+TEST(UcxWorkerTest, AWorkerOpenedBeforeItsRankFindsItselfInThePeers) {
+  auto worker = OpenUcxWorker(Options(-1, 0));
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  std::vector<PeerAddress> peers = {(*worker)->self()};
+  auto comm = ConnectUcx(*std::move(worker), peers);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  EXPECT_EQ((*comm)->rank(), 0);
+  EXPECT_EQ((*comm)->size(), 1);
+
+  auto stranger = OpenUcxWorker(Options(-1, 0));
+  ASSERT_TRUE(stranger.ok()) << stranger.status();
+  PeerAddress other = (*stranger)->self();
+  other.address += "x";  // nobody's address
+  auto refused = ConnectUcx(*std::move(stranger), {other});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(), "ConnectUcx: no peer holds this worker's own address");
 }
 
 TEST(UcxWorkerTest, ConnectOneRankWorldAndReduce) {
