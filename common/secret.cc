@@ -71,6 +71,31 @@ std::string HmacSha256(absl::string_view key, absl::string_view message) {
   return std::string(reinterpret_cast<const char*>(out), len);
 }
 
+std::string DataPlaneTagKey(absl::string_view job_secret) {
+  return HmacSha256(job_secret, "braid data-plane tags v1");
+}
+
+uint32_t KeyedPairTag(absl::string_view key, int source, int destination) {
+  const uint32_t s = static_cast<uint32_t>(source);
+  uint32_t left = s >> 16, right = s & 0xffff;
+  for (uint32_t round = 0; round < 4; ++round) {
+    // The round function's input, fixed-width and little-endian: destination, round, half.
+    unsigned char in[12];
+    const uint32_t fields[3] = {static_cast<uint32_t>(destination), round, right};
+    for (int f = 0; f < 3; ++f) {
+      for (int b = 0; b < 4; ++b) in[4 * f + b] = static_cast<unsigned char>(fields[f] >> (8 * b));
+    }
+    const std::string mac =
+        HmacSha256(key, absl::string_view(reinterpret_cast<const char*>(in), sizeof(in)));
+    const uint32_t f = (static_cast<uint32_t>(static_cast<unsigned char>(mac[0])) << 8) |
+                       static_cast<unsigned char>(mac[1]);
+    const uint32_t next = left ^ f;
+    left = right;
+    right = next;
+  }
+  return (left << 16) | right;
+}
+
 absl::Status CheckSecret(absl::string_view what, absl::string_view secret) {
   if (secret.empty() || secret.size() > 4096) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": a secret must be 1 to 4096 "

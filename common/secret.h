@@ -34,6 +34,22 @@ std::string HmacSha256(absl::string_view key, absl::string_view message);
 // 1 to 4096 characters between ' ' and '~'; else InvalidArgument naming `what`.
 absl::Status CheckSecret(absl::string_view what, absl::string_view secret);
 
+// ---- Keyed tags of the data plane (transport/tag.h, Note [Tag layout]) ----
+
+// The key of a job's data-plane tags: HMAC-SHA256(job secret, "braid data-plane tags v1"),
+// so the secret itself is never used twice for different purposes.
+std::string DataPlaneTagKey(absl::string_view job_secret);
+
+// The 32-bit pair field of the tags on messages from rank `source` to rank `destination`,
+// keyed by `key` (DataPlaneTagKey): only holders of the key can compute it, so a process that
+// learned a rank's UCX address but not the job secret cannot produce a tag the rank matches.
+// It is a keyed permutation of the source rank for each destination, so two sources never
+// share a value at one destination (the tag layout requires it; 32 bits of a single HMAC
+// could collide): a 4-round Feistel network (Luby-Rackoff) on the 32-bit source rank, whose
+// round function is 16 bits of HMAC-SHA256(key, destination, round, half). 4 HMACs per call:
+// each rank computes its 2(n-1) values once, when it connects.
+uint32_t KeyedPairTag(absl::string_view key, int source, int destination);
+
 // Checks that `path` is a regular file owned by this user that nobody else may read or write
 // (mode 0600 or 0400), and returns its contents. `what` names it in errors ("--secret-file",
 // "BRAID_JOB_SECRET_FILE"). InvalidArgument when it is missing, not a regular file, owned by

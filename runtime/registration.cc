@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/secret.h"
 
 namespace braid {
 namespace {
@@ -30,9 +32,18 @@ transport::UcxOptions UcxOptionsFromConfig(const RuntimeConfig& config, int rank
   return uo;
 }
 
+std::function<uint32_t(int, int)> KeyedDataPlaneTags(const std::string& job_secret) {
+  auto key = std::make_shared<const std::string>(DataPlaneTagKey(job_secret));
+  return [key](int source, int destination) { return KeyedPairTag(*key, source, destination); };
+}
+
 absl::StatusOr<Joined> JoinJob(const RuntimeConfig& config, const LaunchInfo& launch,
-                               CoordinatorClient& client) {
-  auto worker = transport::OpenUcxWorker(UcxOptionsFromConfig(config, launch.rank, launch.size));
+                               const std::string& job_secret, CoordinatorClient& client) {
+  transport::UcxOptions uo = UcxOptionsFromConfig(config, launch.rank, launch.size);
+  // Note [Who may join]: the data plane accepts only messages whose tags the job's secret
+  // keyed (transport/tag.h, Note [Tag layout]).
+  uo.pair_tag = KeyedDataPlaneTags(job_secret);
+  auto worker = transport::OpenUcxWorker(uo);
   if (!worker.ok()) return worker.status();
   const transport::PeerAddress& self = (*worker)->self();
 

@@ -10,7 +10,10 @@
 #ifndef BRAID_RUNTIME_REGISTRATION_H_
 #define BRAID_RUNTIME_REGISTRATION_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "proto/braid.pb.h"
@@ -29,10 +32,17 @@ struct Joined {
 
 // Opens the UCX worker, registers through `client` (launch info, host, pid, the
 // worker's address, the job settings `config` set) and connects to the peers the coordinator
-// returned. Errors: Internal (UCX), those of Register (InvalidArgument, DeadlineExceeded,
-// Unavailable, ...), InvalidArgument when the peers do not include this rank's worker.
+// returned, with the data plane's tags keyed by `job_secret` (KeyedDataPlaneTags). Errors:
+// Internal (UCX), those of Register (InvalidArgument, DeadlineExceeded, Unavailable, ...),
+// InvalidArgument when the peers do not include this rank's worker.
 absl::StatusOr<Joined> JoinJob(const RuntimeConfig& config, const LaunchInfo& launch,
-                               CoordinatorClient& client);
+                               const std::string& job_secret, CoordinatorClient& client);
+
+// The pair fields of a job's data-plane tags (UcxOptions::pair_tag, Note [Tag layout] in
+// transport/tag.h), keyed by its secret (KeyedPairTag in common/secret.h): a sender that does
+// not know the secret cannot produce a tag a rank will match.
+std::function<uint32_t(int source, int destination)> KeyedDataPlaneTags(
+    const std::string& job_secret);
 
 // The data plane's options, from the configuration alone (rank / size may be unknown: -1 / 0).
 transport::UcxOptions UcxOptionsFromConfig(const RuntimeConfig& config, int rank, int size);

@@ -294,7 +294,7 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
   client_ = *std::move(client);
 
   // Note [Peers at registration]: one Register RPC, then the data plane connects.
-  auto joined = JoinJob(config, launch, *client_);
+  auto joined = JoinJob(config, launch, secret->secret, *client_);
   if (!joined.ok()) return fail(ExplainRefusedSecret(joined.status(), *secret));
   const proto::RegisterResponse& registered = joined->registration;
   rank_ = registered.rank();

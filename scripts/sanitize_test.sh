@@ -56,7 +56,8 @@ for suite in "${suites[@]}"; do
       cmake --build build-tsan --target braid_concurrency_tests
       stamp "running them"
       # Whole executables, one process each: TSan's start-up is paid once per binary.
-      for t in unit/powersgd_test unit/sparse_test unit/coordinator_service_test \
+      for t in unit/collectives_test unit/local_transport_test unit/powersgd_test \
+               unit/sparse_test unit/coordinator_service_test \
                inprocess/coordinator_concurrency_test; do
         echo "== $t"
         "build-tsan/tests/$t" --gtest_brief=1

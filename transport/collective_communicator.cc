@@ -11,6 +11,9 @@
 namespace braid::transport {
 namespace {
 
+// Bounds the time one collective spends dropping stray messages when a sender floods them.
+constexpr uint64_t kMaxStrayDropsPerSeq = 4096;
+
 absl::Status CheckCounts(absl::Span<const size_t> counts, int size, const char* what) {
   if (counts.size() == static_cast<size_t>(size)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(what, " needs one count per rank: got ",
@@ -28,6 +31,7 @@ absl::Status CollectiveCommunicator::Run(absl::FunctionRef<absl::Status()> body)
   if (!sticky_.ok()) return sticky_;
   absl::Status s = ctx_.p2p().Health();
   const TransportStats before = ctx_.completed();
+  const uint32_t first_seq = ctx_.next_seq();
   if (s.ok()) s = body();
   if (!s.ok()) {
     sticky_ = s;
@@ -39,6 +43,10 @@ absl::Status CollectiveCommunicator::Run(absl::FunctionRef<absl::Status()> body)
   stats_.messages_sent += after.messages_sent - before.messages_sent;
   stats_.messages_received += after.messages_received - before.messages_received;
   ++stats_.collectives;
+  // Note [Who may join]: what is still queued under these sequence numbers is not the group's.
+  for (uint32_t seq = first_seq; seq != ctx_.next_seq(); ++seq) {
+    stats_.stray_messages_dropped += ctx_.p2p().DropStray(seq, kMaxStrayDropsPerSeq);
+  }
   return absl::OkStatus();
 }
 

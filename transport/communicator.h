@@ -39,6 +39,9 @@ class Context;
 //   messages_sent     messages sent, zero-byte ones (a barrier's) included
 //   messages_received messages received
 //   collectives       successful collective calls of every kind, on a world of one too
+//   stray_messages_dropped  messages that no rank of the group sent (forged or stray tags),
+//                     dropped once their sequence number's collective completed here
+//                     (PointToPoint::DropStray); not counted as received
 // Summed over ranks, bytes_sent equals bytes_received and messages_sent messages_received.
 struct TransportStats {
   uint64_t bytes_sent = 0;
@@ -46,6 +49,7 @@ struct TransportStats {
   uint64_t messages_sent = 0;
   uint64_t messages_received = 0;
   uint64_t collectives = 0;
+  uint64_t stray_messages_dropped = 0;
 };
 
 class Communicator {

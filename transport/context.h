@@ -77,6 +77,8 @@ class Context {
   // A fresh sequence number for one collective's tags (Note [Tag layout]). Every rank calls
   // the same collectives in the same order, so every rank draws the same numbers.
   uint32_t NextSeq() { return seq_++; }
+  // The sequence number the next NextSeq() will return.
+  uint32_t next_seq() const { return seq_; }
 
   // PointToPoint::PostSend / PostRecv, counting a message that completes at once.
   absl::Status Send(int peer, Tag tag, const void* buf, size_t bytes, Request* req);

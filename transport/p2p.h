@@ -77,6 +77,13 @@ class PointToPoint {
 
   // Human-readable description of the transports in use.
   virtual std::string Describe() const = 0;
+
+  // Called once the collective that drew sequence number `seq` completed on this rank: every
+  // message of it addressed to this rank has then been received, so a message still queued
+  // under that sequence number came from no rank of this group (a forged or stray tag, Note
+  // [Who may join] in coordinator/admission.h). Drops such messages, at most `limit`, and
+  // returns how many. A backend whose messages come only from its group drops none.
+  virtual uint64_t DropStray(uint32_t seq, uint64_t limit) { return 0; }
 };
 
 }  // namespace braid::transport

@@ -12,12 +12,14 @@
 //
 //     | pair: 32 | seq: 16 | slot: 16 |
 //
-//   pair  says who sent the message. By default the source rank. The field is wide enough to
-//         hold instead a keyed value derived from a job secret and the (source, destination)
-//         pair, e.g. 32 bits of an HMAC (UcxOptions::pair_tag): a receiver posts the value it
-//         expects from that source, so a process that does not know the secret matches no
-//         receive even if it learned a worker address. Two sources must not share a value at
-//         one destination.
+//   pair  says who sent the message. By default the source rank; the runtime puts a keyed
+//         value there instead (UcxOptions::pair_tag = KeyedDataPlaneTags in
+//         runtime/registration.h): 32 bits derived from the job secret and the (source,
+//         destination) pair by a keyed permutation (KeyedPairTag, common/secret.h). A
+//         receiver posts the value it expects from that source, so a process that does not
+//         know the secret matches no receive even if it learned a worker address (UCX's tag
+//         API cannot tell who sent a message, and a worker address needs no consent to
+//         connect to). Two sources must not share a value at one destination.
 //   seq   the collective's sequence number modulo 2^16. A rank runs ahead of a peer only
 //         through collectives that need nothing from that peer (a broadcast root's sends), so
 //         two collectives 65536 apart never have messages in flight at once.

@@ -5,8 +5,10 @@
 #include <atomic>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
@@ -46,6 +48,7 @@ class UcxPointToPoint final : public PointToPoint {
   absl::Status Health() override;
   void Abort(absl::Status reason) override;
   std::string Describe() const override;
+  uint64_t DropStray(uint32_t seq, uint64_t limit) override;
 
  private:
   // Unavailable when a peer this rank has requests pending with is lost: its endpoint
@@ -59,6 +62,9 @@ class UcxPointToPoint final : public PointToPoint {
   }
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
+  // Where dropped stray messages land (DropStray); declared before w_, so it outlives the
+  // worker, which may still write the rest of a dropped message into it.
+  std::vector<char> stray_;
   std::unique_ptr<WorkerImpl> w_;  // destroyed last: the worker outlives the endpoints
   ucp_worker_h worker_;
   const int rank_;
@@ -325,6 +331,37 @@ std::string UcxPointToPoint::Describe() const {
   if (size_ == 1) return "ucx (single rank: no peers)";
   if (describe_cache_.empty()) describe_cache_ = DescribeEndpoints(eps_);
   return describe_cache_;
+}
+
+uint64_t UcxPointToPoint::DropStray(uint32_t seq, uint64_t limit) {
+  // Any pair field and slot under this sequence number. UCX's tag API has no discard, so a
+  // message is received into `stray_` (truncated past its size: UCX then writes no more and
+  // fails the receive, which nobody looks at) and its request released at once.
+  const ucp_tag_t tag = EncodeUcxTag(0, Tag{seq, 0});
+  const ucp_tag_t mask = EncodeUcxTag(0, Tag{~uint32_t{0}, 0});
+  constexpr size_t kStrayBytes = 64 << 10;
+  uint64_t dropped = 0;
+  while (dropped < limit) {
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, tag, mask, /*remove=*/1, &info);
+    if (msg == nullptr) break;
+    if (stray_.empty()) stray_.resize(kStrayBytes);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+    p.datatype = ucp_dt_make_contig(1);
+    void* r = ucp_tag_msg_recv_nbx(worker_, stray_.data(), std::min(info.length, stray_.size()),
+                                   msg, &p);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);  // released when done
+    ++dropped;
+  }
+  if (dropped > 0) {
+    // The first few only: a flood would otherwise flood the log (the statistics count all).
+    LOG_FIRST_N(WARNING, 5) << "rank " << rank_ << ": dropped " << dropped
+                            << " message(s) under collective #" << seq
+                            << " that no rank of this job sent (tags not keyed by this job's "
+                               "secret?); TransportStats::stray_messages_dropped counts them";
+  }
+  return dropped;
 }
 
 }  // namespace

@@ -70,6 +70,33 @@ TEST(SecretTest, SecretsArePrintableAsciiOfBoundedLength) {
   EXPECT_FALSE(CheckSecret("S", "caf\xc3\xa9").ok());
 }
 
+// The data plane's keyed tags: a permutation of the sources at every destination (no two
+// sources share a value there), different for another destination and for another key.
+TEST(SecretTest, KeyedPairTagsAreAKeyedPermutationOfTheSources) {
+  const std::string key = DataPlaneTagKey("the job's secret");
+  EXPECT_EQ(key.size(), 32u);
+  EXPECT_NE(key, DataPlaneTagKey("another secret"));
+  const std::string other = DataPlaneTagKey("another secret");
+  std::set<uint32_t> at_zero;
+  int same_elsewhere = 0, same_other_key = 0, identity = 0;
+  for (int s = 0; s < 4096; ++s) {
+    const uint32_t t = KeyedPairTag(key, s, 0);
+    EXPECT_EQ(t, KeyedPairTag(key, s, 0));  // every rank computes the same value
+    at_zero.insert(t);
+    same_elsewhere += t == KeyedPairTag(key, s, 1);
+    same_other_key += t == KeyedPairTag(other, s, 0);
+    identity += t == static_cast<uint32_t>(s);
+  }
+  EXPECT_EQ(at_zero.size(), 4096u);
+  // Each would be a 1 in 2^32 coincidence per pair.
+  EXPECT_EQ(same_elsewhere, 0);
+  EXPECT_EQ(same_other_key, 0);
+  EXPECT_EQ(identity, 0);
+  // Known answers, so the function never changes silently (ranks built apart must agree).
+  EXPECT_EQ(KeyedPairTag(DataPlaneTagKey("s3cret"), 0, 1), 0x2f956be9u);
+  EXPECT_EQ(KeyedPairTag(DataPlaneTagKey("s3cret"), 1, 0), 0x812c645eu);
+}
+
 TEST(SecretTest, ASecretFileMustBePrivateToItsOwner) {
   const std::string dir = TempDir();
   const std::string good = Write(dir, "good", "abc123\n", 0600);
