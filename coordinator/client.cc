@@ -1,6 +1,7 @@
 #include "coordinator/client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <thread>
@@ -102,6 +103,7 @@ class GrpcClient final : public CoordinatorClient {
     }
     reader_ = std::thread([this, on_message = std::move(on_message),
                            on_closed = std::move(on_closed)] {
+      pthread_setname_np(pthread_self(), "braid-coord-rx");  // README: a rank's threads
       proto::ResponseList msg;
       while (stream_->Read(&msg)) on_message(msg);
       grpc::Status st = stream_->Finish();
@@ -120,7 +122,10 @@ class GrpcClient final : public CoordinatorClient {
       }
       on_closed(result);
     });
-    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    heartbeat_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "braid-heartbeat");
+      HeartbeatLoop();
+    });
     return absl::OkStatus();
   }
 

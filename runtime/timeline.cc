@@ -1,5 +1,7 @@
 #include "runtime/timeline.h"
 
+#include <pthread.h>
+
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -28,7 +30,10 @@ absl::StatusOr<std::unique_ptr<Timeline>> Timeline::Open(const std::string& path
 Timeline::Timeline(FILE* f, int rank) : file_(f), rank_(rank), start_(absl::Now()) {
   std::fputs("[\n]\n", file_);
   std::fflush(file_);
-  writer_ = std::thread([this] { WriterLoop(); });
+  writer_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "braid-timeline");  // Note [Threads and locks]
+    WriterLoop();
+  });
 }
 
 Timeline::~Timeline() {
