@@ -57,7 +57,7 @@ struct StepContext {
   // compressor ran before (the same on every rank). Seeds and schedules derive from it.
   absl::Span<const int64_t> steps;
   // Filled by Reduce: bytes of the compressed representation this rank contributed for each
-  // tensor (payload bytes: see stage.h), in the order of `tensors`.
+  // tensor (payload bytes: runtime/statistics.h), in the order of `tensors`.
   absl::Span<uint64_t> payload_bytes;
 };
 

@@ -103,7 +103,6 @@ class GrpcClient final : public CoordinatorClient {
     }
     reader_ = std::thread([this, on_message = std::move(on_message),
                            on_closed = std::move(on_closed)] {
-      pthread_setname_np(pthread_self(), "braid-coord-rx");  // README: a rank's threads
       proto::ResponseList msg;
       while (stream_->Read(&msg)) on_message(msg);
       grpc::Status st = stream_->Finish();
@@ -122,10 +121,10 @@ class GrpcClient final : public CoordinatorClient {
       }
       on_closed(result);
     });
-    heartbeat_ = std::thread([this] {
-      pthread_setname_np(pthread_self(), "braid-heartbeat");
-      HeartbeatLoop();
-    });
+    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    // The rank's threads by name (README.md, "Architecture in brief").
+    pthread_setname_np(reader_.native_handle(), "braid-coord-rx");
+    pthread_setname_np(heartbeat_.native_handle(), "braid-heartbeat");
     return absl::OkStatus();
   }
 

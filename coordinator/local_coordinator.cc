@@ -159,13 +159,12 @@ absl::Status LocalClient::StartNegotiation(
   key_ = *key;
   reader_ = std::thread([this, on_message = std::move(on_message),
                          on_closed = std::move(on_closed)]() mutable {
-    pthread_setname_np(pthread_self(), "braid-coord-rx");
     ReaderLoop(std::move(on_message), std::move(on_closed));
   });
-  heartbeat_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "braid-heartbeat");
-    HeartbeatLoop();
-  });
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  // Named as the gRPC client's are (README.md, "Architecture in brief").
+  pthread_setname_np(reader_.native_handle(), "braid-coord-rx");
+  pthread_setname_np(heartbeat_.native_handle(), "braid-heartbeat");
   return absl::OkStatus();
 }
 

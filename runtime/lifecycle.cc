@@ -174,10 +174,9 @@ absl::Status Runtime::Impl::StartLoop() {
     state_ = State::kUninitialized;
     return s;
   }
-  loop_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "braid-loop");
-    Loop();
-  });
+  loop_ = std::thread([this] { Loop(); });
+  // Named by its creator, so the name is there by the time Init returns.
+  pthread_setname_np(loop_.native_handle(), "braid-loop");
   return absl::OkStatus();
 }
 

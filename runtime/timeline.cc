@@ -30,10 +30,8 @@ absl::StatusOr<std::unique_ptr<Timeline>> Timeline::Open(const std::string& path
 Timeline::Timeline(FILE* f, int rank) : file_(f), rank_(rank), start_(absl::Now()) {
   std::fputs("[\n]\n", file_);
   std::fflush(file_);
-  writer_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "braid-timeline");  // Note [Threads and locks]
-    WriterLoop();
-  });
+  writer_ = std::thread([this] { WriterLoop(); });
+  pthread_setname_np(writer_.native_handle(), "braid-timeline");  // Note [Threads and locks]
 }
 
 Timeline::~Timeline() {

@@ -2,15 +2,11 @@
 // coordinator and communicators injected (tests/testing/runtime_world.h). The queue,
 // negotiation, handles, error paths and lifecycle, asserted against references computed here
 // and exact error texts. The all-reduce pipeline has its own file (runtime_pipeline_test.cc).
-#include <dirent.h>
-
 #include <algorithm>
 #include <atomic>
-#include <fstream>
 #include <map>
 #include <numeric>
 #include <random>
-#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "runtime/runtime.h"
 #include "tests/testing/runtime_world.h"
+#include "tests/testing/thread_count.h"
 
 namespace braid {
 namespace {
@@ -323,48 +320,21 @@ TEST(RuntimeTest, InitAgainStartsANewJob) {
   }
 }
 
-// Threads of this process named `name` (/proc/self/task/*/comm).
-int ThreadsNamed(const std::string& name) {
-  int n = 0;
-  DIR* d = opendir("/proc/self/task");
-  if (d == nullptr) return -1;
-  while (dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream comm(absl::StrCat("/proc/self/task/", e->d_name, "/comm"));
-    std::string got;
-    std::getline(comm, got);
-    n += got == name;
-  }
-  closedir(d);
-  return n;
-}
-
-// The number of braid's own threads per rank that README.md states.
-int ReadmeThreadsPerRank() {
-  std::ifstream readme(BRAID_README);
-  std::string text((std::istreambuf_iterator<char>(readme)), std::istreambuf_iterator<char>());
-  std::smatch m;
-  if (!std::regex_search(text, m, std::regex("runs (\\d+) threads of braid's own"))) return -1;
-  return std::stoi(m[1]);
-}
-
 // Note [Threads and locks]: each running rank adds braid-loop, braid-coord-rx and
 // braid-heartbeat, as many as README.md says, and takes them all away at shutdown.
 TEST(RuntimeTest, EachRankRunsTheThreadsTheReadmeStates) {
-  const int stated = ReadmeThreadsPerRank();
+  const int stated = testing::ReadmeThreadsPerRank(BRAID_README);
   ASSERT_EQ(stated, 3) << "README.md, Architecture in brief";
-  const std::vector<std::string> names = {"braid-loop", "braid-coord-rx", "braid-heartbeat"};
-  for (const std::string& n : names) ASSERT_EQ(ThreadsNamed(n), 0) << n;
+  ASSERT_EQ(testing::BraidThreads(), 0);
   RuntimeWorld world(WorldOf(3));
   ASSERT_TRUE(world.InitOk());
-  int per_rank = 0;
-  for (const std::string& n : names) {
-    EXPECT_EQ(ThreadsNamed(n), 3) << n << ": one per rank";
-    per_rank += ThreadsNamed(n) / 3;
+  std::map<std::string, int> names = testing::ThreadNames();
+  for (const char* n : {"braid-loop", "braid-coord-rx", "braid-heartbeat"}) {
+    EXPECT_EQ(names[n], 3) << n << ": one per rank";
   }
-  EXPECT_EQ(per_rank, stated);
+  EXPECT_EQ(testing::BraidThreads(), 3 * stated);
   world.Shutdown();
-  for (const std::string& n : names) EXPECT_EQ(ThreadsNamed(n), 0) << n << " after shutdown";
+  EXPECT_EQ(testing::BraidThreads(), 0) << "every thread joined at shutdown";
 }
 
 }  // namespace
