@@ -18,8 +18,10 @@ namespace {
 // each element is converted at most once on the way in and once on the way out. A bucket
 // whose tensors are already in the wire format and lie back to back (the runtime's fusion
 // buffer, or one tensor) is its own wire buffer: a sum converts nothing, an average rounds
-// x/n once in place. Every path performs the same float32 operations as converting to
-// float32 first, so the results are bit-identical whichever dtype a tensor has.
+// x/n once in place. A lone tensor whose input lies elsewhere (TensorView::input) is read
+// there, so the runtime copies nothing into its output first. Every path performs the same
+// float32 operations as converting to float32 first, so the results are bit-identical
+// whichever dtype a tensor has.
 class CastCompressor : public Compressor {
  public:
   CastCompressor(DataType wire, std::string spec) : wire_(wire), spec_(std::move(spec)) {}
@@ -29,6 +31,9 @@ class CastCompressor : public Compressor {
     return dtype == DataType::kFloat32 || dtype == DataType::kFloat16 ||
            dtype == DataType::kBFloat16;
   }
+  // The cast reads each input once anyway: reading it where the caller has it saves the
+  // runtime a copy into the output.
+  bool ReadsSeparateInput() const override { return true; }
 
   absl::Status Reduce(absl::Span<const TensorView> tensors, transport::Communicator& comm,
                       StepContext& ctx) override {
@@ -41,8 +46,19 @@ class CastCompressor : public Compressor {
     if (total == 0) return absl::OkStatus();
     if (InWireFormatBackToBack(tensors)) {
       uint16_t* wire = static_cast<uint16_t*>(tensors[0].data);
-      if (divisor != 1.0f) HalfToHalf(wire, bf16(), total, divisor, bf16(), wire);
-      return comm.AllReduce(wire, wire, total, wire_, ReduceOp::kSum);
+      const void* send = wire;
+      if (divisor != 1.0f) {
+        for (const TensorView& t : tensors) {
+          HalfToHalf(Source(t), bf16(), t.count, divisor, bf16(), static_cast<uint16_t*>(t.data));
+        }
+      } else if (tensors.size() == 1) {
+        send = Source(tensors[0]);  // out of place when the input is elsewhere: no copy
+      } else {
+        for (const TensorView& t : tensors) {
+          if (t.input != nullptr) std::memcpy(t.data, t.input, t.bytes());
+        }
+      }
+      return comm.AllReduce(send, wire, total, wire_, ReduceOp::kSum);
     }
     if (wire_buffer_.size() < total) wire_buffer_.resize(total);
     size_t offset = 0;
@@ -63,6 +79,9 @@ class CastCompressor : public Compressor {
 
  private:
   bool bf16() const { return wire_ == DataType::kBFloat16; }
+  static const uint16_t* Source(const TensorView& t) {
+    return static_cast<const uint16_t*>(t.input != nullptr ? t.input : t.data);
+  }
 
   bool InWireFormatBackToBack(absl::Span<const TensorView> tensors) const {
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -75,10 +94,13 @@ class CastCompressor : public Compressor {
     return true;
   }
 
-  // wire[i] = half(t[i] / divisor).
+  // wire[i] = half(t[i] / divisor), t's values read from its input.
   void ToWire(const TensorView& t, float divisor, uint16_t* wire) const {
-    if (t.dtype == DataType::kFloat32) return ToHalf(t.f32(), t.count, divisor, bf16(), wire);
-    const auto* in = static_cast<const uint16_t*>(t.data);
+    if (t.dtype == DataType::kFloat32) {
+      const void* in = t.input != nullptr ? t.input : t.data;
+      return ToHalf(static_cast<const float*>(in), t.count, divisor, bf16(), wire);
+    }
+    const uint16_t* in = Source(t);
     if (t.dtype == wire_ && divisor == 1.0f) {
       std::memcpy(wire, in, t.count * sizeof(uint16_t));
       return;

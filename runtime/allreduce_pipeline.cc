@@ -69,7 +69,11 @@ void FromFloat32(const float* in, DataType dtype, size_t n, void* out) {
 
 char* FusionBuffer::Reserve(size_t bytes) {
   if (bytes > capacity_ || data_ == nullptr) {
-    const size_t capacity = RoundUp(std::max<size_t>(bytes, 1), kGrowthQuantum);
+    // At least double: buckets vary in size with timing (fusion), and every growth costs a
+    // fresh allocation whose pages fault in again as they are first written. Pages the
+    // buckets never reach are never touched.
+    const size_t capacity =
+        RoundUp(std::max<size_t>({bytes, 2 * capacity_, 1}), kGrowthQuantum);
     data_.reset(static_cast<char*>(std::aligned_alloc(kAlignment, capacity)));
     CHECK(data_ != nullptr) << "cannot allocate a fusion buffer of " << capacity << " bytes";
     capacity_ = capacity;

@@ -47,9 +47,9 @@ struct AllReduceTensor {
   void* output = nullptr;       // the same size; may equal input
 };
 
-// The fusion buffer: 64-byte aligned, grown when a bucket needs more and never shrunk, so the
-// steady state allocates nothing (a fresh allocation costs a page fault per 4 KiB when it is
-// first written). Its contents do not survive a growth.
+// The fusion buffer: 64-byte aligned, grown (at least doubling) when a bucket needs more and
+// never shrunk, so the steady state allocates nothing (a fresh allocation costs a page fault
+// per 4 KiB when it is first written). Its contents do not survive a growth.
 class FusionBuffer {
  public:
   // At least `bytes` bytes.

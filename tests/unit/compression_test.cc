@@ -516,6 +516,39 @@ TEST(StageTest, HalfTensorsTakeTheNativePathWithTheFloat32RoutesBits) {
   }
 }
 
+// A lone tensor read out of place (TensorView::input): the result lands in `data`, the input
+// is left as it was, and the bits are those of the in-place route, for every dtype the cast
+// compressors take.
+TEST(StageTest, CastCompressorReadsALoneTensorOutOfPlace) {
+  std::vector<float> x(300);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.37f * static_cast<float>(i) - 40.0f;
+  std::vector<int64_t> shape = {300};
+  for (const char* method : {"fp16", "bf16"}) {
+    for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+        const size_t bytes = x.size() * DataTypeSize(dtype);
+        std::vector<char> in(bytes), inplace(bytes), out(bytes, 0x55);
+        if (dtype == DataType::kFloat32) {
+          std::memcpy(in.data(), x.data(), bytes);
+        } else {
+          ToHalf(x.data(), x.size(), 1.0f, dtype == DataType::kBFloat16,
+                 reinterpret_cast<uint16_t*>(in.data()));
+        }
+        const std::vector<char> before = in;
+        inplace = in;
+        CompressionStage a(StageOptions{}), b(StageOptions{});
+        TwinCommunicator ca, cb;
+        std::vector<TensorView> v1 = {{"x", shape, inplace.data(), x.size(), dtype}};
+        ASSERT_TRUE(a.Reduce(*a.Resolve(method).value(), v1, op, ca).ok());
+        std::vector<TensorView> v2 = {{"x", shape, out.data(), x.size(), dtype, in.data()}};
+        ASSERT_TRUE(b.Reduce(*b.Resolve(method).value(), v2, op, cb).ok());
+        EXPECT_EQ(out, inplace) << method << " " << DataTypeName(dtype) << " " << ReduceOpName(op);
+        EXPECT_EQ(in, before) << "the input is read only";
+      }
+    }
+  }
+}
+
 // beta= reaches the 4-bit methods' error feedback: the first step (zero memory) is the same
 // with or without it, the second differs, since the memory it adds was filtered.
 TEST(StageTest, FourBitBetaFiltersTheErrorFeedbackMemory) {

@@ -45,6 +45,8 @@ def run_once(exe, args, json_path):
         argv += ["--step-tensors", str(args.step_tensors), "--step-iters", str(args.step_iters)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.setdefault("UCX_NET_DEVICES", "lo")
+    if args.compression:
+        env["BRAID_COMPRESSION"] = args.compression  # the job's default: every e2e all-reduce
     try:
         done = subprocess.run(argv, env=env, capture_output=True, text=True,
                               timeout=args.run_timeout)
@@ -96,7 +98,8 @@ def summarize(runs):
 
 
 def print_table(rows, args, base_sha):
-    print(f"# braid-e2e-bench before/after: base {args.base} = {base_sha[:12]} vs this build; "
+    method = f", BRAID_COMPRESSION={args.compression}" if args.compression else ""
+    print(f"# braid-e2e-bench before/after{method}: base {args.base} = {base_sha[:12]} vs this build; "
           f"{args.repeat} runs each, interleaved; median (min-max) of the per-run medians, us; "
           f"before/after = time_base / time_this (> 1: this build faster)")
     print(f"# {'bytes':>10} {'what':<18} {'this (min-max)':>26} {'base (min-max)':>26} "
@@ -122,6 +125,9 @@ def main(argv=None):
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--step-tensors", type=int, default=0)
     p.add_argument("--step-iters", type=int, default=5)
+    p.add_argument("--compression", metavar="SPEC",
+                   help="run both sides with BRAID_COMPRESSION=SPEC (the end-to-end rows and "
+                        "the step then go through that method; bare rows stay uncompressed)")
     p.add_argument("--run-timeout", type=float, default=900)
     p.add_argument("--wait-idle", type=float, default=0,
                    help="before each run, wait up to this many seconds for idle CPUs")
