@@ -64,6 +64,8 @@ def spread(values):
 
 def verdict(this, base):
     """"slower" / "faster" only when the two sides' ranges do not overlap."""
+    if len(this) < 2 or len(base) < 2:
+        return "one run: no spread"
     if min(this) > max(base):
         return "slower"
     if max(this) < min(base):
