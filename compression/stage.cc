@@ -70,6 +70,10 @@ absl::Status CompressionStage::Reduce(const CompressionMethod& method,
   absl::MutexLock lock(&state_mu_);
   // The stage owns every method; callers hold them const so only the stage changes them.
   CompressionMethod& m = const_cast<CompressionMethod&>(method);
+  if (!bytes.empty() && bytes.size() != tensors.size()) {
+    return absl::InternalError(absl::StrCat("compression '", m.spec(), "': ", bytes.size(),
+                                            " byte counts for ", tensors.size(), " tensors"));
+  }
   if (m.compressor_ == nullptr) {
     auto created = CreateCompressor(m.spec_);
     if (!created.ok()) return created.status();
