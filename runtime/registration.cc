@@ -38,14 +38,10 @@ std::function<uint32_t(int, int)> KeyedDataPlaneTags(const std::string& job_secr
 }
 
 absl::StatusOr<Joined> JoinJob(const RuntimeConfig& config, const LaunchInfo& launch,
-                               const std::string& job_secret, CoordinatorClient& client) {
-  transport::UcxOptions uo = UcxOptionsFromConfig(config, launch.rank, launch.size);
-  // Note [Who may join]: the data plane accepts only messages whose tags the job's secret
-  // keyed (transport/tag.h, Note [Tag layout]).
-  uo.pair_tag = KeyedDataPlaneTags(job_secret);
-  auto worker = transport::OpenUcxWorker(uo);
-  if (!worker.ok()) return worker.status();
-  const transport::PeerAddress& self = (*worker)->self();
+                               CoordinatorClient& client, DataPlane& data_plane) {
+  auto opened = data_plane.Open(launch);
+  if (!opened.ok()) return opened.status();
+  const transport::PeerAddress& self = *opened;
 
   proto::RegisterRequest reg;
   reg.set_rank(launch.rank);
@@ -70,7 +66,7 @@ absl::StatusOr<Joined> JoinJob(const RuntimeConfig& config, const LaunchInfo& la
   }
   Joined joined;
   joined.registration = *std::move(registered);
-  auto comm = transport::ConnectUcx(*std::move(worker), std::move(peers));
+  auto comm = data_plane.Connect(joined.registration.rank(), std::move(peers));
   if (!comm.ok()) return comm.status();
   joined.comm = *std::move(comm);
   return joined;

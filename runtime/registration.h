@@ -19,6 +19,7 @@
 #include "proto/braid.pb.h"
 #include "runtime/config.h"
 #include "runtime/coordinator_client.h"
+#include "runtime/data_plane.h"
 #include "transport/communicator.h"
 #include "transport/ucx_communicator.h"
 
@@ -30,13 +31,13 @@ struct Joined {
   std::unique_ptr<transport::Communicator> comm;  // connected to every peer
 };
 
-// Opens the UCX worker, registers through `client` (launch info, host, pid, the
-// worker's address, the job settings `config` set) and connects to the peers the coordinator
-// returned, with the data plane's tags keyed by `job_secret` (KeyedDataPlaneTags). Errors:
-// Internal (UCX), those of Register (InvalidArgument, DeadlineExceeded, Unavailable, ...),
-// InvalidArgument when the peers do not include this rank's worker.
+// Opens this rank's data-plane endpoint, registers through `client` (launch info, host, pid,
+// the endpoint's address, the job settings `config` set; the client presents the job secret)
+// and connects to the peers the coordinator returned. Errors: the data plane's (UCX:
+// Internal; InvalidArgument when the peers do not include this rank's worker), those of
+// Register (PermissionDenied, InvalidArgument, DeadlineExceeded, Unavailable, ...).
 absl::StatusOr<Joined> JoinJob(const RuntimeConfig& config, const LaunchInfo& launch,
-                               const std::string& job_secret, CoordinatorClient& client);
+                               CoordinatorClient& client, DataPlane& data_plane);
 
 // The pair fields of a job's data-plane tags (UcxOptions::pair_tag, Note [Tag layout] in
 // transport/tag.h), keyed by its secret (KeyedPairTag in common/secret.h): a sender that does
