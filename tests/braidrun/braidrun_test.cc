@@ -358,7 +358,7 @@ TEST(Braidrun, RanksSeeTheirEnvironment) {
     want.push_back(pre + "UNBUF=1 OMP=1 UCX=lo");
     want.push_back(pre + "FUSION=2097152 CYCLE=3 CACHE=7 TL=/tmp/tl.json");
     want.push_back(pre + "STALL=1.5 STOP=30 COMP=fp4:ef=1 TIMEOUT=20");
-    want.push_back(pre + "SECRET=32");
+    want.push_back(pre + "SECRET=64");  // RandomSecret: 32 random bytes as hex
   }
   EXPECT_THAT(Lines(r.out), ::testing::UnorderedElementsAreArray(want));
 }
