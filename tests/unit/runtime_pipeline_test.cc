@@ -350,10 +350,12 @@ TEST(AllReducePipelineTest, OneGrowOnlyBufferServesEveryBucket) {
     const compression::CompressionMethod& none = stage.none();
     auto run = [&](const compression::CompressionMethod& m, DataType dt,
                    std::vector<std::vector<char>>& data, const std::vector<int64_t>& counts) {
+      std::vector<std::string> names;  // AllReduceTensor::name views them: they must outlive Run
+      for (size_t t = 0; t < data.size(); ++t) names.push_back("t" + std::to_string(t));
       std::vector<AllReduceTensor> ts;
       for (size_t t = 0; t < data.size(); ++t) {
-        ts.push_back({"t" + std::to_string(t), absl::MakeConstSpan(&counts[t], 1),
-                      data[t].data(), data[t].data()});
+        ts.push_back({names[t], absl::MakeConstSpan(&counts[t], 1), data[t].data(),
+                      data[t].data()});
       }
       return pipeline.Run(0, m, dt, ReduceOp::kSum, ts, comm);
     };
