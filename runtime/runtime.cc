@@ -118,6 +118,18 @@ class Runtime::Impl {
     return this->*field;
   }
   absl::StatusOr<std::shared_ptr<Handle>> Enqueue(CollectiveRequest req);
+  void BeginGroup() {
+    absl::MutexLock lock(&mu_);
+    ++group_depth_;
+  }
+  absl::Status EndGroup() {
+    absl::MutexLock lock(&mu_);
+    if (group_depth_ == 0) {
+      return absl::FailedPreconditionError("EndGroup() without a matching BeginGroup()");
+    }
+    --group_depth_;  // at 0 the loop sends what the group held (Note [Cycle])
+    return CheckRunningLocked();
+  }
   absl::StatusOr<transport::TransportStats> transport_stats() const {
     absl::MutexLock lock(&mu_);
     BRAID_RETURN_IF_ERROR(CheckRunningLocked());
@@ -180,6 +192,7 @@ class Runtime::Impl {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool executing_ ABSL_GUARDED_BY(mu_) = false;  // the loop is running collectives
   int64_t negotiating_ ABSL_GUARDED_BY(mu_) = 0;  // requests sent, not yet answered
+  int group_depth_ ABSL_GUARDED_BY(mu_) = 0;  // open BeginGroup()s: outgoing_ is held
   // This rank's mirror of the coordinator's response cache: name -> (id, request bytes).
   std::map<std::string, std::pair<int32_t, std::string>> cache_ ABSL_GUARDED_BY(mu_);
   absl::Time last_send_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
@@ -309,6 +322,7 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
     abort_ = absl::OkStatus();
     stats_ = transport::TransportStats{};
     negotiating_ = 0;
+    group_depth_ = 0;
     cache_.clear();
     outgoing_.clear();
     responses_.clear();
@@ -540,13 +554,14 @@ void Runtime::Impl::Loop() {
       // they arrive. New requests go out at once when nothing is being negotiated (the
       // first tensor after an idle period pays no cycle latency); while earlier requests
       // are still negotiating, new ones are batched for up to BRAID_CYCLE_TIME_MS after
-      // the last send, so a burst of tensors costs one message per rank.
+      // the last send, so a burst of tensors costs one message per rank. While a group is
+      // open (BeginGroup) new requests are held, and go out together when it closes.
       auto urgent = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
         return stop_ || !responses_.empty() || (!abort_.ok() && !table_.empty());
       };
       auto anything = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
         return stop_ || !responses_.empty() || (!abort_.ok() && !table_.empty()) ||
-               !outgoing_.empty();
+               (!outgoing_.empty() && group_depth_ == 0);
       };
       while (true) {
         mu_.Await(absl::Condition(&anything));
@@ -566,7 +581,9 @@ void Runtime::Impl::Loop() {
         continue;
       }
       out.set_rank(rank_);
-      for (auto& r : outgoing_) {
+      std::vector<proto::Request> sending;
+      if (group_depth_ == 0) sending.swap(outgoing_);
+      for (auto& r : sending) {
         // A request identical to a cached one travels as its id (Note [Response cache]).
         auto it = cache_.find(r.name());
         auto entry = table_.find(r.name());
@@ -577,9 +594,8 @@ void Runtime::Impl::Loop() {
           *out.add_requests() = std::move(r);
         }
       }
-      negotiating_ += static_cast<int64_t>(outgoing_.size());
-      if (!outgoing_.empty()) last_send_ = absl::Now();
-      outgoing_.clear();
+      negotiating_ += static_cast<int64_t>(sending.size());
+      if (!sending.empty()) last_send_ = absl::Now();
       todo.swap(responses_);
       executing_ = !todo.empty();
     }
@@ -835,6 +851,8 @@ absl::StatusOr<int> Runtime::local_size() const { return impl_->Get(&Impl::local
 absl::StatusOr<std::shared_ptr<Handle>> Runtime::Enqueue(CollectiveRequest request) {
   return impl_->Enqueue(std::move(request));
 }
+void Runtime::BeginGroup() { impl_->BeginGroup(); }
+absl::Status Runtime::EndGroup() { return impl_->EndGroup(); }
 absl::StatusOr<transport::TransportStats> Runtime::transport_stats() const {
   return impl_->transport_stats();
 }

@@ -87,6 +87,19 @@ class Runtime {
   // Errors agreed across ranks (mismatched shapes, ...) arrive through the handle.
   absl::StatusOr<std::shared_ptr<Handle>> Enqueue(CollectiveRequest request);
 
+  // Groups (Horovod's grouped all-reduce): the collectives this rank enqueues between
+  // BeginGroup() and the matching EndGroup() are held back and sent to the coordinator in
+  // one message, so on every rank that does the same they become ready at the same moment,
+  // and the all-reduces among them that may fuse (same dtype, op and compression) travel in
+  // one bucket when they fit under BRAID_FUSION_THRESHOLD. What a bucket holds matters to
+  // compressors that select over a whole bucket (scalecomp, topk and randomk with
+  // granularity=bucket): grouped, the selection covers the group whatever the timing.
+  // Groups nest (the outermost EndGroup sends); while one is open, what other threads
+  // enqueue is held too. EndGroup: FailedPrecondition when no group is open or the runtime
+  // is not running.
+  void BeginGroup();
+  absl::Status EndGroup();
+
   // Transport bytes this rank has put on the data plane since Init (updated as each
   // collective completes). FailedPrecondition when not initialised.
   absl::StatusOr<transport::TransportStats> transport_stats() const;

@@ -436,6 +436,24 @@ PYBIND11_MODULE(_braid, m) {
   m.def("enqueue_ptr", &EnqueuePtr, py::arg("collective"), py::arg("name"), py::arg("dtype"),
         py::arg("input"), py::arg("shape"), py::arg("output"), py::arg("output_capacity"),
         py::arg("op"), py::arg("root_rank"), py::arg("splits"), py::arg("compression") = "");
+  m.def(
+      "begin_group",
+      []() {
+        py::gil_scoped_release release;
+        braid::GlobalRuntime().BeginGroup();
+      },
+      "Holds this rank's new collectives until the matching end_group (Runtime::BeginGroup).");
+  m.def(
+      "end_group",
+      []() {
+        absl::Status s;
+        {
+          py::gil_scoped_release release;
+          s = braid::GlobalRuntime().EndGroup();
+        }
+        Check(s);
+      },
+      "Sends the collectives held since begin_group together (Runtime::EndGroup).");
   m.def("compression_methods", &CompressionMethods, py::arg("test_methods") = false,
         "The compression methods the registry knows, in its order.");
   m.def("canonical_compression", &CanonicalCompression, py::arg("spec"),

@@ -259,6 +259,61 @@ TEST(RuntimeTest, DuplicateInFlightNameIsAlreadyExists) {
   });
 }
 
+// BeginGroup/EndGroup: all-reduces enqueued inside a group, 20 ms apart (long enough for the
+// background loop to have sent each alone), travel in one bucket. The witness is scalecomp's
+// selection, which runs over the whole bucket: four 25-element tensors at ratio 100 keep
+// k = ceil(100 / 100) = 1 element in all when fused, but 1 each (4 payload floats) when not,
+// as the same tensors give when each is waited for before the next. EndGroup without
+// BeginGroup fails.
+TEST(RuntimeTest, GroupTravelsAsOneBucket) {
+  RunJob(2, [](int rank, Runtime& rt, Checker& c) {
+    const std::string spec = "scalecomp:ratio=100";
+    for (bool grouped : {true, false}) {
+      std::vector<std::vector<float>> in(4, std::vector<float>(25));
+      std::vector<absl::StatusOr<std::shared_ptr<Handle>>> hs;
+      if (grouped) rt.BeginGroup();
+      for (int t = 0; t < 4; ++t) {
+        for (int i = 0; i < 25; ++i) in[t][i] = static_cast<float>(1 + t * 25 + i + rank);
+        CollectiveRequest r = AllReduceOf(absl::StrCat(grouped ? "g." : "u.", t), in[t].data(),
+                                          in[t].data(), 25, ReduceOp::kSum);
+        r.compression = spec;
+        hs.push_back(rt.Enqueue(std::move(r)));
+        if (grouped) {
+          absl::SleepFor(absl::Milliseconds(20));
+        } else {
+          c.Ok(WaitFor(hs.back()), absl::StrCat("ungrouped tensor ", t));
+        }
+      }
+      if (grouped) c.Ok(rt.EndGroup(), "EndGroup");
+      int nonzero = 0;
+      for (int t = 0; t < 4; ++t) {
+        c.Ok(WaitFor(hs[t]), absl::StrCat("tensor ", t));
+        for (float v : in[t]) nonzero += v != 0.0f;
+      }
+      // The largest |g + m| of the leader (rank 0 at step 0) is the last element of tensor 3:
+      // sum over the two ranks 100 + 101.
+      if (grouped) {
+        c.Expect(nonzero == 1 && in[3][24] == 201.0f,
+                 absl::StrCat("grouped: ", nonzero, " non-zero results, last ", in[3][24]));
+      } else {
+        c.Expect(nonzero == 4, absl::StrCat("ungrouped: ", nonzero, " non-zero results"));
+      }
+      auto report = rt.compression_report();
+      c.Ok(report.status(), "compression_report");
+      uint64_t payload = 0;
+      for (const auto& ts : report->tensors) {
+        if (absl::StartsWith(ts.name, grouped ? "g." : "u.")) payload += ts.bytes.payload_bytes;
+      }
+      c.Expect(payload == (grouped ? 4u : 16u),
+               absl::StrCat(grouped ? "grouped" : "ungrouped", " payload bytes ", payload));
+    }
+    absl::Status s = rt.EndGroup();
+    c.Expect(s.code() == absl::StatusCode::kFailedPrecondition &&
+                 s.message() == "EndGroup() without a matching BeginGroup()",
+             "EndGroup without BeginGroup: " + s.ToString());
+  });
+}
+
 // Shutdown with work no other rank will ever match returns within 2 s (RunJob checks) and
 // fails the pending handle with Cancelled; calls afterwards fail at once; init starts afresh.
 TEST(RuntimeTest, ShutdownWithPendingWorkAndInitAgain) {

@@ -11,6 +11,7 @@ its background thread, without the GIL).
 """
 
 import atexit
+import contextlib
 import enum
 import os
 import threading
@@ -424,6 +425,24 @@ def _enqueue(collective, name, arr, code, output=None, op=ReduceOp.Average, root
     h = Handle(native, collective, (arr, output, target), output, target, arr.dtype)
     _keep_alive(h)  # the arrays of a running collective outlive a dropped Handle
     return h
+
+
+@contextlib.contextmanager
+def group():
+    """Within it, the collectives this process starts are held back and sent to the
+    coordinator together when the outermost ``group()`` exits: on ranks that start the same
+    collectives inside a group, they become ready together, and the all-reduces among them of
+    one dtype, op and compression travel in one fusion bucket (up to
+    BRAID_FUSION_THRESHOLD), as Horovod's grouped all-reduces do. Groups nest. What other
+    threads start meanwhile is held too. Internal (grouped all-reduces and
+    DistributedOptimizer's groups use it): a group only starts collectives, it never waits
+    for one of its own, which could not finish before the group ends."""
+    _check_process("group")
+    _braid.begin_group()
+    try:
+        yield
+    finally:
+        _braid.end_group()
 
 
 def poll(handle):

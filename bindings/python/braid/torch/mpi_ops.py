@@ -209,13 +209,15 @@ def _group_names(name, n):
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None, compression=None):
     """Starts an all-reduce of every tensor of ``tensors`` (a list); ``synchronize`` returns
-    the list of new tensors. Tensor i travels as ``NAME.i`` (the runtime fuses them into
-    buckets as it does any tensors submitted together). See allreduce_async."""
+    the list of new tensors. Tensor i travels as ``NAME.i``. As in Horovod, the group goes
+    to the coordinator at once, so the tensors travel fused in one bucket (when they share a
+    dtype and fit under BRAID_FUSION_THRESHOLD; braid._ops.group). See allreduce_async."""
     _check_process_set("grouped_allreduce_async", process_set)
     op = _check_op("grouped_allreduce_async", name, op, average)
-    hs = [_allreduce_async("grouped_allreduce_async", t, n, op, prescale_factor,
-                           postscale_factor, compression, inplace=False)
-          for t, n in zip(tensors, _group_names(name, len(tensors)))]
+    with _ops.group():
+        hs = [_allreduce_async("grouped_allreduce_async", t, n, op, prescale_factor,
+                               postscale_factor, compression, inplace=False)
+              for t, n in zip(tensors, _group_names(name, len(tensors)))]
     return _MultiHandle(hs, list, "grouped_allreduce")
 
 
@@ -228,12 +230,14 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None, compression=None):
-    """In-place grouped all-reduce; ``synchronize`` returns ``tensors``."""
+    """In-place grouped all-reduce (fused as grouped_allreduce_async); ``synchronize``
+    returns ``tensors``."""
     _check_process_set("grouped_allreduce_async_", process_set)
     op = _check_op("grouped_allreduce_async_", name, op, average)
-    hs = [_allreduce_async("grouped_allreduce_async_", t, n, op, prescale_factor,
-                           postscale_factor, compression, inplace=True)
-          for t, n in zip(tensors, _group_names(name, len(tensors)))]
+    with _ops.group():
+        hs = [_allreduce_async("grouped_allreduce_async_", t, n, op, prescale_factor,
+                               postscale_factor, compression, inplace=True)
+              for t, n in zip(tensors, _group_names(name, len(tensors)))]
     return _MultiHandle(hs, list, "grouped_allreduce")
 
 
