@@ -64,6 +64,20 @@ class Compressor {
 
   // Forgets the per-tensor state of `name` (e.g. when its shape changed).
   virtual void Reset(absl::string_view name) {}
+
+  // Checkpointing. SaveState appends the per-tensor state this compressor keeps across steps
+  // (residuals, PowerSGD's Q, ...) to `out` in the method's own versioned format (documented
+  // with the method), so that LoadState into a fresh compressor of the same spec continues
+  // bit-identically. Methods that keep no state, or cannot save it yet, append nothing.
+  virtual absl::Status SaveState(std::string* out) const { return absl::OkStatus(); }
+  // Replaces every tensor's state by `state` (what SaveState wrote). InvalidArgument when it
+  // is malformed or not this method's; then the state is unchanged. The default accepts only
+  // an empty state.
+  virtual absl::Status LoadState(absl::string_view state) {
+    if (state.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError("compression '" + spec() +
+                                      "' keeps no state, but a non-empty one was given");
+  }
 };
 
 }  // namespace braid::compression

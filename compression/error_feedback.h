@@ -35,6 +35,13 @@ class ErrorFeedback {
   // The residual of `name` (empty if none): for tests and statistics.
   const std::vector<float>& residual(absl::string_view name) const;
 
+  // The residual of `name` to read and write, created or reset as Apply does: for compressors
+  // that fuse Apply and Update into their own loops (the sparsifiers, sparse.h), keeping this
+  // recurrence element for element.
+  std::vector<float>& MutableResidual(absl::string_view name, size_t count) {
+    return Slot(name, count);
+  }
+
   void Reset(absl::string_view name);
   float beta() const { return beta_; }
 

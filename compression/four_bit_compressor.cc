@@ -78,7 +78,7 @@ inline void StoreScale(uint8_t* block, size_t index, float s) {
 class FourBitCompressor : public Compressor {
  public:
   FourBitCompressor(const FourBitOptions& o, std::string spec)
-      : o_(o), spec_(std::move(spec)) {}
+      : o_(o), spec_(std::move(spec)), ef_(o.beta) {}
 
   const std::string& spec() const override { return spec_; }
 

@@ -20,6 +20,7 @@ struct FourBitOptions {
   FourBitFormat format = FourBitFormat::kFp4;
   size_t chunk = 128;
   bool error_feedback = false;
+  float beta = 1.0f;  // error feedback's low-pass filter (error_feedback.h), in (0, 1]
 };
 std::unique_ptr<Compressor> MakeFourBitCompressor(const FourBitOptions& options,
                                                   std::string spec);

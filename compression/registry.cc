@@ -1,5 +1,7 @@
 #include "compression/registry.h"
 
+#include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <set>
 
@@ -9,17 +11,28 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "compression/methods.h"
+#include "compression/powersgd.h"
+#include "compression/sparse.h"
 
 namespace braid::compression {
 namespace {
 
-enum class Kind { kInt, kBool, kFraction };
+enum class Kind {
+  kInt,
+  kBool,
+  kFraction,
+  kFloat,    // a finite number >= OptionDef::min_int
+  kRatio,    // a finite number >= 1 (sparsifiers: dense size / k)
+  kChoice,   // one of OptionDef::choices, '|'-separated
+  kLeader,   // "cyclic", or a rank (an integer >= 0)
+};
 
 struct OptionDef {
   const char* name;
   Kind kind;
   const char* default_value;
-  int64_t min_int = 0;  // kInt: smallest value allowed
+  int64_t min_int = 0;  // kInt, kFloat: smallest value allowed
+  const char* choices = "";  // kChoice: the values allowed, '|'-separated
 };
 
 struct MethodDef {
@@ -28,15 +41,37 @@ struct MethodDef {
   std::vector<OptionDef> options;
 };
 
+std::vector<OptionDef> SparseOptionDefs(bool leader) {
+  std::vector<OptionDef> o = {{"ratio", Kind::kRatio, "100"},
+                              {"beta", Kind::kFraction, "1"},
+                              {"start_step", Kind::kInt, "0", 0}};
+  if (leader) o.push_back({"leader", Kind::kLeader, "cyclic"});
+  o.push_back({"granularity", Kind::kChoice, "bucket", 0, "bucket|tensor"});
+  return o;
+}
+
 const std::vector<MethodDef>& Methods() {
   static const auto* methods = new std::vector<MethodDef>{
       {"none", false, {}},
       {"fp16", false, {{"start_step", Kind::kInt, "0", 0}}},
       {"bf16", false, {{"start_step", Kind::kInt, "0", 0}}},
       {"fp4", false,
-       {{"chunk", Kind::kInt, "128", 2}, {"ef", Kind::kBool, "0"}, {"start_step", Kind::kInt, "0", 0}}},
+       {{"chunk", Kind::kInt, "128", 2}, {"ef", Kind::kBool, "0"}, {"beta", Kind::kFraction, "1"},
+        {"start_step", Kind::kInt, "0", 0}}},
       {"int4", false,
-       {{"chunk", Kind::kInt, "128", 2}, {"ef", Kind::kBool, "0"}, {"start_step", Kind::kInt, "0", 0}}},
+       {{"chunk", Kind::kInt, "128", 2}, {"ef", Kind::kBool, "0"}, {"beta", Kind::kFraction, "1"},
+        {"start_step", Kind::kInt, "0", 0}}},
+      {"powersgd", false,
+       {{"rank", Kind::kInt, "1", 1},
+        {"min_compression_rate", Kind::kFloat, "2", 1},
+        {"ef", Kind::kBool, "1"},
+        {"warm_start", Kind::kBool, "1"},
+        {"orthogonalization_epsilon", Kind::kFloat, "0", 0},
+        {"start_step", Kind::kInt, "0", 0}}},
+      // Sparsifiers (sparse.h).
+      {"scalecomp", false, SparseOptionDefs(/*leader=*/true)},
+      {"topk", false, SparseOptionDefs(/*leader=*/false)},
+      {"randomk", false, SparseOptionDefs(/*leader=*/false)},
       {"test_randomk", true, {{"keep", Kind::kFraction, "0.01"}, {"start_step", Kind::kInt, "0", 0}}},
   };
   return *methods;
@@ -67,6 +102,37 @@ absl::StatusOr<std::string> Normalise(absl::string_view spec, const OptionDef& d
       double v = 0;
       if (!absl::SimpleAtod(value, &v) || !(v > 0.0 && v <= 1.0)) {
         return bad("a number in (0, 1]");
+      }
+      return absl::StrCat(v);
+    }
+    case Kind::kFloat: {
+      double v = 0;
+      if (!absl::SimpleAtod(value, &v) || !std::isfinite(v) || v < def.min_int) {
+        return bad(absl::StrCat("a finite number >= ", def.min_int));
+      }
+      // Shortest text that reads back as the same double (StrCat keeps 6 digits only).
+      char buf[32];
+      auto end = std::to_chars(buf, buf + sizeof buf, v + 0.0).ptr;  // + 0.0: "-0" -> "0"
+      return std::string(buf, end);
+    }
+    case Kind::kRatio: {
+      double v = 0;
+      if (!absl::SimpleAtod(value, &v) || !(v >= 1.0 && v <= 1e12)) {
+        return bad("a number in [1, 1e12]");
+      }
+      return absl::StrCat(v);
+    }
+    case Kind::kChoice: {
+      for (absl::string_view c : absl::StrSplit(def.choices, '|')) {
+        if (value == c) return std::string(c);
+      }
+      return bad(absl::StrJoin(absl::StrSplit(def.choices, '|'), " or "));
+    }
+    case Kind::kLeader: {
+      int64_t v = 0;
+      if (value == "cyclic") return std::string("cyclic");
+      if (!absl::SimpleAtoi(value, &v) || v < 0 || v > (int64_t{1} << 30)) {
+        return bad("cyclic or a rank (an integer >= 0)");
       }
       return absl::StrCat(v);
     }
@@ -156,6 +222,11 @@ absl::StatusOr<CompressionSpec> ParseCompressionSpec(absl::string_view spec,
   std::sort(changed.begin(), changed.end());
   if (!changed.empty()) absl::StrAppend(&out.canonical, ":", absl::StrJoin(changed, ","));
   if (out.options.count("start_step")) out.start_step = out.IntOption("start_step");
+  if ((out.method == "fp4" || out.method == "int4") && out.options["beta"] != "1" &&
+      out.options["ef"] == "0") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compression '", spec, "': option 'beta' filters the error-feedback memory: it needs ef=1"));
+  }
   return out;
 }
 
@@ -167,7 +238,20 @@ absl::StatusOr<std::unique_ptr<Compressor>> CreateCompressor(const CompressionSp
     o.format = spec.method == "fp4" ? FourBitFormat::kFp4 : FourBitFormat::kInt4;
     o.chunk = static_cast<size_t>(spec.IntOption("chunk"));
     o.error_feedback = spec.IntOption("ef") != 0;
+    o.beta = static_cast<float>(spec.FloatOption("beta"));
     return MakeFourBitCompressor(o, spec.canonical);
+  }
+  if (spec.method == "powersgd") {
+    PowerSgdOptions o;
+    o.rank = static_cast<int>(spec.IntOption("rank"));
+    o.min_compression_rate = spec.FloatOption("min_compression_rate");
+    o.error_feedback = spec.IntOption("ef") != 0;
+    o.warm_start = spec.IntOption("warm_start") != 0;
+    o.orthogonalization_epsilon = spec.FloatOption("orthogonalization_epsilon");
+    return MakePowerSgdCompressor(o, spec.canonical);
+  }
+  if (spec.method == "scalecomp" || spec.method == "topk" || spec.method == "randomk") {
+    return CreateSparseCompressor(spec);
   }
   if (spec.method == "test_randomk") {
     return MakeRandomKCompressor(spec.FloatOption("keep"), spec.canonical);

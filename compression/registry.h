@@ -5,7 +5,16 @@
 //   none                      plain all-reduce in the tensor's own dtype
 //   fp16, bf16                cast to 16 bits, all-reduce, cast back
 //   fp4, int4                 4-bit all-reduce (see four_bit.h); chunk=N (elements per
-//                             scale, >= 2, default 128), ef=0|1 (error feedback, default 0)
+//                             scale, >= 2, default 128), ef=0|1 (error feedback, default 0),
+//                             beta=B (its low-pass filter, (0, 1], default 1; needs ef=1)
+//   powersgd                  low-rank P·Qᵀ (see powersgd.h): rank=R (>= 1, default 1),
+//                             min_compression_rate=X (>= 1, default 2), ef=0|1 (default 1),
+//                             warm_start=0|1 (default 1), orthogonalization_epsilon=E (>= 0,
+//                             default 0)
+//   scalecomp, topk, randomk  sparsifiers (see sparse.h); ratio=R (dense size / k, >= 1,
+//                             default 100), beta=B (memory filter, default 1),
+//                             granularity=bucket|tensor (default bucket); scalecomp also
+//                             leader=cyclic|RANK (default cyclic)
 // Every method except none also takes start_step=N (default 0): the first N reductions of
 // each tensor run as a plain float32 all-reduce (warm-up).
 // With RegistryOptions::test_methods (BRAID_TEST_COMPRESSORS=1) the registry also knows

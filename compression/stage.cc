@@ -1,8 +1,11 @@
 #include "compression/stage.h"
 
+#include <cstring>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "compression/state_io.h"
 #include "glog/logging.h"
 
 namespace braid::compression {
@@ -59,6 +62,7 @@ absl::Status CompressionStage::Reduce(const std::string& spec,
                                       absl::Span<const TensorView> tensors,
                                       size_t element_bytes, ReduceOp op,
                                       transport::Communicator& comm) {
+  absl::MutexLock state_lock(&state_mu_);
   auto method = GetMethod(spec);
   if (!method.ok()) return method.status();
   Method& m = **method;
@@ -145,6 +149,101 @@ std::vector<MethodCompressionStats> CompressionStage::MethodTotals() const {
   out.reserve(totals_.size());
   for (const auto& [method, m] : totals_) out.push_back(m);
   return out;
+}
+
+namespace {
+constexpr char kStateMagic[8] = {'B', 'R', 'D', 'C', 'M', 'P', 'S', 'T'};
+constexpr uint32_t kStateVersion = 1;
+}  // namespace
+
+std::string CompressionStage::SaveState(int rank, int world_size) const {
+  absl::MutexLock lock(&state_mu_);
+  std::string out;
+  StateWriter w(&out);
+  w.Bytes(kStateMagic, sizeof kStateMagic);
+  w.U32(kStateVersion);
+  w.U32(static_cast<uint32_t>(rank));
+  w.U32(static_cast<uint32_t>(world_size));
+  w.U32(static_cast<uint32_t>(methods_.size()));
+  for (const auto& [spec, m] : methods_) {
+    w.String(spec);
+    std::vector<std::pair<std::string, int64_t>> steps;
+    for (auto it = steps_.lower_bound({spec, ""}); it != steps_.end() && it->first.first == spec;
+         ++it) {
+      steps.emplace_back(it->first.second, it->second);
+    }
+    w.U32(static_cast<uint32_t>(steps.size()));
+    for (const auto& [name, n] : steps) {
+      w.String(name);
+      w.I64(n);
+    }
+    std::string blob;
+    // The compressors' SaveState cannot fail today; a failure would be a bug worth a crash
+    // rather than a checkpoint silently missing a method.
+    absl::Status s = m.compressor->SaveState(&blob);
+    CHECK(s.ok()) << "compression '" << spec << "': SaveState: " << s;
+    w.String(blob);
+  }
+  return out;
+}
+
+absl::Status CompressionStage::LoadState(absl::string_view state, int rank, int world_size) {
+  StateReader in(state, "compression state");
+  char magic[sizeof kStateMagic];
+  in.Bytes(magic, sizeof magic);
+  in.Check(std::memcmp(magic, kStateMagic, sizeof magic) == 0,
+           "does not start with \"BRDCMPST\" (not a braid compression state)");
+  const uint32_t version = in.U32();
+  in.Check(version == kStateVersion,
+           absl::StrCat("version ", version, ", this braid reads version ", kStateVersion));
+  const int saved_rank = static_cast<int>(in.U32());
+  const int saved_size = static_cast<int>(in.U32());
+  const uint32_t count = in.U32();
+  struct Loaded {
+    Method method;
+    std::vector<std::pair<std::string, int64_t>> steps;
+  };
+  std::map<std::string, Loaded> loaded;
+  for (uint32_t i = 0; i < count && in.status().ok(); ++i) {
+    const std::string spec_text = in.String();
+    std::vector<std::pair<std::string, int64_t>> steps(in.U32());
+    for (auto& [name, n] : steps) {
+      if (!in.status().ok()) break;
+      name = in.String();
+      n = in.I64();
+      in.Check(n >= 0, absl::StrCat("tensor '", name, "': negative step count ", n));
+    }
+    const std::string blob = in.String();
+    if (!in.status().ok()) break;
+    auto spec = ParseCompressionSpec(spec_text, options_.registry);
+    if (!spec.ok()) return absl::InvalidArgumentError(absl::StrCat("compression state: ", spec.status().message()));
+    if (spec->canonical == "none" || loaded.count(spec->canonical)) {
+      in.Check(false, absl::StrCat("method '", spec_text, "' is 'none' or appears twice"));
+      break;
+    }
+    auto compressor = CreateCompressor(*spec);
+    if (!compressor.ok()) return compressor.status();
+    BRAID_RETURN_IF_ERROR((*compressor)->LoadState(blob));
+    const std::string canonical = spec->canonical;
+    loaded.emplace(canonical,
+                   Loaded{Method{*std::move(spec), *std::move(compressor)}, std::move(steps)});
+  }
+  in.Check(in.done(), "bytes left over after the last method");
+  if (!in.status().ok()) return in.status();
+  if (saved_rank != rank || saved_size != world_size) {
+    LOG(WARNING) << "compression state saved by rank " << saved_rank << " of " << saved_size
+                 << " is loaded on rank " << rank << " of " << world_size
+                 << ": error-feedback residuals are that rank's";
+  }
+  absl::MutexLock lock(&state_mu_);
+  for (auto& [spec, l] : loaded) {
+    for (auto it = steps_.lower_bound({spec, ""}); it != steps_.end() && it->first.first == spec;) {
+      it = steps_.erase(it);
+    }
+    for (const auto& [name, n] : l.steps) steps_[{spec, name}] = n;
+    methods_.insert_or_assign(spec, std::move(l.method));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace braid::compression

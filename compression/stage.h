@@ -84,6 +84,27 @@ class CompressionStage {
 
   // A snapshot of every counter. Thread-safe.
   CompressionReport Report() const;
+
+  // Checkpointing (a training checkpoint keeps this next to the model): this rank's
+  // compression state, i.e. per method the state its Compressor keeps across steps
+  // (Compressor::SaveState: PowerSGD's Q and residuals, ...) and the step counter of every
+  // tensor (warm-up and random streams follow it), so that LoadState in a new job continues
+  // bit-identically. The state is per rank (residuals differ across ranks). Format, integers
+  // little-endian, lengths in bytes:
+  //   "BRDCMPST" (8 bytes), version u32 = 1, rank i32, world size i32, method count u32,
+  //   then per method:
+  //     spec: u64 length + bytes (canonical, e.g. "powersgd:rank=2"),
+  //     tensor count u32, per tensor: name (u64 length + bytes), reductions so far i64,
+  //     compressor state: u64 length + bytes (the method's own format, e.g. powersgd.h;
+  //     empty when it keeps none).
+  // Thread-safe; waits for a bucket being reduced. Byte counters are not part of the state.
+  std::string SaveState(int rank, int world_size) const;
+  // Restores a SaveState result: each method in it gets a fresh compressor holding its
+  // saved state, and its tensors' step counters; methods not in it are left as they are.
+  // A state saved on another rank or world size loads with a warning (the residuals are
+  // that rank's). InvalidArgument, with nothing changed, when `state` is malformed, names an
+  // unknown method or holds a state its compressor refuses. Thread-safe.
+  absl::Status LoadState(absl::string_view state, int rank, int world_size);
   // Only the per-method totals (CompressionReport::methods), kept up to date as reductions
   // are recorded, so this costs O(methods) however many tensors there are: it is what each
   // heartbeat to the coordinator carries. Thread-safe.
@@ -94,13 +115,17 @@ class CompressionStage {
     CompressionSpec spec;
     std::unique_ptr<Compressor> compressor;
   };
-  absl::StatusOr<Method*> GetMethod(const std::string& spec);
+  absl::StatusOr<Method*> GetMethod(const std::string& spec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
   void Record(absl::string_view name, const std::string& method, const ByteStats& b);
 
   StageOptions options_;
-  std::map<std::string, Method> methods_;  // background thread only
-  // (canonical spec, tensor name) -> compressed reductions so far.
-  std::map<std::pair<std::string, std::string>, int64_t> steps_;
+  // Held by Reduce for a whole bucket and by SaveState / LoadState (lock order: state_mu_,
+  // then mu_).
+  mutable absl::Mutex state_mu_;
+  std::map<std::string, Method> methods_ ABSL_GUARDED_BY(state_mu_);
+  // (canonical spec, tensor name) -> reductions so far (warm-up included).
+  std::map<std::pair<std::string, std::string>, int64_t> steps_ ABSL_GUARDED_BY(state_mu_);
   // Scratch for one Reduce call.
   std::vector<uint64_t> payload_;
   std::vector<int64_t> step_values_;

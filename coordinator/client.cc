@@ -65,7 +65,7 @@ class GrpcClient final : public CoordinatorClient {
  public:
   GrpcClient(const ClientOptions& o, std::shared_ptr<grpc::Channel> channel)
       : opts_(o), channel_(std::move(channel)), stub_(proto::Coordinator::NewStub(channel_)),
-        store_(stub_.get()) {}
+        store_(stub_.get()), heartbeat_interval_(o.heartbeat_interval) {}
 
   ~GrpcClient() override { Close(absl::Milliseconds(200)); }
 
@@ -78,6 +78,12 @@ class GrpcClient final : public CoordinatorClient {
     absl::Status s = FromGrpcStatus(stub_->Register(&ctx, req, &resp),
                                     "registering with the coordinator at " + opts_.address);
     if (!s.ok()) return s;
+    if (resp.settings().has_heartbeat_timeout_ms()) {
+      // The job's heartbeat timeout, which the coordinator judges liveness by.
+      absl::MutexLock lock(&mu_);
+      heartbeat_interval_ = HeartbeatInterval(
+          absl::Milliseconds(resp.settings().heartbeat_timeout_ms()));
+    }
     return resp;
   }
 
@@ -171,12 +177,14 @@ class GrpcClient final : public CoordinatorClient {
  private:
   void HeartbeatLoop() {
     while (true) {
+      absl::Duration interval;
       {
         absl::MutexLock lock(&mu_);
+        interval = heartbeat_interval_;
         auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_heartbeat_; };
-        if (mu_.AwaitWithTimeout(absl::Condition(&stop), opts_.heartbeat_interval)) return;
+        if (mu_.AwaitWithTimeout(absl::Condition(&stop), interval)) return;
       }
-      SendHeartbeat(opts_.heartbeat_interval);
+      SendHeartbeat(interval);
     }
   }
 
@@ -205,9 +213,14 @@ class GrpcClient final : public CoordinatorClient {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool reader_done_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_heartbeat_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
+
+absl::Duration HeartbeatInterval(absl::Duration heartbeat_timeout) {
+  return std::max(absl::Milliseconds(100), heartbeat_timeout / 4);
+}
 
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectCoordinator(const ClientOptions& o) {
   grpc::ChannelArguments args;

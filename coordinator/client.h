@@ -14,8 +14,8 @@ namespace braid::coordinator {
 
 struct ClientOptions {
   std::string address;  // host:port
-  int rank_for_heartbeat = -1;
   absl::Duration connect_timeout = absl::Seconds(60);
+  // Until registration returns the job's heartbeat timeout T; then HeartbeatInterval(T).
   absl::Duration heartbeat_interval = absl::Seconds(2);
   // Adds what this rank reports to the coordinator (its per-method compression totals) to
   // each heartbeat; the client sets the rank itself. Called from the heartbeat thread every
@@ -24,6 +24,10 @@ struct ClientOptions {
   // cheap (it runs on every heartbeat); null: plain heartbeats.
   std::function<void(proto::HeartbeatRequest*)> fill_heartbeat;
 };
+
+// How often a rank beats for a job whose heartbeat timeout is `heartbeat_timeout`: four
+// beats per timeout, at most ten a second.
+absl::Duration HeartbeatInterval(absl::Duration heartbeat_timeout);
 
 // Connects (retrying until connect_timeout, so ranks may start before the coordinator).
 // Unavailable names the address when it cannot be reached.

@@ -1,9 +1,14 @@
 #include "coordinator/rendezvous.h"
 
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_format.h"
 
 namespace braid::coordinator {
 
@@ -77,6 +82,110 @@ absl::StatusOr<std::vector<proto::RegisterResponse>> AssignRanks(
     }
   }
   return out;
+}
+
+namespace {
+
+// One job-wide setting: the variable that sets it and how to read and show its proto field.
+struct SettingField {
+  const char* variable;
+  bool (proto::JobSettings::*has)() const;
+  int64_t (*get)(const proto::JobSettings&);
+  void (*set)(proto::JobSettings*, int64_t);
+  bool milliseconds;  // shown in seconds, like its variable
+};
+
+const SettingField kSettingFields[] = {
+    {"BRAID_FUSION_THRESHOLD", &proto::JobSettings::has_fusion_threshold_bytes,
+     [](const proto::JobSettings& s) { return s.fusion_threshold_bytes(); },
+     [](proto::JobSettings* s, int64_t v) { s->set_fusion_threshold_bytes(v); }, false},
+    {"BRAID_CACHE_CAPACITY", &proto::JobSettings::has_cache_capacity,
+     [](const proto::JobSettings& s) { return static_cast<int64_t>(s.cache_capacity()); },
+     [](proto::JobSettings* s, int64_t v) { s->set_cache_capacity(static_cast<int32_t>(v)); },
+     false},
+    {"BRAID_STALL_CHECK_S", &proto::JobSettings::has_stall_check_ms,
+     [](const proto::JobSettings& s) { return s.stall_check_ms(); },
+     [](proto::JobSettings* s, int64_t v) { s->set_stall_check_ms(v); }, true},
+    {"BRAID_STALL_SHUTDOWN_S", &proto::JobSettings::has_stall_shutdown_ms,
+     [](const proto::JobSettings& s) { return s.stall_shutdown_ms(); },
+     [](proto::JobSettings* s, int64_t v) { s->set_stall_shutdown_ms(v); }, true},
+    {"BRAID_HEARTBEAT_TIMEOUT_S", &proto::JobSettings::has_heartbeat_timeout_ms,
+     [](const proto::JobSettings& s) { return s.heartbeat_timeout_ms(); },
+     [](proto::JobSettings* s, int64_t v) { s->set_heartbeat_timeout_ms(v); }, true},
+};
+
+// A value as its variable spells it: bytes and entries as integers, durations in seconds
+// ("1.5", "60").
+std::string Show(const SettingField& f, int64_t v) {
+  if (!f.milliseconds) return absl::StrCat(v);
+  std::string frac = absl::StrFormat("%03d", v % 1000);
+  while (!frac.empty() && frac.back() == '0') frac.pop_back();
+  return absl::StrCat(v / 1000, frac.empty() ? "" : ".", frac);
+}
+
+}  // namespace
+
+proto::JobSettings DefaultJobSettings() {
+  proto::JobSettings s;
+  s.set_fusion_threshold_bytes(int64_t{64} << 20);
+  s.set_cache_capacity(1024);
+  s.set_stall_check_ms(60 * 1000);
+  s.set_stall_shutdown_ms(0);
+  s.set_heartbeat_timeout_ms(10 * 1000);
+  return s;
+}
+
+absl::StatusOr<proto::JobSettings> ResolveJobSettings(
+    const proto::JobSettings& coordinator, const std::vector<proto::RegisterRequest>& requests,
+    const std::vector<proto::RegisterResponse>& assigned) {
+  proto::JobSettings out = DefaultJobSettings();
+  for (const SettingField& f : kSettingFields) {
+    std::map<int, int64_t> by_rank;  // ranks that set the variable
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if ((requests[i].settings().*f.has)()) by_rank[assigned[i].rank()] = f.get(requests[i].settings());
+    }
+    std::optional<int64_t> decided;
+    if ((coordinator.*f.has)()) decided = f.get(coordinator);
+    else if (!by_rank.empty()) decided = by_rank.begin()->second;
+    if (!decided) continue;
+    // Group the ranks that disagree with the decision by their value.
+    std::map<int64_t, std::vector<int>> others;
+    for (const auto& [rank, v] : by_rank) {
+      if (v != *decided) others[v].push_back(rank);
+    }
+    if (!others.empty()) {
+      std::vector<std::string> parts;
+      if ((coordinator.*f.has)()) {
+        parts.push_back(absl::StrCat(Show(f, *decided), " at the coordinator"));
+      } else {
+        std::vector<int> agree;
+        for (const auto& [rank, v] : by_rank) {
+          if (v == *decided) agree.push_back(rank);
+        }
+        parts.push_back(absl::StrCat(Show(f, *decided), " on rank", agree.size() > 1 ? "s " : " ",
+                                     absl::StrJoin(agree, ", ")));
+      }
+      for (const auto& [v, ranks] : others) {
+        parts.push_back(absl::StrCat(Show(f, v), " on rank", ranks.size() > 1 ? "s " : " ",
+                                     absl::StrJoin(ranks, ", ")));
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          f.variable, " must be the same for the whole job, got ", absl::StrJoin(parts, "; ")));
+    }
+    f.set(&out, *decided);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<proto::RegisterResponse>> FormJob(
+    const std::vector<proto::RegisterRequest>& requests, int world_size,
+    const proto::JobSettings& coordinator) {
+  auto assigned = AssignRanks(requests, world_size);
+  if (!assigned.ok()) return assigned.status();
+  auto settings = ResolveJobSettings(coordinator, requests, *assigned);
+  if (!settings.ok()) return settings.status();
+  for (proto::RegisterResponse& r : *assigned) *r.mutable_settings() = *settings;
+  return assigned;
 }
 
 }  // namespace braid::coordinator

@@ -1,6 +1,7 @@
-// The coordinator's gRPC service: rendezvous (rank assignment, key-value store for
-// data-plane addresses), negotiation streams, heartbeats, status and shutdown. It sees only
-// metadata, never tensor bytes. Runs in the launcher, in rank 0, or as braid-coordinator.
+// The coordinator's gRPC server: CoordinatorService (service.h) served over gRPC's callback
+// API, so an open negotiation stream or a waiting Register costs no thread (the process has
+// gRPC's own threads and one Monitor thread, whatever the number of ranks). It sees only
+// metadata, never tensor bytes. Runs in braidrun, in rank 0, or as braid-coordinator.
 #ifndef BRAID_COORDINATOR_SERVER_H_
 #define BRAID_COORDINATOR_SERVER_H_
 
@@ -10,27 +11,27 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "proto/braid.pb.h"
 
 namespace braid::coordinator {
 
 struct ServerOptions {
   std::string bind_address = "127.0.0.1";
   int port = 0;  // 0: pick a free port (read it back with port())
-  // World size; 0 takes it from the first rank that registers.
+  // World size; 0 takes it from the first rank that registers (per job).
   int world_size = 0;
   // Ranks must present this secret when registering ("" = no check).
   std::string job_secret;
   // Register waits this long for the whole world.
   absl::Duration register_timeout = absl::Seconds(120);
-  // A rank whose negotiation stream closes without a clean shutdown is lost: the others are
-  // told at once. A rank silent for this long is lost too.
-  absl::Duration heartbeat_timeout = absl::Seconds(10);
-  // Stall inspector: a tensor some ranks submitted and others did not is logged after
-  // stall_check, and the job is aborted (DeadlineExceeded on every rank) after
-  // stall_shutdown when that is positive. Rank 0's registration overrides both
-  // (BRAID_STALL_CHECK_S, BRAID_STALL_SHUTDOWN_S).
-  absl::Duration stall_check = absl::Seconds(60);
-  absl::Duration stall_shutdown = absl::ZeroDuration();
+  // The coordinator's own job settings: a field that is present binds every job, and a rank
+  // that set another value is refused; absent fields are the ranks' to set (Note [Job
+  // settings] in rendezvous.h). Liveness uses the job's heartbeat timeout: a rank whose
+  // stream closes without a goodbye, or that is silent that long, is lost and the others
+  // are told at once. Stalls use the job's stall check and shutdown.
+  proto::JobSettings settings;
+  // How often the monitor (monitor.h) inspects liveness, stalls and deadlines.
+  absl::Duration monitor_period = absl::Milliseconds(100);
 };
 
 class CoordinatorServer {

@@ -16,8 +16,9 @@ a fixed 75/25 train/test split (random_state=0).
 Reproducible: --seed fixes the initial weights and the order of the batches, so every run
 and every --compression method starts from the same weights and sees the same data. (The
 stochastic rounding of the 4-bit methods has its own seed, BRAID_SEED.) Rank 0 writes the
-final metrics as JSON to --json PATH (test_accuracy in 0..1); tools/convergence/
-check_convergence.py compares them across compression methods.
+final metrics as JSON to --json PATH (test_accuracy in 0..1, and rank 0's compression byte
+counters per method); tools/convergence/check_convergence.py compares them across compression
+methods, and their payload ratios.
 """
 import argparse
 import json
@@ -150,7 +151,11 @@ def main(argv=None):
                            "test_accuracy": test_acc, "test_samples": len(y_test),
                            "loss": loss, "wall_time_s": wall,
                            "gradient_bytes_reduced_per_rank": bytes_reduced,
-                           "compression": args.compression or "default"}, f, indent=2)
+                           "compression": args.compression or "default",
+                           # Rank 0's byte counters per method (the gradients' method and
+                           # "none" for the loss): check_convergence.py reads the ratios.
+                           "compression_stats": braid.compression_stats()["methods"]},
+                          f, indent=2)
     braid.shutdown()
     return 0
 

@@ -1,39 +1,140 @@
 #include "runtime/config.h"
 
+#include <charconv>
 #include <cstdlib>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "compression/registry.h"
 
 namespace braid {
 namespace {
 
-using Getenv = std::function<const char*(const char*)>;
+constexpr int64_t kMaxSeconds = 365 * 24 * 3600;  // one year
+constexpr int64_t kMaxFusionThreshold = int64_t{1} << 40;
 
-// Reads an integer variable into *out when it is set; false when unset.
-absl::StatusOr<bool> ReadInt(const Getenv& env, const char* name, int64_t* out) {
-  const char* v = env(name);
-  if (v == nullptr || *v == '\0') return false;
-  if (!absl::SimpleAtoi(v, out)) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " must be an integer, got '", v, "'"));
+bool AllDigits(absl::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
   }
   return true;
 }
 
-absl::StatusOr<bool> ReadSeconds(const Getenv& env, const char* name, absl::Duration* out,
-                                 bool allow_zero) {
-  const char* v = env(name);
-  if (v == nullptr || *v == '\0') return false;
-  double s = 0;
-  if (!absl::SimpleAtod(v, &s) || s < 0 || (!allow_zero && s == 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, " must be a ", allow_zero ? "non-negative" : "positive", " number of seconds, got '",
-        v, "'"));
-  }
-  *out = absl::Seconds(s);
-  return true;
+// "12.5" -> {"12", "5"}; false unless the text is digits with an optional ".digits".
+bool SplitDecimal(absl::string_view text, absl::string_view* whole, absl::string_view* frac) {
+  size_t dot = text.find('.');
+  *whole = text.substr(0, dot);
+  *frac = dot == absl::string_view::npos ? absl::string_view() : text.substr(dot + 1);
+  return AllDigits(*whole) && (dot == absl::string_view::npos || AllDigits(*frac));
 }
+
+// The variables of RuntimeConfig, each with its grammar. `what` is the name errors use.
+struct Variable {
+  const char* name;
+  absl::Status (*parse)(absl::string_view what, absl::string_view text, RuntimeConfig* c);
+};
+
+template <typename T>
+absl::Status Assign(absl::StatusOr<T> v, T* out) {
+  if (!v.ok()) return v.status();
+  *out = *std::move(v);
+  return absl::OkStatus();
+}
+
+template <typename T, typename U>
+absl::Status AssignOptional(absl::StatusOr<T> v, std::optional<U>* out) {
+  if (!v.ok()) return v.status();
+  *out = static_cast<U>(*v);
+  return absl::OkStatus();
+}
+
+// BRAID_COMPRESSION comes after BRAID_TEST_COMPRESSORS, which decides what it may name.
+const Variable kVariables[] = {
+    {"BRAID_COORDINATOR",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       return Assign(ParseAddress(w, t), &c->coordinator);
+     }},
+    {"MASTER_ADDR",
+     [](absl::string_view, absl::string_view t, RuntimeConfig* c) {
+       c->coordinator_host = std::string(t);
+       return absl::OkStatus();
+     }},
+    {"BRAID_COORDINATOR_PORT",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       return Assign(ParsePort(w, t, /*zero_allowed=*/false), &c->coordinator_port);
+     }},
+    {"BRAID_JOB_SECRET",
+     [](absl::string_view, absl::string_view t, RuntimeConfig* c) {
+       c->job_secret = std::string(t);
+       return absl::OkStatus();
+     }},
+    {"BRAID_TIMELINE",
+     [](absl::string_view, absl::string_view t, RuntimeConfig* c) {
+       c->timeline_path = std::string(t);
+       return absl::OkStatus();
+     }},
+    {"BRAID_CYCLE_TIME_MS",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       auto ms = ParseInteger(w, t, 0, 60000);
+       if (ms.ok()) c->cycle_time = absl::Milliseconds(*ms);
+       return ms.status();
+     }},
+    {"BRAID_SEED",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       auto v = ParseInteger(w, t, 0, INT64_MAX);
+       if (v.ok()) c->seed = static_cast<uint64_t>(*v);
+       return v.status();
+     }},
+    {"BRAID_TEST_COMPRESSORS",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       return Assign(ParseZeroOrOne(w, t), &c->test_compressors);
+     }},
+    {"BRAID_TIMEOUT_S",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       return Assign(ParseSeconds(w, t, /*zero_allowed=*/false), &c->timeout);
+     }},
+    {"BRAID_UCX_PEER_ERROR_HANDLING",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       return Assign(ParseZeroOrOne(w, t), &c->ucx_peer_error_handling);
+     }},
+    {"BRAID_FUSION_THRESHOLD",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       return AssignOptional(ParseInteger(w, t, 0, kMaxFusionThreshold),
+                             &c->job.fusion_threshold_bytes);
+     }},
+    {"BRAID_CACHE_CAPACITY",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       return AssignOptional(ParseInteger(w, t, 0, 1 << 24), &c->job.cache_capacity);
+     }},
+    {"BRAID_STALL_CHECK_S",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       return AssignOptional(ParseSeconds(w, t, /*zero_allowed=*/false), &c->job.stall_check);
+     }},
+    {"BRAID_STALL_SHUTDOWN_S",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       return AssignOptional(ParseSeconds(w, t, /*zero_allowed=*/true), &c->job.stall_shutdown);
+     }},
+    {"BRAID_HEARTBEAT_TIMEOUT_S",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       return AssignOptional(ParseSeconds(w, t, /*zero_allowed=*/false),
+                             &c->job.heartbeat_timeout);
+     }},
+    {"BRAID_COMPRESSION",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       compression::RegistryOptions ro;
+       ro.test_methods = c->test_compressors;
+       auto spec = compression::ParseCompressionSpec(t, ro);
+       if (!spec.ok()) {
+         return absl::InvalidArgumentError(absl::StrCat(w, ": ", spec.status().message()));
+       }
+       c->compression = spec->canonical;
+       return absl::OkStatus();
+     }},
+};
 
 struct Scheme {
   const char* source;
@@ -43,7 +144,127 @@ struct Scheme {
   const char* local_size;
 };
 
+// Reads an integer variable into *out when it is set; false when unset.
+absl::StatusOr<bool> ReadInt(const Getenv& env, const char* name, int64_t* out) {
+  const char* v = env(name);
+  if (v == nullptr || *v == '\0') return false;
+  auto parsed = ParseInteger(name, v, INT64_MIN, INT64_MAX);
+  if (!parsed.ok()) return parsed.status();
+  *out = *parsed;
+  return true;
+}
+
 }  // namespace
+
+absl::StatusOr<int64_t> ParseInteger(absl::string_view what, absl::string_view text,
+                                     int64_t min, int64_t max) {
+  absl::string_view digits = text;
+  absl::ConsumePrefix(&digits, "-");
+  int64_t v = 0;
+  // from_chars reads the sign itself; the digits after it must be all there is.
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (!AllDigits(digits) || ec == std::errc::invalid_argument ||
+      end != text.data() + text.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " must be an integer, got '", text, "'"));
+  }
+  if (ec == std::errc::result_out_of_range || v < min || v > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " must be in [", min, ", ", max, "], got ", text));
+  }
+  return v;
+}
+
+absl::StatusOr<absl::Duration> ParseSeconds(absl::string_view what, absl::string_view text,
+                                            bool zero_allowed) {
+  absl::string_view whole, frac;
+  auto bad = [&]() {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " must be a ", zero_allowed ? "non-negative" : "positive",
+        " number of seconds, got '", text, "'"));
+  };
+  if (!SplitDecimal(text, &whole, &frac)) return bad();
+  // Exact decimal arithmetic: no binary floating point between the text and the duration.
+  for (size_t i = 3; i < frac.size(); ++i) {
+    if (frac[i] != '0') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " must be a whole number of milliseconds, got '", text, "'"));
+    }
+  }
+  size_t first = whole.find_first_not_of('0');
+  whole = first == absl::string_view::npos ? absl::string_view("0") : whole.substr(first);
+  int64_t seconds = 0;
+  if (whole.size() > 12 || !absl::SimpleAtoi(whole, &seconds) || seconds > kMaxSeconds ||
+      (seconds == kMaxSeconds && frac.find_first_not_of('0') != absl::string_view::npos)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " must be at most ", kMaxSeconds, " seconds (one year), got '", text, "'"));
+  }
+  int64_t ms = seconds * 1000;
+  for (size_t i = 0; i < 3; ++i) {
+    ms += (i < frac.size() ? frac[i] - '0' : 0) * (i == 0 ? 100 : i == 1 ? 10 : 1);
+  }
+  if (ms == 0 && !zero_allowed) return bad();
+  return absl::Milliseconds(ms);
+}
+
+absl::StatusOr<bool> ParseZeroOrOne(absl::string_view what, absl::string_view text) {
+  if (text == "0" || text == "1") return text == "1";
+  return absl::InvalidArgumentError(absl::StrCat(what, " must be 0 or 1, got '", text, "'"));
+}
+
+absl::StatusOr<int> ParsePort(absl::string_view what, absl::string_view text, bool zero_allowed) {
+  auto v = ParseInteger(what, text, zero_allowed ? 0 : 1, 65535);
+  if (!v.ok()) return v.status();
+  return static_cast<int>(*v);
+}
+
+absl::StatusOr<std::string> ParseAddress(absl::string_view what, absl::string_view text) {
+  if (absl::StartsWith(text, "unix:") && text.size() > 5) return std::string(text);
+  absl::string_view host, port;
+  if (absl::StartsWith(text, "[")) {
+    size_t close = text.find("]:");
+    if (close != absl::string_view::npos) {
+      host = text.substr(1, close - 1);
+      port = text.substr(close + 2);
+    }
+  } else if (size_t colon = text.rfind(':'); colon != absl::string_view::npos) {
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+    if (absl::StrContains(host, ':')) host = {};  // a bare IPv6 address needs brackets
+  }
+  int64_t p = 0;
+  if (host.empty() || !AllDigits(port) || port.size() > 5 || !absl::SimpleAtoi(port, &p) ||
+      p < 1 || p > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " must be HOST:PORT (a port in [1, 65535]) or unix:PATH, got '", text, "'"));
+  }
+  return std::string(text);
+}
+
+absl::StatusOr<int64_t> ParseMebibytes(absl::string_view what, absl::string_view text,
+                                       int64_t max_bytes) {
+  absl::string_view whole, frac;
+  if (!SplitDecimal(text, &whole, &frac) || whole.size() > 12 || frac.size() > 18) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " must be a non-negative number of MiB, got '", text, "'"));
+  }
+  int64_t mib = 0, f = 0;
+  (void)absl::SimpleAtoi(whole, &mib);
+  if (!frac.empty()) (void)absl::SimpleAtoi(frac, &f);
+  // bytes = (mib + f / 10^k) * 2^20, exactly.
+  __int128 scale = 1;
+  for (size_t i = 0; i < frac.size(); ++i) scale *= 10;
+  const __int128 frac_bytes_scaled = static_cast<__int128>(f) << 20;
+  if (frac_bytes_scaled % scale != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", text, " MiB is not a whole number of bytes"));
+  }
+  const __int128 bytes = (static_cast<__int128>(mib) << 20) + frac_bytes_scaled / scale;
+  if (bytes > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " must be at most ", max_bytes >> 20,
+                                                   " MiB, got '", text, "'"));
+  }
+  return static_cast<int64_t>(bytes);
+}
 
 absl::StatusOr<LaunchInfo> LaunchInfoFromEnv(const Getenv& env) {
   static const Scheme kSchemes[] = {
@@ -61,10 +282,11 @@ absl::StatusOr<LaunchInfo> LaunchInfoFromEnv(const Getenv& env) {
     auto has_size = ReadInt(env, s.size, &size);
     if (!has_size.ok()) return has_size.status();
     if (!*has_rank && !*has_size) continue;
-    if (*has_size && size < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(s.size, " must be at least 1, got ", size));
+    if (*has_size && (size < 1 || size > (1 << 16))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(s.size, " must be in [1, 65536], got ", size));
     }
-    if (*has_rank && (rank < 0 || (*has_size && rank >= size))) {
+    if (*has_rank && (rank < 0 || (*has_size && rank >= size) || rank >= (1 << 16))) {
       return absl::InvalidArgumentError(
           absl::StrCat(s.rank, "=", rank, " is outside the world of size ", size));
     }
@@ -77,70 +299,93 @@ absl::StatusOr<LaunchInfo> LaunchInfoFromEnv(const Getenv& env) {
     // Slurm's SLURM_NTASKS_PER_NODE reads "2(x3)" on uneven layouts: an unreadable local
     // size is left to the coordinator, which numbers local ranks by host.
     auto has_ls = ReadInt(env, s.local_size, &ls);
-    const bool local_known = has_ls.ok() && *has_ls && *has_lr && ls > 0;
+    if (!has_ls.ok() && absl::string_view(s.local_size) != "SLURM_NTASKS_PER_NODE") {
+      return has_ls.status();
+    }
+    const bool local_known = has_ls.ok() && *has_ls && *has_lr && ls > 0 && ls <= (1 << 16) &&
+                             lr >= 0 && lr < ls;
+    if (has_ls.ok() && *has_ls && *has_lr && !local_known) {
+      return absl::InvalidArgumentError(absl::StrCat(s.local_rank, "=", lr, " is outside ",
+                                                     s.local_size, "=", ls));
+    }
     info.local_rank = local_known ? static_cast<int>(lr) : -1;
     info.local_size = local_known ? static_cast<int>(ls) : 0;
-    if (info.local_size == 0) info.local_rank = -1;
     return info;
   }
   return info;
 }
 
-absl::StatusOr<RuntimeConfig> ConfigFromEnv(const Getenv& env) {
+proto::JobSettings ToProto(const JobSettings& s) {
+  proto::JobSettings p;
+  if (s.fusion_threshold_bytes) p.set_fusion_threshold_bytes(*s.fusion_threshold_bytes);
+  if (s.cache_capacity) p.set_cache_capacity(*s.cache_capacity);
+  if (s.stall_check) p.set_stall_check_ms(absl::ToInt64Milliseconds(*s.stall_check));
+  if (s.stall_shutdown) p.set_stall_shutdown_ms(absl::ToInt64Milliseconds(*s.stall_shutdown));
+  if (s.heartbeat_timeout) {
+    p.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(*s.heartbeat_timeout));
+  }
+  return p;
+}
+
+absl::StatusOr<RuntimeConfig> SettingsFromEnv(const Getenv& env, const NameOf& name_of) {
   RuntimeConfig c;
+  for (const Variable& v : kVariables) {
+    const char* text = env(v.name);
+    if (text == nullptr || *text == '\0') continue;
+    const std::string what = name_of ? name_of(v.name) : std::string(v.name);
+    absl::Status s = v.parse(what, text, &c);
+    if (!s.ok()) return s;
+  }
+  return c;
+}
+
+absl::StatusOr<RuntimeConfig> ConfigFromEnv(const Getenv& env) {
   auto launch = LaunchInfoFromEnv(env);
   if (!launch.ok()) return launch.status();
-  c.launch = *launch;
-  auto str = [&](const char* name, std::string* out) {
-    const char* v = env(name);
-    if (v != nullptr && *v != '\0') *out = v;
-  };
-  str("BRAID_COORDINATOR", &c.coordinator);
-  str("MASTER_ADDR", &c.coordinator_host);
-  str("BRAID_JOB_SECRET", &c.job_secret);
-  str("BRAID_TIMELINE", &c.timeline_path);
-  str("BRAID_LOG_LEVEL", &c.log_level);
-  str("BRAID_COMPRESSION", &c.compression);
-  int64_t v = 0;
-  absl::StatusOr<bool> has;
-#define BRAID_READ_INT(NAME, MIN, MAX, TARGET)                                              \
-  has = ReadInt(env, NAME, &v);                                                           \
-  if (!has.ok()) return has.status();                                                     \
-  if (*has) {                                                                             \
-    if (v < (MIN) || v > (MAX)) {                                                         \
-      return absl::InvalidArgumentError(                                                  \
-          absl::StrCat(NAME, " must be in [", (MIN), ", ", (MAX), "], got ", v));         \
-    }                                                                                     \
-    TARGET;                                                                               \
-  }
-  BRAID_READ_INT("BRAID_COORDINATOR_PORT", 0, 65535, c.coordinator_port = static_cast<int>(v));
-  BRAID_READ_INT("BRAID_FUSION_THRESHOLD", 0, int64_t{1} << 40, c.fusion_threshold_bytes = v);
-  BRAID_READ_INT("BRAID_CYCLE_TIME_MS", 0, 60000, c.cycle_time = absl::Milliseconds(v));
-  BRAID_READ_INT("BRAID_CACHE_CAPACITY", 0, 1 << 24, c.cache_capacity = static_cast<int>(v));
-  BRAID_READ_INT("BRAID_UCX_PEER_ERROR_HANDLING", 0, 1, c.ucx_peer_error_handling = v != 0);
-  BRAID_READ_INT("BRAID_SEED", 0, int64_t{1} << 62, c.seed = static_cast<uint64_t>(v));
-  BRAID_READ_INT("BRAID_TEST_COMPRESSORS", 0, 1, c.test_compressors = v != 0);
-#undef BRAID_READ_INT
-  for (auto [name, target, zero_ok] :
-       {std::tuple{"BRAID_STALL_CHECK_S", &c.stall_check, false},
-        std::tuple{"BRAID_STALL_SHUTDOWN_S", &c.stall_shutdown, true},
-        std::tuple{"BRAID_TIMEOUT_S", &c.timeout, false},
-        std::tuple{"BRAID_HEARTBEAT_TIMEOUT_S", &c.heartbeat_timeout, false}}) {
-    auto r = ReadSeconds(env, name, target, zero_ok);
-    if (!r.ok()) return r.status();
-  }
-  compression::RegistryOptions ro;
-  ro.test_methods = c.test_compressors;
-  auto spec = compression::ParseCompressionSpec(c.compression, ro);
-  if (!spec.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("BRAID_COMPRESSION: ", spec.status().message()));
-  }
-  c.compression = spec->canonical;
+  auto c = SettingsFromEnv(env);
+  if (!c.ok()) return c.status();
+  c->launch = *launch;
   return c;
 }
 
 absl::StatusOr<RuntimeConfig> ConfigFromProcessEnv() {
   return ConfigFromEnv([](const char* n) { return std::getenv(n); });
+}
+
+const std::vector<SettingFlag>& SettingFlags() {
+  static const std::vector<SettingFlag> kFlags = {
+      {"--timeout", "BRAID_TIMEOUT_S", "seconds a collective may make no progress"},
+      {"--fusion-threshold-mb", "BRAID_FUSION_THRESHOLD",
+       "fusion bucket size in MiB (the variable is in bytes; 0: no fusion)"},
+      {"--cycle-time-ms", "BRAID_CYCLE_TIME_MS", "batching window for new requests, in ms"},
+      {"--cache-capacity", "BRAID_CACHE_CAPACITY", "response cache entries (0: off)"},
+      {"--timeline-filename", "BRAID_TIMELINE", "write a Chrome-trace timeline to this file"},
+      {"--stall-check-seconds", "BRAID_STALL_CHECK_S",
+       "seconds before a tensor missing on some ranks is reported"},
+      {"--stall-shutdown-seconds", "BRAID_STALL_SHUTDOWN_S",
+       "seconds before such a stall aborts the job (0: never)"},
+      {"--heartbeat-timeout", "BRAID_HEARTBEAT_TIMEOUT_S",
+       "seconds of silence before a rank is declared lost"},
+      {"--compression", "BRAID_COMPRESSION",
+       "default compression of float all-reduces, e.g. fp16, fp4:ef=1"},
+  };
+  return kFlags;
+}
+
+const SettingFlag* FindSettingFlag(absl::string_view flag) {
+  for (const SettingFlag& f : SettingFlags()) {
+    if (flag == f.flag) return &f;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::string> SettingFlagValue(const SettingFlag& flag, absl::string_view text) {
+  if (absl::string_view(flag.flag) == "--fusion-threshold-mb") {
+    auto bytes = ParseMebibytes(flag.flag, text, kMaxFusionThreshold);
+    if (!bytes.ok()) return bytes.status();
+    return absl::StrCat(*bytes);
+  }
+  return std::string(text);
 }
 
 }  // namespace braid

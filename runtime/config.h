@@ -1,20 +1,55 @@
-// braid's configuration, parsed once from the environment into a struct (DESIGN.md lists the
-// variables). Nothing deeper in the runtime reads the environment.
+// braid's configuration: one parser with one grammar for every variable of the README's
+// table, used by the runtime, the C and Python APIs, braidrun, braidctl and
+// braid-coordinator. Nothing deeper in the runtime reads the environment.
+//
+// Note [Configuration grammar]
+//   integer  decimal digits with an optional leading '-' and nothing else ("1.0", "1e3",
+//            "+5", " 5" and "0x10" are errors), within the variable's range
+//   seconds  a decimal number of seconds ("2", "0.5", "1.250"): no sign, exponent, NaN or
+//            Inf; a whole number of milliseconds (the resolution braid keeps), at most one
+//            year; zero only where the variable says what zero means
+//   0/1      "0" or "1"
+//   port     an integer in [1, 65535]; [0, 65535] where 0 means "any free port"
+//   address  HOST:PORT, [IPV6]:PORT, or unix:PATH
+//   spec     a compression spec (compression/registry.h)
+// An empty value is the same as an unset variable. A bad value is InvalidArgument naming the
+// variable, or the command-line flag that set it, and the value.
 #ifndef BRAID_RUNTIME_CONFIG_H_
 #define BRAID_RUNTIME_CONFIG_H_
 
 #include <cstdint>
 #include <functional>
-#include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "proto/braid.pb.h"
 
 namespace braid {
 
-// Where this process sits in the job, from the launcher's variables. -1 / 0 = unknown (the
-// coordinator assigns it).
+// ---- The grammar's parsers. `what` names the variable or flag in errors. ----
+
+absl::StatusOr<int64_t> ParseInteger(absl::string_view what, absl::string_view text,
+                                     int64_t min, int64_t max);
+// `zero_allowed`: whether "0" is meaningful for this variable.
+absl::StatusOr<absl::Duration> ParseSeconds(absl::string_view what, absl::string_view text,
+                                            bool zero_allowed);
+absl::StatusOr<bool> ParseZeroOrOne(absl::string_view what, absl::string_view text);
+absl::StatusOr<int> ParsePort(absl::string_view what, absl::string_view text, bool zero_allowed);
+// Checks HOST:PORT / [IPV6]:PORT / unix:PATH and returns `text` unchanged.
+absl::StatusOr<std::string> ParseAddress(absl::string_view what, absl::string_view text);
+// A decimal number of MiB (2^20 bytes) as bytes: "2" -> 2097152, "0.5" -> 524288; refused
+// when it is not a whole number of bytes ("0.1") or exceeds `max_bytes`.
+absl::StatusOr<int64_t> ParseMebibytes(absl::string_view what, absl::string_view text,
+                                       int64_t max_bytes);
+
+// ---- Where this process sits in the job ----
+
+// From the launcher's variables. -1 / 0 = unknown (the coordinator assigns it).
 struct LaunchInfo {
   int rank = -1;
   int size = 0;
@@ -23,42 +58,77 @@ struct LaunchInfo {
   std::string source;  // "braid", "torchrun", "slurm", "openmpi" or "" (none found)
 };
 
+using Getenv = std::function<const char*(const char*)>;
+
 // Looks, in order, at BRAID_RANK/BRAID_SIZE/BRAID_LOCAL_RANK/BRAID_LOCAL_SIZE, torchrun
 // (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), Slurm (SLURM_PROCID, SLURM_NTASKS,
 // SLURM_LOCALID, SLURM_NTASKS_PER_NODE), Open MPI (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK,
 // _LOCAL_SIZE). `getenv` returns nullptr for an unset variable. InvalidArgument names a
 // variable that is not an integer or is out of range.
-absl::StatusOr<LaunchInfo> LaunchInfoFromEnv(
-    const std::function<const char*(const char*)>& getenv);
+absl::StatusOr<LaunchInfo> LaunchInfoFromEnv(const Getenv& getenv);
 
+// ---- Settings ----
+
+// Note [Job settings]: these must have one value for the whole job, so the coordinator
+// decides them once, at registration, and returns them to every rank
+// (coordinator/rendezvous.h says how). Here each is present only when its variable is set.
+struct JobSettings {
+  std::optional<int64_t> fusion_threshold_bytes;    // BRAID_FUSION_THRESHOLD
+  std::optional<int> cache_capacity;                // BRAID_CACHE_CAPACITY
+  std::optional<absl::Duration> stall_check;        // BRAID_STALL_CHECK_S
+  std::optional<absl::Duration> stall_shutdown;     // BRAID_STALL_SHUTDOWN_S
+  std::optional<absl::Duration> heartbeat_timeout;  // BRAID_HEARTBEAT_TIMEOUT_S
+};
+// The wire form: the fields that are set, durations in milliseconds.
+proto::JobSettings ToProto(const JobSettings& settings);
+
+// Everything else is this process's own: ranks may differ without harm (a rank's cycle time
+// only changes when it sends, its timeout how long it waits).
 struct RuntimeConfig {
   LaunchInfo launch;
   std::string coordinator;               // BRAID_COORDINATOR host:port; "" = rank 0 hosts it
   std::string coordinator_host = "127.0.0.1";  // MASTER_ADDR when rank 0 hosts
   int coordinator_port = 29600;          // BRAID_COORDINATOR_PORT
   std::string job_secret;                // BRAID_JOB_SECRET
-  int64_t fusion_threshold_bytes = 64 << 20;   // BRAID_FUSION_THRESHOLD
   absl::Duration cycle_time = absl::Milliseconds(1);  // BRAID_CYCLE_TIME_MS
-  int cache_capacity = 1024;             // BRAID_CACHE_CAPACITY
   std::string timeline_path;             // BRAID_TIMELINE
-  absl::Duration stall_check = absl::Seconds(60);     // BRAID_STALL_CHECK_S
-  absl::Duration stall_shutdown = absl::ZeroDuration();  // BRAID_STALL_SHUTDOWN_S (0 = never)
-  std::string log_level;                 // BRAID_LOG_LEVEL
   // BRAID_COMPRESSION: the default for floating-point sum/average all-reduces that do not
   // name one (see compression/registry.h); validated, kept in canonical form.
   std::string compression = "none";
   uint64_t seed = 0;                     // BRAID_SEED: stochastic-rounding streams
   bool test_compressors = false;         // BRAID_TEST_COMPRESSORS: enables test-only methods
-  absl::Duration timeout = absl::Seconds(60);            // BRAID_TIMEOUT_S
-  absl::Duration heartbeat_timeout = absl::Seconds(10);  // BRAID_HEARTBEAT_TIMEOUT_S
+  absl::Duration timeout = absl::Seconds(60);  // BRAID_TIMEOUT_S
   bool ucx_peer_error_handling = false;  // BRAID_UCX_PEER_ERROR_HANDLING
+  JobSettings job;                       // proposed to the coordinator at registration
 };
 
-// Parses every variable above. InvalidArgument names the variable and the bad value.
-absl::StatusOr<RuntimeConfig> ConfigFromEnv(
-    const std::function<const char*(const char*)>& getenv);
+// What an error calls a variable: the variable itself, or the flag that set it.
+using NameOf = std::function<std::string(absl::string_view variable)>;
+
+// Every variable above, launch info included. InvalidArgument names the variable and value.
+absl::StatusOr<RuntimeConfig> ConfigFromEnv(const Getenv& getenv);
 // Same, from the process environment.
 absl::StatusOr<RuntimeConfig> ConfigFromProcessEnv();
+// The settings only (launch info left unknown), for the tools: braidrun checks its whole
+// environment with it before starting a rank, braid-coordinator reads its job settings.
+// `name_of` (null: the variable's own name) is what errors call each variable.
+absl::StatusOr<RuntimeConfig> SettingsFromEnv(const Getenv& getenv, const NameOf& name_of = {});
+
+// ---- Command-line flags of braidrun and braid-coordinator: each sets one variable ----
+
+struct SettingFlag {
+  const char* flag;      // "--timeout"
+  const char* variable;  // "BRAID_TIMEOUT_S"
+  const char* help;
+};
+// Every such flag, in a stable order (the order braidrun sets their variables in).
+const std::vector<SettingFlag>& SettingFlags();
+// The flag named `flag` ("--timeout"), or null.
+const SettingFlag* FindSettingFlag(absl::string_view flag);
+// The value of the flag's variable for the flag's text: the same text, except where the
+// flag has its own unit (--fusion-threshold-mb is MiB, BRAID_FUSION_THRESHOLD bytes). Checks
+// only the unit; SettingsFromEnv checks the value, naming the flag through `name_of`.
+absl::StatusOr<std::string> SettingFlagValue(const SettingFlag& flag, absl::string_view text);
 
 }  // namespace braid
 

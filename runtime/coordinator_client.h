@@ -17,10 +17,12 @@ class CoordinatorClient {
  public:
   virtual ~CoordinatorClient() = default;
 
-  // Blocks until the whole world registered; `timeout` bounds the wait.
+  // Blocks until the whole world registered; `timeout` bounds the wait. The response holds
+  // this rank's place, the job's settings and every rank's data-plane address: one round
+  // trip per rank.
   virtual absl::StatusOr<proto::RegisterResponse> Register(const proto::RegisterRequest& req,
                                                            absl::Duration timeout) = 0;
-  // The coordinator's key-value store, for the data plane's address exchange.
+  // The coordinator's key-value store (for tools; peers come with registration).
   virtual Store* store() = 0;
 
   // Opens this rank's negotiation stream. `on_message` is called for every ResponseList in

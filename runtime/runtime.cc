@@ -21,17 +21,11 @@
 #include "coordinator/server.h"
 #include "glog/logging.h"
 #include "runtime/heartbeat_report.h"
+#include "runtime/registration.h"
 #include "runtime/timeline.h"
-#include "transport/ucx_communicator.h"
 
 namespace braid {
 namespace {
-
-std::string HostName() {
-  char buf[256] = {0};
-  gethostname(buf, sizeof(buf) - 1);
-  return buf;
-}
 
 absl::string_view CollectiveName(Collective c) {
   switch (c) {
@@ -136,6 +130,14 @@ class Runtime::Impl {
     }
     return stage_->Report();  // stage_ changes only in Init, before the state is kRunning
   }
+  absl::StatusOr<std::string> compression_state() const {
+    BRAID_RETURN_IF_ERROR(CheckNoCompressionInFlight("compression_state()"));
+    return stage_->SaveState(rank_, size_);
+  }
+  absl::Status LoadCompressionState(absl::string_view state) {
+    BRAID_RETURN_IF_ERROR(CheckNoCompressionInFlight("load_compression_state()"));
+    return stage_->LoadState(state, rank_, size_);
+  }
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 
@@ -148,6 +150,8 @@ class Runtime::Impl {
   };
 
   absl::Status CheckRunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FailedPrecondition when not running or while a compressed all-reduce is in flight.
+  absl::Status CheckNoCompressionInFlight(absl::string_view what) const;
   absl::Status CheckRequest(const CollectiveRequest& r) const;
   void Loop();
   void OnMessage(const proto::ResponseList& msg);
@@ -205,6 +209,19 @@ absl::Status Runtime::Impl::CheckRunningLocked() const {
   return absl::InternalError("bad state");
 }
 
+absl::Status Runtime::Impl::CheckNoCompressionInFlight(absl::string_view what) const {
+  absl::MutexLock lock(&mu_);
+  BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+  for (const auto& [name, e] : table_) {
+    if (e.req.collective == Collective::kAllReduce && e.req.compression != "none") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " on rank ", rank_, " while the compressed all-reduce '", name,
+          "' is in flight: call it between steps, after synchronizing every all-reduce"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
   absl::MutexLock lifecycle(&lifecycle_mu_);
   {
@@ -227,9 +244,8 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
       so.port = alone ? 0 : config.coordinator_port;
       so.world_size = launch.size;
       so.job_secret = config.job_secret;
-      so.heartbeat_timeout = config.heartbeat_timeout;
-      so.stall_check = config.stall_check;
-      so.stall_shutdown = config.stall_shutdown;
+      // No settings of its own: every rank's registration proposes the job settings it set,
+      // this one's included (Note [Job settings]).
       BRAID_ASSIGN_OR_RETURN(hosted_, coordinator::StartCoordinator(so));
       address = hosted_->address();
     } else if (launch.rank < 0) {
@@ -249,12 +265,16 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
   coordinator::ClientOptions co;
   co.address = address;
   co.connect_timeout = std::max(config.timeout, absl::Seconds(30));
-  co.heartbeat_interval = std::max(absl::Milliseconds(100), config.heartbeat_timeout / 4);
+  // Registration replaces it with the job's (coordinator/client.h).
+  if (config.job.heartbeat_timeout) {
+    co.heartbeat_interval = coordinator::HeartbeatInterval(*config.job.heartbeat_timeout);
+  }
   // Heartbeats carry this rank's compression totals (braidctl status). stage_ exists before
   // the client and is replaced only by the next Init, after client_->Close().
   co.fill_heartbeat = [this](proto::HeartbeatRequest* hb) { AddCompressionTotals(*stage_, hb); };
   auto fail = [this](absl::Status s) {
     timeline_.reset();
+    comm_.reset();
     client_.reset();
     if (hosted_) hosted_->Shutdown(absl::ZeroDuration());
     hosted_.reset();
@@ -264,24 +284,15 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
   if (!client.ok()) return fail(client.status());
   client_ = *std::move(client);
 
-  proto::RegisterRequest reg;
-  reg.set_rank(launch.rank);
-  reg.set_size(launch.size);
-  reg.set_local_rank(launch.local_rank);
-  reg.set_local_size(launch.local_size);
-  reg.set_host(HostName());
-  reg.set_pid(getpid());
-  reg.set_job_secret(config.job_secret);
-  reg.set_fusion_threshold_bytes(config.fusion_threshold_bytes);
-  reg.set_stall_check_ms(absl::ToInt64Milliseconds(config.stall_check));
-  reg.set_cache_capacity(config.cache_capacity);
-  reg.set_stall_shutdown_ms(absl::ToInt64Milliseconds(config.stall_shutdown));
-  auto registered = client_->Register(reg, std::max(config.timeout, absl::Seconds(60)));
-  if (!registered.ok()) return fail(registered.status());
-  rank_ = registered->rank();
-  size_ = registered->size();
-  local_rank_ = registered->local_rank();
-  local_size_ = registered->local_size();
+  // Note [Peers at registration]: one Register RPC, then the data plane connects.
+  auto joined = JoinJob(config, launch, *client_);
+  if (!joined.ok()) return fail(joined.status());
+  const proto::RegisterResponse& registered = joined->registration;
+  rank_ = registered.rank();
+  size_ = registered.size();
+  local_rank_ = registered.local_rank();
+  local_size_ = registered.local_size();
+  comm_ = std::move(joined->comm);
 
   if (!config.timeline_path.empty()) {
     // Rank 0 writes the path itself, rank r writes PATH.rank<r>.
@@ -291,17 +302,6 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
     if (!tl.ok()) return fail(tl.status());
     timeline_ = *std::move(tl);
   }
-
-  transport::UcxOptions uo;
-  uo.rank = rank_;
-  uo.size = size_;
-  uo.store = client_->store();
-  uo.timeout = config.timeout;
-  uo.connect_timeout = std::max(config.timeout, absl::Seconds(30));
-  uo.peer_error_handling = config.ucx_peer_error_handling;
-  auto comm = transport::CreateUcxCommunicator(uo);
-  if (!comm.ok()) return fail(comm.status());
-  comm_ = *std::move(comm);
 
   {
     absl::MutexLock lock(&mu_);
@@ -840,6 +840,12 @@ absl::StatusOr<transport::TransportStats> Runtime::transport_stats() const {
 }
 absl::StatusOr<compression::CompressionReport> Runtime::compression_report() const {
   return impl_->compression_report();
+}
+absl::StatusOr<std::string> Runtime::compression_state() const {
+  return impl_->compression_state();
+}
+absl::Status Runtime::LoadCompressionState(absl::string_view state) {
+  return impl_->LoadCompressionState(state);
 }
 
 Runtime& GlobalRuntime() {

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/dtype.h"
 #include "compression/stage.h"
 #include "runtime/config.h"
@@ -94,6 +95,18 @@ class Runtime {
   // (payload vs transport bytes against the uncompressed ones; see compression/stage.h).
   // FailedPrecondition when not initialised.
   absl::StatusOr<compression::CompressionReport> compression_report() const;
+
+  // This rank's compression state for a training checkpoint: the state compressors keep
+  // across steps (PowerSGD's Q matrices and error-feedback residuals) and every tensor's step
+  // counter, as bytes in the versioned format of CompressionStage::SaveState
+  // (compression/stage.h). Per rank: residuals differ across ranks. Take it between steps:
+  // FailedPrecondition when not initialised, or while a compressed all-reduce is in flight
+  // on this rank (the state would fall between two buckets of a step).
+  absl::StatusOr<std::string> compression_state() const;
+  // Restores a compression_state() result (after resuming from a checkpoint, before the next
+  // step), so training continues bit-identically. FailedPrecondition as compression_state();
+  // InvalidArgument, with nothing changed, when `state` is malformed.
+  absl::Status LoadCompressionState(absl::string_view state);
 
   class Impl;
 

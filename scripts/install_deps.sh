@@ -10,7 +10,9 @@ PACKAGES=(
   libabsl-dev libgoogle-glog-dev libgflags-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev
+  libopenblas-dev
   python3 python3-dev pybind11-dev python3-numpy python3-pytest python3-sklearn python3-torch
+  python3-tqdm dataset-fashion-mnist
   libopenmpi-dev openmpi-bin
   bazel-bootstrap bazel-rules-java
 )

@@ -71,20 +71,14 @@ absl::Status UcxError(absl::string_view what, ucs_status_t status) {
 }
 
 // What a peer publishes in the store: host, pid and its worker address.
-struct PeerInfo {
-  std::string host;
-  int64_t pid = 0;
-  std::string address;
-};
-
-std::string EncodePeer(const PeerInfo& p) {
+std::string EncodePeer(const PeerAddress& p) {
   return absl::StrCat(p.host, "\n", p.pid, "\n", p.address);
 }
 
-absl::StatusOr<PeerInfo> DecodePeer(const std::string& s) {
+absl::StatusOr<PeerAddress> DecodePeer(const std::string& s) {
   size_t a = s.find('\n');
   size_t b = a == std::string::npos ? a : s.find('\n', a + 1);
-  PeerInfo p;
+  PeerAddress p;
   if (b == std::string::npos || !absl::SimpleAtoi(s.substr(a + 1, b - a - 1), &p.pid)) {
     return absl::InternalError("malformed peer record in the rendezvous store");
   }
@@ -98,7 +92,11 @@ class UcxCommunicator final : public Communicator {
   explicit UcxCommunicator(const UcxOptions& o) : opts_(o), rank_(o.rank), size_(o.size) {}
   ~UcxCommunicator() override;
 
-  absl::Status Init();
+  // Creates the context and the worker; self() is then known.
+  absl::Status OpenWorker();
+  // Connects to `peers` (rank order, this rank's among them).
+  absl::Status Connect(std::vector<PeerAddress> peers);
+  const PeerAddress& self() const { return self_; }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -180,7 +178,8 @@ class UcxCommunicator final : public Communicator {
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
   std::vector<ucp_ep_h> eps_;
-  std::vector<PeerInfo> peers_;
+  PeerAddress self_;
+  std::vector<PeerAddress> peers_;
   std::vector<std::pair<UcxCommunicator*, int>> ep_args_;  // err-handler argument per peer
   absl::Duration spin_;
   uint64_t seq_ = 0;
@@ -200,31 +199,20 @@ class UcxCommunicator final : public Communicator {
   mutable std::string describe_cache_;
 };
 
-absl::Status UcxCommunicator::Init() {
-  if (size_ < 1 || rank_ < 0 || rank_ >= size_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("invalid rank ", rank_, " for world size ", size_));
-  }
-  if (size_ > (1 << kRankBits)) {
-    return absl::InvalidArgumentError(absl::StrCat("world size ", size_, " exceeds 65536"));
-  }
-  if (size_ > 1 && opts_.store == nullptr) {
-    return absl::InvalidArgumentError("UcxOptions.store is required when size > 1");
-  }
+absl::Status UcxCommunicator::OpenWorker() {
   // Peer error handling turns the shared-memory transports off unless they are allowed to
-  // handle errors themselves (TRAPS.md). Only needed when local peers use it too.
+  // handle errors themselves. Only needed when local peers use it too.
   if (opts_.peer_error_handling) {
     setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
     setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
   }
-
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return UcxError("ucp_config_read", st);
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
-  params.estimated_num_eps = static_cast<size_t>(size_);
+  params.estimated_num_eps = static_cast<size_t>(std::max(size_, 1));
   st = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   if (st != UCS_OK) return UcxError("ucp_init", st);
@@ -242,48 +230,59 @@ absl::Status UcxCommunicator::Init() {
   size_t addr_len = 0;
   st = ucp_worker_get_address(worker_, &addr, &addr_len);
   if (st != UCS_OK) return UcxError("ucp_worker_get_address", st);
-  PeerInfo self{HostName(), static_cast<int64_t>(getpid()),
-                std::string(reinterpret_cast<const char*>(addr), addr_len)};
+  self_ = PeerAddress{HostName(), static_cast<int64_t>(getpid()),
+                      std::string(reinterpret_cast<const char*>(addr), addr_len)};
   ucp_worker_release_address(worker_, addr);
+  return absl::OkStatus();
+}
 
-  peers_.assign(size_, PeerInfo{});
-  peers_[rank_] = self;
-  eps_.assign(size_, nullptr);
-  if (size_ > 1) {
-    const std::string key_base = opts_.store_prefix + "/addr/";
-    BRAID_RETURN_IF_ERROR(opts_.store->Set(key_base + std::to_string(rank_), EncodePeer(self)));
-    std::vector<std::string> keys;
-    for (int p = 0; p < size_; ++p) keys.push_back(key_base + std::to_string(p));
-    BRAID_RETURN_IF_ERROR(opts_.store->Wait(keys, opts_.connect_timeout));
-    ep_args_.resize(size_);
-    for (int p = 0; p < size_; ++p) {
-      if (p == rank_) continue;
-      BRAID_ASSIGN_OR_RETURN(std::string raw, opts_.store->Get(keys[p], opts_.connect_timeout));
-      BRAID_ASSIGN_OR_RETURN(peers_[p], DecodePeer(raw));
-      ep_args_[p] = {this, p};
-      ucp_ep_params_t ep{};
-      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      ep.address = reinterpret_cast<const ucp_address_t*>(peers_[p].address.data());
-      // Note [Local peers and CMA]: in UCX 1.13 peer error handling drops the cma
-      // rendezvous lane, which makes every large intra-host message cost two copies
-      // through a shared-memory bounce buffer instead of one process_vm_readv. Peers on
-      // this host are watched through /proc instead (CheckPeers), so they use the default
-      // mode unless options.peer_error_handling forces it; remote peers always use it.
-      const bool local = peers_[p].host == self.host;
-      ep.err_mode = (local && !opts_.peer_error_handling) ? UCP_ERR_HANDLING_MODE_NONE
-                                                          : UCP_ERR_HANDLING_MODE_PEER;
-      ep.err_handler.cb = &UcxCommunicator::OnEndpointError;
-      ep.err_handler.arg = &ep_args_[p];
-      st = ucp_ep_create(worker_, &ep, &eps_[p]);
-      if (st != UCS_OK) return UcxError(absl::StrCat("ucp_ep_create to rank ", p), st);
+absl::Status UcxCommunicator::Connect(std::vector<PeerAddress> peers) {
+  const int n = static_cast<int>(peers.size());
+  if (rank_ < 0) {  // assigned by the coordinator: this rank is the one with our address
+    for (int p = 0; p < n && rank_ < 0; ++p) {
+      if (peers[p].address == self_.address) rank_ = p;
     }
+  }
+  if (size_ <= 0) size_ = n;
+  if (size_ < 1 || rank_ < 0 || rank_ >= size_ || n != size_) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid rank ", rank_, " for world size ",
+                                                   size_, " with ", n, " peer addresses"));
+  }
+  if (size_ > (1 << kRankBits)) {
+    return absl::InvalidArgumentError(absl::StrCat("world size ", size_, " exceeds 65536"));
+  }
+  if (peers[rank_].address != self_.address) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer address ", rank_, " is not this rank's worker"));
+  }
+  peers_ = std::move(peers);
+  eps_.assign(size_, nullptr);
+  ep_args_.resize(size_);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    ep_args_[p] = {this, p};
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(peers_[p].address.data());
+    // Note [Local peers and CMA]: in UCX 1.13 peer error handling drops the cma
+    // rendezvous lane, which makes every large intra-host message cost two copies
+    // through a shared-memory bounce buffer instead of one process_vm_readv. Peers on
+    // this host are watched through /proc instead (CheckPeers), so they use the default
+    // mode unless options.peer_error_handling forces it; remote peers always use it.
+    const bool local = peers_[p].host == self_.host;
+    ep.err_mode = (local && !opts_.peer_error_handling) ? UCP_ERR_HANDLING_MODE_NONE
+                                                        : UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &UcxCommunicator::OnEndpointError;
+    ep.err_handler.arg = &ep_args_[p];
+    ucs_status_t st = ucp_ep_create(worker_, &ep, &eps_[p]);
+    if (st != UCS_OK) return UcxError(absl::StrCat("ucp_ep_create to rank ", p), st);
   }
   if (opts_.spin < absl::ZeroDuration()) {
     int local = 0;
-    for (const auto& p : peers_) local += p.host == self.host ? 1 : 0;
+    for (const auto& p : peers_) local += p.host == self_.host ? 1 : 0;
     unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    // Over-subscribed ranks must not burn the core a peer needs (TRAPS.md).
+    // Over-subscribed ranks must not burn the core a peer needs.
     spin_ = static_cast<unsigned>(local) <= cores ? absl::Microseconds(50) : absl::ZeroDuration();
   } else {
     spin_ = opts_.spin;
@@ -979,10 +978,60 @@ absl::StatusOr<UcxOptions> UcxOptionsFromEnv(UcxOptions o) {
   return o;
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(const UcxOptions& options) {
+namespace {
+
+class UcxWorkerImpl final : public UcxWorker {
+ public:
+  explicit UcxWorkerImpl(std::unique_ptr<UcxCommunicator> comm) : comm_(std::move(comm)) {}
+  const PeerAddress& self() const override { return comm_->self(); }
+  std::unique_ptr<UcxCommunicator> Take() { return std::move(comm_); }
+
+ private:
+  std::unique_ptr<UcxCommunicator> comm_;  // opened, not connected
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<UcxWorker>> OpenUcxWorker(const UcxOptions& options) {
   auto comm = std::make_unique<UcxCommunicator>(options);
-  BRAID_RETURN_IF_ERROR(comm->Init());
+  BRAID_RETURN_IF_ERROR(comm->OpenWorker());
+  return std::unique_ptr<UcxWorker>(std::make_unique<UcxWorkerImpl>(std::move(comm)));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectUcx(std::unique_ptr<UcxWorker> worker,
+                                                         std::vector<PeerAddress> peers) {
+  auto* impl = dynamic_cast<UcxWorkerImpl*>(worker.get());
+  if (impl == nullptr) return absl::InvalidArgumentError("not a worker from OpenUcxWorker");
+  std::unique_ptr<UcxCommunicator> comm = impl->Take();
+  BRAID_RETURN_IF_ERROR(comm->Connect(std::move(peers)));
   return std::unique_ptr<Communicator>(std::move(comm));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(const UcxOptions& options) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid rank ", options.rank, " for world size ", options.size));
+  }
+  if (options.size > 1 && options.store == nullptr) {
+    return absl::InvalidArgumentError("UcxOptions.store is required when size > 1");
+  }
+  BRAID_ASSIGN_OR_RETURN(std::unique_ptr<UcxWorker> worker, OpenUcxWorker(options));
+  std::vector<PeerAddress> peers(options.size);
+  peers[options.rank] = worker->self();
+  if (options.size > 1) {
+    const std::string key_base = options.store_prefix + "/addr/";
+    BRAID_RETURN_IF_ERROR(
+        options.store->Set(key_base + std::to_string(options.rank), EncodePeer(worker->self())));
+    std::vector<std::string> keys;
+    for (int p = 0; p < options.size; ++p) keys.push_back(key_base + std::to_string(p));
+    BRAID_RETURN_IF_ERROR(options.store->Wait(keys, options.connect_timeout));
+    for (int p = 0; p < options.size; ++p) {
+      if (p == options.rank) continue;
+      BRAID_ASSIGN_OR_RETURN(std::string raw, options.store->Get(keys[p], options.connect_timeout));
+      BRAID_ASSIGN_OR_RETURN(peers[p], DecodePeer(raw));
+    }
+  }
+  return ConnectUcx(std::move(worker), std::move(peers));
 }
 
 }  // namespace braid::transport

@@ -16,6 +16,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -33,7 +34,7 @@ struct UcxOptions {
   std::string store_prefix = "ucx";
   // A collective that makes no progress for this long fails (BRAID_TIMEOUT_S).
   absl::Duration timeout = absl::Seconds(60);
-  // How long Create waits for every peer's address.
+  // How long CreateUcxCommunicator waits for every peer's address.
   absl::Duration connect_timeout = absl::Seconds(60);
   // All-reduces of at least this many bytes use the ring.
   size_t ring_threshold_bytes = 256 * 1024;
@@ -53,13 +54,41 @@ struct UcxOptions {
 // BRAID_UCX_PEER_ERROR_HANDLING (0/1). InvalidArgument names a malformed variable.
 absl::StatusOr<UcxOptions> UcxOptionsFromEnv(UcxOptions defaults = {});
 
-// Creates the UCP context and worker, publishes this rank's worker address in the store,
-// waits for every peer's and connects to them. Errors: InvalidArgument (bad options),
-// DeadlineExceeded (a peer never published), Internal (UCX failed).
+// Where a rank's data plane can be reached: its host, its pid (peers on one host watch each
+// other's process) and its UCX worker address.
+struct PeerAddress {
+  std::string host;
+  int64_t pid = 0;
+  std::string address;
+};
+
+// A UCX worker opened but not yet connected: its address can travel to the peers (in the
+// coordinator's RegisterResponse) before any of them is known.
+class UcxWorker {
+ public:
+  virtual ~UcxWorker() = default;
+  virtual const PeerAddress& self() const = 0;
+};
+
+// Creates the UCP context and worker. `options.rank` / `options.size` may still be unknown
+// (-1 / 0) when the coordinator assigns ranks: ConnectUcx then takes them from the peers.
+// Errors: Internal (UCX failed).
 //
 // UCX is configured from the environment as usual (UCX_TLS, UCX_NET_DEVICES, ...). Unless
 // already set, braid sets UCX_POSIX_ERROR_HANDLING=y and UCX_SYSV_ERROR_HANDLING=y so the
 // shared-memory transports stay usable with peer error handling.
+absl::StatusOr<std::unique_ptr<UcxWorker>> OpenUcxWorker(const UcxOptions& options);
+
+// Connects `worker` to every peer; peers[r] is rank r's address and peers[options.rank] ==
+// worker->self() (with options.rank unknown, this rank is the one whose address is the
+// worker's, and the world size is peers.size()). Errors: InvalidArgument (bad options, or
+// the worker is not among the peers), Internal (UCX failed).
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectUcx(std::unique_ptr<UcxWorker> worker,
+                                                         std::vector<PeerAddress> peers);
+
+// The store-based convenience: OpenUcxWorker, publish this rank's address in options.store,
+// wait for every peer's, ConnectUcx. Errors: as above, and DeadlineExceeded (a peer never
+// published within connect_timeout).
 absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(const UcxOptions& options);
 
 }  // namespace braid::transport

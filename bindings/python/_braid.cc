@@ -1,11 +1,12 @@
 // braid._braid: the pybind11 layer under the `braid` Python package.
 //
-// It is deliberately thin: it turns NumPy buffers into braid::CollectiveRequest, hands them to
+// It is deliberately thin: it turns NumPy buffers (`enqueue`) or raw addresses of framework
+// tensors (`enqueue_ptr`, used by braid.torch) into braid::CollectiveRequest, hands them to
 // braid::GlobalRuntime(), and maps absl::Status onto the braid.BraidError hierarchy. Argument
 // conversion (dtypes, contiguity, output allocation, names, copy-back for in-place calls on
-// non-contiguous arrays) lives in braid/_ops.py, which keeps the arrays alive until the
-// collective completes; nothing here holds a Python object beyond the call that received it,
-// and the runtime's background thread never sees one.
+// non-contiguous tensors) lives in braid/_ops.py and braid/torch/, which keep the arrays and
+// tensors alive until the collective completes; nothing here holds a Python object beyond the
+// call that received it, and the runtime's background thread never sees one.
 //
 // GIL: released around every call that can block (init, shutdown, enqueue, wait). Waiting is
 // done in slices so that Ctrl-C (SIGINT) raises KeyboardInterrupt in the waiting thread.
@@ -25,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
+#include "compression/registry.h"
 #include "compression/stage.h"
 #include "glog/logging.h"
 #include "runtime/config.h"
@@ -106,10 +108,18 @@ void InitLogging() {
 // holds the arrays; this holds the runtime's handle.
 class NativeHandle {
  public:
-  NativeHandle(std::shared_ptr<braid::Handle> h, std::string name)
-      : h_(std::move(h)), name_(std::move(name)) {}
+  NativeHandle(std::shared_ptr<braid::Handle> h, std::string name, const void* input,
+               const void* output)
+      : h_(std::move(h)),
+        name_(std::move(name)),
+        input_address_(reinterpret_cast<uintptr_t>(input)),
+        output_address_(reinterpret_cast<uintptr_t>(output)) {}
 
   const std::string& name() const { return name_; }
+  // The addresses the runtime was handed (0: none). They let the bindings' tests check that
+  // a contiguous tensor reaches the runtime without a staging copy.
+  uintptr_t input_address() const { return input_address_; }
+  uintptr_t output_address() const { return output_address_; }
   bool poll() const { return h_->Poll(); }
 
   // Waits until the collective completes or `timeout_s` (None: forever) passes. Returns
@@ -164,11 +174,27 @@ class NativeHandle {
     return py::array(dtype, dims, {}, const_cast<char*>(bytes.data()), owner);
   }
 
+  // The runtime-owned result as a flat uint8 array over its bytes, without a copy (the
+  // array keeps the handle alive). A framework binding views it in its own dtype, which
+  // NumPy may not have (bfloat16).
+  py::array output_bytes() const {
+    check();
+    const std::vector<char>& bytes = h_->output();
+    const py::dtype u8 = py::dtype::of<uint8_t>();
+    if (bytes.empty()) return py::array(u8, std::vector<py::ssize_t>{0});
+    auto* keep = new std::shared_ptr<braid::Handle>(h_);
+    py::capsule owner(keep, [](void* p) { delete static_cast<std::shared_ptr<braid::Handle>*>(p); });
+    return py::array(u8, std::vector<py::ssize_t>{static_cast<py::ssize_t>(bytes.size())}, {},
+                     const_cast<char*>(bytes.data()), owner);
+  }
+
   std::vector<int64_t> output_shape() const { return h_->output_shape(); }
 
  private:
   std::shared_ptr<braid::Handle> h_;
   std::string name_;
+  uintptr_t input_address_;
+  uintptr_t output_address_;
 };
 
 braid::DataType CheckedDataType(int dtype, const py::array& a, const char* what) {
@@ -194,12 +220,10 @@ void RequireContiguous(const py::array& a, const char* what, bool writeable) {
   }
 }
 
-// Enqueues one collective. `input` must be C-contiguous with elements of `dtype`'s size;
-// `output`, when given, C-contiguous and writeable (it may be `input` itself). The caller
-// (braid._ops) must keep both arrays alive and unmodified until the handle completes.
-NativeHandle Enqueue(int collective, const std::string& name, int dtype, const py::array& input,
-                     std::optional<py::array> output, int op, int root_rank,
-                     const std::vector<int64_t>& splits, const std::string& compression) {
+// Checks the codes every enqueue shares and fills them into a request.
+braid::CollectiveRequest NewRequest(int collective, const std::string& name, int op,
+                                    int root_rank, const std::vector<int64_t>& splits,
+                                    const std::string& compression) {
   if (collective < 0 || collective > static_cast<int>(braid::Collective::kBarrier)) {
     Raise(absl::InvalidArgumentError("unknown collective code " + std::to_string(collective)));
   }
@@ -209,6 +233,32 @@ NativeHandle Enqueue(int collective, const std::string& name, int dtype, const p
   braid::CollectiveRequest r;
   r.name = name;
   r.collective = static_cast<braid::Collective>(collective);
+  r.op = static_cast<braid::ReduceOp>(op);
+  r.root_rank = root_rank;
+  r.splits = splits;
+  r.compression = compression;  // "" = the job's default (BRAID_COMPRESSION)
+  return r;
+}
+
+NativeHandle Submit(braid::CollectiveRequest r) {
+  std::string name = r.name;
+  const void* input = r.input;
+  const void* output = r.output;
+  absl::StatusOr<std::shared_ptr<braid::Handle>> h;
+  {
+    py::gil_scoped_release release;
+    h = braid::GlobalRuntime().Enqueue(std::move(r));
+  }
+  return NativeHandle(Value(std::move(h)), std::move(name), input, output);
+}
+
+// Enqueues one collective. `input` must be C-contiguous with elements of `dtype`'s size;
+// `output`, when given, C-contiguous and writeable (it may be `input` itself). The caller
+// (braid._ops) must keep both arrays alive and unmodified until the handle completes.
+NativeHandle Enqueue(int collective, const std::string& name, int dtype, const py::array& input,
+                     std::optional<py::array> output, int op, int root_rank,
+                     const std::vector<int64_t>& splits, const std::string& compression) {
+  braid::CollectiveRequest r = NewRequest(collective, name, op, root_rank, splits, compression);
   r.dtype = CheckedDataType(dtype, input, "input");
   RequireContiguous(input, "input", false);
   r.shape.assign(input.shape(), input.shape() + input.ndim());
@@ -221,16 +271,44 @@ NativeHandle Enqueue(int collective, const std::string& name, int dtype, const p
     r.output = output->mutable_data();
     r.output_capacity_bytes = static_cast<size_t>(output->nbytes());
   }
-  r.op = static_cast<braid::ReduceOp>(op);
-  r.root_rank = root_rank;
-  r.splits = splits;
-  r.compression = compression;  // "" = the job's default (BRAID_COMPRESSION)
-  absl::StatusOr<std::shared_ptr<braid::Handle>> h;
-  {
-    py::gil_scoped_release release;
-    h = braid::GlobalRuntime().Enqueue(std::move(r));
+  return Submit(std::move(r));
+}
+
+// Enqueues one collective on host memory given by address: how braid.torch hands a
+// contiguous tensor's storage (tensor.data_ptr()) to the runtime without a copy. `shape` is
+// the input's, in elements of `dtype`; `output` (0: none) holds `output_capacity` bytes and may
+// equal `input` (in place). The caller keeps both tensors alive and the input unmodified until
+// the handle completes. (Device memory and CUDA streams will come through the same call with a
+// device field, once the runtime has a device data plane.)
+NativeHandle EnqueuePtr(int collective, const std::string& name, int dtype, uintptr_t input,
+                        const std::vector<int64_t>& shape, uintptr_t output,
+                        size_t output_capacity, int op, int root_rank,
+                        const std::vector<int64_t>& splits, const std::string& compression) {
+  braid::CollectiveRequest r = NewRequest(collective, name, op, root_rank, splits, compression);
+  if (!braid::IsValidDataType(dtype)) {
+    Raise(absl::InvalidArgumentError("unknown braid dtype code " + std::to_string(dtype)));
   }
-  return NativeHandle(Value(std::move(h)), name);
+  r.dtype = static_cast<braid::DataType>(dtype);
+  r.shape = shape;
+  r.input = reinterpret_cast<const void*>(input);
+  r.output = reinterpret_cast<void*>(output);
+  r.output_capacity_bytes = output == 0 ? 0 : output_capacity;
+  return Submit(std::move(r));
+}
+
+// The compression methods the registry knows (with BRAID_TEST_COMPRESSORS's test-only ones
+// when `test_methods`), in the registry's order.
+std::vector<std::string> CompressionMethods(bool test_methods) {
+  braid::compression::RegistryOptions o;
+  o.test_methods = test_methods;
+  return braid::compression::CompressionMethods(o);
+}
+
+// The canonical form of a compression spec, or InvalidArgumentError naming what is wrong.
+std::string CanonicalCompression(const std::string& spec, bool test_methods) {
+  braid::compression::RegistryOptions o;
+  o.test_methods = test_methods;
+  return Value(braid::compression::ParseCompressionSpec(spec, o)).canonical;
 }
 
 // One counter set as a dict of ints (bytes, except `reductions`); see compression/stage.h.
@@ -262,6 +340,27 @@ py::tuple CompressionReport() {
     tensors.append(d);
   }
   return py::make_tuple(methods, tensors);
+}
+
+// Checkpointing of the compression state (Runtime::compression_state); may wait for a bucket
+// being reduced, so without the GIL.
+py::bytes CompressionState() {
+  absl::StatusOr<std::string> state;
+  {
+    py::gil_scoped_release release;
+    state = braid::GlobalRuntime().compression_state();
+  }
+  return py::bytes(Value(std::move(state)));
+}
+
+void LoadCompressionState(const py::bytes& state) {
+  std::string bytes = state;  // copied with the GIL held
+  absl::Status s;
+  {
+    py::gil_scoped_release release;
+    s = braid::GlobalRuntime().LoadCompressionState(bytes);
+  }
+  Check(s);
 }
 
 PyObject* NewError(py::module_& m, const char* name, PyObject* base, const char* doc) {
@@ -334,17 +433,31 @@ PYBIND11_MODULE(_braid, m) {
   m.def("enqueue", &Enqueue, py::arg("collective"), py::arg("name"), py::arg("dtype"),
         py::arg("input"), py::arg("output"), py::arg("op"), py::arg("root_rank"),
         py::arg("splits"), py::arg("compression") = "");
+  m.def("enqueue_ptr", &EnqueuePtr, py::arg("collective"), py::arg("name"), py::arg("dtype"),
+        py::arg("input"), py::arg("shape"), py::arg("output"), py::arg("output_capacity"),
+        py::arg("op"), py::arg("root_rank"), py::arg("splits"), py::arg("compression") = "");
+  m.def("compression_methods", &CompressionMethods, py::arg("test_methods") = false,
+        "The compression methods the registry knows, in its order.");
+  m.def("canonical_compression", &CanonicalCompression, py::arg("spec"),
+        py::arg("test_methods") = false,
+        "The canonical form of a compression spec; InvalidArgumentError when it is invalid.");
 
   m.def("compression_report", &CompressionReport,
         "This rank's compression byte counters: (per-method dicts, per-tensor dicts).");
+  m.def("compression_state", &CompressionState, "This rank's compression state (bytes).");
+  m.def("load_compression_state", &LoadCompressionState, py::arg("state"),
+        "Restores a compression_state() result.");
 
   py::class_<NativeHandle>(m, "NativeHandle")
       .def_property_readonly("name", &NativeHandle::name)
+      .def_property_readonly("input_address", &NativeHandle::input_address)
+      .def_property_readonly("output_address", &NativeHandle::output_address)
       .def("poll", &NativeHandle::poll)
       .def("wait", &NativeHandle::wait, py::arg("timeout") = py::none(),
            py::arg("slice") = 0.1)
       .def("check", &NativeHandle::check)
       .def("output", &NativeHandle::output, py::arg("dtype"))
+      .def("output_bytes", &NativeHandle::output_bytes)
       .def("output_shape", &NativeHandle::output_shape);
 
   // Codes shared with the C++ enums (never renumbered: they are part of the wire protocol).

@@ -28,6 +28,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
+#ifndef BRAID_EXAMPLE_PATH
+#error "BRAID_EXAMPLE_PATH must name the allreduce_blocking C example"
+#endif
 #ifndef BRAIDRUN_PATH
 #error "BRAIDRUN_PATH must name the braidrun executable"
 #endif
@@ -559,6 +562,58 @@ TEST(Braidrun, BadCompressionSpecIsAUsageError) {
   EXPECT_EQ(r.exit_code(), 2);
   EXPECT_THAT(r.err, HasSubstr("braidrun: BRAID_COMPRESSION: compression 'fp4:chunk=1': option "
                                "'chunk' must be an integer in [2, 2^30], got '1'"));
+}
+
+// Every flag value goes through the configuration parser: a bad one exits 2 before any
+// rank starts, with a message naming the flag and what it expects.
+TEST(Braidrun, BadSettingValuesAreUsageErrorsNamingTheFlag) {
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--timeout", "nan"}, "braidrun: --timeout must be a positive number of seconds, got 'nan'"},
+      {{"--timeout", "inf"}, "braidrun: --timeout must be a positive number of seconds, got 'inf'"},
+      {{"--stall-check-seconds", "0"},
+       "braidrun: --stall-check-seconds must be a positive number of seconds, got '0'"},
+      {{"--stall-shutdown-seconds", "-1"},
+       "braidrun: --stall-shutdown-seconds must be a non-negative number of seconds, got '-1'"},
+      {{"--cycle-time-ms", "1.5"}, "braidrun: --cycle-time-ms must be an integer, got '1.5'"},
+      {{"--cache-capacity", "-2"}, "braidrun: --cache-capacity must be in [0, 16777216], got -2"},
+      {{"--fusion-threshold-mb", "0.1"},
+       "braidrun: --fusion-threshold-mb 0.1 MiB is not a whole number of bytes"},
+      {{"--heartbeat-timeout", "1e3"},
+       "braidrun: --heartbeat-timeout must be a positive number of seconds, got '1e3'"},
+      {{"--coordinator-port", "65536"}, "braidrun: --coordinator-port must be in [0, 65535], got 65536"},
+      {{"-np", "2.5"}, "braidrun: -np must be an integer, got '2.5'"},
+  };
+  for (const auto& [flags, want] : cases) {
+    std::vector<std::string> args = {"-np", "2"};
+    if (flags[0] == "-np") args.clear();
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.insert(args.end(), {"/bin/echo", "started"});
+    Result r = RunBraidrun(args);
+    EXPECT_EQ(r.exit_code(), 2) << flags[0];
+    EXPECT_EQ(r.out, "") << "no rank started";
+    EXPECT_THAT(r.err, HasSubstr(want));
+  }
+  // An inherited variable braidrun passes on is checked the same way, under its own name.
+  Result r = RunBraidrun({"-np", "2", "/bin/echo", "started"}, 30,
+                         CleanEnv({"BRAID_CYCLE_TIME_MS=fast"}));
+  EXPECT_EQ(r.exit_code(), 2);
+  EXPECT_THAT(r.err, HasSubstr("braidrun: BRAID_CYCLE_TIME_MS must be an integer, got 'fast'"));
+}
+
+// braidrun's job settings bind the job (Note [Job settings]): a rank that sets another value
+// is refused at init, with the variable and both values named (every rank of the job gets
+// the same error; the first to exit ends the job, so only its line is certain to show).
+TEST(Braidrun, ARankOverridingBraidrunsJobSettingIsRefused) {
+  Result r = RunBraidrun(
+      {"-np", "2", "--stall-check-seconds", "30", "/bin/sh", "-c",
+       "if [ $BRAID_RANK = 1 ]; then export BRAID_STALL_CHECK_S=5; fi; exec " BRAID_EXAMPLE_PATH},
+      60, CleanEnv({"UCX_TLS=sm"}));
+  EXPECT_EQ(r.exit_code(), 2) << r.err;  // the example's exit code for an API error
+  EXPECT_THAT(r.err, ::testing::ContainsRegex(
+                         "\\[[01]\\] braid_init\\(\\) failed: INVALID_ARGUMENT \\(registering "
+                         "with the coordinator at 127.0.0.1:[0-9]+: BRAID_STALL_CHECK_S must be "
+                         "the same for the whole job, got 30 at the coordinator; 5 on rank 1\\)"))
+      << r.err;
 }
 
 TEST(Braidrun, MissingCommandExits127) {

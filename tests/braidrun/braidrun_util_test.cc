@@ -1,9 +1,11 @@
 // Unit tests of braidrun's pure parts: host lists, rank environments, line prefixing.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/config.h"
 #include "tools/braidrun/host_list.h"
 #include "tools/braidrun/line_prefixer.h"
 #include "tools/braidrun/rank_env.h"
@@ -130,16 +132,23 @@ TEST(BuildRankEnv, LauncherVariablesReplaceInheritedOnesInPlace) {
                                "BRAID_JOB_SECRET=s3cret"));
 }
 
+// Flags map onto their variables through the configuration parser (runtime/config.h), in
+// SettingFlags() order, values as given except for the flag's own unit.
 TEST(BuildRankEnv, FlagsBecomeVariables) {
   JobEnv job = MinimalJob();
-  job.timeout_s = 30;
-  job.fusion_threshold_bytes = MegabytesToBytes(2);
-  job.cycle_time_ms = 5;
-  job.cache_capacity = 0;
-  job.timeline = "/tmp/tl.json";
-  job.stall_check_s = 0.5;
-  job.stall_shutdown_s = 0;
-  job.compression = "powersgd:rank=2";
+  const std::vector<std::pair<std::string, std::string>> given = {
+      {"--timeout", "30"},          {"--fusion-threshold-mb", "2"},
+      {"--cycle-time-ms", "5"},     {"--cache-capacity", "0"},
+      {"--timeline-filename", "/tmp/tl.json"}, {"--stall-check-seconds", "0.5"},
+      {"--stall-shutdown-seconds", "0"},       {"--heartbeat-timeout", "4"},
+      {"--compression", "powersgd:rank=2"}};
+  for (const auto& [flag, text] : given) {
+    const braid::SettingFlag* f = braid::FindSettingFlag(flag);
+    ASSERT_NE(f, nullptr) << flag;
+    auto value = braid::SettingFlagValue(*f, text);
+    ASSERT_TRUE(value.ok()) << value.status();
+    job.settings.emplace_back(f->variable, *value);
+  }
   job.single_host = false;
   std::vector<std::string> env = BuildRankEnv({}, job, 1, 0, 2);
   EXPECT_THAT(env,
@@ -149,7 +158,14 @@ TEST(BuildRankEnv, FlagsBecomeVariables) {
                           "BRAID_FUSION_THRESHOLD=2097152", "BRAID_CYCLE_TIME_MS=5",
                           "BRAID_CACHE_CAPACITY=0", "BRAID_TIMELINE=/tmp/tl.json",
                           "BRAID_STALL_CHECK_S=0.5", "BRAID_STALL_SHUTDOWN_S=0",
-                          "BRAID_COMPRESSION=powersgd:rank=2", "OMP_NUM_THREADS=1"));
+                          "BRAID_HEARTBEAT_TIMEOUT_S=4", "BRAID_COMPRESSION=powersgd:rank=2",
+                          "OMP_NUM_THREADS=1"));
+  // The order braidrun sets them in is the table's.
+  std::vector<std::string> flags;
+  for (const braid::SettingFlag& f : braid::SettingFlags()) flags.push_back(f.flag);
+  std::vector<std::string> want;
+  for (const auto& [flag, text] : given) want.push_back(flag);
+  EXPECT_EQ(flags, want);
 }
 
 TEST(BuildRankEnv, PythonPathIsPrepended) {
@@ -164,19 +180,6 @@ TEST(BuildRankEnv, PythonPathIsPrepended) {
   job.python_path.clear();
   env = BuildRankEnv({"PYTHONPATH=/opt/lib"}, job, 0, 0, 1);
   EXPECT_EQ(env[0], "PYTHONPATH=/opt/lib");
-}
-
-TEST(MegabytesToBytes, Exact) {
-  EXPECT_EQ(MegabytesToBytes(2), 2097152);
-  EXPECT_EQ(MegabytesToBytes(64), 67108864);
-  EXPECT_EQ(MegabytesToBytes(0.5), 524288);
-  EXPECT_EQ(MegabytesToBytes(0), 0);
-}
-
-TEST(FormatSeconds, ShortestForm) {
-  EXPECT_EQ(FormatSeconds(60), "60");
-  EXPECT_EQ(FormatSeconds(2.5), "2.5");
-  EXPECT_EQ(FormatSeconds(0.001), "0.001");
 }
 
 // ---- line prefixing ----

@@ -13,7 +13,7 @@
 
 namespace braid::testing {
 
-CoordinatorProcess::CoordinatorProcess(int world_size, double heartbeat_timeout_s) {
+CoordinatorProcess::CoordinatorProcess(int world_size) {
   int fds[2];
   if (pipe(fds) != 0) return;
   fflush(stdout);
@@ -24,7 +24,6 @@ CoordinatorProcess::CoordinatorProcess(int world_size, double heartbeat_timeout_
     coordinator::ServerOptions o;
     o.world_size = world_size;
     o.register_timeout = absl::Seconds(60);
-    o.heartbeat_timeout = absl::Seconds(heartbeat_timeout_s);
     auto server = coordinator::StartCoordinator(o);
     int port = server.ok() ? (*server)->port() : 0;
     if (write(fds[1], &port, sizeof(port)) != sizeof(port)) _exit(3);

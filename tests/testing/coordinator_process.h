@@ -11,8 +11,9 @@ namespace braid::testing {
 
 class CoordinatorProcess {
  public:
-  // Starts it for a world of `world_size`; address() is empty if it failed to start.
-  explicit CoordinatorProcess(int world_size, double heartbeat_timeout_s = 10);
+  // Starts it for a world of `world_size`, with no job settings of its own (the ranks'
+  // BRAID_* variables decide them); address() is empty if it failed to start.
+  explicit CoordinatorProcess(int world_size);
   ~CoordinatorProcess();  // SIGTERM, then SIGKILL if it lingers
   const std::string& address() const { return address_; }
 

@@ -290,8 +290,10 @@ TEST(ErrorFeedbackTest, LowPassBetaBlendsTheOldResidual) {
   ef.Update("t", g2.data(), sent2.data(), 2);
   // 0.75*0.25 + 0.25*1.25 = 0.5; 0.75*0 + 0.25*1 = 0.25
   EXPECT_EQ(ef.residual("t"), (std::vector<float>{0.5f, 0.25f}));
-  ef.Apply("t", g2.data(), 3);  // size change: starts again from zero
+  std::vector<float> g3 = {1.0f, 2.0f, 3.0f};
+  ef.Apply("t", g3.data(), 3);  // size change: starts again from zero
   EXPECT_EQ(ef.residual("t"), (std::vector<float>{0.0f, 0.0f, 0.0f}));
+  EXPECT_EQ(g3, (std::vector<float>{1.0f, 2.0f, 3.0f}));
 }
 
 TEST(ErrorFeedbackTest, NonFiniteStepDoesNotPoisonLaterSteps) {
@@ -324,10 +326,11 @@ TEST(RegistryTest, CanonicalFormsAndDefaults) {
 
 TEST(RegistryTest, ErrorsListWhatIsValid) {
   EXPECT_EQ(ParseCompressionSpec("fp5").status().message(),
-            "compression 'fp5': unknown method 'fp5'; valid methods: none, fp16, bf16, fp4, int4");
+            "compression 'fp5': unknown method 'fp5'; valid methods: none, fp16, bf16, fp4, int4, "
+            "powersgd, scalecomp, topk, randomk");
   EXPECT_EQ(ParseCompressionSpec("fp4:chnk=3").status().message(),
             "compression 'fp4:chnk=3': unknown option 'chnk' for fp4; valid options: chunk, ef, "
-            "start_step");
+            "beta, start_step");
   EXPECT_EQ(ParseCompressionSpec("none:x=1").status().message(),
             "compression 'none:x=1': unknown option 'x' for none; it takes no options");
   EXPECT_EQ(ParseCompressionSpec("fp4:chunk=1").status().message(),
@@ -342,7 +345,8 @@ TEST(RegistryTest, ErrorsListWhatIsValid) {
             "compression 'fp4:chunk=64,': empty option; write method:option=value,option=value");
   EXPECT_EQ(ParseCompressionSpec("test_randomk").status().message(),
             "compression 'test_randomk': unknown method 'test_randomk'; valid methods: none, "
-            "fp16, bf16, fp4, int4 (test-only methods need BRAID_TEST_COMPRESSORS=1)");
+            "fp16, bf16, fp4, int4, powersgd, scalecomp, topk, randomk (test-only methods need "
+            "BRAID_TEST_COMPRESSORS=1)");
   // Test-only methods exist only when asked for.
   EXPECT_FALSE(ParseCompressionSpec("test_randomk").ok());
   RegistryOptions with_tests;
@@ -441,6 +445,26 @@ TEST(StageTest, CastCompressorRoundsThroughHalfPrecision) {
   EXPECT_EQ(r.tensors[0].name, "x");
   EXPECT_EQ(r.tensors[0].bytes.payload_bytes, 6u);
   EXPECT_EQ(r.tensors[1].bytes.payload_bytes, 2u);
+}
+
+// beta= reaches the 4-bit methods' error feedback: the first step (zero memory) is the same
+// with or without it, the second differs, since the memory it adds was filtered.
+TEST(StageTest, FourBitBetaFiltersTheErrorFeedbackMemory) {
+  std::vector<std::vector<float>> results;
+  for (const char* spec : {"fp4:ef=1", "fp4:ef=1,beta=0.5"}) {
+    CompressionStage stage(StageOptions{});
+    SelfCommunicator comm;
+    std::vector<int64_t> shape = {300};
+    for (int step = 0; step < 2; ++step) {
+      std::vector<float> x(300);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.1f * static_cast<float>(i + step));
+      std::vector<TensorView> bucket = {{"x", shape, x.data(), x.size()}};
+      ASSERT_TRUE(stage.Reduce(stage.Canonicalize(spec).value(), bucket, 4, ReduceOp::kSum, comm).ok());
+      results.push_back(x);
+    }
+  }
+  EXPECT_EQ(results[0], results[2]) << "step 0: no memory yet";
+  EXPECT_NE(results[1], results[3]) << "step 1: the memory was filtered by beta";
 }
 
 // The vector conversion path (F16C where the CPU has it, 8 at a time) must agree bit for bit

@@ -2,6 +2,9 @@
 #include <map>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "compression/registry.h"
 #include "gtest/gtest.h"
 #include "runtime/config.h"
 
@@ -60,34 +63,152 @@ TEST(LaunchInfoTest, BadValuesAreNamed) {
             "BRAID_RANK=2 is outside the world of size 2");
 }
 
+TEST(LaunchInfoTest, LocalRankOutsideLocalSizeIsAnError) {
+  Env env{{{"BRAID_RANK", "0"}, {"BRAID_SIZE", "2"}, {"BRAID_LOCAL_RANK", "2"},
+           {"BRAID_LOCAL_SIZE", "2"}}};
+  EXPECT_EQ(LaunchInfoFromEnv(env.fn()).status().message(),
+            "BRAID_LOCAL_RANK=2 is outside BRAID_LOCAL_SIZE=2");
+  Env bad{{{"BRAID_RANK", "0"}, {"BRAID_SIZE", "2"}, {"BRAID_LOCAL_RANK", "0"},
+           {"BRAID_LOCAL_SIZE", "2.0"}}};
+  EXPECT_EQ(LaunchInfoFromEnv(bad.fn()).status().message(),
+            "BRAID_LOCAL_SIZE must be an integer, got '2.0'");
+}
+
 TEST(ConfigTest, DefaultsAndOverrides) {
   Env empty;
   auto d = ConfigFromEnv(empty.fn());
   ASSERT_TRUE(d.ok());
-  EXPECT_EQ(d->fusion_threshold_bytes, 64 << 20);
   EXPECT_EQ(d->cycle_time, absl::Milliseconds(1));
-  EXPECT_EQ(d->cache_capacity, 1024);
   EXPECT_EQ(d->coordinator_port, 29600);
   EXPECT_EQ(d->timeout, absl::Seconds(60));
-  EXPECT_EQ(d->heartbeat_timeout, absl::Seconds(10));
-  EXPECT_EQ(d->stall_check, absl::Seconds(60));
-  EXPECT_EQ(d->stall_shutdown, absl::ZeroDuration());
+  EXPECT_EQ(d->compression, "none");
+  // Job-wide settings are unset unless their variable is: the coordinator decides them
+  // (its defaults are coordinator::DefaultJobSettings, tested with the rendezvous).
+  EXPECT_FALSE(d->job.fusion_threshold_bytes.has_value());
+  EXPECT_FALSE(d->job.cache_capacity.has_value());
+  EXPECT_FALSE(d->job.heartbeat_timeout.has_value());
+  EXPECT_FALSE(d->job.stall_check.has_value());
+  EXPECT_FALSE(d->job.stall_shutdown.has_value());
+  EXPECT_EQ(ToProto(d->job).ByteSizeLong(), 0u);
   Env set{{{"BRAID_TIMEOUT_S", "2.5"}, {"BRAID_FUSION_THRESHOLD", "0"}, {"BRAID_COORDINATOR", "h:1"},
-           {"BRAID_COMPRESSION", "fp16"}, {"BRAID_COORDINATOR_PORT", "29700"}, {"MASTER_ADDR", "10.0.0.1"}}};
+           {"BRAID_COMPRESSION", "fp16"}, {"BRAID_COORDINATOR_PORT", "29700"}, {"MASTER_ADDR", "10.0.0.1"},
+           {"BRAID_STALL_CHECK_S", "1.5"}, {"BRAID_STALL_SHUTDOWN_S", "0"},
+           {"BRAID_CACHE_CAPACITY", "5"}, {"BRAID_HEARTBEAT_TIMEOUT_S", "2"},
+           {"BRAID_CYCLE_TIME_MS", "3"}, {"BRAID_UCX_PEER_ERROR_HANDLING", "1"}}};
   auto s = ConfigFromEnv(set.fn());
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->timeout, absl::Milliseconds(2500));
-  EXPECT_EQ(s->fusion_threshold_bytes, 0);
   EXPECT_EQ(s->coordinator, "h:1");
   EXPECT_EQ(s->compression, "fp16");
   EXPECT_EQ(s->coordinator_port, 29700);
   EXPECT_EQ(s->coordinator_host, "10.0.0.1");
+  EXPECT_EQ(s->cycle_time, absl::Milliseconds(3));
+  EXPECT_TRUE(s->ucx_peer_error_handling);
+  EXPECT_EQ(s->job.fusion_threshold_bytes, 0);
+  EXPECT_EQ(s->job.cache_capacity, 5);
+  EXPECT_EQ(s->job.stall_check, absl::Milliseconds(1500));
+  EXPECT_EQ(s->job.stall_shutdown, absl::ZeroDuration());
+  EXPECT_EQ(s->job.heartbeat_timeout, absl::Seconds(2));
+  proto::JobSettings p = ToProto(s->job);
+  EXPECT_TRUE(p.has_fusion_threshold_bytes());
+  EXPECT_EQ(p.fusion_threshold_bytes(), 0);
+  EXPECT_EQ(p.stall_check_ms(), 1500);
+  EXPECT_TRUE(p.has_stall_shutdown_ms());
+  EXPECT_EQ(p.heartbeat_timeout_ms(), 2000);
+  EXPECT_EQ(p.cache_capacity(), 5);
   Env bad{{{"BRAID_TIMEOUT_S", "0"}}};
   EXPECT_EQ(ConfigFromEnv(bad.fn()).status().message(),
             "BRAID_TIMEOUT_S must be a positive number of seconds, got '0'");
   Env port{{{"BRAID_COORDINATOR_PORT", "70000"}}};
   EXPECT_EQ(ConfigFromEnv(port.fn()).status().message(),
-            "BRAID_COORDINATOR_PORT must be in [0, 65535], got 70000");
+            "BRAID_COORDINATOR_PORT must be in [1, 65535], got 70000");
+}
+
+// One grammar: every bad value is InvalidArgument naming the variable and the value. A
+// parser that accepted any of these (NaN, Inf, negative, meaningless zero, a float where an
+// integer is meant, a truncating float, an out-of-range port) fails here.
+TEST(ConfigTest, BadValuesAreNamedErrors) {
+  const std::pair<std::pair<const char*, const char*>, const char*> cases[] = {
+      {{"BRAID_TIMEOUT_S", "nan"}, "BRAID_TIMEOUT_S must be a positive number of seconds, got 'nan'"},
+      {{"BRAID_TIMEOUT_S", "inf"}, "BRAID_TIMEOUT_S must be a positive number of seconds, got 'inf'"},
+      {{"BRAID_TIMEOUT_S", "-1"}, "BRAID_TIMEOUT_S must be a positive number of seconds, got '-1'"},
+      {{"BRAID_TIMEOUT_S", "1e3"}, "BRAID_TIMEOUT_S must be a positive number of seconds, got '1e3'"},
+      {{"BRAID_TIMEOUT_S", " 5"}, "BRAID_TIMEOUT_S must be a positive number of seconds, got ' 5'"},
+      {{"BRAID_TIMEOUT_S", "0.0001"}, "BRAID_TIMEOUT_S must be a whole number of milliseconds, got '0.0001'"},
+      {{"BRAID_TIMEOUT_S", "99999999"}, "BRAID_TIMEOUT_S must be at most 31536000 seconds (one year), got '99999999'"},
+      {{"BRAID_HEARTBEAT_TIMEOUT_S", "0"}, "BRAID_HEARTBEAT_TIMEOUT_S must be a positive number of seconds, got '0'"},
+      {{"BRAID_STALL_CHECK_S", "0"}, "BRAID_STALL_CHECK_S must be a positive number of seconds, got '0'"},
+      {{"BRAID_STALL_SHUTDOWN_S", "-0.5"}, "BRAID_STALL_SHUTDOWN_S must be a non-negative number of seconds, got '-0.5'"},
+      {{"BRAID_FUSION_THRESHOLD", "1.5"}, "BRAID_FUSION_THRESHOLD must be an integer, got '1.5'"},
+      {{"BRAID_FUSION_THRESHOLD", "-1"}, "BRAID_FUSION_THRESHOLD must be in [0, 1099511627776], got -1"},
+      {{"BRAID_FUSION_THRESHOLD", "64M"}, "BRAID_FUSION_THRESHOLD must be an integer, got '64M'"},
+      {{"BRAID_CYCLE_TIME_MS", "2.5"}, "BRAID_CYCLE_TIME_MS must be an integer, got '2.5'"},
+      {{"BRAID_CACHE_CAPACITY", "+5"}, "BRAID_CACHE_CAPACITY must be an integer, got '+5'"},
+      {{"BRAID_CACHE_CAPACITY", "99999999999999999999"}, "BRAID_CACHE_CAPACITY must be in [0, 16777216], got 99999999999999999999"},
+      {{"BRAID_COORDINATOR_PORT", "0"}, "BRAID_COORDINATOR_PORT must be in [1, 65535], got 0"},
+      {{"BRAID_COORDINATOR", "localhost"}, "BRAID_COORDINATOR must be HOST:PORT (a port in [1, 65535]) or unix:PATH, got 'localhost'"},
+      {{"BRAID_COORDINATOR", "h:0"}, "BRAID_COORDINATOR must be HOST:PORT (a port in [1, 65535]) or unix:PATH, got 'h:0'"},
+      {{"BRAID_UCX_PEER_ERROR_HANDLING", "yes"}, "BRAID_UCX_PEER_ERROR_HANDLING must be 0 or 1, got 'yes'"},
+      {{"BRAID_TEST_COMPRESSORS", "2"}, "BRAID_TEST_COMPRESSORS must be 0 or 1, got '2'"},
+      {{"BRAID_SEED", "-3"}, "BRAID_SEED must be in [0, 9223372036854775807], got -3"},
+      {{"RANK", "1.0"}, "RANK must be an integer, got '1.0'"},
+      {{"WORLD_SIZE", "0"}, "WORLD_SIZE must be in [1, 65536], got 0"},
+  };
+  for (const auto& [var, want] : cases) {
+    Env env{{{var.first, var.second}}};
+    auto c = ConfigFromEnv(env.fn());
+    ASSERT_FALSE(c.ok()) << var.first << "=" << var.second;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(c.status().message(), want);
+  }
+  // Accepted forms, converted exactly.
+  EXPECT_EQ(*ParseSeconds("X", "0.001", false), absl::Milliseconds(1));
+  EXPECT_EQ(*ParseSeconds("X", "2.5000", false), absl::Milliseconds(2500));
+  EXPECT_EQ(*ParseSeconds("X", "31536000", false), absl::Seconds(31536000));
+  EXPECT_EQ(*ParseSeconds("X", "0", true), absl::ZeroDuration());
+  EXPECT_EQ(*ParseAddress("X", "[::1]:29600"), "[::1]:29600");
+  EXPECT_EQ(*ParseAddress("X", "unix:/tmp/braid.sock"), "unix:/tmp/braid.sock");
+  EXPECT_FALSE(ParseAddress("X", "::1:29600").ok());  // IPv6 needs brackets
+  EXPECT_EQ(*ParseInteger("X", "-7", -10, 10), -7);
+  // An empty value is an unset variable.
+  Env blank{{{"BRAID_TIMEOUT_S", ""}}};
+  EXPECT_EQ(ConfigFromEnv(blank.fn())->timeout, absl::Seconds(60));
+}
+
+// braidrun's and braid-coordinator's flags: each maps onto its variable, in the flag's
+// unit, and errors name the flag.
+TEST(SettingFlagsTest, FlagsMapOntoVariablesAndErrorsNameTheFlag) {
+  const SettingFlag* mb = FindSettingFlag("--fusion-threshold-mb");
+  ASSERT_NE(mb, nullptr);
+  EXPECT_STREQ(mb->variable, "BRAID_FUSION_THRESHOLD");
+  EXPECT_EQ(*SettingFlagValue(*mb, "2"), "2097152");
+  EXPECT_EQ(*SettingFlagValue(*mb, "0.5"), "524288");
+  EXPECT_EQ(*SettingFlagValue(*mb, "0"), "0");
+  EXPECT_EQ(SettingFlagValue(*mb, "0.1").status().message(),
+            "--fusion-threshold-mb 0.1 MiB is not a whole number of bytes");
+  EXPECT_EQ(SettingFlagValue(*mb, "-1").status().message(),
+            "--fusion-threshold-mb must be a non-negative number of MiB, got '-1'");
+  EXPECT_EQ(SettingFlagValue(*mb, "2000000").status().message(),
+            "--fusion-threshold-mb must be at most 1048576 MiB, got '2000000'");
+  EXPECT_EQ(*SettingFlagValue(*FindSettingFlag("--timeout"), "2.5"), "2.5");
+  EXPECT_EQ(FindSettingFlag("--nope"), nullptr);
+  for (const SettingFlag& f : SettingFlags()) {
+    EXPECT_EQ(FindSettingFlag(f.flag), &f);
+    EXPECT_EQ(std::string(f.variable).rfind("BRAID_", 0), 0u) << f.flag;
+  }
+  // The variable's grammar, reported under the flag's name.
+  Env env{{{"BRAID_CYCLE_TIME_MS", "1.5"}}};
+  auto c = SettingsFromEnv(env.fn(), [](absl::string_view v) {
+    return v == "BRAID_CYCLE_TIME_MS" ? std::string("--cycle-time-ms") : std::string(v);
+  });
+  EXPECT_EQ(c.status().message(), "--cycle-time-ms must be an integer, got '1.5'");
+  Env comp{{{"BRAID_COMPRESSION", "fp5"}}};
+  EXPECT_EQ(SettingsFromEnv(comp.fn()).status().message(),
+            absl::StrCat("BRAID_COMPRESSION: compression 'fp5': unknown method 'fp5'; valid methods: ",
+                         absl::StrJoin(compression::CompressionMethods(), ", ")));
+  // SettingsFromEnv leaves the launch info alone: a bad RANK is not the tools' business.
+  Env rank{{{"RANK", "x"}}};
+  EXPECT_TRUE(SettingsFromEnv(rank.fn()).ok());
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // braid-compress-bench: what gradient compression costs and saves on one host, in one run.
 //
-//   braid-compress-bench [--parts codec,allreduce] [--methods none,fp4,int4,fp16,bf16]
+//   braid-compress-bench [--parts codec,allreduce] [--methods none,fp4,scalecomp:ratio=100,...]
 //       [--codec-bytes 64M] [--chunk 128] -b 64M -e 64M -f 2 -n 10 -w 2 --repeat 5
 //       --ranks 2 --tls tcp|sm [--json PATH]
 //
@@ -9,7 +9,10 @@
 //     chunk at a time as the 4-bit Compressor does: ChunkScale + Encode over the whole
 //     buffer (quantize), Decode over the whole buffer (dequantize), and both back to back
 //     (round trip). fp16 / bf16 run the cast Compressor's own loops through its Reduce on a
-//     one-rank communicator whose all-reduce is a no-op, so only the round trip is known.
+//     one-rank communicator whose all-reduce is a no-op, so only the round trip is known;
+//     so do the sparsifiers (scalecomp, topk, randomk: memory, top-k, gather, memory update,
+//     scatter), one row per spec, checked with sparse_bench.h; with a sparsifier, the top-k
+//     selection alone is timed too (k = N/100, each algorithm of compression/topk.h).
 //     GB/s counts float32 input bytes (memcpy: bytes copied); memcpy copies a buffer of the
 //     same size in the same run. Every element of the round trip is checked against the
 //     codec's documented error bound (quantize.h, cast_compressor.cc).
@@ -21,7 +24,9 @@
 //     bytes the Compressor reports, then one more call on fresh inputs checked element by
 //     element against the exact mean, recomputed here in float64 from every rank's input
 //     (each rank can regenerate any rank's input), with the method's error bound
-//     (four_bit.h, cast_compressor.cc), and a hash showing every rank holds the same bits.
+//     (four_bit.h, cast_compressor.cc; a sparsifier's non-zero results against the mean,
+//     at most k of them), and a hash showing every rank holds the same bits. The ratio
+//     columns: float32 bytes / payload, and none's transport bytes / the method's.
 //
 // Method (nccl-tests, BENCHMARKS.md): buffers allocated and touched once; per repeat and
 // method `warmup` untimed calls, a Barrier, `iters` timed calls; a rank's time is its mean per
@@ -62,11 +67,13 @@
 #include "compression/compressor.h"
 #include "compression/quantize.h"
 #include "compression/registry.h"
+#include "compression/sparse.h"
 #include "glog/logging.h"
 #include "nlohmann/json.hpp"
 #include "tools/bench/bench_buffer.h"
 #include "tools/bench/bench_math.h"
 #include "tools/bench/bench_ranks.h"
+#include "tools/bench/sparse_bench.h"
 #include "transport/communicator.h"
 #include "common/store.h"
 #include "transport/ucx_communicator.h"
@@ -82,7 +89,8 @@ constexpr const char* kProg = "braid-compress-bench";
 // ---------------------------------------------------------------------------------------
 // Configuration and methods.
 
-enum class Kind { kNone, kFp16, kBf16, kFp4, kInt4, kOther };
+// kSparse: scalecomp, topk, randomk (sparse_bench.h). kSelect: top-k selection alone (codec).
+enum class Kind { kNone, kFp16, kBf16, kFp4, kInt4, kSparse, kSelect, kOther };
 
 struct Method {
   std::string name;  // the --methods entry, e.g. "fp4"
@@ -119,6 +127,7 @@ Kind KindOf(const std::string& method) {
   if (method == "bf16") return Kind::kBf16;
   if (method == "fp4") return Kind::kFp4;
   if (method == "int4") return Kind::kInt4;
+  if (IsSparseMethod(method)) return Kind::kSparse;
   return Kind::kOther;
 }
 
@@ -225,6 +234,9 @@ struct ReduceCheck {
 //   fp16/bf16:  (n+1)·u·(1/n)·Σ|x_r| (+ (n+1)·2^-25 fp16 underflow)   (cast_compressor.cc)
 //   fp4:        (1/n)·Σ_r (3/4)·s_r + (3/4)·s_out                      (four_bit.h)
 //   int4:       (1/n)·Σ_r s_r + s_out
+//   scalecomp, randomk: 0 where not selected, else as none; at most k elements non-zero
+//   topk:       0, or a sum over the ranks that selected the element: within 2·(1/n)·Σ|x_r|;
+//               at most n·k elements non-zero
 // with s_r the scale of the element's chunk on rank r and s_out that of the reduced chunk,
 // bounded here by the scale of (max|mean| + the first term), since every reduced element is
 // within the first term of the mean.
@@ -235,6 +247,7 @@ ReduceCheck CheckReduced(const Method& m, const float* result, size_t count, int
   std::vector<double> x(static_cast<size_t>(ranks) * block);
   std::vector<double> mean(block), abs_sum(block);
   double err_dot_mean = 0, mean_sq = 0, bound_mean_sq = 0;
+  size_t nonzero = 0;
   for (size_t begin = 0; begin < count; begin += block) {
     const size_t len = std::min(block, count - begin);
     double first_term = 0, mean_max = 0;
@@ -267,6 +280,13 @@ ReduceCheck CheckReduced(const Method& m, const float* result, size_t count, int
         case Kind::kBf16: bound = (n + 1) * 0x1p-8 * mean_abs * kSlack; break;
         case Kind::kFp4:
         case Kind::kInt4: bound = four_bit_bound; break;
+        case Kind::kSparse:  // 0 (not selected), or the mean as a float32 all-reduce gives it;
+          // topk: the sum over the ranks that selected the element, divided by n
+          bound = got == 0.0f               ? std::numeric_limits<double>::infinity()
+                  : m.spec.method == "topk" ? 2 * mean_abs * kSlack
+                                            : (n + 1) * 0x1p-24 * mean_abs;
+          nonzero += got != 0.0f ? 1 : 0;
+          break;
         default: bound = std::numeric_limits<double>::infinity();
       }
       const double signed_err = static_cast<double>(got) - mean[j];
@@ -286,6 +306,10 @@ ReduceCheck CheckReduced(const Method& m, const float* result, size_t count, int
       std::memcpy(&w, &got, 4);
       c.hash = (c.hash ^ w) * 16777619u;
     }
+  }
+  if (m.kind == Kind::kSparse) {  // no more elements than the method selects
+    const size_t limit = SparseLimit(m.spec, count, ranks);
+    if (nonzero > limit) c.out_of_bound += static_cast<int64_t>(nonzero - limit);
   }
   if (mean_sq > 0) c.gain = 1 + err_dot_mean / mean_sq;
   const bool unbiased_method = m.kind == Kind::kFp4 || m.kind == Kind::kInt4;
@@ -315,8 +339,9 @@ struct CodecResult {
   std::vector<CodecRow> rows;
 };
 
-// A one-rank Communicator whose all-reduce is the identity, so that a cast Compressor's Reduce
-// is exactly its two conversion loops. Nothing else is needed by the codecs timed here.
+// A one-rank Communicator whose collectives are copies (or nothing), so that a cast
+// Compressor's Reduce is exactly its two conversion loops, and a sparsifier's its selection,
+// gather, memory update and scatter. Nothing else is needed by the codecs timed here.
 class SelfCommunicator : public transport::Communicator {
  public:
   int rank() const override { return 0; }
@@ -330,16 +355,16 @@ class SelfCommunicator : public transport::Communicator {
                              ReduceOp) override {
     return absl::UnimplementedError("SelfCommunicator::ReduceScatter");
   }
-  absl::Status AllGather(const void*, size_t, void*, absl::Span<const size_t>) override {
-    return absl::UnimplementedError("SelfCommunicator::AllGather");
+  absl::Status AllGather(const void* send, size_t bytes, void* recv,
+                         absl::Span<const size_t>) override {
+    if (send != recv && bytes > 0) std::memcpy(recv, send, bytes);
+    return absl::OkStatus();
   }
   absl::Status AllToAll(const void*, absl::Span<const size_t>, void*,
                         absl::Span<const size_t>) override {
     return absl::UnimplementedError("SelfCommunicator::AllToAll");
   }
-  absl::Status Broadcast(void*, size_t, int) override {
-    return absl::UnimplementedError("SelfCommunicator::Broadcast");
-  }
+  absl::Status Broadcast(void*, size_t, int) override { return absl::OkStatus(); }
   absl::Status Barrier() override { return absl::OkStatus(); }
   void Abort(absl::Status) override {}
   transport::TransportStats stats() const override { return {}; }
@@ -401,22 +426,6 @@ absl::StatusOr<CodecResult> RunCodec(const Config& cfg) {
   Buffer scales(chunks * sizeof(float)), packed(chunks * compression::PackedBytes(res.chunk));
   FillInput(in.floats(), res.count, 0);
 
-  // The codecs to time: every non-"none" method, once per kind (the chunk is --chunk here).
-  std::vector<Kind> kinds;
-  for (const Method& m : cfg.methods) {
-    if (m.kind == Kind::kNone || m.kind == Kind::kOther) continue;
-    if (std::find(kinds.begin(), kinds.end(), m.kind) == kinds.end()) kinds.push_back(m.kind);
-  }
-  std::vector<std::unique_ptr<compression::Compressor>> cast(kinds.size());
-  SelfCommunicator self;
-  for (size_t k = 0; k < kinds.size(); ++k) {
-    if (kinds[k] == Kind::kFp16 || kinds[k] == Kind::kBf16) {
-      BRAID_ASSIGN_OR_RETURN(compression::CompressionSpec spec,
-                             compression::ParseCompressionSpec(kinds[k] == Kind::kFp16 ? "fp16"
-                                                                                        : "bf16"));
-      BRAID_ASSIGN_OR_RETURN(cast[k], compression::CreateCompressor(spec));
-    }
-  }
   auto name_of = [](Kind k) -> std::string {
     switch (k) {
       case Kind::kFp4: return "fp4";
@@ -426,6 +435,48 @@ absl::StatusOr<CodecResult> RunCodec(const Config& cfg) {
       default: return "?";
     }
   };
+  // The codecs to time: every non-"none" method, once per kind (the chunk is --chunk here),
+  // but every sparsifier spec on its own (the ratio matters); with a sparsifier also top-k
+  // selection alone at k = N/100, by each algorithm (compression/topk.h).
+  std::vector<Kind> kinds;
+  std::vector<std::string> names;
+  std::vector<const Method*> sparse;  // kSparse: its method
+  for (const Method& m : cfg.methods) {
+    if (m.kind == Kind::kNone || m.kind == Kind::kOther) continue;
+    if (m.kind != Kind::kSparse && std::find(kinds.begin(), kinds.end(), m.kind) != kinds.end()) {
+      continue;
+    }
+    kinds.push_back(m.kind);
+    names.push_back(m.kind == Kind::kSparse ? m.name : name_of(m.kind));
+    sparse.push_back(m.kind == Kind::kSparse ? &m : nullptr);
+  }
+  std::vector<compression::TopKAlgorithm> select_by;
+  if (std::find(kinds.begin(), kinds.end(), Kind::kSparse) != kinds.end()) {
+    for (auto a : {compression::TopKAlgorithm::kNthElement,
+                   compression::TopKAlgorithm::kSampledThreshold}) {
+      select_by.resize(kinds.size() + 1);
+      select_by.back() = a;
+      kinds.push_back(Kind::kSelect);
+      names.push_back(a == compression::TopKAlgorithm::kNthElement ? "select:nth_element"
+                                                                   : "select:sampled");
+      sparse.push_back(nullptr);
+    }
+  }
+  std::vector<std::unique_ptr<compression::Compressor>> cast(kinds.size());
+  SelfCommunicator self;
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    if (kinds[k] == Kind::kFp16 || kinds[k] == Kind::kBf16) {
+      BRAID_ASSIGN_OR_RETURN(compression::CompressionSpec spec,
+                             compression::ParseCompressionSpec(kinds[k] == Kind::kFp16 ? "fp16"
+                                                                                        : "bf16"));
+      BRAID_ASSIGN_OR_RETURN(cast[k], compression::CreateCompressor(spec));
+    } else if (kinds[k] == Kind::kSparse) {
+      BRAID_ASSIGN_OR_RETURN(cast[k], compression::CreateCompressor(sparse[k]->spec));
+    }
+  }
+  compression::TopKSelector selector;
+  const size_t select_k = compression::SparseK(res.count, 100);
+  std::vector<std::vector<uint64_t>> selected(kinds.size());
 
   // Timings per kind (index kinds.size() is memcpy), per repeat.
   const size_t nk = kinds.size();
@@ -456,6 +507,12 @@ absl::StatusOr<CodecResult> RunCodec(const Config& cfg) {
     if (cast[k]) {
       BRAID_RETURN_IF_ERROR(cast_round_trip(k));
       if (!record) rt_s[k].pop_back();
+      return absl::OkStatus();
+    }
+    if (kinds[k] == Kind::kSelect) {
+      const double t = TimeSelection(&selector, in.floats(), res.count, select_k, select_by[k],
+                                     &selected[k]);
+      if (record) rt_s[k].push_back(t);
       return absl::OkStatus();
     }
     const FourBitFormat f = kinds[k] == Kind::kFp4 ? FourBitFormat::kFp4 : FourBitFormat::kInt4;
@@ -492,8 +549,15 @@ absl::StatusOr<CodecResult> RunCodec(const Config& cfg) {
   res.memcpy_gbps = gbps(rt_s[nk]);
   for (size_t k = 0; k < nk; ++k) {
     CodecRow row;
-    row.method = name_of(kinds[k]);
+    row.method = names[k];
     row.roundtrip_gbps = gbps(rt_s[k]);
+    if (kinds[k] == Kind::kSelect) {  // the two algorithms must pick the same indices
+      const std::vector<uint64_t>& first = selected[kinds.size() - 2];
+      row.out_of_bound = selected[k] == first ? 0 : 1;
+      res.rows.push_back(row);
+      continue;
+    }
+    if (kinds[k] == Kind::kSparse) cast[k]->Reset("codec");  // the check starts from no memory
     if (!cast[k]) {
       row.quantize_gbps = gbps(q_s[k]);
       row.dequantize_gbps = gbps(dq_s[k]);
@@ -512,7 +576,14 @@ absl::StatusOr<CodecResult> RunCodec(const Config& cfg) {
     if (cfg.corrupt != 1) {
       for (size_t i = 0; i < res.count; ++i) out.floats()[i] *= static_cast<float>(cfg.corrupt);
     }
-    CheckRoundTrip(kinds[k], in.floats(), out.floats(), res.count, res.chunk, &row);
+    if (kinds[k] == Kind::kSparse) {
+      size_t chosen = 0;
+      row.out_of_bound = CheckSparseRoundTrip(
+          in.floats(), out.floats(), res.count, SparseLimit(sparse[k]->spec, res.count, 1),
+          sparse[k]->spec.method != "randomk", &chosen);
+    } else {
+      CheckRoundTrip(kinds[k], in.floats(), out.floats(), res.count, res.chunk, &row);
+    }
     res.rows.push_back(row);
   }
   return res;
@@ -523,7 +594,9 @@ void PrintCodec(std::FILE* o, const CodecResult& c) {
                "# codec throughput: one thread, %llu B of float32 (%zu elements), chunk %zu, "
                "median of %d repeats (+1 untimed)\n"
                "# GB/s of float32 input (memcpy: bytes copied); ratio = round trip / memcpy "
-               "(goal >= 0.25); fp16/bf16: the cast Compressor's Reduce on one rank\n"
+               "(goal >= 0.25); fp16/bf16 and the sparsifiers: the Compressor's Reduce on one "
+               "rank (sparsifiers: memory, top-k, gather, memory update, scatter); "
+               "select:*: top-k selection alone, k = N/100\n"
                "# memcpy (one thread, same size, same run): %.2f GB/s\n",
                static_cast<unsigned long long>(c.bytes), c.count, c.chunk, c.repeat,
                c.memcpy_gbps);
@@ -555,6 +628,8 @@ struct ReduceRow {
   double time_us_min = 0, time_us_max = 0;
   double algbw_gbps = 0, busbw_gbps = 0;
   std::optional<double> speedup;  // time of "none" / this time, when "none" ran
+  double payload_ratio = 1;       // float32 bytes / payload bytes (sparsifiers: dense / k)
+  std::optional<double> wire_ratio;  // none's transport bytes / this method's, when none ran
   double transport_bytes = 0;     // per rank per call, max over ranks
   double payload_bytes = 0;       // per rank per call (the Compressor's count)
   ReduceCheck check;              // max_err / ratio: max over ranks; out_of_bound: total
@@ -612,6 +687,8 @@ nlohmann::json ToJson(const Config& cfg, const Outcome& out, const absl::Status&
                             {"biased", r.check.biased},
                             {"identical_across_ranks", r.identical}};
       row["speedup_vs_none"] = r.speedup ? nlohmann::json(*r.speedup) : nullptr;
+      row["payload_ratio"] = r.payload_ratio;
+      row["wire_ratio_vs_none"] = r.wire_ratio ? nlohmann::json(*r.wire_ratio) : nullptr;
       rows.push_back(row);
     }
     j["allreduce"] = {{"ranks", cfg.ranks},         {"tls", cfg.tls},
@@ -650,25 +727,30 @@ void PrintReduceHeader(std::FILE* o, const Config& cfg, const std::string& trans
                "2(n-1)/n\n"
                "# wire = transport bytes sent per rank per call (TransportStats), payload = "
                "the Compressor's count; err = |result - exact mean| of one call on fresh inputs;\n"
+               "# ratio: float32 bytes / payload (sparsifiers: dense size / k); wire x: none's "
+               "wire bytes / this method's (indices counted)\n"
                "# err/bound: max over elements (the method's bound); wrong: elements past it; "
                "gain: slope of result on mean (1; '!': biased)\n",
                cfg.ranks, cfg.tls.c_str(), absl::StrJoin(specs, " ").c_str(), transports.c_str(),
                cfg.iters, cfg.warmup, cfg.repeat);
-  std::fprintf(o, "#%11s %10s %12s %11s %11s %11s %7s %7s %7s %12s %12s %10s %9s %6s %8s %4s\n",
+  std::fprintf(o,
+               "#%11s %10s %12s %11s %11s %11s %7s %7s %7s %12s %12s %7s %7s %10s %9s %6s %8s "
+               "%4s\n",
                "size (B)", "count", "method", "time(us)", "min", "max", "algbw", "busbw",
-               "speedup", "wire B", "payload B", "max|err|", "err/bound", "wrong", "gain",
-               "same");
+               "speedup", "wire B", "payload B", "ratio", "wire x", "max|err|", "err/bound",
+               "wrong", "gain", "same");
   std::fflush(o);
 }
 
 void PrintReduceRow(std::FILE* o, const ReduceRow& r) {
   std::fprintf(o,
-               "%12llu %10zu %12s %11.1f %11.1f %11.1f %7.3f %7.3f %7s %12.0f %12.0f %10.3g "
-               "%9.3f %6lld %7.4f%s %4s\n",
+               "%12llu %10zu %12s %11.1f %11.1f %11.1f %7.3f %7.3f %7s %12.0f %12.0f %7.1f %7s "
+               "%10.3g %9.3f %6lld %7.4f%s %4s\n",
                static_cast<unsigned long long>(r.bytes), r.count, r.method.c_str(), r.time_us,
                r.time_us_min, r.time_us_max, r.algbw_gbps, r.busbw_gbps,
                r.speedup ? absl::StrFormat("%.2fx", *r.speedup).c_str() : "-", r.transport_bytes,
-               r.payload_bytes, r.check.max_err, r.check.max_err_over_bound,
+               r.payload_bytes, r.payload_ratio,
+               r.wire_ratio ? absl::StrFormat("%.1f", *r.wire_ratio).c_str() : "-", r.check.max_err, r.check.max_err_over_bound,
                static_cast<long long>(r.check.out_of_bound), r.check.gain,
                r.check.biased ? "!" : " ", r.identical ? "yes" : "NO");
   std::fflush(o);
@@ -835,6 +917,7 @@ int RunRank(const Config& cfg, int rank, const std::string& store_dir, Outcome o
         r.busbw_gbps = r.algbw_gbps * BusBwFactor(Collective::kAllReduce, cfg.ranks);
         r.transport_bytes = transport_bytes[k];
         r.payload_bytes = payload_bytes[k];
+        if (r.payload_bytes > 0) r.payload_ratio = static_cast<double>(r.bytes) / r.payload_bytes;
         r.check.max_err = agree_max[0];
         r.check.max_err_over_bound = agree_max[1];
         r.check.out_of_bound = static_cast<int64_t>(agree_sum[0]);
@@ -849,6 +932,7 @@ int RunRank(const Config& cfg, int rank, const std::string& store_dir, Outcome o
         if (cfg.methods[k].kind != Kind::kNone) continue;
         for (ReduceRow& r : rows) {
           if (r.time_us > 0) r.speedup = rows[k].time_us / r.time_us;
+        if (r.transport_bytes > 0) r.wire_ratio = rows[k].transport_bytes / r.transport_bytes;
         }
         break;
       }

@@ -1,15 +1,23 @@
-// braidctl: watch a running braid job.
+// braidctl: watch a braid job.
 //
-//   braidctl status [--coordinator HOST:PORT] [--json] [--watch SECONDS]
+//   braidctl status [--coordinator HOST:PORT] [--json] [--watch SECONDS] [--once]
 //
 // Asks the coordinator (BRAID_COORDINATOR when --coordinator is not given; braidrun prints
-// its address at start) for the job's status: every rank's host, pid, state and last
-// contact, counters, per compression method the tensors negotiated and the bytes the ranks
-// measured (uncompressed, payload, transport: summed over ranks, reported with heartbeats),
-// and the tensors waiting for some ranks (stalled ones flagged, with the
-// ranks missing). --json prints the StatusResponse message as JSON with its proto field
-// names (stable: fields are only ever added). An unreachable coordinator: one line on
-// stderr, exit code 2.
+// its address at start) for one job's status: every rank's host, pid, state and last contact,
+// the job's counters and settings, per compression method the tensors negotiated and the
+// bytes the ranks measured (uncompressed, payload, transport: summed over ranks, reported
+// with heartbeats), and the tensors waiting for some ranks (stalled ones flagged, with the
+// ranks missing). A status is always one job's: a coordinator that runs several jobs one
+// after the other starts every counter afresh for each. --json prints the StatusResponse
+// message as JSON with its proto field names (stable: fields are only ever added).
+//
+// --once follows one job, the coordinator's current one when braidctl starts, to its end:
+// it waits (without polling; the coordinator answers when the job ends), prints that job's
+// final status and exits. With --watch S it also prints the status every S seconds until
+// then. Exit codes: 0 the job ended with every rank shut down cleanly; 1 the job ended
+// aborted (a rank lost, a stall, a failed registration); 2 usage error, or the coordinator
+// cannot be reached at start; 3 the coordinator went away before the job ended (braidrun
+// stops its coordinator when its ranks have exited).
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
@@ -24,8 +32,12 @@
 #include "absl/time/clock.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/braid.grpc.pb.h"
+#include "runtime/config.h"
 
 namespace {
+
+constexpr int kUsage = 2;
+constexpr int kGone = 3;
 
 std::string Duration(int64_t ms) {
   if (ms < 0) return "-";
@@ -33,32 +45,44 @@ std::string Duration(int64_t ms) {
   return absl::StrFormat("%.1fs", ms / 1000.0);
 }
 
+void PrintCompression(const braid::proto::StatusResponse& s) {
+  // TENSORS as negotiated; the byte columns are what the ranks measured, summed over the
+  // RANKS that reported (proto CompressionStat); "-" until a rank has reported.
+  std::printf("\n%-24s %-10s %-16s %-16s %-16s %-8s %s\n", "COMPRESSION", "TENSORS",
+              "UNCOMPRESSED", "PAYLOAD", "TRANSPORT", "RATIO", "RANKS");
+  for (const auto& c : s.compression()) {
+    const bool reported = c.ranks_reporting() > 0;
+    auto bytes = [reported](int64_t v) { return reported ? absl::StrCat(v) : std::string("-"); };
+    const std::string ratio = c.ratio() > 0 ? absl::StrFormat("%.2f", c.ratio()) : "-";
+    std::printf("%-24s %-10lld %-16s %-16s %-16s %-8s %d\n", c.method().c_str(),
+                static_cast<long long>(c.tensors()), bytes(c.uncompressed_bytes()).c_str(),
+                bytes(c.payload_bytes()).c_str(), bytes(c.transport_bytes()).c_str(),
+                ratio.c_str(), c.ranks_reporting());
+  }
+  std::printf("(bytes summed over the RANKS that reported; RATIO = uncompressed / payload)\n");
+}
+
 void PrintTable(const braid::proto::StatusResponse& s, const std::string& address) {
-  std::printf("braid job at %s: %s, world size %d, up %s\n", address.c_str(),
-              s.job_state().c_str(), s.size(), Duration(s.uptime_ms()).c_str());
-  std::printf("cycles %lld  tensors negotiated %lld  buckets %lld  bytes negotiated %lld  pending %lld\n",
+  std::printf("braid job %lld at %s: %s, world size %d, for %s (coordinator up %s)\n",
+              static_cast<long long>(s.job_id()), address.c_str(), s.job_state().c_str(),
+              s.size(), Duration(s.job_elapsed_ms()).c_str(), Duration(s.uptime_ms()).c_str());
+  std::printf("cycles %lld  tensors negotiated %lld  buckets %lld  bytes negotiated %lld  pending %lld"
+              "  register RPCs %lld  key-value RPCs %lld\n",
               static_cast<long long>(s.cycles()), static_cast<long long>(s.tensors_negotiated()),
               static_cast<long long>(s.responses_sent()),
               static_cast<long long>(s.bytes_negotiated()),
-              static_cast<long long>(s.tensors_pending()));
-  if (s.compression_size() > 0) {
-    // TENSORS as negotiated; the byte columns are what the ranks measured, summed over the
-    // RANKS that reported (proto CompressionStat); "-" until a rank has reported.
-    std::printf("\n%-24s %-10s %-16s %-16s %-16s %-8s %s\n", "COMPRESSION", "TENSORS",
-                "UNCOMPRESSED", "PAYLOAD", "TRANSPORT", "RATIO", "RANKS");
-    for (const auto& c : s.compression()) {
-      const bool reported = c.ranks_reporting() > 0;
-      auto bytes = [reported](int64_t v) {
-        return reported ? absl::StrCat(v) : std::string("-");
-      };
-      const std::string ratio = c.ratio() > 0 ? absl::StrFormat("%.2f", c.ratio()) : "-";
-      std::printf("%-24s %-10lld %-16s %-16s %-16s %-8s %d\n", c.method().c_str(),
-                  static_cast<long long>(c.tensors()), bytes(c.uncompressed_bytes()).c_str(),
-                  bytes(c.payload_bytes()).c_str(), bytes(c.transport_bytes()).c_str(),
-                  ratio.c_str(), c.ranks_reporting());
-    }
-    std::printf("(bytes summed over the RANKS that reported; RATIO = uncompressed / payload)\n");
+              static_cast<long long>(s.tensors_pending()),
+              static_cast<long long>(s.register_rpcs()), static_cast<long long>(s.kv_rpcs()));
+  if (s.has_settings()) {
+    const auto& j = s.settings();
+    std::printf("settings: fusion threshold %lld B, cache capacity %d, stall check %s, "
+                "stall shutdown %s, heartbeat timeout %s\n",
+                static_cast<long long>(j.fusion_threshold_bytes()), j.cache_capacity(),
+                Duration(j.stall_check_ms()).c_str(),
+                j.stall_shutdown_ms() == 0 ? "never" : Duration(j.stall_shutdown_ms()).c_str(),
+                Duration(j.heartbeat_timeout_ms()).c_str());
   }
+  if (s.compression_size() > 0) PrintCompression(s);
   std::printf("\n%-5s %-20s %-8s %-12s %s\n", "RANK", "HOST", "PID", "STATE", "LAST SEEN");
   for (const auto& r : s.ranks()) {
     std::printf("%-5d %-20s %-8lld %-12s %s\n", r.rank(), r.host().c_str(),
@@ -76,54 +100,126 @@ void PrintTable(const braid::proto::StatusResponse& s, const std::string& addres
   }
 }
 
+void Print(const braid::proto::StatusResponse& s, const std::string& address, bool json) {
+  if (json) {
+    std::string out;
+    google::protobuf::util::JsonPrintOptions opts;
+    opts.preserve_proto_field_names = true;
+    opts.always_print_primitive_fields = true;
+    (void)google::protobuf::util::MessageToJsonString(s, &out, opts);
+    std::printf("%s\n", out.c_str());
+  } else {
+    PrintTable(s, address);
+  }
+  std::fflush(stdout);
+}
+
+class StatusClient {
+ public:
+  explicit StatusClient(const std::string& address)
+      : stub_(braid::proto::Coordinator::NewStub(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+
+  // The status of `job_id` (0: the current job), waiting up to `wait` for it to end.
+  grpc::Status Get(int64_t job_id, absl::Duration wait, braid::proto::StatusResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     absl::ToChronoMilliseconds(wait + absl::Seconds(3)));
+    braid::proto::StatusRequest req;
+    req.set_job_id(job_id);
+    req.set_wait_for_end_ms(absl::ToInt64Milliseconds(wait));
+    return stub_->Status(&ctx, req, resp);
+  }
+
+ private:
+  std::unique_ptr<braid::proto::Coordinator::Stub> stub_;
+};
+
+struct Options {
+  std::string address;
+  bool json = false;
+  absl::Duration watch = absl::ZeroDuration();
+  bool once = false;
+};
+
+// --once: follows the current job to its end (see the top of this file for exit codes).
+int FollowOneJob(StatusClient& client, const Options& o) {
+  braid::proto::StatusResponse s;
+  grpc::Status st = client.Get(0, absl::ZeroDuration(), &s);
+  if (!st.ok()) {
+    std::cerr << "braidctl: cannot reach the coordinator at " << o.address << ": "
+              << st.error_message() << "\n";
+    return kUsage;
+  }
+  const int64_t job = s.job_id();
+  // The coordinator answers a wait when the job ends; each wait is bounded, so a coordinator
+  // that vanished is noticed within one of them.
+  const absl::Duration wait = o.watch > absl::ZeroDuration() ? o.watch : absl::Seconds(10);
+  while (s.phase() != braid::proto::JOB_ENDED) {
+    if (o.watch > absl::ZeroDuration()) Print(s, o.address, o.json);
+    st = client.Get(job, wait, &s);
+    if (!st.ok()) {
+      std::cerr << "braidctl: the coordinator at " << o.address << " went away before job "
+                << job << " ended: " << st.error_message() << "\n";
+      return kGone;
+    }
+    if (o.watch > absl::ZeroDuration() && !o.json) std::printf("\n");
+  }
+  Print(s, o.address, o.json);
+  return s.abort_message().empty() ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"braidctl: inspect a running braid job"};
+  CLI::App app{"braidctl: inspect a braid job"};
   app.require_subcommand(1);
-  CLI::App* status = app.add_subcommand("status", "show the job's ranks, counters and pending tensors");
-  std::string address;
-  bool json = false;
-  double watch = 0;
+  CLI::App* status = app.add_subcommand("status", "show a job's ranks, counters and pending tensors");
+  Options o;
+  std::string address, watch;
   status->add_option("--coordinator", address, "HOST:PORT (default: $BRAID_COORDINATOR)");
-  status->add_flag("--json", json, "print JSON (proto field names)");
-  status->add_option("--watch", watch, "refresh every SECONDS until interrupted");
+  status->add_flag("--json", o.json, "print JSON (proto field names)");
+  status->add_option("--watch", watch, "refresh every SECONDS (until interrupted, or --once)");
+  status->add_flag("--once", o.once, "follow the current job until it ends, then exit with "
+                                     "0 (clean), 1 (aborted) or 3 (coordinator gone)");
   CLI11_PARSE(app, argc, argv);
 
+  auto fail = [](const absl::Status& s) {
+    std::cerr << "braidctl: " << s.message() << "\n";
+    return kUsage;
+  };
+  if (!watch.empty()) {
+    auto w = braid::ParseSeconds("--watch", watch, /*zero_allowed=*/true);
+    if (!w.ok()) return fail(w.status());
+    o.watch = *w;
+  }
   if (address.empty()) {
     const char* env = std::getenv("BRAID_COORDINATOR");
     if (env == nullptr || *env == '\0') {
       std::cerr << "braidctl: no coordinator: pass --coordinator HOST:PORT or set BRAID_COORDINATOR\n";
-      return 2;
+      return kUsage;
     }
-    address = env;
+    auto a = braid::ParseAddress("BRAID_COORDINATOR", env);
+    if (!a.ok()) return fail(a.status());
+    o.address = *a;
+  } else {
+    auto a = braid::ParseAddress("--coordinator", address);
+    if (!a.ok()) return fail(a.status());
+    o.address = *a;
   }
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-  auto stub = braid::proto::Coordinator::NewStub(channel);
+  StatusClient client(o.address);
+  if (o.once) return FollowOneJob(client, o);
   while (true) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
-    braid::proto::StatusRequest req;
     braid::proto::StatusResponse resp;
-    grpc::Status st = stub->Status(&ctx, req, &resp);
+    grpc::Status st = client.Get(0, absl::ZeroDuration(), &resp);
     if (!st.ok()) {
-      std::cerr << "braidctl: cannot reach the coordinator at " << address << ": "
+      std::cerr << "braidctl: cannot reach the coordinator at " << o.address << ": "
                 << st.error_message() << "\n";
-      return 2;
+      return kUsage;
     }
-    if (json) {
-      std::string out;
-      google::protobuf::util::JsonPrintOptions opts;
-      opts.preserve_proto_field_names = true;
-      opts.always_print_primitive_fields = true;
-      (void)google::protobuf::util::MessageToJsonString(resp, &out, opts);
-      std::printf("%s\n", out.c_str());
-    } else {
-      PrintTable(resp, address);
-    }
-    std::fflush(stdout);
-    if (watch <= 0) return 0;
-    absl::SleepFor(absl::Seconds(watch));
-    if (!json) std::printf("\n");
+    Print(resp, o.address, o.json);
+    if (o.watch <= absl::ZeroDuration()) return 0;
+    absl::SleepFor(o.watch);
+    if (!o.json) std::printf("\n");
   }
 }

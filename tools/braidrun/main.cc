@@ -14,17 +14,18 @@
 
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "compression/registry.h"
 #include "coordinator/server.h"
 #include "glog/logging.h"
+#include "runtime/config.h"
 #include "tools/braidrun/host_list.h"
 #include "tools/braidrun/launcher.h"
 #include "tools/braidrun/rank_env.h"
@@ -94,11 +95,86 @@ std::vector<std::string> CurrentEnvironment() {
   return env;
 }
 
-}  // namespace
+// braidrun's command line, checked: every value through the configuration parser
+// (runtime/config.h), so a bad one is refused here, naming its flag, before any rank starts.
+struct Args {
+  int np = 0;
+  int port = 0;
+  std::string hosts_spec;
+  bool verbose = false;
+  std::vector<std::string> command;
+  // Variables of the setting flags given, in SettingFlags() order.
+  std::vector<std::pair<std::string, std::string>> settings;
+  // The settings of braidrun's environment with the flags applied, checked.
+  braid::RuntimeConfig config;
+};
 
-int main(int argc, char** argv) {
-  EnsureStdFds();
+// Splits braidrun's own options from COMMAND: options end at "--" or at the first word that
+// is neither an option nor an option's value. "-np" is rewritten to "--np" (CLI11 reads
+// single-dash names as one letter).
+std::vector<std::string> OwnArgs(CLI::App& app, int argc, char** argv,
+                                 std::vector<std::string>* command) {
+  std::vector<std::string> own = {argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      command->assign(argv + i + 1, argv + argc);
+      break;
+    }
+    if (a.size() < 2 || a[0] != '-') {
+      command->assign(argv + i, argv + argc);
+      break;
+    }
+    if (a == "-np") a = "--np";
+    if (a.rfind("-np=", 0) == 0) a = "-" + a;
+    own.push_back(a);
+    if (a.find('=') != std::string::npos) continue;
+    const CLI::Option* opt = app.get_option_no_throw(a);
+    if (opt != nullptr && opt->get_items_expected_max() > 0 && i + 1 < argc) own.push_back(argv[++i]);
+  }
+  return own;
+}
 
+// Checks every value and maps the setting flags onto their variables. The whole
+// environment the ranks will inherit is checked too (an inherited BRAID_CYCLE_TIME_MS=abc
+// fails here, once, not in every rank), except the variables braidrun sets itself.
+absl::Status CheckArgs(const std::string& np, const std::string& port,
+                       const std::map<std::string, std::string>& flag_text, Args* args) {
+  auto n = braid::ParseInteger("-np", np, 1, 65536);
+  if (!n.ok()) return n.status();
+  args->np = static_cast<int>(*n);
+  auto p = braid::ParsePort("--coordinator-port", port, /*zero_allowed=*/true);
+  if (!p.ok()) return p.status();
+  args->port = *p;
+  std::map<std::string, std::string> flag_of;  // variable -> flag, for messages
+  for (const braid::SettingFlag& f : braid::SettingFlags()) {
+    auto it = flag_text.find(f.flag);
+    if (it == flag_text.end()) continue;
+    auto value = braid::SettingFlagValue(f, it->second);
+    if (!value.ok()) return value.status();
+    args->settings.emplace_back(f.variable, *value);
+    flag_of[f.variable] = f.flag;
+  }
+  auto getenv = [&](const char* name) -> const char* {
+    for (const auto& [var, value] : args->settings) {
+      if (var == name) return value.c_str();
+    }
+    const std::string n(name);
+    if (n == "BRAID_COORDINATOR" || n == "BRAID_JOB_SECRET") return nullptr;  // braidrun's
+    return std::getenv(name);
+  };
+  auto name_of = [&](absl::string_view var) {
+    auto it = flag_of.find(std::string(var));
+    return it == flag_of.end() ? std::string(var) : it->second;
+  };
+  auto config = braid::SettingsFromEnv(getenv, name_of);
+  if (!config.ok()) return config.status();
+  args->config = *std::move(config);
+  return absl::OkStatus();
+}
+
+// Parses and checks the command line; nullopt with *exit_code set when braidrun must exit.
+std::optional<Args> ParseArgs(int argc, char** argv, int* exit_code) {
   CLI::App app{
       "braidrun: start a braid job of N ranks on this host\n"
       "  braidrun -np N [OPTIONS] COMMAND [ARGS...]"};
@@ -109,109 +185,66 @@ int main(int argc, char** argv) {
       "variables of the flags above. Each line a rank prints is prefixed with \"[r] \".\n"
       "Options end at COMMAND (or at \"--\"). When a rank fails the others are stopped and\n"
       "braidrun exits with its code. See tools/braidrun/README.md.\n");
-  int np = 0;
-  int port = 0;
-  double timeout_s = 0, fusion_mb = 0, stall_check_s = 0, stall_shutdown_s = 0;
-  int cycle_ms = 0, cache_capacity = 0;
-  std::string hosts_spec, timeline, compression;
-  bool verbose = false;
-  app.add_option("-n,--np", np, "number of ranks (also -np)")->required()->check(CLI::Range(1, 65536));
+  Args args;
+  std::string np, port = "0";
+  // Values stay text for CLI11: the configuration parser reads them (one grammar).
+  std::map<std::string, std::string> flag_text;
+  app.add_option("-n,--np", np, "number of ranks (also -np)")->required();
   app.add_option("--coordinator-port", port, "coordinator port on 127.0.0.1 (0: any free port)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 65535));
-  auto* o_timeout = app.add_option("--timeout", timeout_s,
-                                   "seconds a collective may make no progress (BRAID_TIMEOUT_S)")
-                        ->check(CLI::PositiveNumber);
-  app.add_option("-H,--hosts", hosts_spec, "host:slots,... (only this host is supported yet)");
-  auto* o_fusion = app.add_option("--fusion-threshold-mb", fusion_mb,
-                                  "fusion buffer size in MiB (BRAID_FUSION_THRESHOLD, in bytes)")
-                       ->check(CLI::Range(0.0, 1e6));
-  auto* o_cycle = app.add_option("--cycle-time-ms", cycle_ms,
-                                 "background loop cycle in ms (BRAID_CYCLE_TIME_MS)")
-                      ->check(CLI::Range(0, 60000));
-  auto* o_cache = app.add_option("--cache-capacity", cache_capacity,
-                                 "response cache entries (BRAID_CACHE_CAPACITY)")
-                      ->check(CLI::Range(0, 1 << 24));
-  auto* o_timeline = app.add_option("--timeline-filename", timeline,
-                                    "write a timeline to this file (BRAID_TIMELINE)");
-  auto* o_stall_check = app.add_option("--stall-check-seconds", stall_check_s,
-                                       "warn about stalled tensors after S s (BRAID_STALL_CHECK_S)")
-                            ->check(CLI::PositiveNumber);
-  auto* o_stall_shutdown =
-      app.add_option("--stall-shutdown-seconds", stall_shutdown_s,
-                     "abort the job after a stall of S s, 0: never (BRAID_STALL_SHUTDOWN_S)")
-          ->check(CLI::NonNegativeNumber);
-  auto* o_compression = app.add_option("--compression", compression,
-                                       "default compression of float all-reduces, e.g. fp16, fp4:ef=1 (BRAID_COMPRESSION)");
-  app.add_flag("-v,--verbose", verbose, "report every rank's pid and exit status");
-
-  // Split braidrun's own options from COMMAND: options end at "--" or at the first word
-  // that is neither an option nor an option's value. "-np" is rewritten to "--np" (CLI11
-  // reads single-dash names as one letter).
-  std::vector<std::string> own = {argv[0]};
-  std::vector<std::string> command;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--") {
-      command.assign(argv + i + 1, argv + argc);
-      break;
-    }
-    if (a.size() < 2 || a[0] != '-') {
-      command.assign(argv + i, argv + argc);
-      break;
-    }
-    if (a == "-np") a = "--np";
-    if (a.rfind("-np=", 0) == 0) a = "-" + a;
-    own.push_back(a);
-    if (a.find('=') != std::string::npos) continue;
-    const CLI::Option* opt = app.get_option_no_throw(a);
-    if (opt != nullptr && opt->get_items_expected_max() > 0 && i + 1 < argc) own.push_back(argv[++i]);
+      ->capture_default_str();
+  app.add_option("-H,--hosts", args.hosts_spec, "host:slots,... (only this host is supported yet)");
+  for (const braid::SettingFlag& f : braid::SettingFlags()) {
+    app.add_option(f.flag, flag_text[f.flag], absl::StrCat(f.help, " (", f.variable, ")"));
   }
+  app.add_flag("-v,--verbose", args.verbose, "report every rank's pid and exit status");
+  std::vector<std::string> own = OwnArgs(app, argc, argv, &args.command);
   std::vector<char*> own_argv;
   for (std::string& s : own) own_argv.push_back(s.data());
   try {
     app.parse(static_cast<int>(own_argv.size()), own_argv.data());
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
-    return rc == 0 ? 0 : kUsageError;
+    *exit_code = rc == 0 ? 0 : kUsageError;
+    return std::nullopt;
   }
-  if (command.empty()) {
+  *exit_code = kUsageError;
+  if (args.command.empty()) {
     Fail("no COMMAND given (braidrun -np N COMMAND [ARGS...]; see --help)");
+    return std::nullopt;
+  }
+  for (auto it = flag_text.begin(); it != flag_text.end();) {
+    it = app.get_option(it->first)->count() ? std::next(it) : flag_text.erase(it);
+  }
+  absl::Status s = CheckArgs(np, port, flag_text, &args);
+  if (!s.ok()) {
+    Fail(std::string(s.message()));
+    return std::nullopt;
+  }
+  return args;
+}
+
+// Hosts: the flag parses and validates; only this host can be used yet.
+absl::Status CheckHosts(const Args& args) {
+  std::vector<braid::braidrun::HostSlots> hosts = {{"localhost", args.np}};
+  if (!args.hosts_spec.empty()) {
+    auto parsed = braid::braidrun::ParseHostList(args.hosts_spec);
+    if (!parsed.ok()) return parsed.status();
+    hosts = *std::move(parsed);
+  }
+  return braid::braidrun::CheckHostsForLocalLaunch(hosts, args.np,
+                                                  braid::braidrun::LocalHostNames(Hostname()));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  EnsureStdFds();
+  int exit_code = 0;
+  std::optional<Args> args = ParseArgs(argc, argv, &exit_code);
+  if (!args) return exit_code;
+  if (absl::Status s = CheckHosts(*args); !s.ok()) {
+    Fail(std::string(s.message()));
     return kUsageError;
-  }
-
-  // A bad compression spec (the flag's, else an inherited BRAID_COMPRESSION) fails here,
-  // once, not in every rank's init.
-  const char* env_compression = std::getenv("BRAID_COMPRESSION");
-  if (o_compression->count() || (env_compression != nullptr && *env_compression != '\0')) {
-    braid::compression::RegistryOptions ro;
-    const char* tests = std::getenv("BRAID_TEST_COMPRESSORS");
-    ro.test_methods = tests != nullptr && std::string(tests) == "1";
-    const bool flag = o_compression->count() > 0;
-    auto spec = braid::compression::ParseCompressionSpec(flag ? compression : env_compression, ro);
-    if (!spec.ok()) {
-      Fail(absl::StrCat(flag ? "--compression: " : "BRAID_COMPRESSION: ", spec.status().message()));
-      return kUsageError;
-    }
-  }
-
-  // Hosts: the flag parses and validates; only this host can be used yet.
-  {
-    std::vector<braid::braidrun::HostSlots> hosts = {{"localhost", np}};
-    if (!hosts_spec.empty()) {
-      auto parsed = braid::braidrun::ParseHostList(hosts_spec);
-      if (!parsed.ok()) {
-        Fail(std::string(parsed.status().message()));
-        return kUsageError;
-      }
-      hosts = *std::move(parsed);
-    }
-    absl::Status local = braid::braidrun::CheckHostsForLocalLaunch(
-        hosts, np, braid::braidrun::LocalHostNames(Hostname()));
-    if (!local.ok()) {
-      Fail(std::string(local.message()));
-      return kUsageError;
-    }
   }
 
   // Before any thread exists (gRPC's, glog's): every thread inherits the blocked mask, so
@@ -229,13 +262,12 @@ int main(int argc, char** argv) {
 
   braid::coordinator::ServerOptions so;
   so.bind_address = "127.0.0.1";
-  so.port = port;
-  so.world_size = np;
+  so.port = args->port;
+  so.world_size = args->np;
   so.job_secret = RandomSecret();
-  if (const char* hb = std::getenv("BRAID_HEARTBEAT_TIMEOUT_S")) {
-    double s = 0;
-    if (absl::SimpleAtod(hb, &s) && s > 0) so.heartbeat_timeout = absl::Seconds(s);
-  }
+  // The job settings given to braidrun (flags, or its environment) are the job's: ranks
+  // that set others are refused (Note [Job settings] in coordinator/rendezvous.h).
+  so.settings = braid::ToProto(args->config.job);
   auto server = braid::coordinator::StartCoordinator(so);
   if (!server.ok()) {
     Fail(absl::StrCat("cannot start the coordinator: ", server.status().message()));
@@ -246,38 +278,31 @@ int main(int argc, char** argv) {
   std::cerr << "braidrun: coordinator listening on " << address << std::endl;
 
   JobEnv job;
-  job.world_size = np;
+  job.world_size = args->np;
   job.coordinator = address;
   job.job_secret = so.job_secret;
-  if (o_timeout->count()) job.timeout_s = timeout_s;
-  if (o_fusion->count()) job.fusion_threshold_bytes = braid::braidrun::MegabytesToBytes(fusion_mb);
-  if (o_cycle->count()) job.cycle_time_ms = cycle_ms;
-  if (o_cache->count()) job.cache_capacity = cache_capacity;
-  if (o_timeline->count()) job.timeline = timeline;
-  if (o_stall_check->count()) job.stall_check_s = stall_check_s;
-  if (o_stall_shutdown->count()) job.stall_shutdown_s = stall_shutdown_s;
-  if (o_compression->count()) job.compression = compression;
+  job.settings = args->settings;
   job.python_path = BuildTreePythonDir();
   job.single_host = true;
 
   braid::braidrun::LaunchSpec spec;
-  spec.command = command;
-  spec.verbose = verbose;
+  spec.command = args->command;
+  spec.verbose = args->verbose;
   const std::vector<std::string> base = CurrentEnvironment();
-  for (int r = 0; r < np; ++r) {
-    spec.rank_envs.push_back(braid::braidrun::BuildRankEnv(base, job, r, r, np));
+  for (int r = 0; r < args->np; ++r) {
+    spec.rank_envs.push_back(braid::braidrun::BuildRankEnv(base, job, r, r, args->np));
   }
-  if (verbose) {
+  if (args->verbose) {
     if (!job.python_path.empty()) {
       std::cerr << "braidrun: PYTHONPATH starts with " << job.python_path << std::endl;
     }
-    std::cerr << "braidrun: starting " << np << " rank" << (np == 1 ? "" : "s") << ": "
-              << command[0] << std::endl;
+    std::cerr << "braidrun: starting " << args->np << " rank" << (args->np == 1 ? "" : "s")
+              << ": " << args->command[0] << std::endl;
   }
 
   int rc = braid::braidrun::RunRanks(spec, signals);
   coordinator->Shutdown(absl::Seconds(1));
   coordinator.reset();
-  if (verbose) std::cerr << "braidrun: exit code " << rc << std::endl;
+  if (args->verbose) std::cerr << "braidrun: exit code " << rc << std::endl;
   return rc;
 }

@@ -1,6 +1,5 @@
 #include "tools/braidrun/rank_env.h"
 
-#include <cmath>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -48,10 +47,6 @@ class EnvBuilder {
 
 }  // namespace
 
-int64_t MegabytesToBytes(double mb) { return static_cast<int64_t>(std::llround(mb * 1048576.0)); }
-
-std::string FormatSeconds(double s) { return absl::StrCat(s); }
-
 std::vector<std::string> BuildRankEnv(const std::vector<std::string>& base, const JobEnv& job,
                                       int rank, int local_rank, int local_size) {
   EnvBuilder env(base);
@@ -62,18 +57,7 @@ std::vector<std::string> BuildRankEnv(const std::vector<std::string>& base, cons
   env.Set("BRAID_LOCAL_SIZE", absl::StrCat(local_size));
   env.Set("BRAID_JOB_SECRET", job.job_secret);
   env.Set("PYTHONUNBUFFERED", "1");
-  if (job.timeout_s) env.Set("BRAID_TIMEOUT_S", FormatSeconds(*job.timeout_s));
-  if (job.fusion_threshold_bytes) {
-    env.Set("BRAID_FUSION_THRESHOLD", absl::StrCat(*job.fusion_threshold_bytes));
-  }
-  if (job.cycle_time_ms) env.Set("BRAID_CYCLE_TIME_MS", absl::StrCat(*job.cycle_time_ms));
-  if (job.cache_capacity) env.Set("BRAID_CACHE_CAPACITY", absl::StrCat(*job.cache_capacity));
-  if (job.timeline) env.Set("BRAID_TIMELINE", *job.timeline);
-  if (job.stall_check_s) env.Set("BRAID_STALL_CHECK_S", FormatSeconds(*job.stall_check_s));
-  if (job.stall_shutdown_s) {
-    env.Set("BRAID_STALL_SHUTDOWN_S", FormatSeconds(*job.stall_shutdown_s));
-  }
-  if (job.compression) env.Set("BRAID_COMPRESSION", *job.compression);
+  for (const auto& [name, value] : job.settings) env.Set(name, value);
   env.SetDefault("OMP_NUM_THREADS", "1");
   if (job.single_host) env.SetDefault("UCX_NET_DEVICES", "lo");
   if (!job.python_path.empty()) {

@@ -5,26 +5,21 @@
 #ifndef BRAID_TOOLS_BRAIDRUN_RANK_ENV_H_
 #define BRAID_TOOLS_BRAIDRUN_RANK_ENV_H_
 
-#include <cstdint>
-#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace braid::braidrun {
 
-// What the launcher tells every rank. Unset optionals leave the variable as inherited.
+// What the launcher tells every rank.
 struct JobEnv {
   int world_size = 1;
   std::string coordinator;  // "host:port" -> BRAID_COORDINATOR
   std::string job_secret;   // -> BRAID_JOB_SECRET
-  std::optional<double> timeout_s;                // --timeout -> BRAID_TIMEOUT_S
-  std::optional<int64_t> fusion_threshold_bytes;  // --fusion-threshold-mb -> BRAID_FUSION_THRESHOLD
-  std::optional<int> cycle_time_ms;               // -> BRAID_CYCLE_TIME_MS
-  std::optional<int> cache_capacity;              // -> BRAID_CACHE_CAPACITY
-  std::optional<std::string> timeline;            // --timeline-filename -> BRAID_TIMELINE
-  std::optional<double> stall_check_s;            // -> BRAID_STALL_CHECK_S
-  std::optional<double> stall_shutdown_s;         // -> BRAID_STALL_SHUTDOWN_S
-  std::optional<std::string> compression;         // -> BRAID_COMPRESSION
+  // The variables of the flags that were given (runtime/config.h SettingFlags), as
+  // (variable, value) in the order to set them; a flag not given leaves its variable as
+  // inherited.
+  std::vector<std::pair<std::string, std::string>> settings;
   // Prepended to PYTHONPATH when not empty (the build tree's braid package).
   std::string python_path;
   // All ranks run on this one host: UCX_NET_DEVICES defaults to the loopback device.
@@ -41,12 +36,6 @@ struct JobEnv {
 // appended in the order listed above. Entries of `base` without '=' are dropped.
 std::vector<std::string> BuildRankEnv(const std::vector<std::string>& base, const JobEnv& job,
                                       int rank, int local_rank, int local_size);
-
-// MB (2^20 bytes) to bytes, rounded to the nearest byte: 2 -> 2097152.
-int64_t MegabytesToBytes(double mb);
-
-// A number of seconds as a variable's value: "2", "0.5", "60".
-std::string FormatSeconds(double s);
 
 }  // namespace braid::braidrun
 

@@ -1,57 +1,150 @@
 // braid-coordinator: the coordinator as a standalone daemon, for long-lived or multi-job
 // setups (braidrun hosts one itself; without braidrun, rank 0 hosts one in-process).
+//
+// It runs one job at a time (Note [One job at a time] in coordinator/service.h): a job forms
+// as its ranks register, runs, and ends when every rank has shut down or was lost; the next
+// job's first registration starts it with every counter and table at zero, and a rank that
+// registers while a job runs waits for it to end. `braidctl status` shows one job only.
+//
+// Job settings (--fusion-threshold-mb, --cache-capacity, --stall-check-seconds,
+// --stall-shutdown-seconds, --heartbeat-timeout, or their BRAID_* variables in this
+// process's environment) bind every job it runs; the ones left unset are the ranks' to set.
+// Stops on SIGINT, SIGTERM or a Shutdown RPC.
 #include <signal.h>
+#include <pthread.h>
+#include <unistd.h>
 
-#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <string>
 #include <thread>
 
 #include "CLI/CLI.hpp"
-#include "absl/time/clock.h"
+#include "absl/strings/str_cat.h"
 #include "coordinator/server.h"
+#include "glog/logging.h"
+#include "runtime/config.h"
 
 namespace {
-std::atomic<bool> g_stop{false};
-void OnSignal(int) { g_stop = true; }
+
+constexpr int kUsage = 2;
+
+// The flags of runtime/config.h that set job settings.
+constexpr const char* kJobFlags[] = {"--fusion-threshold-mb", "--cache-capacity",
+                                     "--stall-check-seconds", "--stall-shutdown-seconds",
+                                     "--heartbeat-timeout"};
+
+struct Flags {
+  std::string bind = "127.0.0.1", port = "0", size = "0", secret, port_file;
+  std::string register_timeout = "120";
+  std::map<std::string, std::string> settings;  // setting flag -> text, when given
+};
+
+// The server's options from the flags and the environment, through the configuration parser
+// (runtime/config.h): a bad value is an error naming its flag or variable.
+absl::StatusOr<braid::coordinator::ServerOptions> Options(const Flags& f) {
+  braid::coordinator::ServerOptions o;
+  o.bind_address = f.bind;
+  auto port = braid::ParsePort("--port", f.port, /*zero_allowed=*/true);
+  if (!port.ok()) return port.status();
+  o.port = *port;
+  auto size = braid::ParseInteger("--size", f.size, 0, 65536);
+  if (!size.ok()) return size.status();
+  o.world_size = static_cast<int>(*size);
+  auto timeout = braid::ParseSeconds("--register-timeout", f.register_timeout, false);
+  if (!timeout.ok()) return timeout.status();
+  o.register_timeout = *timeout;
+  o.job_secret = f.secret;
+  if (o.job_secret.empty()) {
+    if (const char* s = std::getenv("BRAID_JOB_SECRET")) o.job_secret = s;
+  }
+  std::map<std::string, std::string> value_of, flag_of;  // variable -> value / flag
+  for (const auto& [flag, text] : f.settings) {
+    const braid::SettingFlag* sf = braid::FindSettingFlag(flag);
+    auto v = braid::SettingFlagValue(*sf, text);
+    if (!v.ok()) return v.status();
+    value_of[sf->variable] = *v;
+    flag_of[sf->variable] = flag;
+  }
+  auto config = braid::SettingsFromEnv(
+      [&](const char* name) -> const char* {
+        auto it = value_of.find(name);
+        return it != value_of.end() ? it->second.c_str() : std::getenv(name);
+      },
+      [&](absl::string_view var) {
+        auto it = flag_of.find(std::string(var));
+        return it == flag_of.end() ? std::string(var) : it->second;
+      });
+  if (!config.ok()) return config.status();
+  o.settings = braid::ToProto(config->job);
+  return o;
+}
+
+void WritePortFile(const std::string& path, int port) {
+  std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << port << "\n";
+  std::rename(tmp.c_str(), path.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"braid coordinator: negotiates which tensors are ready on every rank"};
-  braid::coordinator::ServerOptions o;
-  std::string port_file;
-  double register_timeout_s = 120, heartbeat_timeout_s = 10;
-  app.add_option("--bind", o.bind_address, "address to listen on")->capture_default_str();
-  app.add_option("--port", o.port, "port to listen on (0: any free port)")->capture_default_str();
-  app.add_option("--size", o.world_size, "world size (0: from the first rank)")->capture_default_str();
-  app.add_option("--secret", o.job_secret, "job secret ranks must present (BRAID_JOB_SECRET)");
-  app.add_option("--port-file", port_file, "write the chosen port to this file once listening");
-  app.add_option("--register-timeout", register_timeout_s, "seconds to wait for every rank")->capture_default_str();
-  app.add_option("--heartbeat-timeout", heartbeat_timeout_s, "seconds of silence before a rank is lost")->capture_default_str();
+  CLI::App app{"braid-coordinator: negotiates which tensors are ready on every rank, one job "
+               "at a time"};
+  Flags f;
+  app.add_option("--bind", f.bind, "address to listen on")->capture_default_str();
+  app.add_option("--port", f.port, "port to listen on (0: any free port)")->capture_default_str();
+  app.add_option("--size", f.size, "world size of every job (0: each job's first rank's)")
+      ->capture_default_str();
+  app.add_option("--secret", f.secret, "job secret ranks must present (default: BRAID_JOB_SECRET)");
+  app.add_option("--port-file", f.port_file, "write the chosen port to this file once listening");
+  app.add_option("--register-timeout", f.register_timeout,
+                 "seconds a registration waits for the rest of the world")
+      ->capture_default_str();
+  for (const char* flag : kJobFlags) {
+    const braid::SettingFlag* sf = braid::FindSettingFlag(flag);
+    app.add_option(flag, f.settings[flag], absl::StrCat(sf->help, " (", sf->variable, ")"));
+  }
   CLI11_PARSE(app, argc, argv);
-  o.register_timeout = absl::Seconds(register_timeout_s);
-  o.heartbeat_timeout = absl::Seconds(heartbeat_timeout_s);
+  for (const char* flag : kJobFlags) {
+    if (app.get_option(flag)->count() == 0) f.settings.erase(flag);
+  }
+  auto options = Options(f);
+  if (!options.ok()) {
+    std::cerr << "braid-coordinator: " << options.status().message() << "\n";
+    return kUsage;
+  }
+  if (!google::IsGoogleLoggingInitialized()) {
+    FLAGS_logtostderr = true;
+    FLAGS_v = std::max(FLAGS_v, 1);  // one line as each job forms and ends
+    google::InitGoogleLogging("braid-coordinator");
+  }
 
-  auto server = braid::coordinator::StartCoordinator(o);
+  // Before gRPC starts threads: SIGINT/SIGTERM stay blocked in every thread and are taken
+  // by sigwait below.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  auto server = braid::coordinator::StartCoordinator(*options);
   if (!server.ok()) {
     std::cerr << "braid-coordinator: " << server.status().message() << "\n";
-    return 2;
+    return kUsage;
   }
   std::cout << "braid-coordinator listening on " << (*server)->address() << std::endl;
-  if (!port_file.empty()) {
-    std::string tmp = port_file + ".tmp";
-    std::ofstream(tmp) << (*server)->port() << "\n";
-    std::rename(tmp.c_str(), port_file.c_str());
-  }
-  signal(SIGINT, OnSignal);
-  signal(SIGTERM, OnSignal);
-  // Ends on SIGINT/SIGTERM or a Shutdown RPC.
+  if (!f.port_file.empty()) WritePortFile(f.port_file, (*server)->port());
+  // A Shutdown RPC stops the server: the waiter then wakes the sigwait below.
   std::thread waiter([&] {
     (*server)->Wait();
-    g_stop = true;
+    kill(getpid(), SIGTERM);
   });
-  while (!g_stop) absl::SleepFor(absl::Milliseconds(100));
+  int sig = 0;
+  sigwait(&stop, &sig);
   (*server)->Shutdown(absl::Seconds(1));
   waiter.join();
   return 0;

@@ -14,6 +14,9 @@ Typical use, under ``braidrun -np 4 python3 train.py``::
     braid.compression_stats()["methods"]               # bytes sent, per compression method
     braid.shutdown()                                   # also done at exit
 
+PyTorch: ``import braid.torch as hvd`` gives Horovod's PyTorch API (tensors, a
+DistributedOptimizer, state broadcast) over the same runtime; see braid/torch/__init__.py.
+
 Supported NumPy dtypes: float32, float64, float16, int32, int64, uint8. The runtime also
 supports bfloat16, but NumPy has no bfloat16 dtype, so it is not reachable from here (use the
 C API or a framework binding). Other dtypes (bool, int16, complex, ...) raise
@@ -65,9 +68,11 @@ from ._ops import (  # noqa: F401
     broadcast_,
     broadcast_async,
     broadcast_async_,
+    compression_state,
     compression_stats,
     init,
     is_initialized,
+    load_compression_state,
     local_rank,
     local_size,
     poll,
@@ -79,13 +84,16 @@ from ._ops import (  # noqa: F401
     synchronize,
 )
 
+from ._objects import allgather_object, broadcast_object  # noqa: F401
+
 __all__ = [
     "AlreadyExistsError", "Average", "BraidError", "CancelledError", "DeadlineExceededError",
     "FailedPreconditionError", "Handle", "InternalError", "InvalidArgumentError", "Max", "Min",
     "Product", "ReduceOp", "SUPPORTED_DTYPES", "Sum", "UnavailableError", "allgather",
-    "allgather_async", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
-    "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async",
-    "broadcast_async_", "compression_stats", "init", "is_initialized", "local_rank",
+    "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async",
+    "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_",
+    "broadcast_async", "broadcast_async_", "broadcast_object", "compression_state",
+    "compression_stats", "init", "is_initialized", "load_compression_state", "local_rank",
     "local_size", "poll", "rank", "reducescatter", "reducescatter_async", "shutdown", "size",
     "synchronize",
 ]

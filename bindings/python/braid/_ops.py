@@ -71,7 +71,8 @@ _COLL = _braid.COLLECTIVES
 
 _lock = threading.Lock()
 _counters = {}       # collective -> next default-name index
-_inflight = {}       # id(handle) -> Handle: keeps arrays alive until the runtime is done
+_inflight = {}       # id(handle) -> handle: keeps arrays/tensors alive until the runtime is done
+_sweep_at = 64       # sweep _inflight for completed handles once it holds this many
 _init_pid = None     # the process that called init() (forked children must not shut it down)
 _topology = None     # (rank, size, local_rank, local_size) at init, for forked children
 _atexit_registered = False
@@ -93,6 +94,25 @@ def _next_name(collective):
         n = _counters.get(collective, 0)
         _counters[collective] = n + 1
     return f"{collective}.noname.{n}"
+
+
+def _keep_alive(handle):
+    """Registers an in-flight handle (numpy or torch) so that its buffers outlive the caller's
+    references until the runtime is done with them. A handle leaves on completion (its
+    ``_finish``); handles the caller dropped without synchronizing are swept out once the
+    registry doubles, so a step that enqueues many tensors costs O(1) per enqueue."""
+    global _sweep_at
+    with _lock:
+        _inflight[id(handle)] = handle
+        if len(_inflight) >= _sweep_at:
+            for k in [k for k, v in _inflight.items() if v._native.poll()]:
+                del _inflight[k]
+            _sweep_at = max(64, 2 * len(_inflight))
+
+
+def _forget(handle):
+    with _lock:
+        _inflight.pop(id(handle), None)
 
 
 def _atexit_shutdown():
@@ -255,6 +275,40 @@ def compression_stats():
     return {"methods": out_methods, "tensors": out_tensors}
 
 
+def compression_state():
+    """This rank's compression state, as ``bytes``, to keep in a training checkpoint.
+
+    It holds what compressors carry from one step to the next -- PowerSGD's Q matrices and
+    error-feedback residuals (float32, one residual per compressed tensor, as large as the
+    tensor) -- and each tensor's step counter, so that ``load_compression_state()`` after a
+    restart continues bit-identically. The state is per rank: save every rank's (e.g. to
+    ``ckpt.rank{braid.rank()}``). The byte format is versioned and documented in
+    ``compression/stage.h`` (CompressionStage::SaveState) and ``compression/powersgd.h``.
+
+    Call it between steps, once every all-reduce of the step was synchronized: raises
+    FailedPreconditionError while a compressed all-reduce is in flight on this rank, before
+    ``init()`` and after ``shutdown()``.
+    """
+    _check_process("compression_state()")
+    return _braid.compression_state()
+
+
+def load_compression_state(state):
+    """Restores a ``compression_state()`` result (``bytes``) on this rank, typically right
+    after ``init()`` when resuming from a checkpoint, before the first step.
+
+    Methods in ``state`` restart from their saved state; methods not in it are untouched. A
+    state saved by another rank loads with a warning (its residuals are that rank's). Raises
+    InvalidArgumentError (nothing changed) when ``state`` is malformed, FailedPreconditionError
+    as ``compression_state()`` does.
+    """
+    _check_process("load_compression_state()")
+    if not isinstance(state, (bytes, bytearray, memoryview)):
+        raise InvalidArgumentError(
+            f"load_compression_state(): state must be bytes, got {type(state).__name__}")
+    _braid.load_compression_state(bytes(state))
+
+
 # --- argument conversion --------------------------------------------------------------------
 
 def _dtype_info(fn, name, dt):
@@ -356,8 +410,7 @@ class Handle:
             self._done = True
             self._keep = None
             self._output = None
-            with _lock:
-                _inflight.pop(id(self), None)
+            _forget(self)
 
 
 def _enqueue(collective, name, arr, code, output=None, op=ReduceOp.Average, root_rank=0,
@@ -369,12 +422,7 @@ def _enqueue(collective, name, arr, code, output=None, op=ReduceOp.Average, root
     native = _braid.enqueue(_COLL[collective], name, code, arr, output, int(op), int(root_rank),
                             list(splits), compression or "")
     h = Handle(native, collective, (arr, output, target), output, target, arr.dtype)
-    with _lock:
-        # Forget completed handles; keep the arrays of running ones alive even if the caller
-        # drops its Handle.
-        for k in [k for k, v in _inflight.items() if v._native.poll()]:
-            del _inflight[k]
-        _inflight[id(h)] = h
+    _keep_alive(h)  # the arrays of a running collective outlive a dropped Handle
     return h
 
 
@@ -420,12 +468,15 @@ def allreduce_async(tensor, name=None, op=Average, compression=None):
     ``compression``: this tensor's compression spec, the same on every rank: "none", "fp16",
     "bf16" (cast to 16 bits, 1/2 of float32's bytes), "fp4" (radix-4 FP4 with per-chunk
     GradScale, Sun et al. 2020) or "int4" (4-bit integers), about 1/7.5 of the bytes, with
-    options such as "fp4:chunk=128,ef=1" or "int4:start_step=100" (README: Compression).
-    The result is then approximate, within the bound each method documents, and identical
-    on every rank. None uses the job's default (BRAID_COMPRESSION), which applies only to
-    floating-point tensors with op Sum or Average. Raises InvalidArgumentError for an
-    unknown method or option, a method on an integer tensor or another op, or (from
-    ``synchronize``) ranks asking for different methods.
+    options such as "fp4:chunk=128,ef=1" or "int4:start_step=100", or a sparsifier that
+    sends 1/ratio of the elements and keeps the rest in an error-feedback memory:
+    "scalecomp:ratio=100" (ScaleCom, Chen et al. 2020), "topk", "randomk" (README:
+    Compression). The result is then approximate, within the bound each method documents,
+    and identical on every rank. None uses the job's default (BRAID_COMPRESSION), which
+    applies only to floating-point tensors with op Sum or Average. Raises
+    InvalidArgumentError for an unknown method or option, a method on an integer tensor or
+    another op, or (from ``synchronize``) ranks asking for different methods or, with a
+    sparsifier, a NaN or infinity in any rank's gradient.
     """
     name = _next_name("allreduce") if name is None else name
     op = _check_op(op)
@@ -570,3 +621,4 @@ def barrier(name=None):
     name = _next_name("barrier") if name is None else name
     arr = np.empty((0,), dtype=np.uint8)
     synchronize(_enqueue("barrier", name, arr, _braid.DTYPES["uint8"], op=ReduceOp.Sum))
+

@@ -1,0 +1,152 @@
+"""braid.torch: Horovod's PyTorch API over braid.
+
+A script written for ``import horovod.torch as hvd`` runs with ``import braid.torch as hvd``
+(under ``braidrun -np N``, or torchrun-style ``RANK``/``WORLD_SIZE`` variables)::
+
+    import braid.torch as hvd
+
+    hvd.init()
+    torch.set_num_threads(1)                     # several ranks share the host's cores
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         compression=hvd.Compression.fp16)   # or "fp4:ef=1"
+    for x, y in shard:
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()  # all-reduces start as gradients are ready
+        optimizer.step()                         # waits for them, then updates
+    avg_loss = hvd.allreduce(torch.tensor(loss), name="loss").item()
+
+Contents:
+
+- lifecycle and topology: ``init``, ``shutdown``, ``is_initialized``, ``size``, ``rank``,
+  ``local_size``, ``local_rank``, ``cross_size``, ``cross_rank``;
+- collectives on CPU tensors (mpi_ops.py): ``allreduce[_][_async]``,
+  ``grouped_allreduce[_][_async]``, ``allgather[_async]``, ``broadcast[_][_async]``,
+  ``alltoall[_async]``, ``reducescatter[_async]``, ``barrier``, ``synchronize``, ``poll``;
+  ops ``Average`` (default), ``Sum``, ``Min``, ``Max``, ``Product`` (``Adasum`` exists and
+  raises InvalidArgumentError: not implemented);
+- ``Compression`` (compression.py): the runtime's compression methods;
+- ``DistributedOptimizer`` (optimizer.py);
+- ``broadcast_parameters``, ``broadcast_optimizer_state``, ``broadcast_object``,
+  ``allgather_object`` (functions.py).
+
+Not yet: ``join()`` (uneven inputs) needs support in the runtime and the coordinator;
+process sets other than the global one; GPU tensors.
+
+Errors are the ``braid.BraidError`` subclasses (InvalidArgumentError, FailedPreconditionError,
+...), whose messages name the tensor and the ranks involved.
+"""
+
+from .. import _ops
+from .._ops import init, is_initialized, local_rank, local_size, rank, shutdown, size
+from ._handles import (  # noqa: F401
+    Adasum,
+    AlreadyExistsError,
+    Average,
+    BraidError,
+    CancelledError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    Handle,
+    InternalError,
+    InvalidArgumentError,
+    Max,
+    Min,
+    Product,
+    ReduceOp,
+    SUPPORTED_DTYPES,
+    Sum,
+    UnavailableError,
+    global_process_set,
+    poll,
+    staging_copies,
+    synchronize,
+)
+from .compression import Compression, Compressor  # noqa: F401
+from .functions import (  # noqa: F401
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+from .mpi_ops import (  # noqa: F401
+    allgather,
+    allgather_async,
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    alltoall,
+    alltoall_async,
+    barrier,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    reducescatter,
+    reducescatter_async,
+)
+from .optimizer import DistributedOptimizer  # noqa: F401
+
+compression_stats = _ops.compression_stats
+
+
+def cross_size():
+    """The number of hosts, assuming every host runs ``local_size()`` ranks (as braidrun,
+    torchrun and Slurm's block distribution start them). FailedPreconditionError before
+    ``init()``."""
+    return max(1, size() // local_size())
+
+
+def cross_rank():
+    """This host's index among the hosts (0 on a single host), under cross_size()'s
+    assumption that ranks are numbered host by host. FailedPreconditionError before
+    ``init()``."""
+    return rank() // local_size()
+
+
+def nccl_built():
+    """False: braid's host-memory data plane is UCX; there is no NCCL path yet."""
+    return False
+
+
+def mpi_built():
+    """False: braid does not run on MPI (its coordinator and data plane are its own)."""
+    return False
+
+
+def gloo_built():
+    """False: braid does not use Gloo."""
+    return False
+
+
+def cuda_built():
+    """False: braid.torch supports host (CPU) tensors only so far."""
+    return False
+
+
+def rocm_built():
+    """False: no ROCm support."""
+    return False
+
+
+__all__ = [
+    "Adasum", "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
+    "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "AlreadyExistsError",
+    "Average", "barrier", "BraidError", "broadcast", "broadcast_", "broadcast_async",
+    "broadcast_async_", "broadcast_object", "broadcast_optimizer_state",
+    "broadcast_parameters", "CancelledError", "Compression", "compression_stats", "Compressor",
+    "cross_rank", "cross_size", "cuda_built", "DeadlineExceededError", "DistributedOptimizer",
+    "FailedPreconditionError", "gloo_built", "global_process_set", "grouped_allreduce",
+    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "Handle",
+    "init", "InternalError", "InvalidArgumentError", "is_initialized", "local_rank",
+    "local_size", "Max", "Min", "mpi_built", "nccl_built", "poll", "Product", "rank",
+    "reducescatter", "reducescatter_async", "ReduceOp", "rocm_built", "shutdown", "size",
+    "staging_copies", "Sum", "SUPPORTED_DTYPES", "synchronize", "UnavailableError",
+]

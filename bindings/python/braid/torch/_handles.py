@@ -1,0 +1,334 @@
+"""The machinery under braid.torch's collectives: reduce ops, dtypes, handles, enqueue.
+
+A contiguous tensor reaches the runtime by address (``tensor.data_ptr()``) through
+``braid._braid.enqueue_ptr``; the Handle keeps every tensor the runtime reads or writes alive
+until the collective completes, and its finisher (run once, on the caller's thread, after
+success) turns the runtime's output into the caller's result.
+"""
+
+import warnings
+
+import torch
+
+from .. import _braid
+from .. import _ops
+from .._ops import (  # re-exported by braid.torch
+    AlreadyExistsError,
+    BraidError,
+    CancelledError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    UnavailableError,
+)
+
+__all__ = [
+    "Adasum", "AlreadyExistsError", "Average", "BraidError", "CancelledError",
+    "DeadlineExceededError", "FailedPreconditionError", "global_process_set", "Handle",
+    "InternalError", "InvalidArgumentError", "Max", "Min", "poll", "Product", "ReduceOp",
+    "staging_copies", "Sum", "SUPPORTED_DTYPES", "synchronize", "UnavailableError",
+]
+
+# --- ops ------------------------------------------------------------------------------------
+
+ReduceOp = _ops.ReduceOp
+Sum = _ops.Sum
+Average = _ops.Average
+Min = _ops.Min
+Max = _ops.Max
+Product = _ops.Product
+
+
+class _UnimplementedOp:
+    """A reduce op that braid names but does not implement (yet)."""
+
+    __slots__ = ("name", "why")
+
+    def __init__(self, name, why):
+        self.name = name
+        self.why = why
+
+    def __repr__(self):
+        return f"braid.torch.{self.name}"
+
+
+#: Adasum (Maleki et al., "Scaling Distributed Training with Adaptive Summation", MLSys 2021)
+#: is not implemented in braid: passing it raises InvalidArgumentError.
+Adasum = _UnimplementedOp("Adasum", "Adasum (adaptive summation) is not implemented in braid; "
+                                    "use Average or Sum")
+
+
+def _what(fn, name):
+    return f"{fn} '{name}'" if name else fn
+
+
+def _check_op(fn, name, op, average=None):
+    """The ReduceOp for Horovod's ``op``/deprecated ``average`` arguments."""
+    if average is not None:
+        if op is not None:
+            raise InvalidArgumentError(f"{_what(fn, name)}: pass either op or the deprecated "
+                                       "average, not both")
+        warnings.warn("the 'average' argument is deprecated: use op=Average or op=Sum",
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    if op is None:
+        return Average
+    if isinstance(op, _UnimplementedOp):
+        raise InvalidArgumentError(f"{_what(fn, name)}: {op.why}")
+    try:
+        return ReduceOp(op)
+    except ValueError:
+        raise InvalidArgumentError(f"{_what(fn, name)}: unknown reduce op {op!r}: use Sum, "
+                                   "Average, Min, Max or Product") from None
+
+
+def _check_process_set(fn, process_set):
+    if process_set is not None and process_set is not global_process_set:
+        raise InvalidArgumentError(f"{fn}: process sets other than the global one are not "
+                                   "supported yet")
+
+
+class _GlobalProcessSet:
+    """The process set of every rank (the only one braid has so far)."""
+
+    process_set_id = 0
+
+    def __repr__(self):
+        return "braid.torch.global_process_set"
+
+
+global_process_set = _GlobalProcessSet()
+
+# --- dtypes ---------------------------------------------------------------------------------
+
+_DTYPE_NAMES = {
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.uint8: "uint8",
+}
+_CODES = {dt: _braid.DTYPES[n] for dt, n in _DTYPE_NAMES.items()}
+_UINT8 = _braid.DTYPES["uint8"]
+_COLL = _braid.COLLECTIVES
+#: The torch dtypes braid.torch accepts (bool with the rules in the module's docstring).
+SUPPORTED_DTYPES = tuple(_DTYPE_NAMES) + (torch.bool,)
+
+# bool all-reduce: the op on 0/1 bytes that gives the logical result.
+_BOOL_OPS = {Sum: Max, Max: Max, Min: Min, Product: Min}
+
+
+def _check_tensor(fn, name, tensor):
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidArgumentError(f"{fn} '{name}': expected a torch.Tensor, got "
+                                   f"{type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise InvalidArgumentError(f"{fn} '{name}': tensor is on {tensor.device}; braid.torch "
+                                   "supports host (CPU) tensors only so far")
+    if tensor.is_sparse:
+        raise InvalidArgumentError(f"{fn} '{name}': sparse tensors are not supported: pass "
+                                   "indices and values separately (or .to_dense())")
+
+
+def _wire(fn, name, tensor, op=None):
+    """(tensor as the runtime sees it, dtype code, op): bool becomes uint8 (a view)."""
+    _check_tensor(fn, name, tensor)
+    code = _CODES.get(tensor.dtype)
+    if code is not None:
+        return tensor, code, op
+    if tensor.dtype == torch.bool:
+        if op is not None:
+            if op == Average:
+                raise InvalidArgumentError(f"{fn} '{name}': op Average is not defined for "
+                                           "torch.bool: use Sum/Max (logical or) or "
+                                           "Min/Product (logical and)")
+            op = _BOOL_OPS[op]
+        return tensor.view(torch.uint8), _UINT8, op
+    raise InvalidArgumentError(
+        f"{fn} '{name}': unsupported dtype {tensor.dtype}: braid supports "
+        + ", ".join(str(d) for d in SUPPORTED_DTYPES))
+
+
+def _check_scale(fn, name, tensor, prescale_factor, postscale_factor):
+    if (prescale_factor != 1.0 or postscale_factor != 1.0) and not tensor.is_floating_point():
+        raise InvalidArgumentError(f"{fn} '{name}': prescale_factor/postscale_factor need a "
+                                   f"floating-point tensor, got {tensor.dtype}")
+
+
+_staging_copies = 0  # contiguous staging copies made for non-contiguous tensors
+
+
+def staging_copies():
+    """How many non-contiguous tensors this process copied into contiguous staging buffers
+    (and back, for in-place calls) since import. Contiguous tensors are never copied, so a
+    training step whose gradients are contiguous adds nothing here."""
+    return _staging_copies
+
+
+def _contiguous(t):
+    global _staging_copies
+    if t.is_contiguous():
+        return t
+    _staging_copies += 1
+    return t.contiguous()
+
+
+def _empty_like(t):
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+# --- handles --------------------------------------------------------------------------------
+
+class Handle:
+    """An asynchronous collective in flight; pass it to ``synchronize()`` or ``poll()``.
+
+    It holds the tensors the runtime reads and writes until the collective completes.
+    """
+
+    __slots__ = ("_native", "_collective", "_keep", "_finish_fn", "_result", "_error",
+                 "_done", "__weakref__")
+
+    def __init__(self, native, collective, keep, finish_fn):
+        self._native = native
+        self._collective = collective
+        self._keep = keep
+        self._finish_fn = finish_fn  # native -> result tensor (after success)
+        self._result = None
+        self._error = None
+        self._done = False
+
+    @property
+    def name(self):
+        """The collective's name (the one negotiated across ranks)."""
+        return self._native.name
+
+    def __repr__(self):
+        state = "done" if self._done or self._native.poll() else "pending"
+        return f"<braid.torch.Handle {self._collective} '{self.name}' {state}>"
+
+    def _poll(self):
+        return self._done or self._native.poll()
+
+    def _wait(self, timeout):
+        if not self._done:
+            if not self._native.wait(timeout, 0.1):
+                raise DeadlineExceededError(
+                    f"{self._collective} '{self.name}' is still running after {timeout} s")
+            self._finish()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _finish(self):
+        if self._done:
+            return
+        try:
+            self._native.check()
+            with torch.no_grad():
+                self._result = self._finish_fn(self._native)
+        except BraidError as e:
+            self._error = e
+        finally:
+            self._done = True
+            self._keep = None
+            self._finish_fn = None
+            _ops._forget(self)
+
+
+class _MultiHandle:
+    """Several collectives that complete together (grouped all-reduce, all-to-all with its
+    received splits); ``combine`` turns their results into the caller's."""
+
+    __slots__ = ("_handles", "_combine", "_collective", "__weakref__")
+
+    def __init__(self, handles, combine, collective):
+        self._handles = handles
+        self._combine = combine
+        self._collective = collective
+
+    @property
+    def name(self):
+        return self._handles[0].name if self._handles else ""
+
+    def __repr__(self):
+        state = "done" if self._poll() else "pending"
+        return f"<braid.torch.Handle {self._collective} '{self.name}' ({len(self._handles)}) {state}>"
+
+    def _poll(self):
+        return all(h._poll() for h in self._handles)
+
+    def _wait(self, timeout):
+        # Every part is waited for (and finished) before any error is raised, so no buffer is
+        # released while the runtime may still write it.
+        first_error = None
+        for h in self._handles:
+            try:
+                h._wait(timeout)
+            except BraidError as e:
+                if isinstance(e, DeadlineExceededError) and not h._poll():
+                    raise
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
+        return self._combine([h._result for h in self._handles])
+
+
+def _enqueue(collective, name, inp, code, out=None, op=Average, root_rank=0, splits=(),
+             compression=None, finish=None, keep=()):
+    _ops._check_process(collective)
+    native = _braid.enqueue_ptr(
+        _COLL[collective], name, code, inp.data_ptr(), list(inp.shape),
+        0 if out is None else out.data_ptr(), 0 if out is None else _nbytes(out), int(op),
+        int(root_rank), list(splits), compression or "")
+    h = Handle(native, collective, (inp, out) + tuple(keep), finish)
+    _ops._keep_alive(h)  # the tensors of a running collective outlive a dropped Handle
+    return h
+
+
+def poll(handle):
+    """True once the collective behind ``handle`` has completed (successfully or not).
+
+    Never blocks and never raises the collective's error (``synchronize`` does)."""
+    if isinstance(handle, _ops.Handle):
+        return _ops.poll(handle)
+    return handle._poll()
+
+
+def synchronize(handle, timeout=None):
+    """Waits for an asynchronous collective and returns its result.
+
+    The result is a tensor (a list of tensors for grouped calls; ``(tensor, received_splits)``
+    for an all-to-all given splits). The GIL is released while waiting, in 100 ms slices so
+    that Ctrl-C raises KeyboardInterrupt. ``timeout`` (seconds, None = forever): raises
+    DeadlineExceededError if the collective is still running then; the handle stays valid.
+
+    Raises the collective's error: InvalidArgumentError (mismatch across ranks, named),
+    CancelledError (shut down meanwhile), UnavailableError (a peer was lost),
+    DeadlineExceededError (no progress for BRAID_TIMEOUT_S), InternalError. Calling it again
+    on a completed handle returns the same result (or raises the same error).
+    """
+    if isinstance(handle, _ops.Handle):
+        return _ops.synchronize(handle, timeout)
+    return handle._wait(timeout)
+
+
+def _result_from_bytes(dtype):
+    """A finisher for runtime-owned results (all-gather, all-to-all): the bytes as a tensor
+    of ``dtype`` and the runtime's output shape, without a copy."""
+    def finish(native):
+        shape = native.output_shape()
+        raw = native.output_bytes()
+        if raw.size == 0:
+            return torch.empty(shape, dtype=dtype)
+        t = torch.from_numpy(raw)
+        return (t if dtype == torch.uint8 else t.view(dtype)).reshape(shape)
+    return finish
+
+

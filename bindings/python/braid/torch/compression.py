@@ -1,0 +1,114 @@
+"""Gradient compression for braid.torch: ``Compression.<method>`` and spec strings.
+
+braid compresses inside its runtime (on the wire, per bucket, with per-tensor state such as
+error feedback), not in the framework: a compressor here only names the method. The members
+of ``Compression`` come from the runtime's compression registry when this module is imported,
+so every method the registry knows is there (``none``, ``fp16``, ``bf16``, ``fp4``, ``int4``,
+and any method added later), each with its default options. Options go through a spec
+string or ``Compression.spec``::
+
+    hvd.DistributedOptimizer(opt, compression=hvd.Compression.fp16)
+    hvd.DistributedOptimizer(opt, compression="fp4:chunk=64,ef=1")
+    hvd.DistributedOptimizer(opt, compression=hvd.Compression.spec("int4:start_step=100"))
+
+The spec grammar, the methods and their error bounds are the runtime's (README: Compression).
+
+Horovod-style compressor classes (objects with ``compress(tensor) -> (tensor, ctx)`` and
+``decompress(tensor, ctx) -> tensor``) are accepted too: braid calls them around an
+uncompressed all-reduce, as Horovod does.
+"""
+
+import os
+
+from .. import _braid
+
+
+def _test_methods():
+    # The runtime reads BRAID_TEST_COMPRESSORS (0/1) the same way.
+    return os.environ.get("BRAID_TEST_COMPRESSORS", "0").strip() == "1"
+
+
+class Compressor:
+    """A compression method of braid's runtime, named by its canonical spec.
+
+    ``spec``: the canonical spec string (e.g. ``"fp16"``, ``"fp4:ef=1"``), what every rank
+    passes to the runtime. ``compress``/``decompress`` exist for scripts that call them the
+    way Horovod's compressors are called; they return the tensor unchanged, because the
+    runtime compresses on the wire.
+    """
+
+    __slots__ = ("spec",)
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def __repr__(self):
+        return f"braid.torch.Compression.spec({self.spec!r})"
+
+    def __eq__(self, other):
+        return isinstance(other, Compressor) and other.spec == self.spec
+
+    def __hash__(self):
+        return hash(self.spec)
+
+    @staticmethod
+    def compress(tensor):
+        """Returns ``(tensor, None)``: the runtime compresses on the wire."""
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        """Returns ``tensor``: the runtime decompresses before it hands the result back."""
+        return tensor
+
+
+class _CompressionNamespace:
+    """``Compression.<method>`` for every method of braid's compression registry.
+
+    ``Compression.methods()`` lists them in the registry's order; ``Compression.spec(s)``
+    validates a spec string with options and returns its Compressor (InvalidArgumentError
+    naming the valid methods or options otherwise).
+    """
+
+    def __init__(self):
+        for method in _braid.compression_methods(False):
+            setattr(self, method, Compressor(method))
+
+    @staticmethod
+    def methods():
+        """The registry's method names (test-only ones with BRAID_TEST_COMPRESSORS=1)."""
+        return list(_braid.compression_methods(_test_methods()))
+
+    @staticmethod
+    def spec(spec):
+        """The Compressor of a spec string such as ``"fp4:chunk=64,ef=1"``."""
+        return Compressor(_braid.canonical_compression(str(spec), _test_methods()))
+
+    def __repr__(self):
+        return "braid.torch.Compression(" + ", ".join(self.methods()) + ")"
+
+
+Compression = _CompressionNamespace()
+
+
+def resolve(compression, what):
+    """``(spec for the runtime or None, Horovod-style compressor or None)``.
+
+    None: the job's default (BRAID_COMPRESSION). A string or a Compressor: that method,
+    validated here so that a typo fails at once on the calling rank. Another object with
+    ``compress``/``decompress``: a framework-side compressor run around an uncompressed
+    all-reduce. Anything else raises InvalidArgumentError naming ``what``.
+    """
+    if compression is None:
+        return None, None
+    if isinstance(compression, Compressor):
+        return compression.spec, None
+    if isinstance(compression, str):
+        return _braid.canonical_compression(compression, _test_methods()), None
+    if callable(getattr(compression, "compress", None)) and \
+            callable(getattr(compression, "decompress", None)):
+        return "none", compression
+    raise _braid.InvalidArgumentError(
+        f"{what}: compression must be None, a spec string such as 'fp16' or 'fp4:ef=1', "
+        f"a braid.torch.Compression member or an object with compress/decompress, got "
+        f"{compression!r}")

@@ -1,0 +1,143 @@
+"""Broadcasting model and optimizer state, and Python objects, across ranks.
+
+The Horovod recipe starts every rank from rank 0's weights and optimizer state::
+
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+"""
+
+import torch
+
+from .. import _objects, _ops
+from . import mpi_ops
+from ._handles import InvalidArgumentError
+
+broadcast_object = _objects.broadcast_object
+allgather_object = _objects.allgather_object
+
+
+def _named_tensors(params):
+    """[(name or None, tensor)] from a dict (a state_dict) or an iterable of tensors or
+    (name, tensor) pairs (named_parameters(), parameters())."""
+    if isinstance(params, dict):
+        items = sorted(params.items(), key=lambda kv: str(kv[0]))
+    else:
+        try:
+            items = [x if isinstance(x, tuple) else (None, x) for x in params]
+        except TypeError:
+            raise InvalidArgumentError(
+                "broadcast_parameters: params must be a dict (a state_dict) or an iterable of "
+                f"tensors or (name, tensor) pairs, got {type(params).__name__}") from None
+    for name, t in items:
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError(f"broadcast_parameters: '{name}' is a "
+                                       f"{type(t).__name__}, not a tensor")
+    return items
+
+
+def broadcast_parameters(params, root_rank):
+    """Overwrites every tensor of ``params`` with ``root_rank``'s, in place.
+
+    ``params``: ``model.state_dict()`` (parameters and buffers, such as batch norm's running
+    statistics), ``model.named_parameters()`` or ``model.parameters()``. Named tensors are
+    broadcast under their names (a dict's keys, sorted), unnamed ones under
+    ``"broadcast.noname.<n>"``; every rank must pass the same names, shapes and dtypes. All
+    broadcasts run concurrently (the runtime fuses them); the call returns when all are done.
+    Raises InvalidArgumentError for a non-tensor entry and the collectives' errors.
+    """
+    handles = [mpi_ops.broadcast_async_(t.data if isinstance(t, torch.nn.Parameter) else t,
+                                        root_rank, name=name)
+               for name, t in _named_tensors(params)]
+    for h in handles:
+        mpi_ops.synchronize(h)
+
+
+class _TensorSlot:
+    """Where a tensor sat in a broadcast state dict: its index among the tensors, shape and
+    dtype (what the other ranks need to allocate it)."""
+
+    __slots__ = ("index", "shape", "dtype")
+
+    def __init__(self, index, shape, dtype):
+        self.index, self.shape, self.dtype = index, shape, dtype
+
+
+def _skeleton(obj, tensors):
+    """``obj`` with every tensor replaced by a _TensorSlot (appended to ``tensors``)."""
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype)
+    if isinstance(obj, dict):
+        return type(obj)((k, _skeleton(v, tensors)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_skeleton(v, tensors) for v in obj)
+    return obj
+
+
+def _fill(skel, tensors):
+    if isinstance(skel, _TensorSlot):
+        return tensors[skel.index]
+    if isinstance(skel, dict):
+        return type(skel)((k, _fill(v, tensors)) for k, v in skel.items())
+    if isinstance(skel, (list, tuple)):
+        return type(skel)(_fill(v, tensors) for v in skel)
+    return skel
+
+
+def _broadcast_state(state, root_rank, name):
+    """``root_rank``'s ``state`` (nested dicts/lists/tuples of tensors and picklable values)
+    on every rank: the structure and non-tensor values exactly (pickled), the tensors by
+    broadcast (a rank allocates them from the root's shapes and dtypes)."""
+    tensors = []
+    skel = _objects.broadcast_object(_skeleton(state, tensors), root_rank, name=name + ".layout")
+    if _ops.rank() == root_rank:
+        bufs = [t.detach() for t in tensors]
+    else:
+        slots = []
+        _collect_slots(skel, slots)
+        bufs = [None] * len(slots)
+        for s in slots:
+            bufs[s.index] = torch.empty(s.shape, dtype=s.dtype)
+    handles = [mpi_ops.broadcast_async_(b, root_rank, name=f"{name}.{i}")
+               for i, b in enumerate(bufs)]
+    for h in handles:
+        mpi_ops.synchronize(h)
+    return _fill(skel, bufs)
+
+
+def _collect_slots(skel, out):
+    if isinstance(skel, _TensorSlot):
+        out.append(skel)
+    elif isinstance(skel, dict):
+        for v in skel.values():
+            _collect_slots(v, out)
+    elif isinstance(skel, (list, tuple)):
+        for v in skel:
+            _collect_slots(v, out)
+
+
+def broadcast_optimizer_state(optimizer, root_rank, lr_scheduler=None):
+    """Makes every rank's optimizer state ``root_rank``'s: per-parameter state (momentum
+    buffers, Adam's moments and step counts, scalars included) and the parameter groups'
+    options (learning rate, momentum, betas, ... and what LR schedulers keep there, such as
+    ``initial_lr``), exactly: options and scalars keep their Python types and values (they
+    are pickled), tensors are broadcast in their own dtype.
+
+    ``optimizer``: a torch optimizer or a DistributedOptimizer, with the same parameter
+    groups (sizes and order) on every rank. A rank whose optimizer has no state yet gets the
+    root's; nothing is stepped or initialised to make the state exist. ``lr_scheduler``
+    (optional; one scheduler or a list): their ``state_dict()`` (epoch counters, ...) is
+    broadcast too. Raises the collectives' errors, and ValueError from
+    ``optimizer.load_state_dict`` when the parameter groups differ from the root's.
+    """
+    name = _ops._next_name("broadcast_optimizer_state")
+    state = _broadcast_state(optimizer.state_dict(), root_rank, name)
+    if _ops.rank() != root_rank:
+        optimizer.load_state_dict(state)
+    if lr_scheduler is None:
+        return
+    schedulers = lr_scheduler if isinstance(lr_scheduler, (list, tuple)) else [lr_scheduler]
+    for i, s in enumerate(schedulers):
+        sd = _broadcast_state(s.state_dict(), root_rank, f"{name}.lr_scheduler.{i}")
+        if _ops.rank() != root_rank:
+            s.load_state_dict(sd)

@@ -1,0 +1,527 @@
+"""Collectives on torch tensors, with Horovod's signatures, over braid's runtime.
+
+Tensors live in host memory (CPU). A contiguous tensor is handed to the runtime by address
+(``tensor.data_ptr()``): no staging copy on the way in, and in-place calls write the result
+straight into the tensor. A non-contiguous tensor (a transposed view, a slice with a stride)
+is copied into a contiguous buffer first and, for in-place calls, the result is copied back
+when the collective completes; results are always those of the logical tensor.
+
+Dtypes: float32, float64, float16, bfloat16, int32, int64, uint8 travel as themselves.
+torch.bool travels as bytes: all-gather, broadcast and all-to-all move it unchanged;
+all-reduce and reduce-scatter combine it logically, Sum and Max as OR, Min and Product as
+AND (as torch.distributed does for bool); Average of bool is an InvalidArgumentError. Other
+dtypes (int8, int16, complex, ...) raise InvalidArgumentError naming the dtype.
+
+Tensors on a GPU raise InvalidArgumentError for now (host memory only).
+
+Names: every collective is matched across ranks by name; ``name=None`` takes the next
+``"<collective>.noname.<n>"``, so ranks must then issue their unnamed collectives in the
+same order. Tensors passed to an asynchronous call are kept alive by braid until the
+collective completes and must not be modified meanwhile.
+"""
+
+import torch
+
+from .. import _ops
+from ._handles import (  # noqa: F401  (re-exported)
+    Adasum,
+    AlreadyExistsError,
+    Average,
+    BraidError,
+    CancelledError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    Handle,
+    InternalError,
+    InvalidArgumentError,
+    Max,
+    Min,
+    Product,
+    ReduceOp,
+    SUPPORTED_DTYPES,
+    Sum,
+    UnavailableError,
+    _CODES,
+    _MultiHandle,
+    _check_op,
+    _check_process_set,
+    _check_scale,
+    _contiguous,
+    _empty_like,
+    _enqueue,
+    _result_from_bytes,
+    _wire,
+    global_process_set,
+    poll,
+    staging_copies,
+    synchronize,
+)
+from . import compression as _compression
+
+# Horovod's horovod.torch.mpi_ops exports the ops, errors and handle functions too.
+__all__ = [
+    "Adasum", "allgather", "allgather_async", "allreduce", "allreduce_", "allreduce_async",
+    "allreduce_async_", "alltoall", "alltoall_async", "AlreadyExistsError", "Average",
+    "barrier", "BraidError", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "CancelledError", "DeadlineExceededError", "FailedPreconditionError", "global_process_set",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "Handle", "InternalError", "InvalidArgumentError", "Max", "Min",
+    "poll", "Product", "reducescatter", "reducescatter_async", "ReduceOp", "staging_copies",
+    "Sum", "SUPPORTED_DTYPES", "synchronize", "UnavailableError",
+]
+
+def _needs_grad(tensor):
+    return isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled()
+
+
+# --- all-reduce -----------------------------------------------------------------------------
+
+def _allreduce_async(fn, tensor, name, op, prescale_factor, postscale_factor, compression,
+                     inplace):
+    name = _ops._next_name("allreduce") if name is None else name
+    spec, hook = _compression.resolve(compression, f"{fn} '{name}'")
+    if hook is not None:
+        raise InvalidArgumentError(
+            f"{fn} '{name}': a framework-side compressor (compress/decompress) is applied by "
+            "allreduce() and DistributedOptimizer, not by the asynchronous calls: pass a spec "
+            "string or a braid.torch.Compression member")
+    t, code, wop = _wire(fn, name, tensor, op)
+    _check_scale(fn, name, tensor, prescale_factor, postscale_factor)
+    target = None
+    if inplace:
+        buf = _contiguous(t)
+        if buf is not t:
+            target = tensor  # reduce a contiguous copy; copy the result back at the end
+        if prescale_factor != 1.0:
+            buf.mul_(prescale_factor)
+        inp = out = buf
+    elif prescale_factor != 1.0:
+        out = _empty_like(t)
+        torch.mul(t, prescale_factor, out=out)
+        inp = out
+    elif t.is_contiguous():
+        inp, out = t, _empty_like(t)
+    else:
+        inp = out = _contiguous(t)  # the staging copy is the output: reduce it in place
+
+    def finish(native):
+        if postscale_factor != 1.0:
+            out.mul_(postscale_factor)
+        if target is not None:
+            target.copy_(out.view(torch.bool) if tensor.dtype == torch.bool else out)
+            return target
+        if inplace:
+            return tensor
+        return out.view(torch.bool) if tensor.dtype == torch.bool else out
+
+    return _enqueue("allreduce", name, inp, code, out=out, op=wop, compression=spec,
+                    finish=finish, keep=(tensor,))
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=None, compression=None):
+    """Starts an all-reduce of ``tensor`` into a new tensor; returns a Handle.
+
+    ``tensor`` (any shape, the same on every rank) is left untouched; ``synchronize``
+    returns a new contiguous tensor of its shape and dtype. ``op``: Average (default; the
+    sum divided by the world size, floating-point dtypes only), Sum, Min, Max, Product.
+    ``prescale_factor``/``postscale_factor`` multiply the input before and the result after
+    the reduction (floating-point dtypes). ``compression``: a spec string ("fp16",
+    "fp4:ef=1", ...) or a ``Compression`` member, the same on every rank; None uses the
+    job's default (BRAID_COMPRESSION), which applies only to floating-point Sum/Average.
+    ``average`` (deprecated, Horovod's): True is Average, False is Sum.
+    """
+    _check_process_set("allreduce_async", process_set)
+    op = _check_op("allreduce_async", name, op, average)
+    return _allreduce_async("allreduce_async", tensor, name, op, prescale_factor,
+                            postscale_factor, compression, inplace=False)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=None, compression=None):
+    """Starts an in-place all-reduce: ``tensor`` receives the result. See allreduce_async.
+
+    A contiguous tensor is reduced in its own memory (the runtime gets its address); another
+    is reduced through a contiguous copy that is copied back when the handle completes. A
+    ``prescale_factor`` scales the tensor in place before the collective starts (so a call
+    that then fails leaves it scaled).
+    """
+    _check_process_set("allreduce_async_", process_set)
+    op = _check_op("allreduce_async_", name, op, average)
+    return _allreduce_async("allreduce_async_", tensor, name, op, prescale_factor,
+                            postscale_factor, compression, inplace=True)
+
+
+class _AllreduceFn(torch.autograd.Function):
+    """All-reduce with a gradient: the gradient of an all-reduce is the all-reduce (same op
+    and factors) of the incoming gradients, as in Horovod."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, compression):
+        ctx.args = (name, op, prescale_factor, postscale_factor)
+        return synchronize(_allreduce_async("allreduce", tensor, name, op, prescale_factor,
+                                            postscale_factor, compression, inplace=False))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        name, op, pre, post = ctx.args
+        grad = allreduce(grad_output, name=None if name is None else name + ".grad", op=op,
+                         prescale_factor=pre, postscale_factor=post, compression="none")
+        return grad, None, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=None):
+    """All-reduces ``tensor`` across ranks and returns the result as a new tensor.
+
+    Differentiable: when ``tensor`` requires grad, the result's gradient is the all-reduce
+    of the incoming gradients (a collective in backward, under the name ``NAME.grad``, so
+    every rank must run backward through it). Errors as ``synchronize``; see
+    allreduce_async for the arguments. A Horovod-style compressor object (compress /
+    decompress) is applied around an uncompressed all-reduce.
+    """
+    _check_process_set("allreduce", process_set)
+    op = _check_op("allreduce", name, op, average)
+    spec, hook = _compression.resolve(compression, f"allreduce '{name}'")
+    if hook is not None:
+        compressed, ctx = hook.compress(tensor)
+        reduced = allreduce(compressed, name=name, op=op, prescale_factor=prescale_factor,
+                            postscale_factor=postscale_factor, compression="none")
+        return hook.decompress(reduced, ctx)
+    if _needs_grad(tensor):
+        return _AllreduceFn.apply(tensor, name, op, prescale_factor, postscale_factor, spec)
+    return synchronize(_allreduce_async("allreduce", tensor, name, op, prescale_factor,
+                                        postscale_factor, spec, inplace=False))
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=None, compression=None):
+    """All-reduces ``tensor`` in place and returns it. See allreduce_async_."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set, compression))
+
+
+def _group_names(name, n):
+    base = _ops._next_name("grouped_allreduce") if name is None else name
+    return [f"{base}.{i}" for i in range(n)]
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=None, compression=None):
+    """Starts an all-reduce of every tensor of ``tensors`` (a list); ``synchronize`` returns
+    the list of new tensors. Tensor i travels as ``NAME.i`` (the runtime fuses them into
+    buckets as it does any tensors submitted together). See allreduce_async."""
+    _check_process_set("grouped_allreduce_async", process_set)
+    op = _check_op("grouped_allreduce_async", name, op, average)
+    hs = [_allreduce_async("grouped_allreduce_async", t, n, op, prescale_factor,
+                           postscale_factor, compression, inplace=False)
+          for t, n in zip(tensors, _group_names(name, len(tensors)))]
+    return _MultiHandle(hs, list, "grouped_allreduce")
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+    """All-reduces every tensor of ``tensors`` and returns the list of results."""
+    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                               postscale_factor, process_set, compression))
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=None, compression=None):
+    """In-place grouped all-reduce; ``synchronize`` returns ``tensors``."""
+    _check_process_set("grouped_allreduce_async_", process_set)
+    op = _check_op("grouped_allreduce_async_", name, op, average)
+    hs = [_allreduce_async("grouped_allreduce_async_", t, n, op, prescale_factor,
+                           postscale_factor, compression, inplace=True)
+          for t, n in zip(tensors, _group_names(name, len(tensors)))]
+    return _MultiHandle(hs, list, "grouped_allreduce")
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=None, compression=None):
+    """All-reduces every tensor of ``tensors`` in place and returns them."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set, compression))
+
+
+# --- all-gather -----------------------------------------------------------------------------
+
+def _allgather_async(fn, tensor, name):
+    name = _ops._next_name("allgather") if name is None else name
+    t, code, _ = _wire(fn, name, tensor)
+    if t.dim() == 0:
+        raise InvalidArgumentError(f"{fn} '{name}': needs at least one dimension, got a "
+                                   "scalar (use tensor.reshape(1))")
+    return _enqueue("allgather", name, _contiguous(t), code,
+                    finish=_result_from_bytes(tensor.dtype), keep=(tensor,))
+
+
+def allgather_async(tensor, name=None, process_set=None):
+    """Starts an all-gather of ``tensor`` (at least 1-D); returns a Handle.
+
+    Dim 0 may differ across ranks; the other dimensions and the dtype must agree. The result
+    concatenates every rank's tensor along dim 0 in rank order: shape
+    ``(sum of dim 0 over ranks,) + tensor.shape[1:]``. ``tensor`` is left untouched.
+    """
+    _check_process_set("allgather_async", process_set)
+    return _allgather_async("allgather_async", tensor, name)
+
+
+class _AllgatherFn(torch.autograd.Function):
+    """All-gather with a gradient, as Horovod defines it: the incoming gradient is averaged
+    over ranks and each rank keeps the rows of its own input."""
+
+    @staticmethod
+    def forward(ctx, tensor, name):
+        ctx.name = name
+        ctx.rows = tensor.shape[0]
+        return synchronize(_allgather_async("allgather", tensor, name))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        name = ctx.name
+        h_grad = _allreduce_async("allgather", grad_output,
+                                  None if name is None else name + ".grad", Average, 1.0, 1.0,
+                                  "none", inplace=False)
+        rows = synchronize(_allgather_async(
+            "allgather", torch.tensor([ctx.rows], dtype=torch.int64),
+            None if name is None else name + ".grad_rows"))
+        grad = synchronize(h_grad)
+        offset = int(rows[:_ops.rank()].sum())
+        return grad.narrow(0, offset, ctx.rows), None
+
+
+def allgather(tensor, name=None, process_set=None):
+    """All-gathers ``tensor`` along dim 0 and returns a new tensor. See allgather_async.
+
+    Differentiable (when ``tensor`` requires grad): see _AllgatherFn."""
+    _check_process_set("allgather", process_set)
+    if _needs_grad(tensor):
+        return _AllgatherFn.apply(tensor, name)
+    return synchronize(_allgather_async("allgather", tensor, name))
+
+
+# --- broadcast ------------------------------------------------------------------------------
+
+def _broadcast_async(fn, tensor, root_rank, name, inplace):
+    name = _ops._next_name("broadcast") if name is None else name
+    t, code, _ = _wire(fn, name, tensor)
+    target = None
+    if inplace:
+        inp = out = _contiguous(t)
+        if inp is not t:
+            target = tensor
+    else:
+        inp, out = _contiguous(t), _empty_like(t)
+
+    def finish(native):
+        if target is not None:
+            target.copy_(out.view(torch.bool) if tensor.dtype == torch.bool else out)
+            return target
+        if inplace:
+            return tensor
+        return out.view(torch.bool) if tensor.dtype == torch.bool else out
+
+    return _enqueue("broadcast", name, inp, code, out=out, root_rank=root_rank, finish=finish,
+                    keep=(tensor,))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    """Starts a broadcast of ``root_rank``'s ``tensor`` into a new tensor on every rank.
+
+    Every rank passes a tensor of the same shape and dtype; ``tensor`` is left untouched.
+    """
+    _check_process_set("broadcast_async", process_set)
+    return _broadcast_async("broadcast_async", tensor, root_rank, name, inplace=False)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+    """Starts an in-place broadcast: ``tensor`` receives ``root_rank``'s values."""
+    _check_process_set("broadcast_async_", process_set)
+    return _broadcast_async("broadcast_async_", tensor, root_rank, name, inplace=True)
+
+
+class _BroadcastFn(torch.autograd.Function):
+    """Broadcast with a gradient, as Horovod defines it: the root receives the average of
+    every rank's incoming gradient, the other ranks zero."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root_rank, ctx.name = root_rank, name
+        return synchronize(_broadcast_async("broadcast", tensor, root_rank, name, False))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        name = ctx.name
+        grad = allreduce(grad_output, name=None if name is None else name + ".grad",
+                         op=Average, compression="none")
+        if _ops.rank() != ctx.root_rank:
+            grad.zero_()
+        return grad, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=None):
+    """Returns a new tensor holding ``root_rank``'s ``tensor``. See broadcast_async.
+
+    Differentiable (when ``tensor`` requires grad): see _BroadcastFn."""
+    _check_process_set("broadcast", process_set)
+    if _needs_grad(tensor):
+        return _BroadcastFn.apply(tensor, root_rank, name)
+    return synchronize(_broadcast_async("broadcast", tensor, root_rank, name, False))
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=None):
+    """Overwrites ``tensor`` with ``root_rank``'s values and returns it."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# --- all-to-all -----------------------------------------------------------------------------
+
+def _splits_list(fn, name, splits):
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        if splits.is_floating_point() or splits.dim() > 1:
+            raise InvalidArgumentError(f"{fn} '{name}': splits must be a 1-D integer tensor "
+                                       "or a list of ints")
+        return [int(x) for x in splits.tolist()]
+    return [int(x) for x in splits]
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
+    """Starts an all-to-all of ``tensor`` (at least 1-D); returns a Handle.
+
+    ``splits``: rows of dim 0 sent to each rank (a list or 1-D integer tensor of ``size()``
+    non-negative values summing to ``tensor.shape[0]``); None splits dim 0 evenly (it must
+    then divide by the world size). ``synchronize`` returns the rows every rank sent to this
+    one, concatenated in rank order; when ``splits`` is given, as Horovod does, the pair
+    ``(tensor, received_splits)`` with ``received_splits`` an int32 tensor of rows received
+    from each rank (exchanged by a second, small all-to-all named ``NAME.splits``).
+    """
+    _check_process_set("alltoall_async", process_set)
+    name = _ops._next_name("alltoall") if name is None else name
+    sp = _splits_list("alltoall_async", name, splits)
+    t, code, _ = _wire("alltoall_async", name, tensor)
+    if t.dim() == 0:
+        raise InvalidArgumentError(f"alltoall_async '{name}': needs at least one dimension, "
+                                   "got a scalar")
+    h = _enqueue("alltoall", name, _contiguous(t), code, splits=sp or (),
+                 finish=_result_from_bytes(tensor.dtype), keep=(tensor,))
+    if sp is None:
+        return h
+    counts = torch.tensor(sp, dtype=torch.int64)
+    h_counts = _enqueue("alltoall", name + ".splits", counts, _CODES[torch.int64],
+                        finish=_result_from_bytes(torch.int64))
+    return _MultiHandle([h, h_counts], lambda r: (r[0], r[1].to(torch.int32)), "alltoall")
+
+
+class _AlltoallFn(torch.autograd.Function):
+    """All-to-all with a gradient: the incoming gradient's rows go back where they came from
+    (an all-to-all with the received splits)."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        ctx.name = name
+        out, received = synchronize(alltoall_async(tensor, splits, name))
+        ctx.received = received
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad_output, _):
+        grad, _ = synchronize(alltoall_async(
+            grad_output, ctx.received, None if ctx.name is None else ctx.name + ".grad"))
+        return grad, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=None):
+    """Exchanges slices of ``tensor`` with every rank; see alltoall_async for the result.
+
+    Differentiable (when ``tensor`` requires grad): the gradient travels back by an
+    all-to-all with the received splits."""
+    _check_process_set("alltoall", process_set)
+    if _needs_grad(tensor):
+        if splits is None:
+            rows = tensor.shape[0] // _ops.size() if tensor.dim() else 0
+            out, _ = _AlltoallFn.apply(tensor, [rows] * _ops.size(), name)
+            return out
+        return _AlltoallFn.apply(tensor, splits, name)
+    return synchronize(alltoall_async(tensor, splits, name))
+
+
+# --- reduce-scatter -------------------------------------------------------------------------
+
+def _share(rows, size, rank):
+    return rows // size + (1 if rank < rows % size else 0)
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    """Starts a reduce-scatter of ``tensor`` (at least 1-D, same shape on every rank).
+
+    The reduced tensor is split along dim 0: with ``n = tensor.shape[0]`` and world size
+    ``s``, rank ``r`` receives ``n // s`` rows, plus one when ``r < n % s``, in rank order.
+    ``op`` and the scale factors as in allreduce_async. ``tensor`` is left untouched.
+    """
+    _check_process_set("reducescatter_async", process_set)
+    name = _ops._next_name("reducescatter") if name is None else name
+    op = _check_op("reducescatter_async", name, op)
+    t, code, wop = _wire("reducescatter_async", name, tensor, op)
+    _check_scale("reducescatter_async", name, tensor, prescale_factor, postscale_factor)
+    if t.dim() == 0:
+        raise InvalidArgumentError(f"reducescatter_async '{name}': needs at least one "
+                                   "dimension, got a scalar")
+    inp = t.mul(prescale_factor).contiguous() if prescale_factor != 1.0 else _contiguous(t)
+    out = torch.empty((_share(t.shape[0], _ops.size(), _ops.rank()),) + tuple(t.shape[1:]),
+                      dtype=t.dtype)
+
+    def finish(native):
+        if postscale_factor != 1.0:
+            out.mul_(postscale_factor)
+        return out.view(torch.bool) if tensor.dtype == torch.bool else out
+
+    return _enqueue("reducescatter", name, inp, code, out=out, op=wop, finish=finish,
+                    keep=(tensor,))
+
+
+class _ReducescatterFn(torch.autograd.Function):
+    """Reduce-scatter with a gradient: the all-gather of the incoming gradients (divided by
+    the world size for Average)."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, pre, post):
+        ctx.args = (name, op, pre, post)
+        return synchronize(reducescatter_async(tensor, name, op, None, pre, post))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        name, op, pre, post = ctx.args
+        grad = allgather(grad_output, None if name is None else name + ".grad")
+        scale = pre * post / (_ops.size() if op == Average else 1)
+        return (grad * scale if scale != 1 else grad), None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=None, op=Average, process_set=None,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces ``tensor`` across ranks and returns this rank's share of dim 0 (a new tensor).
+
+    See reducescatter_async. ``compression`` must be None or none: reduce-scatter travels
+    uncompressed. Differentiable (when ``tensor`` requires grad).
+    """
+    _check_process_set("reducescatter", process_set)
+    spec, hook = _compression.resolve(compression, f"reducescatter '{name}'")
+    if hook is not None or spec not in (None, "none"):
+        raise InvalidArgumentError(f"reducescatter '{name}': compression applies to "
+                                   "all-reduce only")
+    if _needs_grad(tensor):
+        return _ReducescatterFn.apply(tensor, name, op, prescale_factor, postscale_factor)
+    return synchronize(reducescatter_async(tensor, name, op, None, prescale_factor,
+                                           postscale_factor))
+
+
+# --- barrier --------------------------------------------------------------------------------
+
+def barrier(process_set=None, name=None):
+    """Returns once every rank has called barrier()."""
+    _check_process_set("barrier", process_set)
+    _ops.barrier(name)

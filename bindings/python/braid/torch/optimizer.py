@@ -1,0 +1,315 @@
+"""DistributedOptimizer: data-parallel training with any torch.optim optimizer.
+
+The wrapper (Horovod's design) registers a hook on every parameter's gradient accumulator.
+The moment backward has accumulated a parameter's gradient, the hook starts that gradient's
+all-reduce, so communication overlaps the rest of backward (the runtime fuses the tensors
+that arrive within one cycle into buckets). ``step()`` waits for every all-reduce, then runs
+the wrapped optimizer's update on the averaged gradients.
+"""
+
+import contextlib
+import warnings
+import weakref
+
+import torch
+
+from .. import _ops
+from . import mpi_ops
+from ._handles import Average, FailedPreconditionError, InvalidArgumentError, _check_op
+from .compression import Compressor, resolve
+
+
+class _DistributedMixin:
+    """Put in front of the wrapped optimizer's class (see DistributedOptimizer)."""
+
+    def __init__(self, param_groups, state, named_parameters, compression,
+                 backward_passes_per_step, op, gradient_predivide_factor, sparse_as_dense):
+        super().__init__(param_groups)
+        self.state.update(state)  # keep what the wrapped optimizer had (a loaded checkpoint)
+        spec, self._framework_compressor = resolve(compression, "DistributedOptimizer")
+        self._compression = None if spec is None else Compressor(spec)
+        self._op = op
+        self._predivide = float(gradient_predivide_factor)
+        self._sparse_as_dense = bool(sparse_as_dense)
+        self._names = self._parameter_names(named_parameters)
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        self._passes = {p: 0 for p in self._names}  # backward passes since the last step
+        self._handles = {}   # parameter -> (kind, handle(s), context) of its running reduction
+        self._requires_update = [p for g in self.param_groups for p in g["params"]
+                                 if p.requires_grad]
+        self._grad_accs = []
+        self._synchronized = False
+        self._should_synchronize = True
+        # One rank has nobody to talk to: no hooks, step() is the wrapped optimizer's.
+        if _ops.size() > 1:
+            self._register_hooks()
+
+    # -- set-up --------------------------------------------------------------------------
+
+    def _parameter_names(self, named_parameters):
+        params = [p for g in self.param_groups for p in g["params"]]
+        if named_parameters is None:
+            return {p: f"param.{gi}.{i}" for gi, g in enumerate(self.param_groups)
+                    for i, p in enumerate(g["params"])}
+        named = list(named_parameters)
+        if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
+            raise InvalidArgumentError(
+                "DistributedOptimizer: named_parameters must be (name, parameter) pairs, as "
+                "model.named_parameters() gives")
+        seen, dups = set(), []
+        for name, _ in named:
+            if name in seen and name not in dups:
+                dups.append(name)
+            seen.add(name)
+        if dups:
+            raise InvalidArgumentError(
+                "DistributedOptimizer: parameter names must be unique (they name the "
+                f"all-reduces across ranks); duplicated: {', '.join(map(str, dups))}")
+        by_id = {id(p): n for n, p in named}
+        unnamed = [p for p in params if id(p) not in by_id]
+        if unnamed:
+            shapes = ", ".join(str(tuple(p.shape)) for p in unnamed[:5])
+            raise InvalidArgumentError(
+                f"DistributedOptimizer: {len(unnamed)} parameter(s) of the optimizer are not in "
+                f"named_parameters (shapes {shapes}{', ...' if len(unnamed) > 5 else ''}): pass "
+                "model.named_parameters() of the model the optimizer trains")
+        return {p: by_id[id(p)] for p in params}
+
+    def _register_hooks(self):
+        for p in self._requires_update:
+            # The gradient accumulator of p (an AccumulateGrad node): its hooks run once the
+            # pass's gradient has been added to p.grad.
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            acc.register_hook(self._make_hook(p))
+            self._grad_accs.append(acc)  # the node lives as long as someone holds it
+
+    def _make_hook(self, p):
+        # The hook holds the optimizer weakly: the accumulator node (which the parameter keeps
+        # while anyone holds it) must not keep a discarded DistributedOptimizer alive and
+        # all-reducing; once the optimizer is gone, its hooks do nothing.
+        me = weakref.ref(self)
+
+        def hook(*_):
+            opt = me()
+            if opt is not None:
+                opt._on_gradient(p)
+        return hook
+
+    # -- the hook and the reductions -----------------------------------------------------
+
+    def _on_gradient(self, p):
+        passes = self._passes[p] + 1
+        if passes > self.backward_passes_per_step or p in self._handles:
+            raise FailedPreconditionError(
+                f"DistributedOptimizer: the gradient of '{self._names[p]}' was computed "
+                f"{passes} times since the last step()/synchronize(), but "
+                f"backward_passes_per_step={self.backward_passes_per_step}: call step() after "
+                "that many backward passes, or raise backward_passes_per_step to accumulate "
+                "more passes locally")
+        if p.grad is not None and p.grad.requires_grad:
+            raise InvalidArgumentError(
+                f"DistributedOptimizer: the gradient of '{self._names[p]}' requires grad "
+                "(backward(create_graph=True)), which DistributedOptimizer does not support")
+        self._passes[p] = passes
+        if passes == self.backward_passes_per_step:
+            self._handles[p] = self._start(p)
+
+    def _start(self, p):
+        """Starts the reduction of p.grad (zeros when this rank has none: a parameter unused
+        in this step still takes part, so the ranks that did use it do not wait forever)."""
+        if p.grad is None:
+            p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        name = "grad." + self._names[p]
+        grad = p.grad
+        if grad.is_sparse:
+            if not self._sparse_as_dense:
+                return self._start_sparse(p, grad, name)
+            grad = p.grad = grad.to_dense()
+        pre, post = 1.0, 1.0
+        if self._op == Average and self._predivide != 1.0:
+            pre, post = 1.0 / self._predivide, self._predivide
+        fc = self._framework_compressor
+        if fc is not None:
+            compressed, ctx = fc.compress(grad)
+            h = mpi_ops.allreduce_async_(compressed, name=name, op=self._op, prescale_factor=pre,
+                                         postscale_factor=post, compression="none")
+            return ("framework", h, ctx)
+        h = mpi_ops.allreduce_async_(grad, name=name, op=self._op, prescale_factor=pre,
+                                     postscale_factor=post, compression=self._compression)
+        return ("dense", h, None)
+
+    def _start_sparse(self, p, grad, name):
+        if self._op not in (Average, mpi_ops.Sum):
+            raise InvalidArgumentError(
+                f"DistributedOptimizer: sparse gradient of '{self._names[p]}' with op "
+                f"{self._op!r}: sparse gradients support Average and Sum only (or pass "
+                "sparse_as_dense=True)")
+        g = grad.coalesce()
+        hi = mpi_ops.allgather_async(g.indices().t().contiguous(), name=name + ".indices")
+        hv = mpi_ops.allgather_async(g.values().contiguous(), name=name + ".values")
+        return ("sparse", (hi, hv), g.shape)
+
+    def _finish(self, p, kind, handle, ctx):
+        if kind == "dense":
+            mpi_ops.synchronize(handle)  # reduced in place
+        elif kind == "framework":
+            out = self._framework_compressor.decompress(mpi_ops.synchronize(handle), ctx)
+            with torch.no_grad():
+                p.grad.copy_(out)
+        else:
+            indices = mpi_ops.synchronize(handle[0]).t()
+            values = mpi_ops.synchronize(handle[1])
+            if self._op == Average:
+                values = values / _ops.size()
+            p.grad = torch.sparse_coo_tensor(indices, values, ctx).coalesce()
+
+    # -- Horovod's optimizer API ---------------------------------------------------------
+
+    def synchronize(self):
+        """Waits for the gradients' all-reduces; after it, every ``p.grad`` holds the
+        average over ranks (or the ``op`` result).
+
+        Parameters whose gradient the hooks have not sent yet (unused in this step, or fewer
+        backward passes than ``backward_passes_per_step``) are all-reduced now, zeros for a
+        missing gradient. Raises the first collective's error (after waiting for all).
+        Call ``step()`` inside ``skip_synchronize()`` afterwards.
+        """
+        if not self._grad_accs:  # a world of one rank
+            self._synchronized = True
+            return
+        for p in self._requires_update:
+            if p not in self._handles:
+                self._handles[p] = self._start(p)
+        error = None
+        for p, (kind, handle, ctx) in list(self._handles.items()):
+            try:
+                self._finish(p, kind, handle, ctx)
+            except _ops.BraidError as e:
+                error = error or e
+        self._handles.clear()
+        for p in self._passes:
+            self._passes[p] = 0
+        if error is not None:
+            raise error
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Within it, ``step()`` does not synchronize (use after calling ``synchronize()``,
+        e.g. to clip the averaged gradients before the update)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        """Synchronizes (unless inside ``skip_synchronize()``), then updates the parameters.
+
+        A ``closure`` is evaluated once, before the synchronization (so its backward pass is
+        the one reduced); optimizers that call it several times per step (LBFGS) are not
+        supported.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called after optimizer.synchronize() without "
+                              "optimizer.skip_synchronize(): the gradients are all-reduced "
+                              "twice", stacklevel=2)
+            self.synchronize()
+        self._synchronized = False
+        super().step()
+        return loss
+
+    def zero_grad(self, set_to_none=False):
+        """Clears the gradients; raises FailedPreconditionError between ``backward()`` and
+        ``step()``/``synchronize()``, where the gradients are being accumulated or
+        all-reduced."""
+        pending = [self._names[p] for p, n in self._passes.items() if n > 0]
+        if pending:
+            raise FailedPreconditionError(
+                "DistributedOptimizer: zero_grad() was called after backward() and before "
+                f"step() or synchronize(), while the gradients of {len(pending)} parameter(s) "
+                f"(e.g. '{pending[0]}') are being accumulated or all-reduced: clearing them "
+                "now would lose them or race with the all-reduce. Call zero_grad() before "
+                "backward() or after step().")
+        return super().zero_grad(set_to_none)
+
+    def set_backward_passes_per_step(self, passes):
+        """Changes ``backward_passes_per_step`` (between steps only)."""
+        if self._handles or any(self._passes.values()):
+            raise FailedPreconditionError("DistributedOptimizer: set_backward_passes_per_step() "
+                                          "between backward() and step()")
+        if int(passes) < 1:
+            raise InvalidArgumentError(f"backward_passes_per_step must be >= 1, got {passes}")
+        self.backward_passes_per_step = int(passes)
+
+    def load_state_dict(self, state_dict):
+        """The wrapped optimizer's ``load_state_dict`` (between steps only)."""
+        if self._handles or any(self._passes.values()):
+            raise FailedPreconditionError("DistributedOptimizer: load_state_dict() between "
+                                          "backward() and step()")
+        self._synchronized = False
+        return super().load_state_dict(state_dict)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         sparse_as_dense=False, num_groups=0, groups=None, process_set=None):
+    """Wraps ``optimizer`` (any ``torch.optim.Optimizer``) for data-parallel training.
+
+    Returns an optimizer of a subclass of ``optimizer``'s class over the same parameter
+    groups (and state) whose ``step()`` first averages every gradient over the ranks.
+
+    Arguments:
+      named_parameters: ``model.named_parameters()``; names the all-reduces
+        (``"grad.<name>"``), so names must be unique (InvalidArgumentError listing the
+        duplicates) and cover every parameter of the optimizer. None: ``"param.<group>.<i>"``.
+      compression: a spec string ("fp16", "fp4:ef=1", ...), a ``Compression`` member, a
+        Horovod-style compressor object (compress/decompress, run around an uncompressed
+        all-reduce), or None for the job's default (BRAID_COMPRESSION; ``none`` unless set).
+      backward_passes_per_step: k backward passes accumulate (sum) into ``p.grad`` locally,
+        as PyTorch accumulates them, then the sum is all-reduced (averaged over ranks, not
+        over passes), as Horovod does. More than k passes before ``step()`` raise
+        FailedPreconditionError.
+      op: Average (default), Sum, Min, Max or Product. ``Adasum`` raises
+        InvalidArgumentError (not implemented).
+      gradient_predivide_factor: with Average, gradients are multiplied by
+        1/gradient_predivide_factor before the sum and by gradient_predivide_factor/size after
+        it (for float16 gradients that would overflow when summed). Other ops:
+        InvalidArgumentError unless 1.
+      sparse_as_dense: sparse gradients (``nn.Embedding(sparse=True)``) are densified and
+        all-reduced; otherwise their indices and values are all-gathered and summed
+        (Average divides the values by the world size).
+      num_groups, groups: accepted for compatibility with Horovod scripts; braid's runtime
+        fuses the gradients that are ready together into buckets by itself.
+      process_set: only the global one (None).
+
+    Errors during training: ``zero_grad()`` between ``backward()`` and ``step()``
+    (FailedPreconditionError), more backward passes than declared (FailedPreconditionError,
+    raised from ``backward()``), and the collectives' own errors from ``step()`` /
+    ``synchronize()``.
+
+    A parameter with no gradient on a rank in some step (an unused layer) is all-reduced as
+    zeros by that rank in ``step()``, so the ranks that used it do not wait; its ``p.grad``
+    then holds the average. A world of size 1 adds no hooks: ``step()`` is the wrapped
+    optimizer's, with no communication (and so no compression).
+    """
+    mpi_ops._check_process_set("DistributedOptimizer", process_set)
+    op = _check_op("DistributedOptimizer", "", op)
+    if int(backward_passes_per_step) < 1:
+        raise InvalidArgumentError("DistributedOptimizer: backward_passes_per_step must be >= 1, "
+                                   f"got {backward_passes_per_step}")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise InvalidArgumentError("DistributedOptimizer: gradient_predivide_factor needs "
+                                   f"op=Average, got {op!r}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise InvalidArgumentError("DistributedOptimizer: expected a torch.optim.Optimizer, got "
+                                   f"{type(optimizer).__name__}")
+    cls = type(optimizer.__class__.__name__, (_DistributedMixin, optimizer.__class__),
+               {"__doc__": _DistributedMixin.__doc__, "__module__": __name__})
+    return cls(optimizer.param_groups, optimizer.state, named_parameters, compression,
+               backward_passes_per_step, op, gradient_predivide_factor, sparse_as_dense)

@@ -1,0 +1,304 @@
+#include "coordinator/job.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/rendezvous.h"
+#include "glog/logging.h"
+
+namespace braid::coordinator {
+namespace {
+
+proto::ResponseList AbortMessage(const absl::Status& s) {
+  proto::ResponseList rl;
+  rl.set_abort_message(std::string(s.message()));
+  rl.set_abort_code(static_cast<int>(s.code()));
+  return rl;
+}
+
+proto::ResponseList ShutdownMessage() {
+  proto::ResponseList rl;
+  rl.set_shutdown(true);
+  return rl;
+}
+
+}  // namespace
+
+absl::string_view RankStateName(RankState state) {
+  switch (state) {
+    case RankState::kRegistered: return "registered";
+    case RankState::kNegotiating: return "negotiating";
+    case RankState::kShutDown: return "shut down";
+    case RankState::kLost: return "lost";
+  }
+  return "unknown";
+}
+
+Job::Job(const Options& options, absl::Time now)
+    : opts_(options), world_size_(options.world_size) {}
+
+void Job::AddRegistration(int64_t call_id, const proto::RegisterRequest& req,
+                          RegisterDone done, absl::Time now, Completions* out) {
+  ++register_rpcs_;
+  if (first_registration_ == absl::InfinitePast()) first_registration_ = now;
+  auto refuse = [&](absl::Status s) {
+    out->push_back([done = std::move(done), s = std::move(s)] { done(s); });
+  };
+  if (phase_ != proto::JOB_FORMING) {
+    return refuse(absl::FailedPreconditionError(absl::StrCat("job ", id(), " already formed")));
+  }
+  if (world_size_ == 0) world_size_ = req.size();
+  if (world_size_ <= 0) {
+    world_size_ = opts_.world_size;
+    return refuse(absl::InvalidArgumentError("world size unknown: set BRAID_SIZE"));
+  }
+  if (req.size() != 0 && req.size() != world_size_) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "pid ", req.pid(), " on ", req.host(), " expects world size ", req.size(),
+        " but the job has ", world_size_)));
+  }
+  pending_.push_back({call_id, req, now + opts_.register_timeout, std::move(done)});
+  if (static_cast<int>(pending_.size()) == world_size_) Form(now, out);
+}
+
+void Job::Form(absl::Time now, Completions* out) {
+  std::vector<proto::RegisterRequest> requests;
+  for (const Pending& p : pending_) requests.push_back(p.request);
+  auto formed = FormJob(requests, world_size_, opts_.settings);
+  std::vector<Pending> pending = std::move(pending_);
+  pending_.clear();
+  formed_at_ = now;
+  if (!formed.ok()) {
+    // Every rank gets the error; the job is over before it began.
+    abort_ = absl::Status(formed.status().code(),
+                          absl::StrCat("registration failed: ", formed.status().message()));
+    phase_ = proto::JOB_ENDED;
+    for (Pending& p : pending) {
+      out->push_back([done = std::move(p.done), s = formed.status()] { done(s); });
+    }
+    return;
+  }
+  settings_ = (*formed)[0].settings();
+  table_ = std::make_unique<NegotiationTable>(world_size_, settings_.fusion_threshold_bytes(),
+                                              settings_.cache_capacity());
+  ranks_.assign(world_size_, Rank{});
+  for (size_t i = 0; i < pending.size(); ++i) {
+    Rank& r = ranks_[(*formed)[i].rank()];
+    r.host = pending[i].request.host();
+    r.pid = pending[i].request.pid();
+    r.last_seen = now;
+    out->push_back([done = std::move(pending[i].done), resp = std::move((*formed)[i])] {
+      done(resp);
+    });
+  }
+  phase_ = proto::JOB_RUNNING;
+  VLOG(1) << "coordinator: job " << id() << " formed: " << world_size_ << " ranks";
+}
+
+bool Job::RemoveRegistration(int64_t call_id, const absl::Status& why, Completions* out) {
+  auto it = std::find_if(pending_.begin(), pending_.end(),
+                         [call_id](const Pending& p) { return p.id == call_id; });
+  if (it == pending_.end()) return false;
+  out->push_back([done = std::move(it->done), why] { done(why); });
+  pending_.erase(it);
+  // With nobody left waiting, the next registration may name another world size.
+  if (pending_.empty()) world_size_ = opts_.world_size;
+  return true;
+}
+
+absl::Status Job::OpenStream(int rank, std::shared_ptr<StreamSink> sink, absl::Time now) {
+  if (phase_ == proto::JOB_FORMING || rank < 0 || rank >= static_cast<int>(ranks_.size())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " opened negotiation before job ", id(), " formed"));
+  }
+  Rank& r = ranks_[rank];
+  if (phase_ == proto::JOB_ENDED || r.state == RankState::kShutDown ||
+      r.state == RankState::kLost) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " has left job ", id(), ": it cannot negotiate again"));
+  }
+  if (r.stream) r.stream->Close();  // a second stream replaces the first
+  r.stream = std::move(sink);
+  r.state = RankState::kNegotiating;
+  r.last_seen = now;
+  if (!abort_.ok()) r.stream->Send(AbortMessage(abort_));
+  if (shutting_down_) {
+    r.stream->Send(ShutdownMessage());
+    r.stream->Close();
+  }
+  return absl::OkStatus();
+}
+
+void Job::Broadcast(const proto::ResponseList& rl) {
+  // Called under the service's lock: every stream receives the same sequence.
+  for (Rank& r : ranks_) {
+    if (r.stream) r.stream->Send(rl);
+  }
+}
+
+void Job::OnRequests(int rank, const StreamSink* sink, const proto::RequestList& msg,
+                     absl::Time now) {
+  if (rank < 0 || rank >= static_cast<int>(ranks_.size()) || ranks_[rank].stream.get() != sink) {
+    return;  // a stream that is no longer this rank's
+  }
+  if (msg.shutdown()) return Goodbye(rank, now);
+  ranks_[rank].last_seen = now;
+  ++cycles_;
+  std::vector<proto::Response> ready = table_->Submit(rank, msg, now);
+  for (auto& r : table_->FailTensorsWaitingFor(clean_)) ready.push_back(std::move(r));
+  if (ready.empty()) return;
+  proto::ResponseList rl;
+  for (auto& r : ready) *rl.add_responses() = std::move(r);
+  for (int32_t id : table_->TakeEvictions()) rl.add_evicted_cache_ids(id);
+  responses_sent_ += rl.responses_size();
+  Broadcast(rl);
+}
+
+void Job::Goodbye(int rank, absl::Time now) {
+  Rank& r = ranks_[rank];
+  r.state = RankState::kShutDown;
+  r.last_seen = now;
+  r.stream->Close();  // the coordinator ends the stream after a goodbye
+  r.stream.reset();
+  clean_.insert(rank);
+  // Work the others still wait on from this rank can never complete: fail it now.
+  proto::ResponseList rl;
+  for (auto& resp : table_->FailTensorsWaitingFor(clean_)) *rl.add_responses() = std::move(resp);
+  if (rl.responses_size() > 0) Broadcast(rl);
+  MaybeEnd(now);
+}
+
+void Job::OnStreamEnd(int rank, const StreamSink* sink, absl::Time now) {
+  if (rank < 0 || rank >= static_cast<int>(ranks_.size()) || ranks_[rank].stream.get() != sink) {
+    return;
+  }
+  Rank& r = ranks_[rank];
+  r.stream->Close();
+  r.stream.reset();
+  if (!shutting_down_) {
+    Lose(rank, absl::StrCat("rank ", rank, " (pid ", r.pid, " on ", r.host,
+                            ") was lost: its connection to the coordinator closed"));
+  }
+  MaybeEnd(now);
+}
+
+void Job::Lose(int rank, const std::string& why) {
+  Rank& r = ranks_[rank];
+  r.state = RankState::kLost;
+  if (r.stream) {
+    r.stream->Close();
+    r.stream.reset();
+  }
+  Abort(absl::UnavailableError(why));
+}
+
+void Job::Heartbeat(const proto::HeartbeatRequest& req, absl::Time now) {
+  if (req.rank() < 0 || req.rank() >= static_cast<int>(ranks_.size())) return;
+  Rank& r = ranks_[req.rank()];
+  r.last_seen = now;
+  // Each report holds the rank's cumulative totals, so the newer replaces the older. A
+  // report counting fewer reductions than the one kept is older, overtaken in flight (the
+  // heartbeat thread's last beat racing the final report from Close()): drop it.
+  auto total = [](const auto& reports) {
+    int64_t n = 0;
+    for (const proto::MethodBytes& m : reports) n += m.reductions();
+    return n;
+  };
+  if (total(req.compression()) >= total(r.compression)) {
+    r.compression.assign(req.compression().begin(), req.compression().end());
+  }
+}
+
+const std::string* Job::KeyValueGet(const std::string& key) const {
+  auto it = kv_.find(key);
+  return it == kv_.end() ? nullptr : &it->second;
+}
+
+void Job::Abort(const absl::Status& s) {
+  if (!abort_.ok()) return;
+  abort_ = s;
+  LOG(WARNING) << "coordinator: aborting job " << id() << ": " << s.message();
+  Broadcast(AbortMessage(s));
+}
+
+void Job::Inspect(absl::Time now, Completions* out) {
+  for (size_t i = 0; i < pending_.size();) {
+    if (now < pending_[i].deadline) {
+      ++i;
+      continue;
+    }
+    const int64_t call_id = pending_[i].id;
+    RemoveRegistration(call_id, absl::DeadlineExceededError(absl::StrCat(
+        "only ", pending_.size(), " of ", world_size_, " ranks registered within ",
+        absl::FormatDuration(opts_.register_timeout))), out);
+  }
+  if (phase_ != proto::JOB_RUNNING) return;
+  InspectLiveness(now);
+  InspectStalls(now);
+  MaybeEnd(now);
+}
+
+void Job::InspectLiveness(absl::Time now) {
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    Rank& r = ranks_[i];
+    if (r.state == RankState::kNegotiating && now - r.last_seen >= heartbeat_timeout()) {
+      Lose(static_cast<int>(i),
+           absl::StrCat("rank ", i, " (pid ", r.pid, " on ", r.host, ") was lost: silent for ",
+                        absl::FormatDuration(now - r.last_seen), " (BRAID_HEARTBEAT_TIMEOUT_S)"));
+    } else if (r.state == RankState::kRegistered && now - formed_at_ >= heartbeat_timeout()) {
+      Lose(static_cast<int>(i),
+           absl::StrCat("rank ", i, " (pid ", r.pid, " on ", r.host,
+                        ") was lost: it registered but did not open its negotiation stream within ",
+                        absl::FormatDuration(heartbeat_timeout()), " (BRAID_HEARTBEAT_TIMEOUT_S)"));
+    }
+  }
+}
+
+// Note [Stall inspector]: a tensor that some ranks submitted and others did not for the stall
+// check is logged once, naming the ranks on each side (the usual cause: ranks took different
+// code paths). With a positive stall shutdown the job is aborted after that long, so every
+// rank's pending and later operations fail with DeadlineExceeded instead of hanging.
+void Job::InspectStalls(absl::Time now) {
+  if (!abort_.ok()) return;
+  const absl::Duration check = absl::Milliseconds(settings_.stall_check_ms());
+  const absl::Duration shutdown = absl::Milliseconds(settings_.stall_shutdown_ms());
+  for (const auto& p : table_->PendingTensors(now)) {
+    if (p.waiting < check) continue;
+    std::string what = absl::StrCat(
+        "tensor '", p.name, "' was submitted by rank", p.ready_ranks.size() > 1 ? "s " : " ",
+        absl::StrJoin(p.ready_ranks, ", "), " but not by rank",
+        p.missing_ranks.size() > 1 ? "s " : " ", absl::StrJoin(p.missing_ranks, ", "), " for ",
+        absl::FormatDuration(absl::Trunc(p.waiting, absl::Seconds(1))));
+    if (stall_logged_.insert(p.name).second) LOG(WARNING) << "coordinator: stall: " << what;
+    if (shutdown > absl::ZeroDuration() && p.waiting >= shutdown) {
+      Abort(absl::DeadlineExceededError(absl::StrCat(
+          "stalled: ", what, " (BRAID_STALL_SHUTDOWN_S=", absl::ToDoubleSeconds(shutdown), ")")));
+      return;
+    }
+  }
+}
+
+void Job::MaybeEnd(absl::Time now) {
+  if (phase_ != proto::JOB_RUNNING) return;
+  for (const Rank& r : ranks_) {
+    if (r.state != RankState::kShutDown && r.state != RankState::kLost) return;
+  }
+  phase_ = proto::JOB_ENDED;
+  VLOG(1) << "coordinator: job " << id() << " ended"
+          << (abort_.ok() ? std::string() : absl::StrCat(", aborted: ", abort_.message()));
+}
+
+void Job::Shutdown(const absl::Status& why, Completions* out) {
+  shutting_down_ = true;
+  while (!pending_.empty()) RemoveRegistration(pending_.front().id, why, out);
+  for (Rank& r : ranks_) {
+    if (!r.stream) continue;
+    r.stream->Send(ShutdownMessage());
+    r.stream->Close();
+    r.stream.reset();
+  }
+}
+
+}  // namespace braid::coordinator

@@ -1,0 +1,159 @@
+// One job on the coordinator, from its first registration until the next job's: its
+// registrations, ranks, negotiation table, negotiation streams, key-value store and counters.
+// The next job is a new Job, so nothing of one job survives into the next. No gRPC types: the
+// handlers (service.h) drive it with plain messages, and unit tests drive those.
+//
+// Not thread-safe: CoordinatorService's mutex guards every call. Completions of waiting
+// calls are appended to a Completions list, which the service runs after releasing its lock.
+#ifndef BRAID_COORDINATOR_JOB_H_
+#define BRAID_COORDINATOR_JOB_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "coordinator/negotiation.h"
+#include "proto/braid.pb.h"
+
+namespace braid::coordinator {
+
+// Deferred work (completions of waiting calls), run once the service's lock is released.
+using Completions = std::vector<std::function<void()>>;
+
+// One rank's negotiation stream as the coordinator's logic sees it. The gRPC layer implements
+// it over a callback stream (server.cc); unit tests record what it is given.
+class StreamSink {
+ public:
+  virtual ~StreamSink() = default;
+  // Queues `msg`; never blocks. Messages arrive in the order Send was called.
+  virtual void Send(const proto::ResponseList& msg) = 0;
+  // Ends the stream once every queued message is written; later Sends are dropped.
+  virtual void Close() = 0;
+};
+
+enum class RankState {
+  kRegistered,   // registered, no negotiation stream yet
+  kNegotiating,  // its stream is open
+  kShutDown,     // said goodbye
+  kLost,         // its stream closed without a goodbye, or it went silent
+};
+// "registered", "negotiating", "shut down", "lost": RankStatus.state, which braidctl shows.
+absl::string_view RankStateName(RankState state);
+
+using RegisterDone = std::function<void(absl::StatusOr<proto::RegisterResponse>)>;
+
+class Job {
+ public:
+  struct Options {
+    int64_t id = 1;
+    int world_size = 0;                  // 0: the first registration's
+    proto::JobSettings settings;         // the coordinator's own (Note [Job settings])
+    absl::Duration register_timeout = absl::Seconds(120);
+  };
+  Job(const Options& options, absl::Time now);
+
+  int64_t id() const { return opts_.id; }
+  proto::JobPhase phase() const { return phase_; }
+  bool ended() const { return phase_ == proto::JOB_ENDED; }
+  // Whether anything happened yet (a registration arrived).
+  bool started() const { return register_rpcs_ > 0; }
+
+  // ---- Registration ----
+  // Adds a registration (call id `id`); `done` runs exactly once, through `out`: when the
+  // world is complete (this rank's RegisterResponse, or the formation's error on every rank),
+  // or earlier with an error (world size mismatch) or through RemoveRegistration.
+  void AddRegistration(int64_t id, const proto::RegisterRequest& request, RegisterDone done,
+                       absl::Time now, Completions* out);
+  // Completes registration `id` with `why` if it is still waiting; false if it is not.
+  bool RemoveRegistration(int64_t id, const absl::Status& why, Completions* out);
+
+  // ---- Negotiation streams ----
+  // Attaches `sink` as `rank`'s stream. FailedPrecondition before the job formed, after it
+  // ended, or for a rank that already left it.
+  absl::Status OpenStream(int rank, std::shared_ptr<StreamSink> sink, absl::Time now);
+  // A RequestList from `rank`'s stream `sink` (ignored when that is no longer its stream).
+  void OnRequests(int rank, const StreamSink* sink, const proto::RequestList& msg,
+                  absl::Time now);
+  // `rank`'s stream `sink` ended; without a goodbye the rank is lost and the job aborted.
+  void OnStreamEnd(int rank, const StreamSink* sink, absl::Time now);
+
+  void Heartbeat(const proto::HeartbeatRequest& req, absl::Time now);
+
+  // ---- Key-value store (per job) ----
+  void CountKeyValueRpc() { ++kv_rpcs_; }
+  void KeyValueSet(const std::string& key, const std::string& value) { kv_[key] = value; }
+  const std::string* KeyValueGet(const std::string& key) const;
+
+  // The monitor's work: registrations past their deadline, ranks silent past the heartbeat
+  // timeout (lost: the job is aborted), stalled tensors (Note [Stall inspector]).
+  void Inspect(absl::Time now, Completions* out);
+  // Fails every pending and later operation on every rank with `s` (first abort wins).
+  void Abort(const absl::Status& s);
+  // The coordinator is stopping: every waiting registration fails with `why`, every stream
+  // gets a final ResponseList with shutdown set and is closed.
+  void Shutdown(const absl::Status& why, Completions* out);
+
+  void FillStatus(absl::Time now, proto::StatusResponse* out) const;
+
+ private:
+  struct Pending {
+    int64_t id;
+    proto::RegisterRequest request;
+    absl::Time deadline;
+    RegisterDone done;
+  };
+  struct Rank {
+    std::string host;
+    int64_t pid = 0;
+    RankState state = RankState::kRegistered;
+    absl::Time last_seen = absl::InfinitePast();
+    // The rank's latest per-method byte counters (from its heartbeats), cumulative.
+    std::vector<proto::MethodBytes> compression;
+    std::shared_ptr<StreamSink> stream;  // null unless negotiating
+  };
+
+  void Form(absl::Time now, Completions* out);
+  void Goodbye(int rank, absl::Time now);
+  void Lose(int rank, const std::string& why);
+  void Broadcast(const proto::ResponseList& rl);
+  void InspectLiveness(absl::Time now);
+  void InspectStalls(absl::Time now);
+  void MaybeEnd(absl::Time now);
+  std::vector<proto::CompressionStat> CompressionStats() const;
+  std::string JobState() const;
+  absl::Duration heartbeat_timeout() const {
+    return absl::Milliseconds(settings_.heartbeat_timeout_ms());
+  }
+
+  const Options opts_;
+  int world_size_;
+  proto::JobPhase phase_ = proto::JOB_FORMING;
+  std::vector<Pending> pending_;  // registration order
+  proto::JobSettings settings_;   // decided when the job forms
+  absl::Time formed_at_ = absl::InfinitePast();
+  absl::Time first_registration_ = absl::InfinitePast();
+  std::unique_ptr<NegotiationTable> table_;
+  std::vector<Rank> ranks_;
+  std::set<int> clean_;           // ranks that said goodbye
+  absl::Status abort_;
+  bool shutting_down_ = false;
+  std::set<std::string> stall_logged_;
+  std::map<std::string, std::string> kv_;
+  // Counters of this job only (StatusResponse).
+  int64_t register_rpcs_ = 0;
+  int64_t kv_rpcs_ = 0;
+  int64_t cycles_ = 0;
+  int64_t responses_sent_ = 0;
+};
+
+}  // namespace braid::coordinator
+
+#endif  // BRAID_COORDINATOR_JOB_H_

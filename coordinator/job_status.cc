@@ -1,0 +1,104 @@
+// Job::FillStatus: what braidctl status shows of one job.
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/job.h"
+
+namespace braid::coordinator {
+
+std::string Job::JobState() const {
+  std::string state = phase_ == proto::JOB_FORMING   ? "forming"
+                      : phase_ == proto::JOB_RUNNING ? "running"
+                                                     : "ended";
+  if (abort_.ok()) return state;
+  return absl::StrCat(phase_ == proto::JOB_ENDED ? "ended, " : "", "aborted: ", abort_.message());
+}
+
+// One row per method, by method: what was negotiated (one rank's share) merged with what the
+// ranks reported (summed over them). See CompressionStat in proto/braid.proto.
+std::vector<proto::CompressionStat> Job::CompressionStats() const {
+  std::map<std::string, proto::CompressionStat> by_method;
+  if (table_) {
+    for (const auto& [method, counts] : table_->by_compression()) {
+      proto::CompressionStat& c = by_method[method];
+      c.set_tensors(counts.first);
+      c.set_bytes_before(counts.second);
+    }
+  }
+  for (const Rank& r : ranks_) {
+    for (const proto::MethodBytes& m : r.compression) {
+      proto::CompressionStat& c = by_method[m.method()];
+      c.set_reductions(c.reductions() + m.reductions());
+      c.set_uncompressed_bytes(c.uncompressed_bytes() + m.uncompressed_bytes());
+      c.set_payload_bytes(c.payload_bytes() + m.payload_bytes());
+      c.set_transport_bytes(c.transport_bytes() + m.transport_bytes());
+      c.set_reference_transport_bytes(c.reference_transport_bytes() +
+                                      m.reference_transport_bytes());
+      c.set_ranks_reporting(c.ranks_reporting() + 1);
+    }
+  }
+  std::vector<proto::CompressionStat> out;
+  out.reserve(by_method.size());
+  for (auto& [method, c] : by_method) {
+    c.set_method(method);
+    if (c.ranks_reporting() > 0) {
+      c.set_bytes_after(c.payload_bytes() / c.ranks_reporting());
+      c.set_ratio(c.payload_bytes() == 0 ? 0.0
+                                         : static_cast<double>(c.uncompressed_bytes()) /
+                                               static_cast<double>(c.payload_bytes()));
+    } else {
+      // No rank reported yet (or a client that does not report): only "none" is known from
+      // negotiation alone, its payload being the tensor itself.
+      c.set_bytes_after(method == "none" ? c.bytes_before() : 0);
+      c.set_ratio(method == "none" ? 1.0 : 0.0);
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+void Job::FillStatus(absl::Time now, proto::StatusResponse* resp) const {
+  resp->set_job_id(id());
+  resp->set_phase(phase_);
+  resp->set_job_state(JobState());
+  if (!abort_.ok()) resp->set_abort_message(std::string(abort_.message()));
+  resp->set_size(world_size_);
+  resp->set_register_rpcs(register_rpcs_);
+  resp->set_kv_rpcs(kv_rpcs_);
+  resp->set_cycles(cycles_);
+  resp->set_responses_sent(responses_sent_);
+  resp->set_job_elapsed_ms(first_registration_ == absl::InfinitePast()
+                               ? 0
+                               : absl::ToInt64Milliseconds(now - first_registration_));
+  if (phase_ != proto::JOB_FORMING && table_) *resp->mutable_settings() = settings_;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    proto::RankStatus* s = resp->add_ranks();
+    s->set_rank(static_cast<int>(r));
+    s->set_host(ranks_[r].host);
+    s->set_pid(ranks_[r].pid);
+    s->set_state(std::string(RankStateName(ranks_[r].state)));
+    s->set_last_seen_ms_ago(ranks_[r].last_seen == absl::InfinitePast()
+                                ? -1
+                                : absl::ToInt64Milliseconds(now - ranks_[r].last_seen));
+  }
+  for (proto::CompressionStat& c : CompressionStats()) *resp->add_compression() = std::move(c);
+  if (!table_) return;
+  resp->set_tensors_negotiated(table_->tensors_negotiated());
+  resp->set_bytes_negotiated(table_->bytes_negotiated());
+  const absl::Duration check = absl::Milliseconds(settings_.stall_check_ms());
+  auto pending = table_->PendingTensors(now);
+  resp->set_tensors_pending(static_cast<int64_t>(pending.size()));
+  for (const auto& p : pending) {
+    proto::PendingTensor* t = resp->add_pending();
+    t->set_name(p.name);
+    for (int r : p.ready_ranks) t->add_ready_ranks(r);
+    for (int r : p.missing_ranks) t->add_missing_ranks(r);
+    t->set_waiting_ms(absl::ToInt64Milliseconds(p.waiting));
+    t->set_stalled(p.waiting >= check);
+  }
+}
+
+}  // namespace braid::coordinator

@@ -1,0 +1,314 @@
+#include "coordinator/service.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace braid::coordinator {
+namespace {
+
+void Run(Completions& out) {
+  for (auto& f : out) f();
+}
+
+}  // namespace
+
+CoordinatorService::CoordinatorService(ServiceOptions options)
+    : opts_(std::move(options)), start_(Now()) {
+  absl::MutexLock lock(&mu_);
+  job_ = std::make_unique<Job>(JobOptions(1), start_);
+}
+
+CoordinatorService::~CoordinatorService() = default;
+
+Job::Options CoordinatorService::JobOptions(int64_t id) const {
+  Job::Options o;
+  o.id = id;
+  o.world_size = opts_.world_size;
+  o.settings = opts_.settings;
+  o.register_timeout = opts_.register_timeout;
+  return o;
+}
+
+int64_t CoordinatorService::NewCallId() {
+  absl::MutexLock lock(&mu_);
+  return next_call_id_++;
+}
+
+Job* CoordinatorService::FindJobLocked(int64_t job_id) {
+  if (job_id == 0 || job_id == job_->id()) return job_.get();
+  if (previous_ && job_id == previous_->id()) return previous_.get();
+  return nullptr;
+}
+
+void CoordinatorService::Register(int64_t call_id, const proto::RegisterRequest& req,
+                                  RegisterDone done) {
+  Completions out;
+  {
+    absl::MutexLock lock(&mu_);
+    auto refuse = [&](absl::Status s) {
+      out.push_back([done = std::move(done), s = std::move(s)] { done(s); });
+    };
+    if (shutting_down_) {
+      refuse(absl::UnavailableError("the coordinator is shutting down"));
+    } else if (!opts_.job_secret.empty() && req.job_secret() != opts_.job_secret) {
+      refuse(absl::PermissionDeniedError(absl::StrCat(
+          "pid ", req.pid(), " on ", req.host(), " presented the wrong job secret")));
+    } else {
+      RegisterLocked(call_id, req, std::move(done), Now(), &out);
+      AfterChangeLocked(&out);
+    }
+  }
+  Run(out);
+}
+
+void CoordinatorService::RegisterLocked(int64_t id, const proto::RegisterRequest& req,
+                                        RegisterDone done, absl::Time now, Completions* out) {
+  if (job_->ended()) NextJobLocked(out);
+  if (job_->phase() == proto::JOB_RUNNING) {
+    // Note [One job at a time]: wait for the running job to end.
+    queued_.push_back({id, req, now + opts_.register_timeout, std::move(done)});
+    return;
+  }
+  job_->AddRegistration(id, req, std::move(done), now, out);
+}
+
+void CoordinatorService::NextJobLocked(Completions* out) {
+  const absl::Time now = Now();
+  const int64_t id = job_->id() + 1;
+  previous_ = std::move(job_);
+  job_ = std::make_unique<Job>(JobOptions(id), now);
+  std::vector<Queued> queued = std::move(queued_);
+  queued_.clear();
+  for (Queued& q : queued) {
+    if (job_->phase() == proto::JOB_FORMING) {
+      job_->AddRegistration(q.id, q.request, std::move(q.done), now, out);
+    } else {
+      queued_.push_back(std::move(q));  // more ranks than this job has: the job after it
+    }
+  }
+}
+
+void CoordinatorService::AfterChangeLocked(Completions* out) {
+  while (job_->ended()) {
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->status_done && it->job_id == job_->id()) {
+        CompleteStatusLocked(*it, out);
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (queued_.empty() || shutting_down_) return;
+    NextJobLocked(out);
+  }
+}
+
+void CoordinatorService::CompleteStatusLocked(Waiter& w, Completions* out) {
+  Job* job = FindJobLocked(w.job_id);
+  absl::StatusOr<proto::StatusResponse> resp;
+  if (job == nullptr) {
+    resp = absl::FailedPreconditionError(absl::StrCat(
+        "job ", w.job_id, " is no longer known to this coordinator (it is at job ", job_->id(),
+        ")"));
+  } else {
+    const absl::Time now = Now();
+    resp = proto::StatusResponse();
+    resp->set_uptime_ms(absl::ToInt64Milliseconds(now - start_));
+    job->FillStatus(now, &*resp);
+  }
+  out->push_back([done = std::move(w.status_done), resp = std::move(resp)] { done(resp); });
+}
+
+void CoordinatorService::Cancel(int64_t call_id) {
+  Completions out;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Status why = absl::CancelledError("the caller went away");
+    if (!job_->RemoveRegistration(call_id, why, &out)) {
+      auto q = std::find_if(queued_.begin(), queued_.end(),
+                            [&](const Queued& x) { return x.id == call_id; });
+      if (q != queued_.end()) {
+        out.push_back([done = std::move(q->done), why] { done(why); });
+        queued_.erase(q);
+      }
+      auto w = std::find_if(waiters_.begin(), waiters_.end(),
+                            [&](const Waiter& x) { return x.id == call_id; });
+      if (w != waiters_.end()) {
+        if (w->kv_done) {
+          out.push_back([done = std::move(w->kv_done)] { done({}); });
+        } else {
+          out.push_back([done = std::move(w->status_done), why] { done(why); });
+        }
+        waiters_.erase(w);
+      }
+    }
+  }
+  Run(out);
+}
+
+void CoordinatorService::KeyValueSet(const proto::KeyValueSetRequest& req) {
+  Completions out;
+  {
+    absl::MutexLock lock(&mu_);
+    job_->CountKeyValueRpc();
+    job_->KeyValueSet(req.key(), req.value());
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->kv_done && it->key == req.key()) {
+        proto::KeyValueGetResponse resp;
+        resp.set_found(true);
+        resp.set_value(req.value());
+        out.push_back([done = std::move(it->kv_done), resp] { done(resp); });
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  Run(out);
+}
+
+void CoordinatorService::KeyValueGet(int64_t call_id, const proto::KeyValueGetRequest& req,
+                                     KeyValueDone done) {
+  proto::KeyValueGetResponse resp;
+  {
+    absl::MutexLock lock(&mu_);
+    job_->CountKeyValueRpc();
+    if (const std::string* v = job_->KeyValueGet(req.key())) {
+      resp.set_found(true);
+      resp.set_value(*v);
+    } else if (req.timeout_ms() > 0 && !shutting_down_) {
+      Waiter w{call_id, job_->id(), Now() + absl::Milliseconds(req.timeout_ms()), req.key()};
+      w.kv_done = std::move(done);
+      waiters_.push_back(std::move(w));
+      return;
+    }
+  }
+  done(resp);
+}
+
+absl::StatusOr<StreamKey> CoordinatorService::OpenStream(const proto::RequestList& hello,
+                                                         std::shared_ptr<StreamSink> sink) {
+  absl::MutexLock lock(&mu_);
+  StreamKey key{job_->id(), hello.rank(), sink.get()};
+  absl::Status s = job_->OpenStream(hello.rank(), std::move(sink), Now());
+  if (!s.ok()) return s;
+  return key;
+}
+
+void CoordinatorService::OnRequests(const StreamKey& key, const proto::RequestList& msg) {
+  Completions out;
+  {
+    absl::MutexLock lock(&mu_);
+    if (key.job_id != job_->id()) return;  // a stream of an earlier job
+    job_->OnRequests(key.rank, key.sink, msg, Now());
+    AfterChangeLocked(&out);
+  }
+  Run(out);
+}
+
+void CoordinatorService::OnStreamEnd(const StreamKey& key) {
+  Completions out;
+  {
+    absl::MutexLock lock(&mu_);
+    if (key.job_id != job_->id()) return;
+    job_->OnStreamEnd(key.rank, key.sink, Now());
+    AfterChangeLocked(&out);
+  }
+  Run(out);
+}
+
+void CoordinatorService::Heartbeat(const proto::HeartbeatRequest& req) {
+  absl::MutexLock lock(&mu_);
+  if (job_->phase() != proto::JOB_FORMING) job_->Heartbeat(req, Now());
+}
+
+void CoordinatorService::Status(int64_t call_id, const proto::StatusRequest& req,
+                                StatusDone done) {
+  Completions out;
+  {
+    absl::MutexLock lock(&mu_);
+    Job* job = FindJobLocked(req.job_id());
+    Waiter w{call_id, job != nullptr ? job->id() : req.job_id(),
+             Now() + absl::Milliseconds(req.wait_for_end_ms())};
+    w.status_done = std::move(done);
+    if (job != nullptr && !job->ended() && req.wait_for_end_ms() > 0 && !shutting_down_) {
+      waiters_.push_back(std::move(w));
+      return;
+    }
+    CompleteStatusLocked(w, &out);
+  }
+  Run(out);
+}
+
+void CoordinatorService::RequestShutdown(const proto::ShutdownRequest& req) {
+  absl::MutexLock lock(&mu_);
+  LOG(INFO) << "coordinator: shutdown requested"
+            << (req.reason().empty() ? std::string() : ": " + req.reason());
+  shutdown_requested_ = true;
+}
+
+bool CoordinatorService::shutdown_requested() const {
+  absl::MutexLock lock(&mu_);
+  return shutdown_requested_;
+}
+
+void CoordinatorService::BeginShutdown() {
+  Completions out;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    const absl::Status why = absl::UnavailableError("the coordinator is shutting down");
+    job_->Shutdown(why, &out);
+    for (Queued& q : queued_) out.push_back([done = std::move(q.done), why] { done(why); });
+    queued_.clear();
+    for (Waiter& w : waiters_) {
+      if (w.kv_done) {
+        out.push_back([done = std::move(w.kv_done)] { done({}); });
+      } else {
+        CompleteStatusLocked(w, &out);
+      }
+    }
+    waiters_.clear();
+  }
+  Run(out);
+}
+
+void CoordinatorService::Inspect() {
+  Completions out;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = Now();
+    job_->Inspect(now, &out);
+    for (auto it = queued_.begin(); it != queued_.end();) {
+      if (now < it->deadline) {
+        ++it;
+        continue;
+      }
+      absl::Status s = absl::FailedPreconditionError(absl::StrCat(
+          "a job is already running on this coordinator: job ", job_->id(),
+          " did not end within ", absl::FormatDuration(opts_.register_timeout)));
+      out.push_back([done = std::move(it->done), s] { done(s); });
+      it = queued_.erase(it);
+    }
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (now < it->deadline) {
+        ++it;
+        continue;
+      }
+      if (it->kv_done) {
+        out.push_back([done = std::move(it->kv_done)] { done({}); });
+      } else {
+        CompleteStatusLocked(*it, &out);
+      }
+      it = waiters_.erase(it);
+    }
+    AfterChangeLocked(&out);
+  }
+  Run(out);
+}
+
+}  // namespace braid::coordinator

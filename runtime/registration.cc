@@ -1,0 +1,69 @@
+#include "runtime/registration.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace braid {
+namespace {
+
+std::string HostName() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+}  // namespace
+
+transport::UcxOptions UcxOptionsFromConfig(const RuntimeConfig& config, int rank, int size) {
+  transport::UcxOptions uo;
+  uo.rank = rank;
+  uo.size = size;
+  uo.timeout = config.timeout;
+  uo.connect_timeout = std::max(config.timeout, absl::Seconds(30));
+  uo.peer_error_handling = config.ucx_peer_error_handling;
+  return uo;
+}
+
+absl::StatusOr<Joined> JoinJob(const RuntimeConfig& config, const LaunchInfo& launch,
+                               CoordinatorClient& client) {
+  auto worker = transport::OpenUcxWorker(UcxOptionsFromConfig(config, launch.rank, launch.size));
+  if (!worker.ok()) return worker.status();
+  const transport::PeerAddress& self = (*worker)->self();
+
+  proto::RegisterRequest reg;
+  reg.set_rank(launch.rank);
+  reg.set_size(launch.size);
+  reg.set_local_rank(launch.local_rank);
+  reg.set_local_size(launch.local_size);
+  reg.set_host(self.host.empty() ? HostName() : self.host);
+  reg.set_pid(getpid());
+  reg.set_job_secret(config.job_secret);
+  reg.set_transport_address(self.address);
+  *reg.mutable_settings() = ToProto(config.job);
+  auto registered = client.Register(reg, std::max(config.timeout, absl::Seconds(60)));
+  if (!registered.ok()) return registered.status();
+
+  std::vector<transport::PeerAddress> peers;
+  peers.reserve(registered->peers_size());
+  for (const proto::PeerInfo& p : registered->peers()) {
+    if (p.rank() != static_cast<int>(peers.size())) {
+      return absl::InternalError(absl::StrCat("the coordinator listed peer ", p.rank(),
+                                              " at position ", peers.size()));
+    }
+    peers.push_back({p.host(), p.pid(), p.transport_address()});
+  }
+  Joined joined;
+  joined.registration = *std::move(registered);
+  auto comm = transport::ConnectUcx(*std::move(worker), std::move(peers));
+  if (!comm.ok()) return comm.status();
+  joined.comm = *std::move(comm);
+  return joined;
+}
+
+}  // namespace braid

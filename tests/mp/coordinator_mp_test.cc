@@ -1,0 +1,302 @@
+// The standalone coordinator as users run it: the real braid-coordinator process on
+// 127.0.0.1 (port 0), real rank processes running braid::Runtime over UCX, and braidctl.
+// One coordinator runs a job of 2 ranks, then a job of 8: each job's status shows its own
+// counters only, registration costs one Register RPC per rank and no key-value RPC, the
+// coordinator's thread count is the same with 8 ranks as with 2 (streams cost no thread),
+// and `braidctl status --once` follows a job to its end.
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "runtime/runtime.h"
+#include "tests/testing/fork_ranks.h"
+#include "tests/testing/runtime_job.h"
+
+extern char** environ;
+
+namespace braid {
+namespace {
+
+using braid::testing::AllReduceOf;
+using braid::testing::Checker;
+using braid::testing::InitRuntime;
+using braid::testing::RankExit;
+using braid::testing::RunRanks;
+using braid::testing::RunRanksOptions;
+using braid::testing::SetRankEnv;
+using braid::testing::WaitFor;
+
+// Reads from `fd` until `want` bytes arrived or `deadline` passed; the bytes read.
+std::string ReadUntil(int fd, size_t want, absl::Time deadline, char stop = '\0') {
+  std::string got;
+  while (got.size() < want && absl::Now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    int ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (poll(&p, 1, std::max(ms, 1)) != 1) continue;
+    char c;
+    if (read(fd, &c, 1) != 1) break;
+    got.push_back(c);
+    if (stop != '\0' && c == stop) break;
+  }
+  return got;
+}
+
+// braid-coordinator in its own process; stopped with SIGTERM.
+class StandaloneCoordinator {
+ public:
+  StandaloneCoordinator() {
+    int out[2];
+    if (pipe2(out, O_CLOEXEC) != 0) return;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+    std::vector<std::string> args = {BRAID_COORDINATOR_PATH, "--port", "0"};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+    close(out[1]);
+    // "braid-coordinator listening on 127.0.0.1:PORT"
+    std::string line = ReadUntil(out[0], 200, absl::Now() + absl::Seconds(30), '\n');
+    close(out[0]);
+    const std::string prefix = "braid-coordinator listening on ";
+    if (line.rfind(prefix, 0) == 0 && line.back() == '\n') {
+      address_ = line.substr(prefix.size(), line.size() - prefix.size() - 1);
+    }
+  }
+  ~StandaloneCoordinator() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    waitpid(pid_, nullptr, 0);
+  }
+  pid_t pid() const { return pid_; }
+  const std::string& address() const { return address_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::string address_;
+};
+
+// Threads of process `pid` and, in *names, how many have each name (/proc/PID/task/*/comm).
+int ThreadCount(pid_t pid, std::map<std::string, int>* names = nullptr) {
+  DIR* d = opendir(absl::StrCat("/proc/", pid, "/task").c_str());
+  if (d == nullptr) return -1;
+  int n = 0;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    ++n;
+    if (names == nullptr) continue;
+    std::ifstream comm(absl::StrCat("/proc/", pid, "/task/", e->d_name, "/comm"));
+    std::string name;
+    std::getline(comm, name);
+    ++(*names)[name];
+  }
+  closedir(d);
+  return n;
+}
+
+// Note [Counting threads]: gRPC's own threads come from pools sized by the core count, not by
+// the number of calls: its executor grows on demand to two threads per core and keeps them;
+// its event engine and timer pools add a thread while busy and retire it when idle. So one
+// reading can catch a transient thread. The coordinator's count is the fewest threads seen
+// over 20 readings, 10 ms apart, after WarmUp filled the executor.
+int SteadyThreadCount(pid_t pid) {
+  int fewest = -1;
+  for (int i = 0; i < 20; ++i) {
+    int n = ThreadCount(pid);
+    if (fewest < 0 || n < fewest) fewest = n;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return fewest;
+}
+
+std::string RunCommand(const std::string& cmd, int* rc) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int st = pclose(p);
+  *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+// Fills gRPC's executor pool (Note [Counting threads]): bursts of 40 concurrent status calls
+// until a burst adds no executor thread.
+void WarmUp(const StandaloneCoordinator& coord) {
+  const std::string burst = absl::StrCat("for i in $(seq 40); do ", BRAIDCTL_PATH,
+                                         " status --coordinator ", coord.address(),
+                                         " >/dev/null & done; wait");
+  int before = -1;
+  for (int i = 0; i < 10; ++i) {
+    int rc = -1;
+    RunCommand(burst, &rc);
+    std::map<std::string, int> names;
+    ThreadCount(coord.pid(), &names);
+    if (names["default-executo"] == before) return;
+    before = names["default-executo"];
+  }
+}
+
+struct JobSeen {
+  int threads = -1;            // the coordinator's, while every rank negotiates
+  std::map<std::string, int> thread_names;
+  std::string status_json;     // braidctl status --json, meanwhile
+  std::string once_json;       // braidctl status --once --json, started meanwhile
+  int once_rc = -1;
+};
+
+// Runs a job of `size` ranks, each doing `tensors` all-reduces, on the coordinator at
+// `address`. While every rank is in the job (registered, stream open, work done) the
+// parent looks at the coordinator; then the ranks shut down. With `assigned_ranks` the
+// ranks know only the world size (no BRAID_RANK): the coordinator numbers them, and each
+// finds its own data-plane address among the peers.
+JobSeen RunJobOf(int size, int tensors, const StandaloneCoordinator& coord,
+                 bool assigned_ranks = false) {
+  int ready[2], go[2];
+  EXPECT_EQ(pipe(ready), 0);
+  EXPECT_EQ(pipe(go), 0);
+  const std::string braidctl =
+      absl::StrCat(BRAIDCTL_PATH, " status --json --coordinator ", coord.address());
+  JobSeen seen;
+  RunRanksOptions o;
+  o.ranks = size;
+  o.deadline = absl::Seconds(120);
+  o.after_start = [&](const std::vector<pid_t>&) {
+    // Each rank writes its rank as it knows it: every rank of the world, once.
+    std::string got = ReadUntil(ready[0], size, absl::Now() + absl::Seconds(60));
+    std::sort(got.begin(), got.end());
+    std::string want;
+    for (int r = 0; r < size; ++r) want.push_back(static_cast<char>('0' + r));
+    EXPECT_EQ(got, want) << "ranks ready";
+    seen.threads = SteadyThreadCount(coord.pid());
+    ThreadCount(coord.pid(), &seen.thread_names);
+    int rc = -1;
+    seen.status_json = RunCommand(braidctl, &rc);
+    EXPECT_EQ(rc, 0) << seen.status_json;
+    // Follows this job to its end: started now, it returns once the ranks have left.
+    FILE* once = popen((braidctl + " --once").c_str(), "r");
+    std::string go_bytes(size, 'g');
+    EXPECT_EQ(write(go[1], go_bytes.data(), go_bytes.size()), static_cast<ssize_t>(size));
+    char buf[4096];
+    size_t n;
+    while (once != nullptr && (n = fread(buf, 1, sizeof(buf), once)) > 0) seen.once_json.append(buf, n);
+    int st = once != nullptr ? pclose(once) : -1;
+    seen.once_rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  auto exits = RunRanks(o, [&](int rank) {
+    SetRankEnv(coord.address(), rank, size);
+    if (assigned_ranks) unsetenv("BRAID_RANK");
+    Checker c{rank};
+    Runtime rt;
+    if (!c.Ok(InitRuntime(rt), "init")) return 1;
+    const int my_rank = *rt.rank();
+    std::vector<float> a(16, 1.0f), b(16);
+    for (int t = 0; t < tensors; ++t) {
+      if (c.Ok(WaitFor(rt.Enqueue(AllReduceOf(absl::StrCat("t", t), a.data(), b.data(), 16,
+                                              ReduceOp::kSum))),
+               "all-reduce")) {
+        c.Expect(b[0] == static_cast<float>(size), absl::StrCat("sum ", b[0]));
+      }
+    }
+    const char me = static_cast<char>('0' + my_rank);
+    c.Expect(write(ready[1], &me, 1) == 1, "ready");
+    c.Expect(ReadUntil(go[0], 1, absl::Now() + absl::Seconds(60)) == "g", "go");
+    c.Ok(rt.Shutdown(), "shutdown");
+    return c.failures == 0 ? 0 : 1;
+  });
+  for (const RankExit& e : exits) {
+    EXPECT_FALSE(e.timed_out) << "rank " << e.rank << " of " << size;
+    EXPECT_EQ(e.exit_code, 0) << "rank " << e.rank << " of " << size;
+  }
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
+  return seen;
+}
+
+TEST(StandaloneCoordinatorTest, TwoJobsInTurnEachShowOnlyTheirOwnCountersAndThreadsStayFlat) {
+  StandaloneCoordinator coord;
+  ASSERT_FALSE(coord.address().empty()) << "braid-coordinator did not start";
+
+  WarmUp(coord);
+
+  // Job 1: 2 ranks numbered by the coordinator, 3 tensors.
+  JobSeen first = RunJobOf(2, 3, coord, /*assigned_ranks=*/true);
+  auto s1 = nlohmann::json::parse(first.status_json, nullptr, false);
+  ASSERT_TRUE(s1.is_object()) << first.status_json;
+  EXPECT_EQ(s1["job_id"], "1");  // int64 fields are strings in proto3 JSON
+  EXPECT_EQ(s1["phase"], "JOB_RUNNING");
+  EXPECT_EQ(s1["size"], 2);
+  EXPECT_EQ(s1["register_rpcs"], "2");
+  EXPECT_EQ(s1["kv_rpcs"], "0");
+  EXPECT_EQ(s1["tensors_negotiated"], "3");
+  EXPECT_EQ(s1["ranks"].size(), 2u);
+  EXPECT_EQ(first.once_rc, 0) << first.once_json;
+  auto end1 = nlohmann::json::parse(first.once_json, nullptr, false);
+  ASSERT_TRUE(end1.is_object()) << first.once_json;
+  EXPECT_EQ(end1["job_id"], "1");
+  EXPECT_EQ(end1["phase"], "JOB_ENDED");
+  EXPECT_EQ(end1["job_state"], "ended");
+  EXPECT_EQ(end1["ranks"][1]["state"], "shut down");
+
+  // Between jobs, --once reports the ended job at once.
+  int rc = -1;
+  std::string between = RunCommand(
+      absl::StrCat(BRAIDCTL_PATH, " status --json --once --coordinator ", coord.address()), &rc);
+  EXPECT_EQ(rc, 0) << between;
+  auto b = nlohmann::json::parse(between, nullptr, false);
+  ASSERT_TRUE(b.is_object()) << between;
+  EXPECT_EQ(b["job_id"], "1");
+  EXPECT_EQ(b["tensors_negotiated"], "3");
+
+  // Job 2 on the same coordinator: 8 ranks, 5 tensors. Nothing of job 1 shows.
+  JobSeen second = RunJobOf(8, 5, coord);
+  auto s2 = nlohmann::json::parse(second.status_json, nullptr, false);
+  ASSERT_TRUE(s2.is_object()) << second.status_json;
+  EXPECT_EQ(s2["job_id"], "2");
+  EXPECT_EQ(s2["size"], 8);
+  EXPECT_EQ(s2["register_rpcs"], "8");  // one Register per rank, the peers inside
+  EXPECT_EQ(s2["kv_rpcs"], "0");        // no key-value round trips
+  EXPECT_EQ(s2["tensors_negotiated"], "5");
+  EXPECT_EQ(s2["bytes_negotiated"], std::to_string(5 * 16 * 4));
+  ASSERT_EQ(s2["compression"].size(), 1u) << second.status_json;
+  EXPECT_EQ(s2["compression"][0]["tensors"], "5");
+  EXPECT_EQ(s2["ranks"].size(), 8u);
+  for (const auto& r : s2["ranks"]) EXPECT_EQ(r["state"], "negotiating");
+  EXPECT_EQ(second.once_rc, 0) << second.once_json;
+  auto end2 = nlohmann::json::parse(second.once_json, nullptr, false);
+  ASSERT_TRUE(end2.is_object()) << second.once_json;
+  EXPECT_EQ(end2["job_id"], "2");
+  EXPECT_EQ(end2["phase"], "JOB_ENDED");
+  EXPECT_EQ(end2["register_rpcs"], "8");
+
+  // Streams cost no thread: 8 ranks, as many coordinator threads as with 2.
+  auto names = [](const JobSeen& j) {
+    std::string out;
+    for (const auto& [name, n] : j.thread_names) out += absl::StrCat(name, " x", n, "; ");
+    return out;
+  };
+  EXPECT_GT(first.threads, 0);
+  EXPECT_EQ(second.threads, first.threads) << "2 ranks: " << names(first) << "\n8 ranks: "
+                                           << names(second);
+}
+
+}  // namespace
+}  // namespace braid

@@ -1,0 +1,257 @@
+"""Rank program: braid.torch.DistributedOptimizer.
+
+The reference for every training check is one process, in this program, training the same
+model with the plain torch optimizer on the union of every rank's batches (each rank can
+build every rank's batch from (step, rank)): with equal batches per rank, the average over
+ranks of the per-rank mean gradients is the mean gradient of the union.
+"""
+
+import gc
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import braid.torch as hvd  # noqa: E402
+from _common import check, expect_raises, log, main  # noqa: E402
+from _torch_common import check_tensor  # noqa: E402
+
+torch.set_num_threads(1)
+TOL = (1e-4, 1e-5)
+
+
+class Net(nn.Module):
+    def __init__(self, head=False):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.fc1 = nn.Linear(4 * 4 * 4, 16)
+        self.fc2 = nn.Linear(16, 3)
+        if head:
+            self.unused_head = nn.Linear(16, 3)  # used only where a test says so
+
+    def forward(self, x, use_head=False):
+        h = F.max_pool2d(F.relu(self.conv(x)), 2)
+        h = F.relu(self.fc1(h.flatten(1)))
+        out = self.fc2(h)
+        return out + self.unused_head(h) if use_head else out
+
+
+def batch(step, r, n=6):
+    g = torch.Generator().manual_seed(1000 * step + r)
+    return torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def new_model(head=False):
+    torch.manual_seed(42)
+    return Net(head)
+
+
+def make_opt(kind, params):
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    return torch.optim.Adam(params, lr=0.01)
+
+
+def train_distributed(steps, k, kind, size, rank, **kw):
+    model = new_model()
+    opt = hvd.DistributedOptimizer(make_opt(kind, model.parameters()),
+                                   named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=k, **kw)
+    for step in range(steps):
+        opt.zero_grad()
+        for j in range(k):
+            x, y = batch(step * k + j, rank)
+            F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model
+
+
+def train_reference(steps, k, kind, size):
+    """One process, the plain optimizer, every rank's batches (micro-batch j of all ranks
+    together: its mean loss; k micro-batches accumulate, as backward_passes_per_step does)."""
+    model = new_model()
+    opt = make_opt(kind, model.parameters())
+    for step in range(steps):
+        opt.zero_grad()
+        for j in range(k):
+            xs, ys = zip(*(batch(step * k + j, r) for r in range(size)))
+            F.cross_entropy(model(torch.cat(xs)), torch.cat(ys)).backward()
+        opt.step()
+    return model
+
+
+def check_same(model, ref, what, tol=TOL):
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        check_tensor(p.detach(), q.detach(), f"{what}: {n}", tol=tol)
+
+
+def check_equivalence(size, rank):
+    for k, kind in ((1, "sgd"), (2, "sgd"), (2, "adam")):
+        model = train_distributed(8, k, kind, size, rank)
+        ref = train_reference(8, k, kind, size)
+        check_same(model, ref, f"{kind}, backward_passes_per_step={k}")
+        log(f"{kind} k={k}: parameters match one process on the union of the batches")
+    # Compressed: fp16 close to the reference, counted under fp16.
+    model = train_distributed(4, 1, "sgd", size, rank, compression=hvd.Compression.fp16)
+    check_same(model, train_reference(4, 1, "sgd", size), "fp16", tol=(1e-2, 1e-3))
+    methods = hvd.compression_stats()["tensors"]["grad.fc1.weight"]["method"].split(" + ")
+    check("fp16" in methods, f"fp16 gradients not counted under fp16: {methods}")
+    # A Horovod-style compressor object, gradient_predivide_factor, op=Sum.
+    model = train_distributed(4, 1, "sgd", size, rank, compression=_HalfCompressor,
+                              gradient_predivide_factor=2.0)
+    check_same(model, train_reference(4, 1, "sgd", size), "framework compressor + predivide",
+               tol=(1e-2, 1e-3))
+    model = new_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                   named_parameters=model.named_parameters(), op=hvd.Sum)
+    x, y = batch(0, rank)
+    F.cross_entropy(model(x), y).backward()
+    opt.synchronize()
+    ref = new_model()
+    for r in range(size):
+        xr, yr = batch(0, r)
+        F.cross_entropy(ref(xr), yr).backward()
+    check_tensor(model.fc1.weight.grad, ref.fc1.weight.grad, "op=Sum gradient", tol=TOL)
+    with opt.skip_synchronize():
+        opt.step()
+
+
+class _HalfCompressor:
+    """Horovod's compressor interface: cast to float16 for the wire and back."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor.half(), tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor.to(ctx)
+
+
+def check_unused_and_synchronize(size, rank):
+    # Only rank 0 uses the extra head: the others send zeros for it in step() and nobody hangs.
+    model = new_model(head=True)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    x, y = batch(7, rank)
+    F.cross_entropy(model(x, use_head=(rank == 0)), y).backward()
+    check((model.unused_head.weight.grad is None) == (rank != 0), "unexpected unused grad")
+    opt.synchronize()
+    ref = new_model(head=True)
+    x0, y0 = batch(7, 0)
+    F.cross_entropy(ref(x0, use_head=True), y0).backward()
+    check_tensor(model.unused_head.weight.grad, ref.unused_head.weight.grad / size,
+                 "gradient of a layer only rank 0 used", tol=TOL)
+    # synchronize() + skip_synchronize(): clip the averaged gradients, then step without a
+    # second all-reduce.
+    before = hvd.compression_stats()["tensors"]["grad.fc1.weight"]["reductions"]
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    with opt.skip_synchronize():
+        opt.step()
+    after = hvd.compression_stats()["tensors"]["grad.fc1.weight"]["reductions"]
+    check(after == before, f"skip_synchronize: step() all-reduced again ({before} -> {after})")
+    params = [p.detach().clone() for p in model.parameters()]
+    gathered = hvd.allgather_object(params)
+    check(all(torch.equal(a, b) for a, b in zip(params, gathered[0])),
+          "ranks' parameters differ after a step with an unused layer")
+
+
+def check_sparse(size, rank):
+    results = []
+    for dense in (False, True):
+        torch.manual_seed(3)
+        emb = nn.Embedding(10, 4, sparse=True)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.5),
+                                       named_parameters=[(f"emb{int(dense)}", emb.weight)],
+                                       sparse_as_dense=dense)
+        ids = torch.tensor([rank, rank + 1, 7])
+        emb(ids).sum().backward()
+        opt.step()
+        results.append(emb.weight.detach().clone())
+    torch.manual_seed(3)
+    ref = nn.Embedding(10, 4)
+    for r in range(size):
+        (ref(torch.tensor([r, r + 1, 7])).sum() / size).backward()
+    with torch.no_grad():
+        ref.weight -= 0.5 * ref.weight.grad
+    check_tensor(results[0], ref.weight.detach(), "sparse gradient (all-gather)", tol=TOL)
+    check_tensor(results[1], ref.weight.detach(), "sparse_as_dense", tol=TOL)
+
+
+def check_rewrap(size, rank):
+    """A model wrapped again after its first DistributedOptimizer was dropped: the old hooks
+    are inert at once, without waiting for the garbage collector (no second all-reduce of the
+    same names, no stale optimizer stepping)."""
+    gc.disable()  # no collection may rescue broken code: refcounts alone must do it
+    try:
+        _rewrap(size, rank)
+    finally:
+        gc.enable()
+
+
+def _rewrap(size, rank):
+    model = new_model()
+    first = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters())
+    del first
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    x, y = batch(11, rank)
+    F.cross_entropy(model(x), y).backward()
+    opt.synchronize()
+    ref = new_model()
+    xs, ys = zip(*(batch(11, r) for r in range(size)))
+    F.cross_entropy(ref(torch.cat(xs)), torch.cat(ys)).backward()
+    check_tensor(model.fc1.weight.grad, ref.fc1.weight.grad, "gradient after re-wrapping",
+                 tol=TOL)
+    with opt.skip_synchronize():
+        opt.step()
+
+
+def check_misuse(size, rank):
+    E, P = hvd.InvalidArgumentError, hvd.FailedPreconditionError
+    model = new_model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    named = list(model.named_parameters())
+    dup = named[:1] + [(named[0][0], p) for _, p in named[1:]]
+    expect_raises(E, lambda: hvd.DistributedOptimizer(sgd, named_parameters=dup),
+                  "duplicate names", contains=("unique", "conv.weight"))
+    expect_raises(E, lambda: hvd.DistributedOptimizer(sgd, named_parameters=named[:2]),
+                  "unnamed parameters", contains=("not in named_parameters",))
+    expect_raises(E, lambda: hvd.DistributedOptimizer(sgd, op=hvd.Adasum), "Adasum",
+                  contains=("Adasum", "not implemented"))
+    expect_raises(E, lambda: hvd.DistributedOptimizer(sgd, backward_passes_per_step=0),
+                  "k=0", contains=("backward_passes_per_step",))
+    expect_raises(E, lambda: hvd.DistributedOptimizer(sgd, op=hvd.Sum,
+                                                      gradient_predivide_factor=2.0),
+                  "predivide with Sum", contains=("gradient_predivide_factor",))
+    opt = hvd.DistributedOptimizer(sgd, named_parameters=named)
+    x, y = batch(1, rank)
+    F.cross_entropy(model(x), y).backward()
+    expect_raises(P, opt.zero_grad, "zero_grad between backward and step",
+                  contains=("zero_grad()", "before step()"))
+    # A second backward pass with backward_passes_per_step=1 fails from backward() itself.
+    expect_raises(P, lambda: F.cross_entropy(model(x), y).backward(), "too many passes",
+                  contains=("backward_passes_per_step=1", "computed 2 times"))
+    opt.step()  # the job goes on: every rank completes the step
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    log("misuse errors raised; training continued")
+
+
+def body():
+    hvd.init()
+    size, rank = hvd.size(), hvd.rank()
+    for fn in (check_equivalence, check_unused_and_synchronize, check_sparse, check_rewrap,
+               check_misuse):
+        fn(size, rank)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main(body)

@@ -1,0 +1,496 @@
+// The coordinator's handlers (coordinator/service.h) without a server: plain messages in,
+// completion callbacks and recording stream sinks out, a fake clock stepped by hand and
+// Inspect() called as the monitor would. Also the job settings' resolution and the monitor.
+#include <atomic>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "coordinator/monitor.h"
+#include "coordinator/rendezvous.h"
+#include "coordinator/service.h"
+#include "gtest/gtest.h"
+
+namespace braid::coordinator {
+namespace {
+
+// What the gRPC layer would write to a rank.
+class RecordingSink : public StreamSink {
+ public:
+  void Send(const proto::ResponseList& msg) override {
+    if (!closed) sent.push_back(msg);
+  }
+  void Close() override { closed = true; }
+  std::vector<proto::ResponseList> sent;
+  bool closed = false;
+};
+
+proto::RegisterRequest Reg(int rank, int size, const std::string& address = "") {
+  proto::RegisterRequest r;
+  r.set_rank(rank);
+  r.set_size(size);
+  r.set_local_rank(-1);
+  r.set_host("h");
+  r.set_pid(100 + rank);
+  r.set_transport_address(address.empty() ? "ucx-addr-" + std::to_string(rank) : address);
+  return r;
+}
+
+proto::RequestList Allreduce(int rank, const std::string& name) {
+  proto::RequestList l;
+  l.set_rank(rank);
+  proto::Request* r = l.add_requests();
+  r->set_name(name);
+  r->set_collective(proto::ALLREDUCE);
+  r->set_dtype(proto::FLOAT32);
+  r->add_shape(4);
+  r->set_compression("none");
+  return l;
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  explicit ServiceTest(ServiceOptions o = {}) {
+    o.clock = [this] { return now_; };
+    if (o.register_timeout == absl::Seconds(120)) o.register_timeout = absl::Seconds(30);
+    service_ = std::make_unique<CoordinatorService>(o);
+  }
+
+  // Registers `req`; the result lands in results_[call id] when the service answers.
+  int64_t Register(const proto::RegisterRequest& req) {
+    int64_t id = service_->NewCallId();
+    service_->Register(id, req, [this, id](absl::StatusOr<proto::RegisterResponse> r) {
+      EXPECT_EQ(results_.count(id), 0u) << "done called twice";
+      results_.emplace(id, std::move(r));
+    });
+    return id;
+  }
+  // Forms a job of `n` ranks and opens every rank's stream.
+  std::vector<std::shared_ptr<RecordingSink>> StartJob(int n, std::vector<StreamKey>* keys) {
+    std::vector<int64_t> ids;
+    for (int r = 0; r < n; ++r) ids.push_back(Register(Reg(r, n)));
+    std::vector<std::shared_ptr<RecordingSink>> sinks;
+    for (int r = 0; r < n; ++r) {
+      EXPECT_TRUE(results_.at(ids[r]).ok()) << results_.at(ids[r]).status();
+      auto sink = std::make_shared<RecordingSink>();
+      proto::RequestList hello;
+      hello.set_rank(r);
+      auto key = service_->OpenStream(hello, sink);
+      EXPECT_TRUE(key.ok()) << key.status();
+      keys->push_back(*key);
+      sinks.push_back(sink);
+    }
+    return sinks;
+  }
+  void Goodbye(const StreamKey& key) {
+    proto::RequestList bye;
+    bye.set_rank(key.rank);
+    bye.set_shutdown(true);
+    service_->OnRequests(key, bye);
+    service_->OnStreamEnd(key);  // the client half-closes after its goodbye
+  }
+  proto::StatusResponse Status(int64_t job_id = 0) {
+    std::optional<absl::StatusOr<proto::StatusResponse>> got;
+    proto::StatusRequest req;
+    req.set_job_id(job_id);
+    service_->Status(service_->NewCallId(), req, [&](auto r) { got = std::move(r); });
+    EXPECT_TRUE(got.has_value() && got->ok()) << (got ? got->status().ToString() : "no answer");
+    return got && got->ok() ? **got : proto::StatusResponse();
+  }
+
+  absl::Time now_ = absl::FromUnixSeconds(1000);
+  std::unique_ptr<CoordinatorService> service_;
+  std::map<int64_t, absl::StatusOr<proto::RegisterResponse>> results_;
+};
+
+// ---- Registration: one call per rank, every peer in the answer ----
+
+TEST_F(ServiceTest, RegistrationIsOneCallPerRankAndReturnsEveryPeer) {
+  const int n = 8;
+  std::vector<int64_t> ids;
+  // Ranks 7..0 register in reverse order; nobody is answered before the last arrives.
+  for (int r = n - 1; r >= 0; --r) {
+    ids.push_back(Register(Reg(r, n)));
+    if (r > 0) {
+      EXPECT_TRUE(results_.empty());
+    }
+  }
+  ASSERT_EQ(results_.size(), static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const auto& resp = results_.at(ids[i]);
+    ASSERT_TRUE(resp.ok()) << resp.status();
+    EXPECT_EQ(resp->rank(), n - 1 - i);
+    EXPECT_EQ(resp->size(), n);
+    ASSERT_EQ(resp->peers_size(), n);
+    for (int p = 0; p < n; ++p) {
+      EXPECT_EQ(resp->peers(p).rank(), p);
+      EXPECT_EQ(resp->peers(p).transport_address(), "ucx-addr-" + std::to_string(p));
+      EXPECT_EQ(resp->peers(p).pid(), 100 + p);
+    }
+    EXPECT_EQ(resp->settings().SerializeAsString(), DefaultJobSettings().SerializeAsString());
+  }
+  proto::StatusResponse s = Status();
+  EXPECT_EQ(s.job_id(), 1);
+  EXPECT_EQ(s.phase(), proto::JOB_RUNNING);
+  EXPECT_EQ(s.register_rpcs(), n);
+  EXPECT_EQ(s.kv_rpcs(), 0);
+  EXPECT_EQ(s.ranks(3).state(), "registered");
+  EXPECT_EQ(s.settings().heartbeat_timeout_ms(), 10000);
+}
+
+TEST_F(ServiceTest, WrongSecretAndWorldSizeMismatchAreRefusedAtOnce) {
+  ServiceOptions o;
+  o.job_secret = "s3cret";
+  o.clock = [this] { return now_; };
+  service_ = std::make_unique<CoordinatorService>(o);
+  int64_t bad = Register(Reg(0, 2));
+  EXPECT_EQ(results_.at(bad).status().code(), absl::StatusCode::kPermissionDenied);
+  proto::RegisterRequest ok = Reg(0, 2);
+  ok.set_job_secret("s3cret");
+  Register(ok);
+  proto::RegisterRequest other = Reg(1, 3);
+  other.set_job_secret("s3cret");
+  int64_t mismatch = Register(other);
+  EXPECT_EQ(results_.at(mismatch).status().message(),
+            "pid 101 on h expects world size 3 but the job has 2");
+}
+
+TEST_F(ServiceTest, RegistrationsThatMissTheDeadlineFailAndFreeTheWorldSize) {
+  int64_t lonely = Register(Reg(0, 2));
+  now_ += absl::Seconds(29);
+  service_->Inspect();
+  EXPECT_TRUE(results_.empty());
+  now_ += absl::Seconds(1);
+  service_->Inspect();
+  ASSERT_EQ(results_.count(lonely), 1u);
+  EXPECT_EQ(results_.at(lonely).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(results_.at(lonely).status().message(), "only 1 of 2 ranks registered within 30s");
+  // Nobody waits any more: a world of another size may form.
+  int64_t solo = Register(Reg(0, 1));
+  EXPECT_TRUE(results_.at(solo).ok()) << results_.at(solo).status();
+}
+
+TEST_F(ServiceTest, CancelledRegistrationIsAnsweredOnce) {
+  int64_t id = Register(Reg(0, 2));
+  service_->Cancel(id);
+  EXPECT_EQ(results_.at(id).status().code(), absl::StatusCode::kCancelled);
+  service_->Cancel(id);  // a second cancel finds nothing
+  EXPECT_EQ(Status().register_rpcs(), 1);
+}
+
+// ---- Job settings (Note [Job settings]) ----
+
+TEST_F(ServiceTest, RanksThatDisagreeOnAJobSettingAreAllRefused) {
+  proto::RegisterRequest a = Reg(0, 3), b = Reg(1, 3), c = Reg(2, 3);
+  a.mutable_settings()->set_stall_check_ms(1500);
+  b.mutable_settings()->set_stall_check_ms(1500);
+  c.mutable_settings()->set_stall_check_ms(2000);
+  std::vector<int64_t> ids = {Register(a), Register(b), Register(c)};
+  for (int64_t id : ids) {
+    EXPECT_EQ(results_.at(id).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(results_.at(id).status().message(),
+              "BRAID_STALL_CHECK_S must be the same for the whole job, got 1.5 on ranks 0, 1; "
+              "2 on rank 2");
+  }
+  proto::StatusResponse s = Status();
+  EXPECT_EQ(s.phase(), proto::JOB_ENDED);
+  EXPECT_EQ(s.job_state(),
+            "ended, aborted: registration failed: BRAID_STALL_CHECK_S must be the same for the "
+            "whole job, got 1.5 on ranks 0, 1; 2 on rank 2");
+}
+
+TEST(JobSettingsTest, CoordinatorsValueBindsRanksAgreeOrTakeTheJobs) {
+  std::vector<proto::RegisterRequest> reqs = {Reg(0, 2), Reg(1, 2)};
+  auto assigned = AssignRanks(reqs, 2);
+  ASSERT_TRUE(assigned.ok());
+  proto::JobSettings coordinator;
+  coordinator.set_fusion_threshold_bytes(1024);
+  reqs[1].mutable_settings()->set_heartbeat_timeout_ms(2000);  // rank 0 leaves it unset
+  auto s = ResolveJobSettings(coordinator, reqs, *assigned);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->fusion_threshold_bytes(), 1024);
+  EXPECT_EQ(s->heartbeat_timeout_ms(), 2000);
+  EXPECT_EQ(s->cache_capacity(), 1024);         // default
+  EXPECT_EQ(s->stall_check_ms(), 60000);        // default
+  EXPECT_TRUE(s->has_stall_shutdown_ms());      // every field present
+  EXPECT_EQ(s->stall_shutdown_ms(), 0);
+  reqs[0].mutable_settings()->set_fusion_threshold_bytes(2048);
+  EXPECT_EQ(ResolveJobSettings(coordinator, reqs, *assigned).status().message(),
+            "BRAID_FUSION_THRESHOLD must be the same for the whole job, got 1024 at the "
+            "coordinator; 2048 on rank 0");
+  reqs[0].mutable_settings()->set_fusion_threshold_bytes(1024);  // agreeing is fine
+  EXPECT_TRUE(ResolveJobSettings(coordinator, reqs, *assigned).ok());
+}
+
+// ---- Streams ----
+
+TEST_F(ServiceTest, EveryStreamGetsTheSameResponsesAndGoodbyesEndTheJob) {
+  std::vector<StreamKey> keys;
+  auto sinks = StartJob(3, &keys);
+  for (int r = 0; r < 3; ++r) service_->OnRequests(keys[r], Allreduce(r, "w"));
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(sinks[r]->sent.size(), 1u);
+    EXPECT_EQ(sinks[r]->sent[0].SerializeAsString(), sinks[0]->sent[0].SerializeAsString());
+  }
+  EXPECT_EQ(sinks[0]->sent[0].responses(0).names(0), "w");
+  EXPECT_EQ(Status().ranks(1).state(), "negotiating");
+  Goodbye(keys[0]);
+  Goodbye(keys[1]);
+  EXPECT_TRUE(sinks[0]->closed);
+  EXPECT_EQ(Status().phase(), proto::JOB_RUNNING);
+  Goodbye(keys[2]);
+  proto::StatusResponse s = Status();
+  EXPECT_EQ(s.phase(), proto::JOB_ENDED);
+  EXPECT_EQ(s.job_state(), "ended");
+  EXPECT_EQ(s.ranks(2).state(), "shut down");
+  EXPECT_EQ(s.tensors_negotiated(), 1);
+  EXPECT_EQ(s.cycles(), 3);
+}
+
+TEST_F(ServiceTest, StreamBeforeTheJobFormedIsRefused) {
+  Register(Reg(0, 2));
+  proto::RequestList hello;
+  hello.set_rank(0);
+  auto key = service_->OpenStream(hello, std::make_shared<RecordingSink>());
+  EXPECT_EQ(key.status().message(), "rank 0 opened negotiation before job 1 formed");
+}
+
+TEST_F(ServiceTest, AStreamClosingWithoutGoodbyeLosesTheRankAndAbortsTheJob) {
+  std::vector<StreamKey> keys;
+  auto sinks = StartJob(2, &keys);
+  service_->OnStreamEnd(keys[1]);
+  ASSERT_EQ(sinks[0]->sent.size(), 1u);
+  EXPECT_EQ(sinks[0]->sent[0].abort_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(sinks[0]->sent[0].abort_message(),
+            "rank 1 (pid 101 on h) was lost: its connection to the coordinator closed");
+  EXPECT_EQ(Status().ranks(1).state(), "lost");
+  Goodbye(keys[0]);
+  proto::StatusResponse s = Status();
+  EXPECT_EQ(s.phase(), proto::JOB_ENDED);
+  EXPECT_EQ(s.abort_message(),
+            "rank 1 (pid 101 on h) was lost: its connection to the coordinator closed");
+}
+
+TEST_F(ServiceTest, ASilentRankIsLostAfterTheHeartbeatTimeout) {
+  std::vector<StreamKey> keys;
+  auto sinks = StartJob(2, &keys);
+  proto::HeartbeatRequest hb;
+  hb.set_rank(0);
+  now_ += absl::Seconds(9);
+  service_->Heartbeat(hb);
+  service_->Inspect();
+  EXPECT_TRUE(sinks[0]->sent.empty());
+  now_ += absl::Seconds(1);  // rank 1 silent for 10 s, the default heartbeat timeout
+  service_->Inspect();
+  ASSERT_EQ(sinks[0]->sent.size(), 1u);
+  EXPECT_EQ(sinks[0]->sent[0].abort_message(),
+            "rank 1 (pid 101 on h) was lost: silent for 10s (BRAID_HEARTBEAT_TIMEOUT_S)");
+  EXPECT_EQ(Status().ranks(0).state(), "negotiating");
+  EXPECT_EQ(Status().ranks(1).state(), "lost");
+}
+
+TEST_F(ServiceTest, StallIsReportedThenAbortsAfterTheStallShutdown) {
+  std::vector<int64_t> ids;
+  for (int r = 0; r < 2; ++r) {
+    proto::RegisterRequest req = Reg(r, 2);
+    req.mutable_settings()->set_stall_check_ms(1000);
+    req.mutable_settings()->set_stall_shutdown_ms(2000);
+    ids.push_back(Register(req));
+  }
+  std::vector<StreamKey> keys;
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (int r = 0; r < 2; ++r) {
+    auto sink = std::make_shared<RecordingSink>();
+    proto::RequestList hello;
+    hello.set_rank(r);
+    keys.push_back(*service_->OpenStream(hello, sink));
+    sinks.push_back(sink);
+  }
+  service_->OnRequests(keys[0], Allreduce(0, "lonely"));
+  proto::HeartbeatRequest hb0, hb1;
+  hb1.set_rank(1);
+  now_ += absl::Seconds(1);
+  service_->Heartbeat(hb0);
+  service_->Heartbeat(hb1);
+  service_->Inspect();
+  proto::StatusResponse s = Status();
+  ASSERT_EQ(s.pending_size(), 1);
+  EXPECT_TRUE(s.pending(0).stalled());
+  EXPECT_EQ(s.pending(0).missing_ranks(0), 1);
+  EXPECT_TRUE(sinks[1]->sent.empty());
+  now_ += absl::Seconds(1);
+  service_->Heartbeat(hb0);
+  service_->Heartbeat(hb1);
+  service_->Inspect();
+  ASSERT_EQ(sinks[1]->sent.size(), 1u);
+  EXPECT_EQ(sinks[1]->sent[0].abort_code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(sinks[1]->sent[0].abort_message(),
+            "stalled: tensor 'lonely' was submitted by rank 0 but not by rank 1 for 2s "
+            "(BRAID_STALL_SHUTDOWN_S=2)");
+}
+
+// ---- One job at a time (Note [One job at a time]) ----
+
+TEST_F(ServiceTest, TheNextJobStartsFromZeroAndTheEndedOneStaysReadable) {
+  std::vector<StreamKey> keys;
+  StartJob(2, &keys);
+  for (int r = 0; r < 2; ++r) service_->OnRequests(keys[r], Allreduce(r, "a"));
+  for (int r = 0; r < 2; ++r) service_->OnRequests(keys[r], Allreduce(r, "b"));
+  for (const StreamKey& k : keys) Goodbye(k);
+  proto::StatusResponse first = Status();
+  EXPECT_EQ(first.phase(), proto::JOB_ENDED);
+  EXPECT_EQ(first.tensors_negotiated(), 2);
+
+  Register(Reg(0, 3));  // the next job's first rank, with another world size
+  proto::StatusResponse second = Status();
+  EXPECT_EQ(second.job_id(), 2);
+  EXPECT_EQ(second.phase(), proto::JOB_FORMING);
+  EXPECT_EQ(second.size(), 3);
+  EXPECT_EQ(second.register_rpcs(), 1);
+  EXPECT_EQ(second.tensors_negotiated(), 0);
+  EXPECT_EQ(second.cycles(), 0);
+  EXPECT_EQ(second.ranks_size(), 0);
+  // The ended job by its id, unchanged; a stale stream of it touches nothing.
+  EXPECT_EQ(Status(1).SerializeAsString().size(), first.SerializeAsString().size());
+  EXPECT_EQ(Status(1).tensors_negotiated(), 2);
+  service_->OnRequests(keys[0], Allreduce(0, "stale"));
+  EXPECT_EQ(Status().cycles(), 0);
+  std::optional<absl::StatusOr<proto::StatusResponse>> old;
+  proto::StatusRequest req;
+  req.set_job_id(7);
+  service_->Status(service_->NewCallId(), req, [&](auto r) { old = std::move(r); });
+  ASSERT_TRUE(old.has_value());
+  EXPECT_EQ(old->status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ServiceTest, ARegistrationDuringAJobWaitsForItsEnd) {
+  std::vector<StreamKey> keys;
+  StartJob(2, &keys);
+  results_.clear();
+  int64_t early = Register(Reg(0, 2));  // rank 0 re-inits before rank 1 has left
+  EXPECT_TRUE(results_.empty());
+  EXPECT_EQ(Status().job_id(), 1);
+  Goodbye(keys[0]);
+  Goodbye(keys[1]);  // job 1 ends: job 2 starts with the waiting registration
+  proto::StatusResponse s = Status();
+  EXPECT_EQ(s.job_id(), 2);
+  EXPECT_EQ(s.register_rpcs(), 1);
+  int64_t late = Register(Reg(1, 2));
+  ASSERT_TRUE(results_.at(early).ok());
+  ASSERT_TRUE(results_.at(late).ok());
+  EXPECT_EQ(Status().phase(), proto::JOB_RUNNING);
+  // A registration that waits longer than the register timeout for a job to end fails.
+  int64_t third = Register(Reg(0, 2));
+  now_ += absl::Seconds(30);
+  proto::HeartbeatRequest hb;
+  for (int r = 0; r < 2; ++r) {
+    hb.set_rank(r);
+    service_->Heartbeat(hb);
+  }
+  service_->Inspect();
+  EXPECT_EQ(results_.at(third).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(results_.at(third).status().message(),
+            "a job is already running on this coordinator: job 2 did not end within 30s");
+}
+
+TEST_F(ServiceTest, AStatusWaitIsAnsweredWhenTheJobEnds) {
+  std::vector<StreamKey> keys;
+  StartJob(2, &keys);
+  std::optional<absl::StatusOr<proto::StatusResponse>> got;
+  proto::StatusRequest req;
+  req.set_wait_for_end_ms(60000);
+  service_->Status(service_->NewCallId(), req, [&](auto r) { got = std::move(r); });
+  EXPECT_FALSE(got.has_value());
+  Goodbye(keys[0]);
+  EXPECT_FALSE(got.has_value());
+  Goodbye(keys[1]);
+  ASSERT_TRUE(got.has_value());
+  ASSERT_TRUE(got->ok());
+  EXPECT_EQ((*got)->phase(), proto::JOB_ENDED);
+  EXPECT_EQ((*got)->job_id(), 1);
+  // A wait that times out is answered with the job as it is.
+  Register(Reg(0, 2));
+  got.reset();
+  req.set_wait_for_end_ms(1000);
+  service_->Status(service_->NewCallId(), req, [&](auto r) { got = std::move(r); });
+  now_ += absl::Seconds(1);
+  service_->Inspect();
+  ASSERT_TRUE(got.has_value() && got->ok());
+  EXPECT_EQ((*got)->phase(), proto::JOB_FORMING);
+}
+
+// ---- Key-value store, shutdown ----
+
+TEST_F(ServiceTest, KeyValueGetWaitsForItsKeyAndEveryCallIsCounted) {
+  std::optional<proto::KeyValueGetResponse> got;
+  proto::KeyValueGetRequest get;
+  get.set_key("k");
+  get.set_timeout_ms(5000);
+  service_->KeyValueGet(service_->NewCallId(), get, [&](auto r) { got = r; });
+  EXPECT_FALSE(got.has_value());
+  proto::KeyValueSetRequest set;
+  set.set_key("k");
+  set.set_value("v");
+  service_->KeyValueSet(set);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_TRUE(got->found());
+  EXPECT_EQ(got->value(), "v");
+  got.reset();
+  get.set_key("missing");
+  service_->KeyValueGet(service_->NewCallId(), get, [&](auto r) { got = r; });
+  now_ += absl::Seconds(5);
+  service_->Inspect();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_FALSE(got->found());
+  EXPECT_EQ(Status().kv_rpcs(), 3);
+}
+
+TEST_F(ServiceTest, ShutdownEndsEveryStreamAndAnswersEveryWaitingCall) {
+  std::vector<StreamKey> keys;
+  auto sinks = StartJob(2, &keys);
+  int64_t waiting = Register(Reg(0, 2));
+  proto::ShutdownRequest req;
+  service_->RequestShutdown(req);
+  EXPECT_TRUE(service_->shutdown_requested());
+  service_->BeginShutdown();
+  for (const auto& sink : sinks) {
+    ASSERT_FALSE(sink->sent.empty());
+    EXPECT_TRUE(sink->sent.back().shutdown());
+    EXPECT_TRUE(sink->closed);
+  }
+  EXPECT_EQ(results_.at(waiting).status().code(), absl::StatusCode::kUnavailable);
+  int64_t after = Register(Reg(0, 2));
+  EXPECT_EQ(results_.at(after).status().message(), "the coordinator is shutting down");
+}
+
+// ---- The monitor ----
+
+TEST(MonitorTest, InspectsEveryPeriodUntilDestroyed) {
+  absl::Mutex mu;
+  int calls = 0;
+  const absl::Time start = absl::Now();
+  auto monitor = std::make_unique<Monitor>(absl::Milliseconds(20), [&] {
+    absl::MutexLock lock(&mu);
+    ++calls;
+  });
+  EXPECT_EQ(monitor->period(), absl::Milliseconds(20));
+  {
+    absl::MutexLock lock(&mu);
+    auto three = [&]() { return calls >= 3; };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&three), absl::Seconds(10)));
+  }
+  // Three ticks take at least three periods.
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(60));
+  monitor.reset();
+  absl::MutexLock lock(&mu);
+  const int at_stop = calls;
+  auto more = [&]() { return calls > at_stop; };
+  EXPECT_FALSE(mu.AwaitWithTimeout(absl::Condition(&more), absl::Milliseconds(60)));
+}
+
+}  // namespace
+}  // namespace braid::coordinator
