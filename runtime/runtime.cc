@@ -123,6 +123,11 @@ class Runtime::Impl {
     BRAID_RETURN_IF_ERROR(CheckRunningLocked());
     return stats_;
   }
+  absl::StatusOr<std::string> transport_description() const {
+    absl::MutexLock lock(&mu_);
+    BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+    return transport_description_;
+  }
   absl::StatusOr<compression::CompressionReport> compression_report() const {
     {
       absl::MutexLock lock(&mu_);
@@ -186,6 +191,8 @@ class Runtime::Impl {
   // Held for the whole of Init and Shutdown: they may be called from any thread.
   absl::Mutex lifecycle_mu_;
   transport::TransportStats stats_ ABSL_GUARDED_BY(mu_);  // snapshot of comm_->stats()
+  // comm_->Describe(), taken in Init before the background thread owns comm_.
+  std::string transport_description_ ABSL_GUARDED_BY(mu_);
   // Fusion buffers, one per dtype, grown when needed and reused: no allocation per step
   // in steady state. Background thread only.
   std::map<DataType, std::vector<char>> fusion_buffers_;
@@ -308,6 +315,7 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
     stop_ = false;
     abort_ = absl::OkStatus();
     stats_ = transport::TransportStats{};
+    transport_description_ = comm_->Describe();
     negotiating_ = 0;
     cache_.clear();
     outgoing_.clear();
@@ -324,8 +332,7 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config) {
     return fail(s);
   }
   loop_ = std::thread([this] { Loop(); });
-  VLOG(1) << "braid: rank " << rank_ << " of " << size_ << " joined via " << address << " ("
-          << comm_->Describe() << ")";
+  VLOG(1) << "braid: rank " << rank_ << " of " << size_ << " joined via " << address;
   return absl::OkStatus();
 }
 
@@ -837,6 +844,9 @@ absl::StatusOr<std::shared_ptr<Handle>> Runtime::Enqueue(CollectiveRequest reque
 }
 absl::StatusOr<transport::TransportStats> Runtime::transport_stats() const {
   return impl_->transport_stats();
+}
+absl::StatusOr<std::string> Runtime::transport_description() const {
+  return impl_->transport_description();
 }
 absl::StatusOr<compression::CompressionReport> Runtime::compression_report() const {
   return impl_->compression_report();
