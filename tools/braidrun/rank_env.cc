@@ -59,7 +59,7 @@ std::vector<std::string> BuildRankEnv(const std::vector<std::string>& base, cons
   env.Set("PYTHONUNBUFFERED", "1");
   for (const auto& [name, value] : job.settings) env.Set(name, value);
   env.SetDefault("OMP_NUM_THREADS", "1");
-  if (job.single_host) env.SetDefault("UCX_NET_DEVICES", "lo");
+  if (!job.ucx_net_devices.empty()) env.SetDefault("UCX_NET_DEVICES", job.ucx_net_devices);
   if (!job.python_path.empty()) {
     if (env.Has("PYTHONPATH") && !env.Get("PYTHONPATH").empty()) {
       env.Set("PYTHONPATH", absl::StrCat(job.python_path, ":", env.Get("PYTHONPATH")));
