@@ -76,20 +76,36 @@ std::string RandomSecret() {
   return hex;
 }
 
-// <dir of this executable>/../../python (build/tools/braidrun/braidrun -> build/python),
-// when it exists: the build tree's braid package, so ranks can `import braid` uninstalled.
-std::string BuildTreePythonDir() {
+// An existing directory holding braid's Python package (braid/__init__.py), resolved; "".
+std::string PackageDir(const std::string& candidate) {
+  char resolved[PATH_MAX];
+  if (realpath(candidate.c_str(), resolved) == nullptr) return "";
+  struct stat st;
+  const std::string init = std::string(resolved) + "/braid/__init__.py";
+  if (stat(init.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  return resolved;
+}
+
+// Where braid's Python package is, for the ranks' PYTHONPATH ("" when Python finds it
+// anyway): <dir of this executable>/../../python in a build tree (build/tools/braidrun/
+// braidrun -> build/python), so ranks can `import braid` uninstalled; P/<python dir> when
+// installed under a prefix P (P/bin/braidrun) other than /usr and /usr/local, whose
+// dist-packages Debian's Python searches already (and whose order must not change).
+std::string PythonPackageDir() {
   char exe[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   if (n <= 0) return "";
   std::string path(exe, static_cast<size_t>(n));
   std::string dir = path.substr(0, path.rfind('/'));
-  std::string candidate = dir + "/../../python";
-  char resolved[PATH_MAX];
-  if (realpath(candidate.c_str(), resolved) == nullptr) return "";
-  struct stat st;
-  if (stat(resolved, &st) != 0 || !S_ISDIR(st.st_mode)) return "";
-  return resolved;
+  if (std::string build = PackageDir(dir + "/../../python"); !build.empty()) return build;
+#ifdef BRAIDRUN_PYTHON_RELDIR
+  std::string installed = PackageDir(dir + "/../" BRAIDRUN_PYTHON_RELDIR);
+  if (!installed.empty() && installed.rfind("/usr/lib/", 0) != 0 &&
+      installed.rfind("/usr/local/lib/", 0) != 0) {
+    return installed;
+  }
+#endif
+  return "";
 }
 
 std::string Hostname() {
@@ -413,7 +429,7 @@ int main(int argc, char** argv) {
   job.coordinator = address;
   job.job_secret = so.job_secret;
   job.settings = args->settings;
-  job.python_path = BuildTreePythonDir();
+  job.python_path = PythonPackageDir();
   job.ucx_net_devices = !args->network_interface.empty() ? args->network_interface
                         : remote_hosts.empty()           ? "lo"
                                                          : "";
