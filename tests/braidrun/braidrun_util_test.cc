@@ -297,6 +297,9 @@ TEST(BuildRankEnv, PythonPathIsPrepended) {
   EXPECT_EQ(env[0], "PYTHONPATH=/src/build/python");
   env = BuildRankEnv({}, job, 0, 0, 1);
   EXPECT_EQ(env.back(), "PYTHONPATH=/src/build/python");
+  // Already there (a launcher above braidrun set it): not added twice.
+  env = BuildRankEnv({"PYTHONPATH=/opt/lib:/src/build/python"}, job, 0, 0, 1);
+  EXPECT_EQ(env[0], "PYTHONPATH=/opt/lib:/src/build/python");
   job.python_path.clear();
   env = BuildRankEnv({"PYTHONPATH=/opt/lib"}, job, 0, 0, 1);
   EXPECT_EQ(env[0], "PYTHONPATH=/opt/lib");

@@ -216,7 +216,7 @@ std::optional<Args> ParseArgs(int argc, char** argv, int* exit_code) {
   app.footer(
       "COMMAND runs once per rank (rank r of N) with BRAID_RANK, BRAID_SIZE, BRAID_LOCAL_RANK,\n"
       "BRAID_LOCAL_SIZE, BRAID_COORDINATOR (the coordinator braidrun hosts), BRAID_JOB_SECRET,\n"
-      "PYTHONUNBUFFERED=1, OMP_NUM_THREADS=1 and UCX_NET_DEVICES=lo (unless set) and the\n"
+      "PYTHONUNBUFFERED=1, OMP_NUM_THREADS=1, UCX_NET_DEVICES=lo on one host (unless set), the\n"
       "variables of the flags above (ranks on other hosts get braidrun's environment, less\n"
       "what describes this host). Each line a rank prints is prefixed with \"[r] \".\n"
       "Options end at COMMAND (or at \"--\"). When a rank fails the others are stopped and\n"

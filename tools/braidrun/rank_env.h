@@ -33,7 +33,8 @@ struct JobEnv {
 //     BRAID_LOCAL_RANK, BRAID_LOCAL_SIZE, BRAID_JOB_SECRET, PYTHONUNBUFFERED=1, and the
 //     variables of the flags that were given;
 //   - set only when not inherited: OMP_NUM_THREADS=1, UCX_NET_DEVICES (when not empty);
-//   - PYTHONPATH=<python_path>[:<inherited PYTHONPATH>] when python_path is not empty.
+//   - PYTHONPATH=<python_path>[:<inherited PYTHONPATH>] when python_path is not empty and
+//     not already one of the inherited entries.
 // Inherited entries keep their position (a replaced one keeps its slot); new ones are
 // appended in the order listed above. Entries of `base` without '=' are dropped.
 std::vector<std::string> BuildRankEnv(const std::vector<std::string>& base, const JobEnv& job,
