@@ -1,6 +1,6 @@
 """The communication-bound benchmark's smoke run (tools/bench/comm_bound_bench.py --smoke):
-2 test hosts on 100 Mbit/s links, a few steps of every method and a one-configuration step
-matrix. It asserts that every run completed and was reported (table and plots), and facts
+2 test hosts on 100 Mbit/s links, a few steps of every method, a one-configuration step
+matrix and a 3-size all-reduce sweep (braid, gloo, Open MPI). It asserts that every run completed and was reported (table and plots), and facts
 that hold at any speed: every braid run's data plane used tcp between the hosts, and the
 compressed methods put fewer bytes on the wire than the uncompressed ones.
 """
@@ -14,7 +14,8 @@ BENCH = testhosts.REPO / "tools" / "bench" / "comm_bound_bench.py"
 
 
 def test_smoke(tmp_path):
-    testhosts.require("ip", "tc", "unshare", "nsenter", "setsid", "sshd", "ssh", "ssh-keygen")
+    testhosts.require("ip", "tc", "unshare", "nsenter", "setsid", "sshd", "ssh", "ssh-keygen",
+                      "mpirun")
     build = testhosts.build_dir()
     r = subprocess.run([testhosts.PYTHON, str(BENCH), "--smoke", "--build-dir", str(build),
                         "--out", str(tmp_path)], stdout=subprocess.PIPE,
@@ -44,5 +45,12 @@ def test_smoke(tmp_path):
     for label in ("braid none", "braid powersgd:rank=2", "DDP gloo", "DDP powerSGD_hook rank 2",
                   "DDP fp16_compress_hook", "no communication"):
         assert f"| {label} |" in table, table
-    for png in ("accuracy_2x100mbit.png", "steps.png"):
+    sweep = {x["framework"]: x for x in res["sweep"]}
+    assert list(sweep) == ["braid", "gloo", "openmpi"], res["sweep"]
+    for fw, x in sweep.items():
+        assert "error" not in x, (fw, x)
+        assert [row["bytes"] for row in x["rows"]] == [4096, 16384, 65536], (fw, x)
+        assert all(row["wrong"] == 0 and row["busbw_gbps"] > 0 for row in x["rows"]), (fw, x)
+    assert "| 65536 | " in table
+    for png in ("accuracy_2x100mbit.png", "steps.png", "sweep.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png

@@ -24,11 +24,15 @@ communication: the computation alone).
 Phase 1 (time to accuracy): --ranks hosts at --rate, each method trains --epochs epochs with
 the same seed, data order and schedule; the test set is scored every --eval-every steps (off
 the training clock). Phase 2 (--matrix, step time only): --matrix-steps steps of each
---matrix-methods method for every --matrix-ranks x --matrix-rates.
+--matrix-methods method for every --matrix-ranks x --matrix-rates. Phase 3 (--sweep): the
+nccl-tests all-reduce sweep (float32 sum, --sweep-min to --sweep-max bytes, x4) over the
+same links, --ranks hosts at each --matrix-rates: braid (tools/bench/link_allreduce_rank.py,
+through its Python API), gloo (torch.distributed) and Open MPI (mpi-allreduce-bench under
+mpirun, pml ob1 with the tcp btl on eth0), with busbw against the link rate.
 
 Output in --out: results.json (every run), table.md (the tables below, as printed), and PNG
 plots: accuracy_<ranks>x<rate>.png (test accuracy against training time, one line per
-method) and steps.png (phase 2's step times). Figures are medians of one run each on a
+method), steps.png (phase 2's step times) and sweep.png (phase 3's busbw). Figures are medians of one run each on a
 shared machine: the computation part of a step is sensitive to other load, the link part
 is not.
 """
@@ -45,6 +49,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 PYTHON = "/usr/bin/python3"
 TESTHOSTS = os.path.join(REPO, "tools", "testhosts", "braid-testhosts")
 RANK_PROGRAM = os.path.join(HERE, "comm_bound_rank.py")
+SWEEP_PROGRAM = os.path.join(HERE, "link_allreduce_rank.py")
 SSH_DIR = "/tmp/braid-testhosts/ssh"
 SSH = ["--ssh-identity-file", f"{SSH_DIR}/id_ed25519", "--ssh-option",
        "StrictHostKeyChecking=no", "--ssh-option", "UserKnownHostsFile=/dev/null",
@@ -90,14 +95,18 @@ class HostSet:
     def __exit__(self, *exc):
         subprocess.run([TESTHOSTS, "down", "--prefix", self.prefix], stdout=subprocess.DEVNULL)
 
+    def braidrun(self, build, program_args):
+        """The command that runs `program_args` on every host (one rank each) from h0."""
+        hosts = ",".join(f"h{k}:1" for k in range(self.n))
+        return [TESTHOSTS, "exec", "--prefix", self.prefix, "h0", "--", "env",
+                "MASTER_ADDR=h0", "MASTER_PORT=29500", f"PYTHONPATH={build}/python",
+                f"{build}/tools/braidrun/braidrun", "-np", str(self.n), "-H", hosts, *SSH,
+                *program_args]
+
     def run_job(self, build, method, extra, timeout):
         """Runs one job from h0; returns rank 0's RESULT record (with its label and rate)."""
         args, label = method_args(method)
-        hosts = ",".join(f"h{k}:1" for k in range(self.n))
-        cmd = [TESTHOSTS, "exec", "--prefix", self.prefix, "h0", "--", "env",
-               "MASTER_ADDR=h0", "MASTER_PORT=29500", f"PYTHONPATH={build}/python",
-               f"{build}/tools/braidrun/braidrun", "-np", str(self.n), "-H", hosts, *SSH,
-               PYTHON, RANK_PROGRAM, *args, *extra]
+        cmd = self.braidrun(build, [PYTHON, RANK_PROGRAM, *args, *extra])
         start = time.monotonic()
         try:
             r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -112,6 +121,92 @@ class HostSet:
                 return rec
         tail = "\n".join((r.stdout + r.stderr).splitlines()[-15:])
         return {"method": method, "label": label, "error": f"exit {r.returncode}: {tail}"}
+
+
+def run_sweep(args, hosts, build, out_json):
+    """Phase 3 on one host set: braid, gloo and Open MPI; returns a record per framework."""
+    sizes = ["-b", args.sweep_min, "-e", args.sweep_max, "-f", "4", "-n", str(args.sweep_iters),
+             "-w", "1"]
+    records = []
+    for fw in ("braid", "gloo"):
+        cmd = hosts.braidrun(build, [PYTHON, SWEEP_PROGRAM, "--framework", fw, *sizes])
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=args.run_timeout, cwd=REPO)
+        rec = next((json.loads(l[len("[0] RESULT "):]) for l in r.stdout.splitlines()
+                    if l.startswith("[0] RESULT ")), None)
+        records.append(rec or {"framework": fw, "error": (r.stdout + r.stderr)[-2000:]})
+    hostlist = ",".join(f"h{k}:1" for k in range(hosts.n))
+    cmd = [TESTHOSTS, "exec", "--prefix", hosts.prefix, "h0", "--", "mpirun",
+           "--allow-run-as-root", "-np", str(hosts.n), "-H", hostlist, "--bind-to", "none",
+           "--mca", "plm_rsh_agent", f"ssh -F {SSH_DIR}/config", "--mca", "pml", "ob1",
+           "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "eth0",
+           f"{build}/tools/bench/mpi-allreduce-bench", *sizes, "-c", "1", "--json", out_json]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=args.run_timeout, cwd=REPO)
+    try:
+        with open(out_json) as f:
+            doc = json.load(f)
+        rows = [x for x in doc["rows"] if x.get("inplace") and x["bytes"] >= 4096]
+        records.append({"framework": "openmpi", "ranks": hosts.n, "rows": rows})
+    except (OSError, ValueError, KeyError):
+        records.append({"framework": "openmpi", "error": (r.stdout + r.stderr)[-2000:]})
+    for rec in records:
+        rec["rate"] = hosts.rate
+    return records
+
+
+def rate_gbps(rate):
+    """tc's rate ("100mbit", "1gbit") in GB/s (1e9 bytes)."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1}
+    for u, m in units.items():
+        if rate.lower().endswith(u):
+            return float(rate[:-len(u)]) * m / 8 / 1e9
+    raise ValueError(f"rate '{rate}': expected NNkbit, NNmbit or NNgbit")
+
+
+def sweep_table(records):
+    lines = []
+    for rate in dict.fromkeys(r["rate"] for r in records):
+        recs = [r for r in records if r["rate"] == rate]
+        link = rate_gbps(rate)
+        names = [r["framework"] for r in recs]
+        lines += ["", f"#### {recs[0].get('ranks', '?')} ranks, {rate} links "
+                      f"({link:.4f} GB/s per direction): busbw GB/s (% of the link), time ms", "",
+                  "| bytes | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]
+        sizes = sorted({row["bytes"] for r in recs for row in r.get("rows", [])})
+        for b in sizes:
+            cells = []
+            for r in recs:
+                row = next((x for x in r.get("rows", []) if x["bytes"] == b), None)
+                cells.append("failed" if row is None else
+                             f"{row['busbw_gbps']:.4f} ({100 * row['busbw_gbps'] / link:.0f}%), "
+                             f"{row['time_us'] / 1e3:.1f}" +
+                             (f", {row['wrong']} wrong" if row.get("wrong") else ""))
+            lines.append(f"| {b} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot_sweep(records, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rates = list(dict.fromkeys(r["rate"] for r in records))
+    fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4.5), squeeze=False)
+    for ax, rate in zip(axes[0], rates):
+        for r in (x for x in records if x["rate"] == rate and x.get("rows")):
+            ax.plot([x["bytes"] for x in r["rows"]],
+                    [100 * x["busbw_gbps"] / rate_gbps(rate) for x in r["rows"]],
+                    marker="o", label=r["framework"])
+        ax.axhline(90, color="grey", linewidth=0.8, linestyle=":")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("all-reduce size (bytes)")
+        ax.set_ylabel("busbw (% of the link rate)")
+        ax.set_title(f"{rate} links")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def time_to(history, target):
@@ -230,6 +325,10 @@ def parse_args(argv=None):
     p.add_argument("--matrix-ranks", type=int, nargs="+", default=[2, 4])
     p.add_argument("--matrix-rates", nargs="+", default=["100mbit", "1gbit"])
     p.add_argument("--matrix-steps", type=int, default=40)
+    p.add_argument("--sweep", action="store_true", help="also run phase 3 (all-reduce sweep)")
+    p.add_argument("--sweep-min", default="4K")
+    p.add_argument("--sweep-max", default="64M")
+    p.add_argument("--sweep-iters", type=int, default=5)
     p.add_argument("--run-timeout", type=float, default=3600)
     p.add_argument("--smoke", action="store_true",
                    help="CI: 2 hosts, a few steps per method, a 1-configuration matrix")
@@ -238,6 +337,7 @@ def parse_args(argv=None):
         args.ranks, args.max_steps, args.eval_every, args.test_images = 2, 6, 3, 500
         args.matrix, args.matrix_ranks, args.matrix_rates = True, [2], [args.rate]
         args.matrix_methods, args.matrix_steps, args.run_timeout = ["none", "ddp-fp16"], 6, 300
+        args.sweep, args.sweep_min, args.sweep_max, args.sweep_iters = True, "4K", "64K", 2
     return args
 
 
@@ -284,8 +384,17 @@ def main(argv=None):
                  str(min(5, args.matrix_steps // 3)), "--eval-every", "0", "--test-images", "500"]
         for n, rate in configs:
             results["matrix_runs"] += run_phase(args, n, rate, args.matrix_methods, extra)
+    results["sweep"] = []
+    if args.sweep:
+        print("phase 3: all-reduce sweep", flush=True)
+        for rate in args.matrix_rates:
+            with HostSet(args.ranks, rate) as hosts:
+                results["sweep"] += run_sweep(args, hosts, os.path.abspath(args.build_dir),
+                                              os.path.abspath(os.path.join(
+                                                  args.out, f"mpi_{rate}.json")))
     report(args, results, configs)
-    failed = [r for r in results["accuracy_runs"] + results["matrix_runs"] if "error" in r]
+    failed = [r for r in results["accuracy_runs"] + results["matrix_runs"] + results["sweep"]
+              if "error" in r]
     return 1 if failed else 0
 
 
@@ -301,6 +410,11 @@ def report(args, results, configs):
         lines += ["", "### Step time (median ms; one rank per host)", ""]
         lines += matrix_table(results["matrix_runs"], configs)
         plot_steps(results["matrix_runs"], configs, os.path.join(args.out, "steps.png"))
+    if results["sweep"]:
+        lines += ["", "### All-reduce sweep (float32 sum, in place, one rank per host; nccl-tests "
+                      "method: busbw = algbw x 2(n-1)/n)"]
+        lines += sweep_table(results["sweep"])
+        plot_sweep(results["sweep"], os.path.join(args.out, "sweep.png"))
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     with open(os.path.join(args.out, "table.md"), "w") as f:
