@@ -36,6 +36,12 @@ def wait_for_lines(proc, pattern, count, timeout):
         found = [m for m in (re.search(pattern, line) for line in text.splitlines(True)
                              if line.endswith("\n")) if m]
     assert len(found) >= count, f"{pattern!r} seen {len(found)}/{count} times in: {text}"
+    # Every job started this way spans h0 and h1 with one rank each (each prints its RESULT
+    # before READY): tcp between them.
+    res = testhosts.results(text)
+    assert sorted(res) == [0, 1], text
+    for r in res.values():
+        assert r["transports"] == "ucx tcp/eth0" and r["wrong_elements"] == 0, r
     return found
 
 
