@@ -299,7 +299,6 @@ def plot_steps(runs, configs, path):
     ax.set_xticks([k + 0.4 - width / 2 for k in range(len(methods))])
     ax.set_xticklabels([method_args(m)[1] for m in methods], rotation=45, ha="right", fontsize=7)
     ax.set_ylabel("time per step (ms, median)")
-    ax.set_yscale("log")
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
@@ -314,7 +313,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default=os.path.join(REPO, "bench-out", "comm_bound"))
     p.add_argument("--ranks", type=int, default=4, help="hosts (one rank each), phase 1")
     p.add_argument("--rate", default="100mbit", help="link rate, tc syntax, phase 1")
-    p.add_argument("--methods", nargs="+", default=ACCURACY_METHODS)
+    p.add_argument("--methods", nargs="*", default=ACCURACY_METHODS,
+                   help="phase 1's methods (none given: no phase 1)")
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--max-steps", type=int, default=0, help="cap per run (0: --epochs)")
     p.add_argument("--eval-every", type=int, default=50)
@@ -330,6 +330,8 @@ def parse_args(argv=None):
     p.add_argument("--sweep-max", default="64M")
     p.add_argument("--sweep-iters", type=int, default=5)
     p.add_argument("--run-timeout", type=float, default=3600)
+    p.add_argument("--from-json", nargs="+", metavar="RESULTS",
+                   help="run nothing: merge these results.json files and write the report")
     p.add_argument("--smoke", action="store_true",
                    help="CI: 2 hosts, a few steps per method, a 1-configuration matrix")
     args = p.parse_args(argv)
@@ -365,18 +367,40 @@ def run_phase(args, n, rate, methods, extra):
     return runs
 
 
+def merged_results(paths):
+    """The runs of several results.json files, and the matrix configurations they cover."""
+    merged = {"accuracy_runs": [], "matrix_runs": [], "sweep": []}
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        for key in ("accuracy_runs", "matrix_runs", "sweep"):
+            merged[key] += doc.get(key, [])
+        merged.setdefault("args", doc.get("args", {}))
+    configs = list(dict.fromkeys((r["ranks"], r["rate"]) for r in merged["matrix_runs"]))
+    return merged, configs
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.from_json:
+        results, configs = merged_results(args.from_json)
+        first = next(iter(results["accuracy_runs"]), None)
+        if first:
+            args.ranks, args.rate = first["ranks"], first["rate"]
+        os.makedirs(args.out, exist_ok=True)
+        report(args, results, configs)
+        return 0
     check_setup(args)
     os.makedirs(args.out, exist_ok=True)
     results = {"args": vars(args), "accuracy_runs": [], "matrix_runs": []}
-    print(f"phase 1: {args.ranks} hosts at {args.rate}, time to "
-          f"{100 * args.target_accuracy:g}% test accuracy", flush=True)
-    extra = ["--epochs", str(args.epochs), "--eval-every", str(args.eval_every),
-             "--test-images", str(args.test_images)]
-    if args.max_steps:
-        extra += ["--max-steps", str(args.max_steps)]
-    results["accuracy_runs"] = run_phase(args, args.ranks, args.rate, args.methods, extra)
+    if args.methods:
+        print(f"phase 1: {args.ranks} hosts at {args.rate}, time to "
+              f"{100 * args.target_accuracy:g}% test accuracy", flush=True)
+        extra = ["--epochs", str(args.epochs), "--eval-every", str(args.eval_every),
+                 "--test-images", str(args.test_images)]
+        if args.max_steps:
+            extra += ["--max-steps", str(args.max_steps)]
+        results["accuracy_runs"] = run_phase(args, args.ranks, args.rate, args.methods, extra)
     configs = [(n, rate) for n in args.matrix_ranks for rate in args.matrix_rates]
     if args.matrix:
         print("phase 2: step times", flush=True)
@@ -401,11 +425,13 @@ def main(argv=None):
 def report(args, results, configs):
     title = (f"{args.ranks} ranks, one per host, {args.rate} links: Fashion-MNIST CNN, "
              f"{32 * args.ranks} images/step")
-    lines = [f"### Time to accuracy ({title})", ""]
-    lines += accuracy_table(results["accuracy_runs"], args.target_accuracy)
-    plot_accuracy(results["accuracy_runs"],
-                  os.path.join(args.out, f"accuracy_{args.ranks}x{args.rate}.png"), title,
-                  args.target_accuracy)
+    lines = []
+    if results["accuracy_runs"]:
+        lines += [f"### Time to accuracy ({title})", ""]
+        lines += accuracy_table(results["accuracy_runs"], args.target_accuracy)
+        plot_accuracy(results["accuracy_runs"],
+                      os.path.join(args.out, f"accuracy_{args.ranks}x{args.rate}.png"), title,
+                      args.target_accuracy)
     if results["matrix_runs"]:
         lines += ["", "### Step time (median ms; one rank per host)", ""]
         lines += matrix_table(results["matrix_runs"], configs)
