@@ -123,7 +123,7 @@ class HostSet:
         return {"method": method, "label": label, "error": f"exit {r.returncode}: {tail}"}
 
 
-def run_sweep(args, hosts, build, out_json):
+def run_sweep(args, hosts, build):
     """Phase 3 on one host set: braid, gloo and Open MPI; returns a record per framework."""
     sizes = ["-b", args.sweep_min, "-e", args.sweep_max, "-f", "4", "-n", str(args.sweep_iters),
              "-w", "1"]
@@ -140,18 +140,24 @@ def run_sweep(args, hosts, build, out_json):
            "--allow-run-as-root", "-np", str(hosts.n), "-H", hostlist, "--bind-to", "none",
            "--mca", "plm_rsh_agent", f"ssh -F {SSH_DIR}/config", "--mca", "pml", "ob1",
            "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "eth0",
-           f"{build}/tools/bench/mpi-allreduce-bench", *sizes, "-c", "1", "--json", out_json]
+           f"{build}/tools/bench/mpi-allreduce-bench", *sizes, "-c", "1", "--json",
+           "/tmp/mpi-sweep.json"]  # in h0's own /tmp, read back from there
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        timeout=args.run_timeout, cwd=REPO)
+    read = subprocess.run([TESTHOSTS, "exec", "--prefix", hosts.prefix, "h0", "--", "cat",
+                           "/tmp/mpi-sweep.json"], stdout=subprocess.PIPE, text=True)
     try:
-        with open(out_json) as f:
-            doc = json.load(f)
+        doc = json.loads(read.stdout)
         rows = [x for x in doc["rows"] if x.get("inplace") and x["bytes"] >= 4096]
         records.append({"framework": "openmpi", "ranks": hosts.n, "rows": rows})
-    except (OSError, ValueError, KeyError):
+    except (ValueError, KeyError):
         records.append({"framework": "openmpi", "error": (r.stdout + r.stderr)[-2000:]})
     for rec in records:
         rec["rate"] = hosts.rate
+        last = (rec.get("rows") or [{}])[-1]
+        status = rec.get("error", "").splitlines()[-1:] or [
+            f"{last.get('bytes')} bytes: {1e3 * last.get('busbw_gbps', 0):.1f} MB/s busbw"]
+        print(f"  {hosts.n} ranks {hosts.rate} {rec['framework']}: {status[0]}", flush=True)
     return records
 
 
@@ -413,9 +419,7 @@ def main(argv=None):
         print("phase 3: all-reduce sweep", flush=True)
         for rate in args.matrix_rates:
             with HostSet(args.ranks, rate) as hosts:
-                results["sweep"] += run_sweep(args, hosts, os.path.abspath(args.build_dir),
-                                              os.path.abspath(os.path.join(
-                                                  args.out, f"mpi_{rate}.json")))
+                results["sweep"] += run_sweep(args, hosts, os.path.abspath(args.build_dir))
     report(args, results, configs)
     failed = [r for r in results["accuracy_runs"] + results["matrix_runs"] + results["sweep"]
               if "error" in r]
