@@ -384,9 +384,11 @@ TEST(Braidrun, CommandArgumentsAreNotBraidrunOptions) {
 
 TEST(Braidrun, BuildTreePythonPackageIsPrependedToPythonPath) {
   TempDir dir;
-  // <exe dir>/../../python must exist: make a build tree with a copy of braidrun.
+  // <exe dir>/../../python must hold the braid package: make a build tree with a copy of
+  // braidrun.
   const std::string bindir = dir.path() + "/build/tools/braidrun";
-  ASSERT_EQ(std::system(("mkdir -p '" + bindir + "' '" + dir.path() + "/build/python' && cp '" +
+  ASSERT_EQ(std::system(("mkdir -p '" + bindir + "' '" + dir.path() + "/build/python/braid' && " +
+                         "touch '" + dir.path() + "/build/python/braid/__init__.py' && cp '" +
                          BRAIDRUN_PATH + "' '" + bindir + "/braidrun'")
                             .c_str()),
             0);
