@@ -1,4 +1,4 @@
-// The compression stage's seam (DESIGN.md): a Compressor reduces one bucket of tensors across
+// The compression stage's seam: a Compressor reduces one bucket of tensors across
 // the ranks of a Communicator, choosing its own collectives — compress, communicate,
 // decompress. Every algorithm plugs in here:
 //   fp16 / bf16: one all-reduce of the cast bucket;
@@ -44,7 +44,7 @@ struct StepContext {
   // compressor ran before (the same on every rank). Seeds and schedules derive from it.
   absl::Span<const int64_t> steps;
   // Filled by Reduce: bytes of the compressed representation this rank contributed for each
-  // tensor (payload bytes, DESIGN.md), in the order of `tensors`.
+  // tensor (payload bytes: see stage.h), in the order of `tensors`.
   absl::Span<uint64_t> payload_bytes;
 };
 

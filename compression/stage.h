@@ -2,7 +2,7 @@
 // canonical spec (and with it the per-tensor state), runs warm-up steps uncompressed, and
 // counts bytes.
 //
-// Byte counters (DESIGN.md), never mixed:
+// Byte counters, never mixed:
 //   uncompressed_bytes  the tensor's bytes in its own dtype, per reduction;
 //   payload_bytes       the compressed representation this rank contributed (what a
 //                       compression ratio divides);

@@ -5,12 +5,18 @@
 // Abort() may be called from another thread. Every call honours the communicator's progress
 // timeout (no progress for that long fails the call with DeadlineExceeded) and fails with
 // Unavailable, never hangs, when a peer is lost. After any failure the communicator is
-// poisoned: every later call returns the first error at once.
+// poisoned: every later call returns the first error at once (a call rejected for bad
+// arguments, InvalidArgument on this rank alone, does not poison it).
+//
+// Implementations: CollectiveCommunicator (transport/collective_communicator.h) runs the
+// algorithms of transport/collectives.h over any point-to-point backend; UCX
+// (transport/ucx_communicator.h) and in-process (transport/local_communicator.h) make one.
 #ifndef BRAID_TRANSPORT_COMMUNICATOR_H_
 #define BRAID_TRANSPORT_COMMUNICATOR_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -19,12 +25,26 @@
 
 namespace braid::transport {
 
-// Transport bytes (DESIGN.md): what this rank actually put on the data plane. Never mixed
-// with payload bytes, which the compression stage counts.
+class Context;
+
+// Note [Transport statistics]
+// Transport bytes: what this rank actually put on the data plane, which depends on the
+// algorithm (a ring all-reduce sends 2(n-1)/n of the buffer). Never mixed with payload bytes,
+// which the compression stage counts. Everything is counted once, when a collective call
+// returns OK, and only then; a call that fails (or is rejected) adds nothing:
+//   bytes_sent        payload bytes of the point-to-point messages this rank sent in those
+//                     calls (local copies, e.g. a rank's own block of an all-gather, are not
+//                     messages; neither are a backend's headers or acknowledgements)
+//   bytes_received    the same for the messages it received
+//   messages_sent     messages sent, zero-byte ones (a barrier's) included
+//   messages_received messages received
+//   collectives       successful collective calls of every kind, on a world of one too
+// Summed over ranks, bytes_sent equals bytes_received and messages_sent messages_received.
 struct TransportStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t messages_sent = 0;
+  uint64_t messages_received = 0;
   uint64_t collectives = 0;
 };
 
@@ -37,7 +57,11 @@ class Communicator {
 
   // recv[i] = op over ranks of send[i], for `count` elements of `dtype`. In place when
   // send == recv. kAverage divides the sum by size() (floating-point dtypes only, else
-  // InvalidArgument). Every rank receives bit-identical results.
+  // InvalidArgument). Every rank receives bit-identical results, and each element's result
+  // does not depend on its position, on `count` or on the algorithm chosen, so a tensor
+  // reduces to the same bits fused with others or alone (Note [Canonical reduction order] in
+  // transport/canonical_reduce.h); CollectiveCommunicator gives up the last property above
+  // CollectiveOptions::direct_max_ranks ranks, where its reduce-scatter becomes a ring.
   virtual absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype,
                                  ReduceOp op) = 0;
 
@@ -67,7 +91,17 @@ class Communicator {
   // waking the owning thread if it is blocked. The coordinator uses it when a rank is lost.
   virtual void Abort(absl::Status reason) = 0;
 
+  // Note [Transport statistics].
   virtual TransportStats stats() const = 0;
+
+  // Runs `body` as one collective on the point-to-point layer under this communicator, for
+  // algorithms composed outside transport/ from those of transport/collectives.h (e.g. a
+  // broadcast of indices then an all-reduce of values): called on every rank in the same
+  // order like any collective, counted as one in stats(), and a failure poisons the
+  // communicator. Unimplemented for a communicator without a point-to-point layer.
+  virtual absl::Status RunCollective(const std::function<absl::Status(Context&)>& body) {
+    return absl::UnimplementedError("this communicator has no point-to-point layer");
+  }
 
   // Human-readable description of the transports in use, e.g. "ucx tag(sysv/memory cma/memory)".
   virtual std::string Describe() const = 0;

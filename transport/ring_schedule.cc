@@ -73,6 +73,11 @@ AllReduceAlgorithm ChooseAllReduceAlgorithm(size_t bytes, size_t count, int size
                                        : AllReduceAlgorithm::kRecursiveDoubling;
 }
 
+ReduceScatterAlgorithm ChooseReduceScatterAlgorithm(int size, int direct_max_ranks) {
+  return size > direct_max_ranks ? ReduceScatterAlgorithm::kRing
+                                 : ReduceScatterAlgorithm::kDirect;
+}
+
 RecursiveDoublingRole RecursiveDoublingRoleFor(int rank, int size) {
   int p2 = 1;
   while (p2 * 2 <= size) p2 *= 2;

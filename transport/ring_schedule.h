@@ -33,11 +33,13 @@ struct RingStep {
 };
 
 // Ring all-reduce (reduce-scatter then all-gather; Patarasuk & Yuan 2009) for `rank` of
-// `size`: 2(size-1) steps. The UCX communicator runs the all-gather phase of this schedule;
-// its reduce-scatter is direct instead (every rank receives its segment from every peer), so
-// that each element is reduced in one canonical order (ucx_communicator.cc). After the reduce-scatter phase rank r owns segment (r+1) % size
-// fully reduced. `owned_shift` rotates the schedule so rank r ends up owning segment
-// (r + 1 + owned_shift) % size: reduce-scatter uses owned_shift = size-1 to own segment r.
+// `size`: 2(size-1) steps. The pipeline (transport/pipeline.h) runs its all-gather phase, and
+// its reduce-scatter phase above CollectiveOptions::direct_max_ranks ranks; below, the
+// reduce-scatter is direct instead (every rank receives its segment from every peer), so that
+// each element is reduced in the canonical order (transport/canonical_reduce.h). After the
+// reduce-scatter phase rank r owns segment (r+1) % size fully reduced. `owned_shift` rotates
+// the schedule so rank r ends up owning segment (r + 1 + owned_shift) % size: reduce-scatter
+// uses owned_shift = size-1 to own segment r.
 std::vector<RingStep> RingSchedule(int rank, int size, int owned_shift = 0);
 
 // Segment rank `rank` owns fully reduced after the reduce-scatter phase.
@@ -53,10 +55,18 @@ int RingPieces(size_t max_segment_bytes, size_t chunk_bytes, int max_pieces);
 enum class AllReduceAlgorithm { kRing, kRecursiveDoubling };
 
 // Recursive doubling (latency-optimal: log2(size) rounds) below `ring_threshold_bytes` or when
-// there are fewer elements than ranks; the bandwidth-optimal ring above. size 1 needs neither
-// but reports kRecursiveDoubling.
+// there are fewer elements than ranks; the bandwidth-optimal reduce-scatter + all-gather
+// ("ring", whose reduce-scatter ChooseReduceScatterAlgorithm picks) above. size 1 needs
+// neither but reports kRecursiveDoubling.
 AllReduceAlgorithm ChooseAllReduceAlgorithm(size_t bytes, size_t count, int size,
                                             size_t ring_threshold_bytes);
+
+enum class ReduceScatterAlgorithm { kDirect, kRing };
+
+// Direct (fan-in size-1, canonical reduction order) up to `direct_max_ranks` ranks; the ring
+// (fan-in 1, summation order depends on the element's segment) above, where n-1 peers
+// sending to one rank at once would be an incast across hosts.
+ReduceScatterAlgorithm ChooseReduceScatterAlgorithm(int size, int direct_max_ranks);
 
 // Recursive doubling for a size that is not a power of two (Thakur, Rabenseifner & Gropp
 // 2005): with p2 the largest power of two <= size and rem = size - p2, ranks below 2*rem

@@ -1,94 +1,100 @@
-// The UCX backend of Communicator (host memory), on the UCP tag API.
+// The UCX backend (host memory), on the UCP tag API: a PointToPoint (transport/p2p.h) under a
+// CollectiveCommunicator, which runs the algorithms of transport/collectives.h (see
+// transport/collective_communicator.h for which one runs when).
 //
-// Algorithms: all-reduce is recursive doubling below `ring_threshold_bytes` and a chunked,
-// pipelined ring (reduce-scatter then all-gather) above; reduce-scatter is the ring's first
-// phase; all-gather is a ring; all-to-all posts every receive, then every send; broadcast is a
-// binomial tree; barrier is a dissemination barrier.
+// Creation is in two phases, so the addresses can travel by whatever rendezvous the caller
+// has: OpenUcxWorker opens the context and worker and tells this rank's PeerAddress; the
+// caller exchanges PeerAddresses (the runtime through the coordinator's registration); then
+// ConnectUcx connects to every peer. CreateUcxCommunicator does all three through a Store.
 //
 // Progress: the calling thread owns the UCP worker. A wait spins for `spin` and then blocks on
 // the worker's event fd (ucp_worker_arm + poll), so idle ranks cost no CPU. Failure: endpoints
 // to other hosts use UCX peer error handling (with the shared-memory transports kept on);
 // peers on this host are watched through /proc (see UcxOptions::peer_error_handling), so a
 // lost peer yields Unavailable; no progress for `timeout` yields DeadlineExceeded; Abort()
-// from any thread fails the call in flight.
+// from any thread fails the call in flight. Tags: Note [Tag layout] in transport/tag.h.
 #ifndef BRAID_TRANSPORT_UCX_COMMUNICATOR_H_
 #define BRAID_TRANSPORT_UCX_COMMUNICATOR_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "transport/communicator.h"
 #include "common/store.h"
+#include "transport/communicator.h"
+#include "transport/context.h"
 
 namespace braid::transport {
 
-struct UcxOptions {
+// The algorithm settings and the progress timeout (CollectiveOptions, transport/context.h:
+// timeout, ring_threshold_bytes, chunk_bytes, ring_window, direct_max_ranks), plus UCX's own.
+// The transport reads no environment variables of its own: the runtime fills these from its
+// configuration (BRAID_TIMEOUT_S, BRAID_UCX_PEER_ERROR_HANDLING).
+struct UcxOptions : CollectiveOptions {
   int rank = 0;
   int size = 1;
-  // Rendezvous store; keys are prefixed with `store_prefix` so several communicators can
-  // share one store.
+  // Rendezvous store of CreateUcxCommunicator; keys are prefixed with `store_prefix` so
+  // several communicators can share one store. Not used by OpenUcxWorker / ConnectUcx.
   Store* store = nullptr;
   std::string store_prefix = "ucx";
-  // A collective that makes no progress for this long fails (BRAID_TIMEOUT_S).
-  absl::Duration timeout = absl::Seconds(60);
   // How long CreateUcxCommunicator waits for every peer's address.
   absl::Duration connect_timeout = absl::Seconds(60);
-  // All-reduces of at least this many bytes use the ring.
-  size_t ring_threshold_bytes = 256 * 1024;
-  // Pipeline chunk of the ring, and how many chunks are in flight at once.
-  size_t chunk_bytes = 256 * 1024;
-  int ring_window = 4;
   // Use UCX peer error handling for peers on this host too. Off by default: in UCX 1.13 it
   // disables the single-copy CMA rendezvous, and braid watches local peers' processes itself.
-  // Remote peers always use it. BRAID_UCX_PEER_ERROR_HANDLING=1 sets it.
+  // Remote peers always use it.
   bool peer_error_handling = false;
   // Busy-poll this long before blocking on the event fd. Negative: choose by
   // over-subscription (spin only when ranks on this host <= cores).
   absl::Duration spin = absl::Microseconds(-1);
+  // The pair field of the tags (Note [Tag layout]) on messages from `source` to
+  // `destination`; unset: the source rank. Every rank must use the same function, and no
+  // two sources may map to one value at the same destination.
+  std::function<uint32_t(int source, int destination)> pair_tag;
 };
 
-// Defaults overridden by the environment: BRAID_TIMEOUT_S (seconds, > 0),
-// BRAID_UCX_PEER_ERROR_HANDLING (0/1). InvalidArgument names a malformed variable.
-absl::StatusOr<UcxOptions> UcxOptionsFromEnv(UcxOptions defaults = {});
-
-// Where a rank's data plane can be reached: its host, its pid (peers on one host watch each
-// other's process) and its UCX worker address.
+// What one rank publishes for the data plane: enough for every peer to connect to it and
+// to watch it. Exchanged through the Store by CreateUcxCommunicator, or through the
+// coordinator's registration by the runtime.
 struct PeerAddress {
-  std::string host;
-  int64_t pid = 0;
-  std::string address;
+  std::string host;     // hostname (same-host peers are watched via /proc)
+  int64_t pid = 0;      // process id on `host`
+  std::string address;  // opaque backend address bytes (the UCX worker address)
 };
 
-// A UCX worker opened but not yet connected: its address can travel to the peers (in the
-// coordinator's RegisterResponse) before any of them is known.
+// An opened UCP context and worker, not yet connected to any peer (phase 1 of 2).
 class UcxWorker {
  public:
   virtual ~UcxWorker() = default;
+  // This rank's PeerAddress: this host, this process, the worker's address.
   virtual const PeerAddress& self() const = 0;
 };
 
-// Creates the UCP context and worker. `options.rank` / `options.size` may still be unknown
-// (-1 / 0) when the coordinator assigns ranks: ConnectUcx then takes them from the peers.
-// Errors: Internal (UCX failed).
+// Phase 1: opens the UCP context and worker. Uses options.rank, .size and the timeouts and
+// algorithm settings; options.store is not used. rank < 0 and size < 1 mean "not known yet"
+// (the coordinator assigns them at registration): ConnectUcx takes them from the peer list.
+// Errors: InvalidArgument (rank >= size),
+// Internal (UCX failed).
 //
-// UCX is configured from the environment as usual (UCX_TLS, UCX_NET_DEVICES, ...). Unless
-// already set, braid sets UCX_POSIX_ERROR_HANDLING=y and UCX_SYSV_ERROR_HANDLING=y so the
-// shared-memory transports stay usable with peer error handling.
+// UCX is configured from the environment as usual (UCX_TLS, UCX_NET_DEVICES, ...). With
+// options.peer_error_handling, braid sets UCX_POSIX_ERROR_HANDLING=y and
+// UCX_SYSV_ERROR_HANDLING=y unless already set, so the shared-memory transports stay usable.
 absl::StatusOr<std::unique_ptr<UcxWorker>> OpenUcxWorker(const UcxOptions& options);
 
-// Connects `worker` to every peer; peers[r] is rank r's address and peers[options.rank] ==
-// worker->self() (with options.rank unknown, this rank is the one whose address is the
-// worker's, and the world size is peers.size()). Errors: InvalidArgument (bad options, or
-// the worker is not among the peers), Internal (UCX failed).
+// Phase 2: connects `worker` to every peer. peers.size() == options.size, peers[r] is rank r's
+// PeerAddress and peers[options.rank] is worker->self() (with an unknown rank, the entry equal
+// to worker->self() is this rank; with an unknown size, the world is peers.size()). Errors: InvalidArgument (wrong
+// number of peers, peers[rank] not this worker, a null worker), Internal (UCX failed).
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectUcx(std::unique_ptr<UcxWorker> worker,
                                                          std::vector<PeerAddress> peers);
 
-// The store-based convenience: OpenUcxWorker, publish this rank's address in options.store,
-// wait for every peer's, ConnectUcx. Errors: as above, and DeadlineExceeded (a peer never
-// published within connect_timeout).
+// Both phases with the exchange in between, for tests and benchmarks: opens the worker,
+// publishes its PeerAddress in options.store under `store_prefix`/addr/<rank>, waits up to
+// connect_timeout for every peer's and connects. Errors: those of the two phases,
+// InvalidArgument (no store with size > 1), DeadlineExceeded (a peer never published).
 absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(const UcxOptions& options);
 
 }  // namespace braid::transport

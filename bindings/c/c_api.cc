@@ -100,7 +100,7 @@ int ReturnStatus(const absl::Status& s) {
       t_last_error.assign(s.message().data(), s.message().size());
       return static_cast<int>(s.code());
     default:
-      // Outside the C vocabulary: keep the detail in the message (STYLE.md: generic codes).
+      // Outside the C vocabulary: keep the detail in the message (codes stay generic; the message carries the domain detail).
       t_last_error = absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
       return BRAID_UNKNOWN;
   }

@@ -18,9 +18,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/dtype.h"
-#include "common/half.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fork_ranks.h"
+#include "tests/testing/typed_values.h"
 #include "transport/ring_schedule.h"
 #include "transport/ucx_communicator.h"
 
@@ -45,30 +45,8 @@ double Value(int rank, size_t i, DataType dt) {
   return dt == DataType::kUInt8 ? static_cast<double>(k % 4) : static_cast<double>(k - 2);
 }
 
-void Write(void* buf, size_t i, DataType dt, double v) {
-  switch (dt) {
-    case DataType::kFloat32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-    case DataType::kFloat64: static_cast<double*>(buf)[i] = v; break;
-    case DataType::kFloat16: static_cast<uint16_t*>(buf)[i] = FloatToFloat16(static_cast<float>(v)); break;
-    case DataType::kBFloat16: static_cast<uint16_t*>(buf)[i] = FloatToBFloat16(static_cast<float>(v)); break;
-    case DataType::kInt32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v); break;
-    case DataType::kInt64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v); break;
-    case DataType::kUInt8: static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(v); break;
-  }
-}
-
-double Read(const void* buf, size_t i, DataType dt) {
-  switch (dt) {
-    case DataType::kFloat32: return static_cast<const float*>(buf)[i];
-    case DataType::kFloat64: return static_cast<const double*>(buf)[i];
-    case DataType::kFloat16: return Float16ToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DataType::kBFloat16: return BFloat16ToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DataType::kInt32: return static_cast<const int32_t*>(buf)[i];
-    case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
-    case DataType::kUInt8: return static_cast<const uint8_t*>(buf)[i];
-  }
-  return 0;
-}
+void Write(void* buf, size_t i, DataType dt, double v) { braid::testing::WriteValue(buf, i, dt, v); }
+double Read(const void* buf, size_t i, DataType dt) { return braid::testing::ReadValue(buf, i, dt); }
 
 double Reference(int size, size_t i, DataType dt, ReduceOp op) {
   double acc = Value(0, i, dt);
@@ -122,8 +100,10 @@ void SetTransportEnv(const std::string& tls) {
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> Connect(int rank, int size, FileStore* store,
-                                                      absl::Duration timeout) {
+                                                      absl::Duration timeout,
+                                                      int direct_max_ranks = 16) {
   UcxOptions o;
+  o.direct_max_ranks = direct_max_ranks;
   o.rank = rank;
   o.size = size;
   o.store = store;
@@ -134,9 +114,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> Connect(int rank, int size, FileSt
 }
 
 // The whole matrix for one rank. Returns the number of mismatches (0 = pass).
-int RunMatrix(int rank, int size, const std::string& dir) {
+int RunMatrix(int rank, int size, const std::string& dir, int direct_max_ranks) {
   FileStore store(dir);
-  auto comm_or = Connect(rank, size, &store, absl::Seconds(30));
+  auto comm_or = Connect(rank, size, &store, absl::Seconds(30), direct_max_ranks);
   if (!comm_or.ok()) {
     fprintf(stderr, "[rank %d] connect: %s\n", rank, comm_or.status().ToString().c_str());
     return 100;
@@ -301,9 +281,9 @@ int RunMatrix(int rank, int size, const std::string& dir) {
     absl::Status s = comm.ReduceScatter(nullptr, nullptr, wrong, DataType::kFloat32, ReduceOp::kSum);
     c.Expect(s.code() == absl::StatusCode::kInvalidArgument, "reduce-scatter with wrong counts");
     float one = 1.0f;
-    c.Expect(comm.AllReduce(&one, &one, 1, DataType::kFloat32, ReduceOp::kSum).ok() &&
-                 one == static_cast<float>(size),
-             "all-reduce after a rejected call");
+    absl::Status after = comm.AllReduce(&one, &one, 1, DataType::kFloat32, ReduceOp::kSum);
+    c.Expect(after.ok() && one == static_cast<float>(size),
+             absl::StrCat("all-reduce after a rejected call: ", after.ToString(), ", ", one));
   }
   if (rank == 0) fprintf(stderr, "[rank 0] transports: %s\n", comm.Describe().c_str());
   return std::min(c.failures, 100);
@@ -312,8 +292,12 @@ int RunMatrix(int rank, int size, const std::string& dir) {
 struct MatrixCase {
   int size;
   std::string tls;
+  int direct_max_ranks = 16;  // below size: the ring reduce-scatter of large worlds
 };
-void PrintTo(const MatrixCase& c, std::ostream* os) { *os << c.size << " ranks over " << c.tls; }
+void PrintTo(const MatrixCase& c, std::ostream* os) {
+  *os << c.size << " ranks over " << c.tls
+      << (c.size > c.direct_max_ranks ? " (ring reduce-scatter)" : "");
+}
 
 class TransportMatrixTest : public ::testing::TestWithParam<MatrixCase> {};
 
@@ -326,7 +310,7 @@ TEST_P(TransportMatrixTest, EveryCollectiveDtypeOpAndSizeMatchesReference) {
   o.deadline = absl::Seconds(300);
   auto exits = RunRanks(o, [&](int rank) {
     SetTransportEnv(mc.tls);
-    return RunMatrix(rank, mc.size, dir);
+    return RunMatrix(rank, mc.size, dir, mc.direct_max_ranks);
   });
   for (const RankExit& e : exits) {
     EXPECT_FALSE(e.timed_out) << "rank " << e.rank << " hung";
@@ -339,10 +323,104 @@ INSTANTIATE_TEST_SUITE_P(
     WorldSizes, TransportMatrixTest,
     ::testing::Values(MatrixCase{1, "sm"}, MatrixCase{2, "sm"}, MatrixCase{3, "sm"},
                       MatrixCase{4, "sm"}, MatrixCase{2, "tcp"}, MatrixCase{3, "tcp"},
-                      MatrixCase{4, "tcp"}),
+                      MatrixCase{4, "tcp"}, MatrixCase{4, "sm", 2}),
     [](const ::testing::TestParamInfo<MatrixCase>& info) {
-      return absl::StrCat(info.param.tls, "_", info.param.size, "ranks");
+      return absl::StrCat(info.param.tls, "_", info.param.size, "ranks",
+                          info.param.size > info.param.direct_max_ranks ? "_ring" : "");
     });
+
+// The two phases the runtime uses, with the exchange done by the caller (here through the
+// store, with a record format of the test's own): every rank opens its worker, publishes its
+// PeerAddress, reads everyone's and connects; then an all-reduce of rank + 1 gives n(n+1)/2.
+TEST(TransportTwoPhaseTest, OpenPublishConnectAndReduce) {
+  const int kRanks = 3;
+  std::string dir = braid::testing::MakeTempDir("braid_two_phase_");
+  ASSERT_FALSE(dir.empty());
+  RunRanksOptions o;
+  o.ranks = kRanks;
+  o.deadline = absl::Seconds(120);
+  auto exits = RunRanks(o, [&](int rank) {
+    SetTransportEnv("sm");
+    FileStore store(dir);
+    UcxOptions uo;
+    uo.rank = rank;
+    uo.size = kRanks;
+    uo.timeout = absl::Seconds(30);
+    auto worker = OpenUcxWorker(uo);
+    if (!worker.ok()) return 1;
+    const PeerAddress self = (*worker)->self();
+    if (self.pid != getpid() || self.address.empty()) return 2;
+    const std::string key = absl::StrCat("peer", rank);
+    if (!store.Set(key + "/host", self.host).ok() ||
+        !store.Set(key + "/pid", std::to_string(self.pid)).ok() ||
+        !store.Set(key + "/address", self.address).ok()) {
+      return 3;
+    }
+    std::vector<PeerAddress> peers(kRanks);
+    for (int p = 0; p < kRanks; ++p) {
+      const std::string k = absl::StrCat("peer", p);
+      auto host = store.Get(k + "/host", absl::Seconds(30));
+      auto pid = store.Get(k + "/pid", absl::Seconds(30));
+      auto address = store.Get(k + "/address", absl::Seconds(30));
+      if (!host.ok() || !pid.ok() || !address.ok()) return 4;
+      peers[p] = PeerAddress{*host, std::stoll(*pid), *address};
+    }
+    auto comm = ConnectUcx(*std::move(worker), std::move(peers));
+    if (!comm.ok()) {
+      fprintf(stderr, "[rank %d] %s\n", rank, comm.status().ToString().c_str());
+      return 5;
+    }
+    int64_t x = rank + 1;
+    absl::Status s = (*comm)->AllReduce(&x, &x, 1, DataType::kInt64, ReduceOp::kSum);
+    if (!s.ok() || x != kRanks * (kRanks + 1) / 2) return 6;
+    return (*comm)->Barrier().ok() ? 0 : 7;
+  });
+  for (const RankExit& e : exits) {
+    EXPECT_FALSE(e.timed_out) << "rank " << e.rank << " hung";
+    EXPECT_EQ(e.exit_code, 0) << "rank " << e.rank;
+  }
+}
+
+// The tag's pair field carries a keyed value (Note [Tag layout]): ranks that derive it with the
+// same key talk; a rank with another key matches no receive, so its peer times out.
+TEST(TransportTagTest, KeyedPairFieldsMatchOnlyUnderTheSameKey) {
+  std::string dir = braid::testing::MakeTempDir("braid_pair_tag_");
+  ASSERT_FALSE(dir.empty());
+  RunRanksOptions o;
+  o.ranks = 2;
+  o.deadline = absl::Seconds(60);
+  auto exits = RunRanks(o, [&](int rank) {
+    SetTransportEnv("sm");
+    FileStore store(dir);
+    auto keyed = [](uint32_t key) {
+      return [key](int s, int d) { return key ^ (static_cast<uint32_t>(s) * 2654435761u) ^
+                                          (static_cast<uint32_t>(d) * 40503u); };
+    };
+    UcxOptions uo;
+    uo.rank = rank;
+    uo.size = 2;
+    uo.store = &store;
+    uo.timeout = absl::Seconds(1);
+    uo.pair_tag = keyed(0xfeedf00du);
+    uo.store_prefix = "same";
+    auto same = CreateUcxCommunicator(uo);
+    if (!same.ok()) return 1;
+    int64_t x = rank + 5;
+    if (!(*same)->AllReduce(&x, &x, 1, DataType::kInt64, ReduceOp::kSum).ok() || x != 11) return 2;
+    if (!(*same)->Barrier().ok()) return 3;
+    uo.pair_tag = keyed(rank == 0 ? 0xfeedf00du : 0xbadc0ffeu);
+    uo.store_prefix = "other";
+    auto other = CreateUcxCommunicator(uo);
+    if (!other.ok()) return 4;
+    absl::Status s = (*other)->Barrier();
+    fprintf(stderr, "[rank %d] barrier under another key: %s\n", rank, s.ToString().c_str());
+    return s.code() == absl::StatusCode::kDeadlineExceeded ? 0 : 5;
+  });
+  for (const RankExit& e : exits) {
+    EXPECT_FALSE(e.timed_out) << "rank " << e.rank << " hung";
+    EXPECT_EQ(e.exit_code, 0) << "rank " << e.rank;
+  }
+}
 
 // Exit codes a rank reports in the failure tests.
 constexpr int kExitUnavailable = 20;

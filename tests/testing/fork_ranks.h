@@ -1,5 +1,5 @@
 // Runs one function as N real processes (ranks) for multi-process tests and benchmarks.
-// The parent forks before anything initialises UCX (TRAPS.md: fork before ucp_init) and
+// The parent forks before anything initialises UCX (UCX state does not survive a fork: fork first, then ucp_init) and
 // waits for every child under a deadline, killing the survivors when it passes.
 #ifndef BRAID_TESTS_TESTING_FORK_RANKS_H_
 #define BRAID_TESTS_TESTING_FORK_RANKS_H_

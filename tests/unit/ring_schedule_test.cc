@@ -9,6 +9,9 @@
 #include <set>
 #include <vector>
 
+#include "transport/pipeline.h"
+#include "transport/tag.h"
+
 namespace braid::transport {
 namespace {
 
@@ -185,6 +188,37 @@ TEST(ChooseAllReduceAlgorithm, Thresholds) {
   // One rank needs neither and reports recursive doubling.
   EXPECT_EQ(ChooseAllReduceAlgorithm(size_t{1} << 30, size_t{1} << 28, 1, kThreshold), kRd);
   EXPECT_EQ(ChooseAllReduceAlgorithm(0, 0, 2, 0), kRd);  // 0 elements < 2 ranks
+}
+
+TEST(ChooseReduceScatterAlgorithm, DirectUpToTheThresholdRingAbove) {
+  EXPECT_EQ(ChooseReduceScatterAlgorithm(2, 16), ReduceScatterAlgorithm::kDirect);
+  EXPECT_EQ(ChooseReduceScatterAlgorithm(16, 16), ReduceScatterAlgorithm::kDirect);
+  EXPECT_EQ(ChooseReduceScatterAlgorithm(17, 16), ReduceScatterAlgorithm::kRing);
+  EXPECT_EQ(ChooseReduceScatterAlgorithm(3, 2), ReduceScatterAlgorithm::kRing);
+  EXPECT_EQ(ChooseReduceScatterAlgorithm(1, 0), ReduceScatterAlgorithm::kRing);
+}
+
+TEST(PipelinePieces, ChunksCappedBy4096AndByTheTagSlots) {
+  EXPECT_EQ(PipelinePieces(0, 1024, 3), 1);
+  EXPECT_EQ(PipelinePieces(4096, 1024, 3), 4);
+  EXPECT_EQ(PipelinePieces(4097, 1024, 3), 5);
+  EXPECT_EQ(PipelinePieces(size_t{1} << 40, 1024, 3), 4096);
+  // stages * pieces must stay below 2^16 tag slots: 2(n-1) stages for 64 ranks = 126.
+  EXPECT_EQ(PipelinePieces(size_t{1} << 40, 1024, 126), 65536 / 126);
+  EXPECT_LT(126u * static_cast<uint32_t>(PipelinePieces(size_t{1} << 40, 1, 126)),
+            kMaxTagSlots + 1);
+  EXPECT_EQ(PipelinePieces(size_t{1} << 40, 1024, 65535), 1);
+}
+
+TEST(EncodeUcxTag, PairSeqSlotLayout) {
+  EXPECT_EQ(EncodeUcxTag(0, Tag{0, 0}), 0u);
+  EXPECT_EQ(EncodeUcxTag(3, Tag{2, 1}), (uint64_t{3} << 32) | (uint64_t{2} << 16) | 1u);
+  // A full 32-bit pair field (a keyed value) survives; seq and slot keep their low 16 bits.
+  EXPECT_EQ(EncodeUcxTag(0xdeadbeefu, Tag{0x12345, 0xfffff}),
+            (uint64_t{0xdeadbeef} << 32) | (uint64_t{0x2345} << 16) | 0xffffu);
+  EXPECT_NE(EncodeUcxTag(1, Tag{7, 9}), EncodeUcxTag(2, Tag{7, 9}));
+  EXPECT_NE(EncodeUcxTag(1, Tag{7, 9}), EncodeUcxTag(1, Tag{8, 9}));
+  EXPECT_NE(EncodeUcxTag(1, Tag{7, 9}), EncodeUcxTag(1, Tag{7, 10}));
 }
 
 TEST(RecursiveDoubling, RolesForSizesOneToNine) {

@@ -1,5 +1,5 @@
 // A benchmark's data buffer: page-aligned and touched once at allocation, so no page fault
-// lands in a timed loop (they cost ~15 us per 4 KiB page in these VMs: TRAPS.md).
+// lands in a timed loop (a first touch can cost ~15 us per 4 KiB page in a virtual machine).
 #ifndef BRAID_TOOLS_BENCH_BENCH_BUFFER_H_
 #define BRAID_TOOLS_BENCH_BENCH_BUFFER_H_
 

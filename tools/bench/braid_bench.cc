@@ -66,9 +66,10 @@ struct Config {
   std::optional<size_t> chunk_bytes;
   std::optional<size_t> ring_threshold_bytes;
   std::optional<int> ring_window;
+  std::optional<int> direct_max_ranks;
   std::optional<double> spin_us;
-  // UcxOptionsFromEnv() (BRAID_UCX_PEER_ERROR_HANDLING, ...), validated in the parent; the
-  // flags above override it.
+  // --peer-error-handling (falling back to BRAID_UCX_PEER_ERROR_HANDLING), validated in the
+  // parent; the flags above override the rest.
   transport::UcxOptions ucx_base;
 };
 
@@ -281,6 +282,7 @@ int RunRank(const Config& cfg, int rank, const std::string& store_dir, double me
     if (cfg.chunk_bytes) opts.chunk_bytes = *cfg.chunk_bytes;
     if (cfg.ring_threshold_bytes) opts.ring_threshold_bytes = *cfg.ring_threshold_bytes;
     if (cfg.ring_window) opts.ring_window = *cfg.ring_window;
+    if (cfg.direct_max_ranks) opts.direct_max_ranks = *cfg.direct_max_ranks;
     if (cfg.spin_us) opts.spin = absl::Microseconds(*cfg.spin_us);
     BRAID_ASSIGN_OR_RETURN(std::unique_ptr<transport::Communicator> comm,
                            transport::CreateUcxCommunicator(opts));
@@ -381,7 +383,7 @@ int main(int argc, char** argv) {
   double timeout_s = 60, deadline_s = 600;
   std::string chunk_s, threshold_s;
   double spin_us = -1;
-  int ring_window = 0, peer_error_handling = -1;
+  int ring_window = 0, peer_error_handling = 0, direct_max_ranks = -1;
   app.add_option("collective", collective,
                  "allreduce | allgather | reducescatter | alltoall | broadcast")
       ->required();
@@ -414,9 +416,13 @@ int main(int argc, char** argv) {
   app.add_option("--chunk", chunk_s, "UcxOptions::chunk_bytes (ring pipeline chunk)");
   app.add_option("--ring-threshold", threshold_s, "UcxOptions::ring_threshold_bytes");
   app.add_option("--ring-window", ring_window, "UcxOptions::ring_window (chunks in flight)");
+  app.add_option("--direct-max-ranks", direct_max_ranks,
+                 "UcxOptions::direct_max_ranks: direct reduce-scatter up to this many ranks, "
+                 "ring above (default 16)");
   app.add_option("--peer-error-handling", peer_error_handling,
-                 "UcxOptions::peer_error_handling for local peers: 0 or 1 (default: "
-                 "BRAID_UCX_PEER_ERROR_HANDLING, else off)");
+                 "UcxOptions::peer_error_handling for local peers: 0 or 1")
+      ->envname("BRAID_UCX_PEER_ERROR_HANDLING")
+      ->capture_default_str();
   app.add_option("--spin-us", spin_us,
                  "UcxOptions::spin in microseconds (negative: by over-subscription)")
       ->capture_default_str();
@@ -479,10 +485,13 @@ int main(int argc, char** argv) {
   }
   if (spin_us >= 0) cfg.spin_us = spin_us;
   if (ring_window > 0) cfg.ring_window = ring_window;
-  absl::StatusOr<transport::UcxOptions> base = transport::UcxOptionsFromEnv();
-  if (!base.ok()) return fail(base.status());
-  cfg.ucx_base = *base;
-  if (peer_error_handling >= 0) cfg.ucx_base.peer_error_handling = peer_error_handling != 0;
+  if (direct_max_ranks >= 0) cfg.direct_max_ranks = direct_max_ranks;
+  if (peer_error_handling != 0 && peer_error_handling != 1) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "--peer-error-handling (or BRAID_UCX_PEER_ERROR_HANDLING) must be 0 or 1, got ",
+        peer_error_handling)));
+  }
+  cfg.ucx_base.peer_error_handling = peer_error_handling != 0;
 
   if (!google::IsGoogleLoggingInitialized()) google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;

@@ -22,6 +22,18 @@ iteration) and the busbw of that time. Ratios are braid's speed over the other's
 (torch's all_reduce is in place only); --placement out-of-place uses out-of-place rows where
 a peer has them.
 
+Before and after: --base REV also runs braid-bench built from git revision REV (exported
+with `git archive` and built into --base-build-dir, default build/base/<sha>, once) as the
+peers base-shm and base-tcp, interleaved with this build's runs in the same rounds:
+
+    /usr/bin/python3 tools/bench/compare.py --build-dir build --base ffc1e13 --repeat 5 \
+        -b 4 -e 64M -f 4 --ranks 2 --json before_after.json --markdown before_after.md
+
+It then prints a before/after table: per size and transport, the median time of each side
+with its spread (min-max over the runs), the ratio before/after (> 1: this build faster) and a
+verdict: "slower" only when every run of this build was slower than every run of the base
+(the ranges do not overlap), "faster" likewise, else "within spread".
+
 A peer that fails, hangs past --run-timeout, or is not built is reported and skipped; the exit
 code is 1 when a braid run failed or any peer reported wrong elements, else 0.
 """
@@ -38,15 +50,21 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-PYTHON = "/usr/bin/python3"  # Debian's, with torch (TRAPS.md: not the pyenv on PATH)
+PYTHON = "/usr/bin/python3"  # Debian's, with torch (a python3 earlier on PATH may lack it)
 
 # Background CPU use (fraction of all CPUs) above which the timings are flagged unreliable.
 BUSY_WARN = 0.15
 
-VARIANTS = ["braid-shm", "braid-tcp", "openmpi-shm", "openmpi-tcp", "gloo"]
+VARIANTS = ["braid-shm", "braid-tcp", "openmpi-shm", "openmpi-tcp", "gloo", "base-shm",
+            "base-tcp"]
+DEFAULT_PEERS = ["braid-shm", "braid-tcp", "openmpi-shm", "openmpi-tcp", "gloo"]
+BEFORE_AFTER_PEERS = ["braid-shm", "base-shm", "braid-tcp", "base-tcp"]
 # (braid variant, other variant, short label) whose speed ratio the table shows.
 RATIOS = [("braid-shm", "openmpi-shm", "shm/ompi"), ("braid-tcp", "openmpi-tcp", "tcp/ompi"),
-          ("braid-shm", "gloo", "shm/gloo"), ("braid-tcp", "gloo", "tcp/gloo")]
+          ("braid-shm", "gloo", "shm/gloo"), ("braid-tcp", "gloo", "tcp/gloo"),
+          ("braid-shm", "base-shm", "shm/base"), ("braid-tcp", "base-tcp", "tcp/base")]
+# (this build, base build, label) of the before/after table.
+BEFORE_AFTER = [("braid-shm", "base-shm", "shm"), ("braid-tcp", "base-tcp", "tcp")]
 
 
 def default_build_dir():
@@ -69,11 +87,12 @@ def peer_commands(args, variant, json_path):
              "-n", str(args.iters), "-w", str(args.warmup), "-c", str(args.check)]
     deadline = str(max(30, args.run_timeout - 10))
     bench_dir = os.path.join(args.build_dir, "tools", "bench")
-    if variant.startswith("braid"):
-        exe = os.path.join(bench_dir, "braid-bench")
-        if not os.access(exe, os.X_OK):
+    if variant.startswith("braid") or variant.startswith("base"):
+        exe = (os.path.join(bench_dir, "braid-bench") if variant.startswith("braid")
+               else args.base_bench)
+        if not exe or not os.access(exe, os.X_OK):
             return None
-        tls = "sm" if variant == "braid-shm" else "tcp"
+        tls = "sm" if variant.endswith("-shm") else "tcp"
         return ([exe, "allreduce", *sweep, "--ranks", str(args.ranks), "--json", json_path,
                  "--deadline", deadline, "--timeout", str(args.timeout)],
                 {"UCX_TLS": tls, "UCX_NET_DEVICES": "lo"})
@@ -121,6 +140,39 @@ def wait_idle(limit_s):
         busy = background_busy(0.5)
         if busy is None or busy < BUSY_WARN:
             return
+
+
+def build_base(rev, base_dir):
+    """Exports git revision `rev` of this repository into `base_dir`/src and builds its
+    braid-bench into `base_dir`/build (once: an existing binary is reused). Returns the
+    binary's path; raises RuntimeError with the failing command's output."""
+    sha = subprocess.run(["git", "-C", REPO, "rev-parse", "--verify", rev + "^{commit}"],
+                         capture_output=True, text=True)
+    if sha.returncode != 0:
+        raise RuntimeError(f"--base {rev}: not a commit of {REPO}: {sha.stderr.strip()}")
+    sha = sha.stdout.strip()
+    # Under build/, which git and Bazel ignore (the export has BUILD files of its own).
+    base_dir = base_dir or os.path.join(REPO, "build", "base", sha[:12])
+    src, build = os.path.join(base_dir, "src"), os.path.join(base_dir, "build")
+    exe = os.path.join(build, "tools", "bench", "braid-bench")
+    if os.access(exe, os.X_OK):
+        return exe, sha
+    os.makedirs(src, exist_ok=True)
+    archive = subprocess.Popen(["git", "-C", REPO, "archive", sha], stdout=subprocess.PIPE)
+    untar = subprocess.run(["tar", "-x", "-C", src], stdin=archive.stdout)
+    archive.stdout.close()
+    if archive.wait() != 0 or untar.returncode != 0:
+        raise RuntimeError(f"git archive {sha} | tar -x -C {src} failed")
+    # The same compiler cache as scripts/build.sh, so a base close to this build is quick.
+    env = dict(os.environ, CCACHE_BASEDIR=src, CCACHE_NOHASHDIR="true")
+    for cmd in (["cmake", "-S", src, "-B", build, "-G", "Ninja",
+                 "-DPython3_EXECUTABLE=" + PYTHON, "-DBRAID_BUILD_TESTS=OFF"],
+                ["cmake", "--build", build, "--target", "braid-bench"]):
+        print("# " + " ".join(cmd), flush=True)
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return exe, sha
 
 
 def run_peer(args, variant, round_index, workdir):
@@ -273,6 +325,55 @@ def table_lines(summary, variants, sizes, markdown):
     return lines
 
 
+def before_after(summary, size):
+    """[(label, after, before, ratio, verdict)] for `size`: this build's and the base's rows,
+    time_before / time_after (> 1: this build faster), and whether the difference is beyond
+    the spread: "slower" / "faster" when the two sides' [min, max] ranges over the runs do
+    not overlap, else "within spread" (and no verdict from a single run)."""
+    out = []
+    for after_v, before_v, label in BEFORE_AFTER:
+        a, b = summary.get(after_v, {}).get(size), summary.get(before_v, {}).get(size)
+        if not a or not b:
+            continue
+        if min(a["runs"], b["runs"]) < 2:
+            verdict = "one run: no spread"
+        elif a["time_us_min"] > b["time_us_max"]:
+            verdict = "slower"
+        elif a["time_us_max"] < b["time_us_min"]:
+            verdict = "faster"
+        else:
+            verdict = "within spread"
+        out.append((label, a, b, ratio(summary, after_v, before_v, size), verdict))
+    return out
+
+
+def before_after_lines(summary, sizes, markdown):
+    """The before/after table: per size and transport, median time (min-max over runs) of
+    this build and of the base, their ratio and the verdict."""
+    labels = [label for a, b, label in BEFORE_AFTER if a in summary and b in summary]
+    if not labels:
+        return []
+    def span(r):
+        return f"{r['time_us']:.1f} ({r['time_us_min']:.1f}-{r['time_us_max']:.1f})"
+    cols = ["size"]
+    for label in labels:
+        cols += [f"{label} after us", f"{label} before us", f"{label} before/after",
+                 f"{label} verdict"]
+    rows = []
+    for size in sizes:
+        cells = {label: ["-"] * 4 for label in labels}
+        for label, a, b, x, verdict in before_after(summary, size):
+            cells[label] = [span(a), span(b), "-" if x is None else f"{x:.2f}x",
+                            verdict.upper() if verdict == "slower" else verdict]
+        rows.append([human_size(size)] + [c for label in labels for c in cells[label]])
+    if markdown:
+        return (["| " + " | ".join(cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
+                + ["| " + " | ".join(r) + " |" for r in rows])
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
+    return ["# " + fmt.format(*cols)] + ["  " + fmt.format(*r) for r in rows]
+
+
 def select_runs(records, max_busy):
     """The runs with results whose medians count: all, or with `max_busy` those that started
     on a quiet enough machine (per variant, at least the least busy one)."""
@@ -327,8 +428,15 @@ def main(argv=None):
     p.add_argument("-c", "--check", type=int, default=1, help="check results (count wrong)")
     p.add_argument("--ranks", type=int, default=2, help="ranks per peer run")
     p.add_argument("--repeat", type=int, default=2, help="runs of each peer (medians reported)")
-    p.add_argument("--peers", default=",".join(VARIANTS),
-                   help="comma-separated subset of " + ",".join(VARIANTS))
+    p.add_argument("--peers",
+                   help="comma-separated subset of " + ",".join(VARIANTS) + " (default: "
+                        + ",".join(DEFAULT_PEERS) + "; with --base: "
+                        + ",".join(BEFORE_AFTER_PEERS) + ")")
+    p.add_argument("--base", metavar="REV",
+                   help="also run braid-bench built from git revision REV as base-shm and "
+                        "base-tcp, interleaved with this build's runs (before/after)")
+    p.add_argument("--base-build-dir", metavar="DIR",
+                   help="where --base is exported and built (default: build/base/<sha>)")
     p.add_argument("--placement", choices=["in-place", "out-of-place"], default="in-place",
                    help="which rows to compare (gloo has in-place only)")
     p.add_argument("--stat", choices=["mean", "median"], default="mean",
@@ -353,12 +461,23 @@ def main(argv=None):
                         "busy run if all were)")
     p.add_argument("--workdir", help="keep the runs' logs and JSON here (default: a temp dir)")
     args = p.parse_args(argv)
-    variants = [v.strip() for v in args.peers.split(",") if v.strip()]
+    default = VARIANTS if args.load else BEFORE_AFTER_PEERS if args.base else DEFAULT_PEERS
+    peers = args.peers or ",".join(default)
+    variants = [v.strip() for v in peers.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         p.error(f"unknown peers {unknown}; choose from {VARIANTS}")
     if args.repeat < 1 or args.ranks < 1:
         p.error("--repeat and --ranks must be >= 1")
+
+    args.base_bench, args.base_sha = None, None
+    if args.base and not args.load:
+        try:
+            args.base_bench, args.base_sha = build_base(args.base, args.base_build_dir)
+        except RuntimeError as e:
+            print(f"compare.py: {e}", file=sys.stderr)
+            return 2
+        print(f"# base: {args.base} = {args.base_sha}, {args.base_bench}", flush=True)
 
     workdir = None
     if not args.load:
@@ -415,6 +534,13 @@ def main(argv=None):
     print("# ratios: time_other / time_braid (> 1: braid faster); ompi = openmpi")
     for line in table_lines(summary, shown, sizes, markdown=False):
         print(line)
+    ba_lines = before_after_lines(summary, sizes, markdown=False)
+    if ba_lines:
+        print(f"# before/after: base {args.base or '(loaded)'} vs this build; median time of "
+              f"{rounds} runs (min-max) in us; before/after = time_base / time_this (> 1: "
+              f"this build faster); verdict: slower/faster only beyond the spread")
+        for line in ba_lines:
+            print(line)
     for v, n in wrong.items():
         if n:
             print(f"# {v}: {n} WRONG elements in total ('!' marks the sizes)")
@@ -432,13 +558,15 @@ def main(argv=None):
     if args.json:
         doc = {"config": {k: getattr(args, k) for k in (
                    "minbytes", "maxbytes", "stepfactor", "iters", "warmup", "check", "ranks",
-                   "repeat", "placement", "stat")},
+                   "repeat", "placement", "stat", "base", "base_sha")},
                "memcpy_gbps": statistics.median(memcpy) if memcpy else None,
                "transports": {v: sorted(t) for v, t in transports.items()},
                "failures": failures,
                "summary": [{"bytes": b, **{v: summary[v].get(b) for v in shown},
                             "ratios": {f"{a}/{c}": ratio(summary, a, c, b)
-                                       for a, c, _ in RATIOS}}
+                                       for a, c, _ in RATIOS},
+                            "before_after": {label: verdict for label, _, _, _, verdict
+                                             in before_after(summary, b)}}
                            for b in sizes],
                "runs": [{"variant": x["variant"], "round": x["round"], "ok": x["ok"],
                          "error": x["error"], "seconds": x["seconds"],
@@ -466,6 +594,13 @@ def main(argv=None):
                 if v in transports:
                     f.write(f"- {v}: `{'; '.join(sorted(transports[v]))}`\n")
             f.write("\n" + "\n".join(table_lines(summary, shown, sizes, markdown=True)) + "\n")
+            ba = before_after_lines(summary, sizes, markdown=True)
+            if ba:
+                f.write(f"\nBefore/after (base {args.base or '(loaded)'}): median time of "
+                        f"{rounds} runs with its spread (min-max) in µs; before/after = "
+                        f"time_base / time_this (> 1: this build faster); \"slower\" or "
+                        f"\"faster\" only when the two ranges do not overlap.\n\n")
+                f.write("\n".join(ba) + "\n")
             if failures:
                 f.write("\nFailed runs: " + "; ".join(
                     f"{x['variant']} (round {x['round'] + 1}): {x['error']}"

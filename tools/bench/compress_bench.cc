@@ -1034,7 +1034,7 @@ int main(int argc, char** argv) {
   std::string codec_bytes_s = "64M", min_s = "64M", max_s = "64M", factor_s = "2";
   int chunk = 128;
   double timeout_s = 60, deadline_s = 1200;
-  int peer_error_handling = -1;
+  int peer_error_handling = 0;
   app.add_option("--parts", parts, "codec, allreduce (comma-separated)")->capture_default_str();
   app.add_option("--methods", methods,
                  "compression specs, comma-separated: none fp4 int4 fp16 bf16 (a spec may carry "
@@ -1076,7 +1076,9 @@ int main(int argc, char** argv) {
                  "fail with exit code 1)")
       ->capture_default_str();
   app.add_option("--peer-error-handling", peer_error_handling,
-                 "UcxOptions::peer_error_handling for local peers: 0 or 1");
+                 "UcxOptions::peer_error_handling for local peers: 0 or 1")
+      ->envname("BRAID_UCX_PEER_ERROR_HANDLING")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   auto fail = [](const absl::Status& s) {
@@ -1115,12 +1117,14 @@ int main(int argc, char** argv) {
   }
   cfg.timeout = absl::Seconds(timeout_s);
   cfg.deadline = absl::Seconds(deadline_s);
-  absl::StatusOr<transport::UcxOptions> base = transport::UcxOptionsFromEnv();
-  if (!base.ok()) return fail(base.status());
-  cfg.ucx_base = *base;
-  if (peer_error_handling >= 0) cfg.ucx_base.peer_error_handling = peer_error_handling != 0;
+  if (peer_error_handling != 0 && peer_error_handling != 1) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "--peer-error-handling (or BRAID_UCX_PEER_ERROR_HANDLING) must be 0 or 1, got ",
+        peer_error_handling)));
+  }
+  cfg.ucx_base.peer_error_handling = peer_error_handling != 0;
 
-  // Before fork and before anything touches UCX (TRAPS.md: lo only, or tcp also picks eth0).
+  // Before fork and before anything touches UCX (UCX_NET_DEVICES=lo only, or tcp also picks eth0).
   setenv("UCX_TLS", cfg.tls.c_str(), 1);
   setenv("UCX_NET_DEVICES", "lo", 1);
 

@@ -76,6 +76,7 @@ struct Config {
   double corrupt = 1;
   absl::Duration timeout = absl::Seconds(120);
   absl::Duration deadline = absl::Minutes(30);
+  int peer_error_handling = 0;  // UcxOptions::peer_error_handling for local peers (0/1)
 };
 
 // ResNet-18 for CIFAR-10 (3×3 first convolution, 10 classes), torchvision's parameter order.
@@ -359,7 +360,8 @@ int RunRank(const Config& cfg, const std::string& tls, int rank, const std::stri
   std::string transports;
   absl::Status status = [&]() -> absl::Status {
     FileStore store(dir);
-    BRAID_ASSIGN_OR_RETURN(transport::UcxOptions opts, transport::UcxOptionsFromEnv());
+    transport::UcxOptions opts;
+    opts.peer_error_handling = cfg.peer_error_handling != 0;
     opts.rank = rank;
     opts.size = cfg.ranks;
     opts.store = &store;
@@ -449,6 +451,11 @@ int main(int argc, char** argv) {
   app.add_option("--repeat", cfg.repeat, "repeats (medians over them)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--json", cfg.json_path, "also write the tables here as JSON");
+  app.add_option("--peer-error-handling", cfg.peer_error_handling,
+                 "UcxOptions::peer_error_handling for local peers: 0 or 1")
+      ->envname("BRAID_UCX_PEER_ERROR_HANDLING")
+      ->check(CLI::Range(0, 1))
+      ->capture_default_str();
   app.add_option("--corrupt", cfg.corrupt,
                  "testing the checks: multiply every checked result by this (the run must then "
                  "exit 1)")

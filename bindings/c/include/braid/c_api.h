@@ -3,7 +3,7 @@
  * Plain C99; usable from C, C++, and any language with a C FFI. Every function is
  * thread-safe unless its docstring says otherwise.
  *
- * ABI rules (frozen; see DESIGN.md):
+ * ABI rules (frozen):
  *   - Enumerator values never change; new ones are only appended.
  *   - Functions are never removed or changed; new behaviour arrives as new functions or as
  *     new fields at the END of an options struct.
@@ -104,7 +104,8 @@ BRAID_C_EXPORT size_t braid_dtype_size(int dtype);
 /* ------------------------------------------------------------------------------------ */
 
 /* Joins the job, configured from the environment (BRAID_COORDINATOR, BRAID_RANK,
- * BRAID_SIZE, torchrun / Slurm / Open MPI variables, BRAID_TIMEOUT_S, ...; see DESIGN.md).
+ * BRAID_SIZE, torchrun / Slurm / Open MPI variables, BRAID_TIMEOUT_S, ...; the README's Configuration
+ * section lists them).
  * Blocks until every rank has joined (at most about max(BRAID_TIMEOUT_S, 60 s)).
  * With no launcher variables at all, starts a world of size 1 with a private coordinator.
  * Returns BRAID_OK if already initialized.

@@ -1,0 +1,122 @@
+#include "transport/collective_communicator.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "transport/collectives.h"
+#include "transport/ring_schedule.h"
+
+namespace braid::transport {
+namespace {
+
+absl::Status CheckCounts(absl::Span<const size_t> counts, int size, const char* what) {
+  if (counts.size() == static_cast<size_t>(size)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, " needs one count per rank: got ",
+                                                 counts.size(), " for ", size));
+}
+
+}  // namespace
+
+CollectiveCommunicator::CollectiveCommunicator(std::unique_ptr<PointToPoint> p2p,
+                                               CollectiveOptions options,
+                                               const Kernels* kernels)
+    : ctx_(std::move(p2p), std::move(options), kernels) {}
+
+absl::Status CollectiveCommunicator::Run(absl::FunctionRef<absl::Status()> body) {
+  if (!sticky_.ok()) return sticky_;
+  absl::Status s = ctx_.p2p().Health();
+  const TransportStats before = ctx_.completed();
+  if (s.ok()) s = body();
+  if (!s.ok()) {
+    sticky_ = s;
+    return s;
+  }
+  const TransportStats& after = ctx_.completed();
+  stats_.bytes_sent += after.bytes_sent - before.bytes_sent;
+  stats_.bytes_received += after.bytes_received - before.bytes_received;
+  stats_.messages_sent += after.messages_sent - before.messages_sent;
+  stats_.messages_received += after.messages_received - before.messages_received;
+  ++stats_.collectives;
+  return absl::OkStatus();
+}
+
+absl::Status CollectiveCommunicator::AllReduce(const void* send, void* recv, size_t count,
+                                               DataType dtype, ReduceOp op) {
+  if (!sticky_.ok()) return sticky_;
+  BRAID_RETURN_IF_ERROR(CheckReduceOp(dtype, op));
+  const CollectiveOptions& o = ctx_.options();
+  const size_t bytes = count * DataTypeSize(dtype);
+  return Run([&]() {
+    if (ChooseAllReduceAlgorithm(bytes, count, size(), o.ring_threshold_bytes) ==
+        AllReduceAlgorithm::kRecursiveDoubling) {
+      return AllReduceRecursiveDoubling(ctx_, send, recv, count, dtype, op);
+    }
+    if (ChooseReduceScatterAlgorithm(size(), o.direct_max_ranks) ==
+        ReduceScatterAlgorithm::kDirect) {
+      return AllReduceDirect(ctx_, send, recv, count, dtype, op);
+    }
+    return AllReduceRing(ctx_, send, recv, count, dtype, op);
+  });
+}
+
+absl::Status CollectiveCommunicator::ReduceScatter(const void* send, void* recv,
+                                                   absl::Span<const size_t> recv_counts,
+                                                   DataType dtype, ReduceOp op) {
+  if (!sticky_.ok()) return sticky_;
+  BRAID_RETURN_IF_ERROR(CheckReduceOp(dtype, op));
+  BRAID_RETURN_IF_ERROR(CheckCounts(recv_counts, size(), "reduce-scatter"));
+  return Run([&]() {
+    if (ChooseReduceScatterAlgorithm(size(), ctx_.options().direct_max_ranks) ==
+        ReduceScatterAlgorithm::kDirect) {
+      return ReduceScatterDirect(ctx_, send, recv, recv_counts, dtype, op);
+    }
+    return ReduceScatterRing(ctx_, send, recv, recv_counts, dtype, op);
+  });
+}
+
+absl::Status CollectiveCommunicator::AllGather(const void* send, size_t send_bytes, void* recv,
+                                               absl::Span<const size_t> recv_bytes) {
+  if (!sticky_.ok()) return sticky_;
+  if (recv_bytes.size() != static_cast<size_t>(size()) || recv_bytes[rank()] != send_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "all-gather needs one size per rank with recv_bytes[rank] == send_bytes: got ",
+        recv_bytes.size(), " sizes for ", size(), " ranks"));
+  }
+  return Run([&]() { return AllGatherRing(ctx_, send, send_bytes, recv, recv_bytes); });
+}
+
+absl::Status CollectiveCommunicator::AllToAll(const void* send,
+                                              absl::Span<const size_t> send_bytes, void* recv,
+                                              absl::Span<const size_t> recv_bytes) {
+  if (!sticky_.ok()) return sticky_;
+  const size_t n = static_cast<size_t>(size());
+  if (send_bytes.size() != n || recv_bytes.size() != n ||
+      send_bytes[rank()] != recv_bytes[rank()]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("all-to-all needs one send and one receive size per rank (", size(),
+                     ") with send_bytes[rank] == recv_bytes[rank]"));
+  }
+  return Run([&]() { return AllToAllDirect(ctx_, send, send_bytes, recv, recv_bytes); });
+}
+
+absl::Status CollectiveCommunicator::Broadcast(void* buf, size_t bytes, int root) {
+  if (!sticky_.ok()) return sticky_;
+  if (root < 0 || root >= size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("broadcast root ", root, " is not a rank of a world of size ", size()));
+  }
+  return Run([&]() { return BroadcastBinomial(ctx_, buf, bytes, root); });
+}
+
+absl::Status CollectiveCommunicator::Barrier() {
+  return Run([&]() { return BarrierDissemination(ctx_); });
+}
+
+absl::Status CollectiveCommunicator::RunCollective(
+    const std::function<absl::Status(Context&)>& body) {
+  return Run([&]() { return body(ctx_); });
+}
+
+}  // namespace braid::transport

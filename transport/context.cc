@@ -1,0 +1,135 @@
+#include "transport/context.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "transport/reduce.h"
+
+namespace braid::transport {
+namespace {
+
+class HostKernelsImpl final : public Kernels {
+ public:
+  void Reduce(void* out, const void* a, const void* b, size_t count, DataType dtype,
+              ReduceOp op) const override {
+    Reduce3(out, a, b, count, dtype, op);
+  }
+  void Divide(void* buf, size_t count, DataType dtype, int divisor) const override {
+    DivideInPlace(buf, count, dtype, divisor);
+  }
+  void Copy(void* dst, const void* src, size_t bytes) const override {
+    if (bytes > 0 && dst != src) std::memmove(dst, src, bytes);
+  }
+  void* Allocate(size_t bytes) const override {
+    // Rounded up to the alignment, as aligned_alloc requires; zeroed so the pages are
+    // touched here, once, and not inside a timed collective.
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (p != nullptr) std::memset(p, 0, rounded);
+    return p;
+  }
+  void Free(void* p) const override { std::free(p); }
+};
+
+}  // namespace
+
+const Kernels& HostKernels() {
+  static const HostKernelsImpl kernels;
+  return kernels;
+}
+
+char* Context::Buffer::Get(const Kernels& k, size_t want) {
+  if (want <= bytes && data != nullptr) return data;
+  if (data != nullptr) k.Free(data);
+  data = static_cast<char*>(k.Allocate(want == 0 ? 1 : want));
+  CHECK(data != nullptr) << "out of memory: " << want << " bytes of collective scratch";
+  bytes = want;
+  return data;
+}
+
+Context::Context(std::unique_ptr<PointToPoint> p2p, CollectiveOptions options,
+                 const Kernels* kernels)
+    : p2p_(std::move(p2p)),
+      options_(std::move(options)),
+      kernels_(kernels != nullptr ? kernels : &HostKernels()),
+      rank_(p2p_->rank()),
+      size_(p2p_->size()) {}
+
+Context::~Context() {
+  // The backend goes first: it may still hold requests pointing into the scratch buffers.
+  p2p_.reset();
+  if (scratch_.data != nullptr) kernels_->Free(scratch_.data);
+  if (work_.data != nullptr) kernels_->Free(work_.data);
+}
+
+void Context::Count(const Request& r) {
+  ++completions_;
+  if (r.is_recv) {
+    completed_.bytes_received += r.bytes;
+    ++completed_.messages_received;
+  } else {
+    completed_.bytes_sent += r.bytes;
+    ++completed_.messages_sent;
+  }
+}
+
+absl::Status Context::Send(int peer, Tag tag, const void* buf, size_t bytes, Request* req) {
+  BRAID_RETURN_IF_ERROR(p2p_->PostSend(peer, tag, buf, bytes, req));
+  if (!req->pending) Count(*req);
+  return absl::OkStatus();
+}
+
+absl::Status Context::Recv(int peer, Tag tag, void* buf, size_t bytes, Request* req) {
+  BRAID_RETURN_IF_ERROR(p2p_->PostRecv(peer, tag, buf, bytes, req));
+  if (!req->pending) Count(*req);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Context::Test(Request* req) {
+  if (!req->pending) return true;
+  BRAID_ASSIGN_OR_RETURN(bool done, p2p_->Test(req));
+  if (done) Count(*req);
+  return done;
+}
+
+absl::StatusOr<bool> Context::TestAll(absl::Span<Request> reqs) {
+  bool all = true;
+  for (Request& r : reqs) {
+    BRAID_ASSIGN_OR_RETURN(bool done, Test(&r));
+    all = all && done;
+  }
+  return all;
+}
+
+absl::Status Context::WaitAll(absl::Span<Request> reqs) {
+  absl::Status s = Drive([&]() { return TestAll(reqs); });
+  if (!s.ok()) Cancel(reqs);
+  return s;
+}
+
+absl::Status Context::Drive(absl::FunctionRef<absl::StatusOr<bool>()> step) {
+  absl::Time last_progress = absl::Now();
+  uint64_t seen = completions_;
+  while (true) {
+    BRAID_ASSIGN_OR_RETURN(bool done, step());
+    if (done) return absl::OkStatus();
+    const absl::Time now = absl::Now();
+    if (completions_ != seen) {  // progress: step again before blocking
+      seen = completions_;
+      last_progress = now;
+      continue;
+    }
+    if (now - last_progress >= options_.timeout) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rank ", rank_, ": collective #", seq_ - 1, " made no progress for ",
+          absl::FormatDuration(options_.timeout), " (BRAID_TIMEOUT_S)"));
+    }
+    BRAID_RETURN_IF_ERROR(p2p_->Wait(last_progress, last_progress + options_.timeout));
+  }
+}
+
+}  // namespace braid::transport
