@@ -1,5 +1,7 @@
 #include "runtime/timeline.h"
 
+#include <pthread.h>
+
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -29,6 +31,7 @@ Timeline::Timeline(FILE* f, int rank) : file_(f), rank_(rank), start_(absl::Now(
   std::fputs("[\n]\n", file_);
   std::fflush(file_);
   writer_ = std::thread([this] { WriterLoop(); });
+  pthread_setname_np(writer_.native_handle(), "braid-timeline");  // Note [Threads and locks]
 }
 
 Timeline::~Timeline() {
