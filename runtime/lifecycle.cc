@@ -36,6 +36,12 @@ absl::StatusOr<transport::TransportStats> Runtime::Impl::transport_stats() const
   return stats_;
 }
 
+absl::StatusOr<std::string> Runtime::Impl::transport_description() const {
+  absl::MutexLock lock(&mu_);
+  BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+  return transport_description_;
+}
+
 absl::StatusOr<CompressionReport> Runtime::Impl::compression_report() const {
   {
     absl::MutexLock lock(&mu_);
@@ -160,6 +166,7 @@ absl::Status Runtime::Impl::StartLoop() {
     stop_ = false;
     abort_ = absl::OkStatus();
     stats_ = transport::TransportStats{};
+    transport_description_ = comm_->Describe();
     negotiating_ = 0;
     group_depth_ = 0;
     cache_.clear();
@@ -239,6 +246,9 @@ void Runtime::BeginGroup() { impl_->BeginGroup(); }
 absl::Status Runtime::EndGroup() { return impl_->EndGroup(); }
 absl::StatusOr<transport::TransportStats> Runtime::transport_stats() const {
   return impl_->transport_stats();
+}
+absl::StatusOr<std::string> Runtime::transport_description() const {
+  return impl_->transport_description();
 }
 absl::StatusOr<CompressionReport> Runtime::compression_report() const {
   return impl_->compression_report();

@@ -145,6 +145,12 @@ class Runtime {
   // collective completes). FailedPrecondition when not initialised.
   absl::StatusOr<transport::TransportStats> transport_stats() const;
 
+  // The transports this rank's data-plane endpoints use, as Communicator::Describe() says
+  // at Init: every transport to any peer, e.g. "ucx tcp/eth0" (peers on other hosts) or
+  // "ucx cma/memory sysv/memory" (shared memory on one host). FailedPrecondition when not
+  // initialised.
+  absl::StatusOr<std::string> transport_description() const;
+
   // Byte counters of every all-reduce since Init, per tensor and per compression method
   // (payload vs transport bytes against the uncompressed ones; see runtime/statistics.h).
   // FailedPrecondition when not initialised.

@@ -90,6 +90,7 @@ class Runtime::Impl {
   void BeginGroup();
   absl::Status EndGroup();
   absl::StatusOr<transport::TransportStats> transport_stats() const;
+  absl::StatusOr<std::string> transport_description() const;
   absl::StatusOr<CompressionReport> compression_report() const;
   absl::StatusOr<std::string> compression_state() const;
   absl::Status LoadCompressionState(absl::string_view state);
@@ -162,6 +163,8 @@ class Runtime::Impl {
   // Held for the whole of Init and Shutdown: they may be called from any thread.
   absl::Mutex lifecycle_mu_;
   transport::TransportStats stats_ ABSL_GUARDED_BY(mu_);  // snapshot of comm_->stats()
+  // comm_->Describe(), taken in Init before the background thread owns comm_.
+  std::string transport_description_ ABSL_GUARDED_BY(mu_);
   // Created by Init (per job: compressor state and counters start fresh) before the client
   // (its heartbeats read the ledger) and replaced only by the next Init, after the client
   // closed; the stage resolves specs for enqueueing threads, the loop reduces with it.

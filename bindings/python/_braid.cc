@@ -423,6 +423,8 @@ PYBIND11_MODULE(_braid, m) {
   m.def("size", []() { return Value(braid::GlobalRuntime().size()); });
   m.def("local_rank", []() { return Value(braid::GlobalRuntime().local_rank()); });
   m.def("local_size", []() { return Value(braid::GlobalRuntime().local_size()); });
+  m.def("transport_description",
+        []() { return Value(braid::GlobalRuntime().transport_description()); });
 
   m.def("enqueue", &Enqueue, py::arg("collective"), py::arg("name"), py::arg("dtype"),
         py::arg("input"), py::arg("output"), py::arg("op"), py::arg("root_rank"),

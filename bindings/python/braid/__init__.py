@@ -82,6 +82,7 @@ from ._ops import (  # noqa: F401
     shutdown,
     size,
     synchronize,
+    transport_description,
 )
 
 from ._objects import allgather_object, broadcast_object  # noqa: F401
@@ -95,7 +96,7 @@ __all__ = [
     "broadcast_async", "broadcast_async_", "broadcast_object", "compression_state",
     "compression_stats", "init", "is_initialized", "load_compression_state", "local_rank",
     "local_size", "poll", "rank", "reducescatter", "reducescatter_async", "shutdown", "size",
-    "synchronize",
+    "synchronize", "transport_description",
 ]
 
 __version__ = "0.1.0"

@@ -208,6 +208,14 @@ def local_size():
 
 # --- statistics -----------------------------------------------------------------------------
 
+def transport_description():
+    """The transports this rank's data plane uses to reach its peers (str), as UCX reports
+    them at ``init()``: every transport/device pair to any peer after "ucx", e.g.
+    ``"ucx tcp/eth0"`` when every peer is on another host, ``"ucx cma/memory sysv/memory"``
+    (shared memory) when all are on this one. FailedPreconditionError before ``init()``."""
+    return _braid.transport_description()
+
+
 _BYTE_FIELDS = ("reductions", "uncompressed_bytes", "payload_bytes", "transport_bytes",
                 "reference_transport_bytes")
 

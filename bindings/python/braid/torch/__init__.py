@@ -95,6 +95,7 @@ from .mpi_ops import (  # noqa: F401
 from .optimizer import DistributedOptimizer  # noqa: F401
 
 compression_stats = _ops.compression_stats
+transport_description = _ops.transport_description
 
 
 def cross_size():
@@ -148,5 +149,6 @@ __all__ = [
     "init", "InternalError", "InvalidArgumentError", "is_initialized", "local_rank",
     "local_size", "Max", "Min", "mpi_built", "nccl_built", "poll", "Product", "rank",
     "reducescatter", "reducescatter_async", "ReduceOp", "rocm_built", "shutdown", "size",
+    "transport_description",
     "staging_copies", "Sum", "SUPPORTED_DTYPES", "synchronize", "UnavailableError",
 ]
