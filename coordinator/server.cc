@@ -7,6 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -268,6 +269,25 @@ class GrpcCoordinatorServer final : public CoordinatorServer {
   }
 
   void Wait() override { done_.WaitForNotification(); }
+
+  bool WaitForJobEnd(absl::Duration timeout) override {
+    // The service's own wait for a job's end (as braidctl status --once uses): no polling.
+    auto ended = std::make_shared<absl::Notification>();
+    auto result = std::make_shared<bool>(false);
+    proto::StatusRequest req;
+    req.set_wait_for_end_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
+    service_.Status(service_.NewCallId(), req,
+                    [ended, result](absl::StatusOr<proto::StatusResponse> r) {
+                      *result = r.ok() && r->phase() == proto::JOB_ENDED;
+                      ended->Notify();
+                    });
+    // The service answers by its own deadline; the margin covers the monitor's period.
+    if (!ended->WaitForNotificationWithTimeout(timeout + opts_.monitor_period * 2 +
+                                               absl::Seconds(1))) {
+      return false;
+    }
+    return *result;
+  }
 
  private:
   // Called by Shutdown() or, after a Shutdown RPC, by the monitor.

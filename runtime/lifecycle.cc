@@ -220,7 +220,17 @@ absl::Status Runtime::Impl::Shutdown() {
     state_ = State::kShutDown;
   }
   client_->Close(absl::Milliseconds(500));
-  if (hosted_) hosted_->Shutdown(absl::Milliseconds(500));
+  if (hosted_) {
+    // The other ranks may still be finishing their last collectives: stopping the
+    // coordinator now would cancel them ("the coordinator ended the job"). Wait for every
+    // rank's goodbye (or its loss, which fails what waited on it), as long as any wait.
+    if (!hosted_->WaitForJobEnd(config_.timeout)) {
+      LOG(WARNING) << "braid: rank " << rank_ << " stops the coordinator it hosts although "
+                   << "not every rank shut down within " << config_.timeout
+                   << " (BRAID_TIMEOUT_S)";
+    }
+    hosted_->Shutdown(absl::Milliseconds(500));
+  }
   ReleaseParts();
   return absl::OkStatus();
 }
