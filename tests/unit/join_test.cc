@@ -44,6 +44,8 @@ TEST(JoinNegotiationTest, AJoinedRankCountsAsReadyAndGetsTheShape) {
   coordinator::NegotiationTable t(3);
   EXPECT_TRUE(Submit(t, 2, {Join()}).empty()) << "the join waits for every rank";
   EXPECT_EQ(t.joined_ranks(), (std::vector<int>{2}));
+  EXPECT_TRUE(t.PendingTensors().empty())
+      << "a join waiting for the others is no pending tensor: never a stall";
   EXPECT_TRUE(Submit(t, 0, {Req("g", {2, 3})}).empty()) << "rank 1 has not submitted 'g'";
   auto pending = t.PendingTensors();
   ASSERT_EQ(pending.size(), 1u);
