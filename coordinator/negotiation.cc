@@ -19,6 +19,7 @@ std::string CollectiveName(proto::Collective c) {
     case proto::REDUCESCATTER: return "reducescatter";
     case proto::ALLTOALL: return "alltoall";
     case proto::BARRIER: return "barrier";
+    case proto::JOIN: return "join";
     default: return absl::StrCat("collective#", static_cast<int>(c));
   }
 }
@@ -127,8 +128,10 @@ std::vector<proto::Response> NegotiationTable::Fuse(std::vector<proto::Response>
   for (const proto::Response& r : ready) {
     FusionItem item;
     if (r.type() == proto::Response::OK && r.collective() == proto::ALLREDUCE) {
+      // Tensors fuse only with others that the same joined ranks fill in (Note [Join]).
       item.key = absl::StrCat(r.collective(), "/", r.dtype(), "/", r.reduce_op(), "/",
-                              r.process_set_id(), "/", r.compression());
+                              r.process_set_id(), "/", r.compression(), "/",
+                              absl::StrJoin(r.joined_ranks(), ","));
       int v = static_cast<int>(r.dtype());
       item.bytes = r.tensor_sizes(0) *
                    static_cast<int64_t>(IsValidDataType(v) ? DataTypeSize(static_cast<DataType>(v)) : 1);
@@ -144,6 +147,7 @@ std::vector<proto::Response> NegotiationTable::Fuse(std::vector<proto::Response>
       merged.add_tensor_sizes(r.tensor_sizes(0));
       for (int64_t age : r.report_age_us()) merged.add_report_age_us(age);
       merged.add_cache_ids(r.cache_ids_size() > 0 ? r.cache_ids(0) : 0);
+      for (const proto::TensorShape& shape : r.shapes()) *merged.add_shapes() = shape;
     }
     merged.set_bucket_id(next_bucket_id_++);
     out.push_back(std::move(merged));
@@ -259,6 +263,7 @@ std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::Req
 
 void NegotiationTable::SubmitOne(int rank, const proto::Request& req, absl::Time now,
                                  std::vector<proto::Response>* ready) {
+  if (req.collective() == proto::JOIN) return SubmitJoin(rank, req, now, ready);
   Entry& e = table_[req.name()];
   if (e.by_rank.empty()) e.first_seen = now;
   if (e.by_rank.count(rank) != 0) {
@@ -270,27 +275,118 @@ void NegotiationTable::SubmitOne(int rank, const proto::Request& req, absl::Time
   }
   e.by_rank[rank] = req;
   e.arrived[rank] = now;
-  if (static_cast<int>(e.by_rank.size()) < world_size_) return;
-  ready->push_back(Validate(req.name(), e));
+  if (Ready(e)) Respond(req.name(), now, ready);
+}
+
+bool NegotiationTable::Ready(const Entry& e) const {
+  int count = static_cast<int>(e.by_rank.size());
+  for (const auto& [rank, name] : joined_) count += e.by_rank.count(rank) ? 0 : 1;
+  return count >= world_size_;
+}
+
+void NegotiationTable::Respond(const std::string& name, absl::Time now,
+                               std::vector<proto::Response>* ready) {
+  const Entry& e = table_[name];
+  const proto::Request& first = e.by_rank.begin()->second;
+  ready->push_back(Validate(name, e));
   proto::Response& resp = ready->back();
+  // Note [Join]: the joined ranks that did not submit it take part with the op's identity.
+  std::vector<int> fill;
+  for (const auto& [rank, join_name] : joined_) {
+    if (!e.by_rank.count(rank)) fill.push_back(rank);
+  }
+  if (!fill.empty() && resp.type() == proto::Response::OK) {
+    if (first.collective() == proto::ALLREDUCE || first.collective() == proto::BARRIER) {
+      for (int rank : fill) resp.add_joined_ranks(rank);
+      *resp.add_shapes()->mutable_dims() = first.shape();
+    } else {
+      resp = Error(name, absl::StatusCode::kFailedPrecondition,
+                   absl::StrCat("tensor '", name, "': ", CollectiveName(first.collective()),
+                                " is not supported while rank", fill.size() > 1 ? "s " : " ",
+                                absl::StrJoin(fill, ", "), fill.size() > 1 ? " have" : " has",
+                                " joined (join() for uneven inputs covers allreduce and barrier "
+                                "only: a joined rank has no data to contribute)"));
+    }
+  }
   for (const auto& [r, t] : e.arrived) resp.add_report_age_us(absl::ToInt64Microseconds(now - t));
   ++negotiated_;
   if (resp.type() == proto::Response::OK) {
-    if (IsValidDataType(req.dtype())) {
+    if (IsValidDataType(first.dtype())) {
       const int64_t bytes = resp.tensor_sizes(0) *
-                            static_cast<int64_t>(DataTypeSize(static_cast<DataType>(req.dtype())));
+                            static_cast<int64_t>(DataTypeSize(static_cast<DataType>(first.dtype())));
       bytes_negotiated_ += bytes;
-      auto& [tensors, total] = by_compression_[req.compression().empty() ? "none" : req.compression()];
+      auto& [tensors, total] =
+          by_compression_[first.compression().empty() ? "none" : first.compression()];
       ++tensors;
       total += bytes;
     }
-    resp.add_cache_ids(CacheInsert(e.by_rank.begin()->second));
+    resp.add_cache_ids(CacheInsert(first));
   }
-  table_.erase(req.name());
+  table_.erase(name);
+}
+
+void NegotiationTable::SubmitJoin(int rank, const proto::Request& req, absl::Time now,
+                                  std::vector<proto::Response>* ready) {
+  if (joined_.count(rank)) {
+    ready->push_back(Error(req.name(), absl::StatusCode::kAlreadyExists,
+                           absl::StrCat("join '", req.name(), "': rank ", rank,
+                                        " joined twice before every rank had joined")));
+    return;
+  }
+  joined_[rank] = req.name();
+  last_joined_ = rank;
+  // Tensors that were waiting only for this rank are ready now, in the table's (name) order:
+  // every rank receives the same list.
+  std::vector<std::string> now_ready;
+  for (const auto& [name, e] : table_) {
+    if (Ready(e)) now_ready.push_back(name);
+  }
+  for (const std::string& name : now_ready) Respond(name, now, ready);
+  if (static_cast<int>(joined_.size()) < world_size_) return;
+  std::map<int, std::string> names;
+  names.swap(joined_);
+  proto::Response resp;
+  const std::string& agreed = names.begin()->second;
+  if (std::all_of(names.begin(), names.end(), [&](const auto& kv) { return kv.second == agreed; })) {
+    resp.set_type(proto::Response::OK);
+    resp.add_names(agreed);
+    resp.set_collective(proto::JOIN);
+    resp.set_last_joined_rank(last_joined_);
+  } else {
+    resp = Error(agreed, absl::StatusCode::kInvalidArgument,
+                 MismatchMessage(agreed, "join name", names));
+    for (const auto& [r, n] : names) {
+      if (n != agreed) resp.add_names(n);
+    }
+  }
+  ready->push_back(std::move(resp));
+}
+
+std::vector<int> NegotiationTable::joined_ranks() const {
+  std::vector<int> out;
+  for (const auto& [rank, name] : joined_) out.push_back(rank);
+  return out;
 }
 
 std::vector<proto::Response> NegotiationTable::FailTensorsWaitingFor(const std::set<int>& gone) {
   std::vector<proto::Response> out;
+  // Note [Join]: the joined ranks wait for every rank to join, which a rank gone before it
+  // joined never will.
+  std::vector<int> never;
+  for (int r : gone) {
+    if (!joined_.empty() && !joined_.count(r)) never.push_back(r);
+  }
+  if (!never.empty()) {
+    std::set<std::string> names;
+    for (const auto& [rank, name] : joined_) names.insert(name);
+    for (const std::string& name : names) {
+      out.push_back(Error(name, absl::StatusCode::kFailedPrecondition,
+                          absl::StrCat("join '", name, "' can never complete: rank",
+                                       never.size() > 1 ? "s " : " ", absl::StrJoin(never, ", "),
+                                       " shut down without joining")));
+    }
+    joined_.clear();
+  }
   for (auto it = table_.begin(); it != table_.end();) {
     std::vector<int> missing;
     for (int r : gone) {
@@ -314,7 +410,8 @@ std::vector<NegotiationTable::Pending> NegotiationTable::PendingTensors(absl::Ti
   for (const auto& [name, e] : table_) {
     Pending p{name, {}, {}, now - e.first_seen};
     for (int r = 0; r < world_size_; ++r) {
-      (e.by_rank.count(r) ? p.ready_ranks : p.missing_ranks).push_back(r);
+      // A joined rank is ready for every tensor (Note [Join]).
+      (e.by_rank.count(r) || joined_.count(r) ? p.ready_ranks : p.missing_ranks).push_back(r);
     }
     out.push_back(std::move(p));
   }

@@ -3,6 +3,23 @@
 // its requests are then validated against each other and it is appended to one global
 // order that every rank receives identically. Mismatches become one ERROR response, sent to
 // every rank, naming the tensor and what each rank sent.
+//
+// Note [Join]
+// join() for uneven inputs, with Horovod's semantics. A rank that ran out of data sends a
+// JOIN request. From then on it counts as ready for every tensor: a tensor is ready once
+// every rank that has not joined submitted it, and its response lists the joined ranks that
+// did not submit it (Response.joined_ranks) with each tensor's shape (Response.shapes), so
+// they can build a buffer of the negotiated shape and dtype. For an all-reduce they
+// contribute the op's identity: zeros for sum and average (an average still divides by the
+// whole world size, as Horovod and DDP's divide_by_initial_world_size do), the dtype's
+// largest value for min, its lowest for max, one for product. A barrier takes them too. The
+// other collectives (all-gather, broadcast, reduce-scatter, all-to-all) fail with
+// FailedPrecondition naming the joined ranks, as Horovod refuses them: they have no
+// identity to contribute. A joined rank therefore never makes a tensor wait (it is never a
+// missing rank of a pending tensor, so never a stall), and its own JOIN request is not a
+// pending tensor either: it waits as long as the others train. Once every rank has joined,
+// one JOIN response (last_joined_rank: the rank that joined last) goes to all, and the next
+// round starts with no rank joined.
 #ifndef BRAID_COORDINATOR_NEGOTIATION_H_
 #define BRAID_COORDINATOR_NEGOTIATION_H_
 
@@ -55,6 +72,9 @@ class NegotiationTable {
   // tensor would wait forever.
   std::vector<proto::Response> FailTensorsWaitingFor(const std::set<int>& gone);
 
+  // Ranks that have joined (Note [Join]) and are waiting for the others, in rank order.
+  std::vector<int> joined_ranks() const;
+
   // Cache ids evicted since the last call (the server sends them with the responses).
   std::vector<int32_t> TakeEvictions();
 
@@ -73,6 +93,12 @@ class NegotiationTable {
     absl::Time first_seen;
   };
   proto::Response Validate(const std::string& name, const Entry& e) const;
+  // Every rank either submitted `e` or has joined (Note [Join]).
+  bool Ready(const Entry& e) const;
+  // Validates the ready tensor `name`, books it, appends its response and erases it.
+  void Respond(const std::string& name, absl::Time now, std::vector<proto::Response>* ready);
+  void SubmitJoin(int rank, const proto::Request& req, absl::Time now,
+                  std::vector<proto::Response>* ready);
 
   std::vector<proto::Response> Fuse(std::vector<proto::Response> ready);
   void SubmitOne(int rank, const proto::Request& req, absl::Time now,
@@ -97,6 +123,9 @@ class NegotiationTable {
   int64_t fusion_threshold_;
   int64_t next_bucket_id_ = 0;
   std::map<std::string, Entry> table_;
+  // Note [Join]: rank -> the name of its JOIN request, while not every rank has joined.
+  std::map<int, std::string> joined_;
+  int last_joined_ = -1;
   int64_t negotiated_ = 0;
   int64_t bytes_negotiated_ = 0;
   std::map<std::string, std::pair<int64_t, int64_t>> by_compression_;

@@ -59,6 +59,7 @@ absl::string_view CollectiveName(Collective c) {
     case Collective::kReduceScatter: return "reducescatter";
     case Collective::kAllToAll: return "alltoall";
     case Collective::kBarrier: return "barrier";
+    case Collective::kJoin: return "join";
   }
   return "unknown";
 }
@@ -113,7 +114,10 @@ absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r) const {
     if (d < 0) return bad(absl::StrCat("negative dimension ", d));
   }
   const int64_t n = NumElements(r.shape);
-  if (r.collective != Collective::kBarrier && n > 0 && r.input == nullptr) {
+  if (r.collective == Collective::kBarrier || r.collective == Collective::kJoin) {
+    return absl::OkStatus();  // no buffers
+  }
+  if (n > 0 && r.input == nullptr) {
     return bad("input buffer is null");
   }
   if ((r.collective == Collective::kAllReduce || r.collective == Collective::kBroadcast) &&

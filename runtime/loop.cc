@@ -17,6 +17,12 @@ Bucket BucketFromResponse(const proto::Response& r) {
   }
   b.root_rank = r.root_rank();
   b.first_dims.assign(r.first_dims().begin(), r.first_dims().end());
+  b.joined_ranks.assign(r.joined_ranks().begin(), r.joined_ranks().end());
+  for (const proto::TensorShape& s : r.shapes()) b.shapes.emplace_back(s.dims().begin(), s.dims().end());
+  b.dtype = static_cast<DataType>(r.dtype());
+  b.op = static_cast<ReduceOp>(r.reduce_op());
+  b.compression = r.compression();
+  b.last_joined_rank = r.last_joined_rank();
   return b;
 }
 
@@ -105,7 +111,10 @@ void Runtime::Impl::OnMessage(const proto::ResponseList& msg) {
   absl::MutexLock lock(&mu_);
   for (int k = 0; k < msg.responses_size(); ++k) {
     const proto::Response& r = msg.responses(k);
-    negotiating_ -= r.names_size();
+    for (const std::string& name : r.names()) {
+      // A joined rank also runs others' tensors (Note [Join]): only its own were negotiating.
+      if (table_.count(name)) --negotiating_;
+    }
     for (int i = 0; i < r.cache_ids_size() && i < r.names_size(); ++i) {
       auto entry = table_.find(r.names(i));
       if (r.cache_ids(i) != 0 && entry != table_.end()) {

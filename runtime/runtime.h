@@ -36,6 +36,13 @@ enum class Collective : int32_t {
   kReduceScatter = 3,
   kAllToAll = 4,
   kBarrier = 5,
+  // Note [Join] (coordinator/negotiation.h): join() for uneven inputs, as Horovod's. Needs
+  // only a name, the same on every rank. Until every rank has joined, this rank takes part
+  // in the others' all-reduces with the op's identity (zeros for sum and average; an
+  // average still divides by the whole world size) and in their barriers; their other
+  // collectives fail with FailedPrecondition naming the joined ranks. Completes once every
+  // rank has joined; Handle::output() then holds the rank that joined last (one int32).
+  kJoin = 6,
 };
 
 // One collective call. Shapes are in elements; buffers are host memory, contiguous,

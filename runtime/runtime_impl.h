@@ -71,6 +71,15 @@ struct Bucket {
   absl::Status error;              // not OK: every named tensor fails with it
   int root_rank = 0;               // broadcast
   std::vector<int64_t> first_dims;  // all-gather: every rank's dim 0
+  // Note [Join]: ranks that joined and did not submit these tensors, and for them each
+  // name's shape and the bucket's dtype, op and compression (a joined rank has no request
+  // of its own to take them from).
+  std::vector<int> joined_ranks;
+  std::vector<std::vector<int64_t>> shapes;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  std::string compression;
+  int last_joined_rank = -1;  // join
 };
 Bucket BucketFromResponse(const proto::Response& response);
 
@@ -141,6 +150,9 @@ class Runtime::Impl {
   void Execute(const Bucket& bucket);
   absl::Status RunAllReduce(const Bucket& bucket, const std::vector<Entry*>& entries);
   absl::Status RunCollective(Entry& e, const Bucket& bucket);
+  // Note [Join]: this rank has joined and takes part in `bucket` without entries of its own.
+  bool JoinedIn(const Bucket& bucket) const;
+  absl::Status RunJoined(const Bucket& bucket);
   void FinishBucket(const std::vector<std::string>& names, const absl::Status& s);
 
   mutable absl::Mutex mu_;

@@ -222,7 +222,7 @@ void RequireContiguous(const py::array& a, const char* what, bool writeable) {
 braid::CollectiveRequest NewRequest(int collective, const std::string& name, int op,
                                     int root_rank, const std::vector<int64_t>& splits,
                                     const std::string& compression) {
-  if (collective < 0 || collective > static_cast<int>(braid::Collective::kBarrier)) {
+  if (collective < 0 || collective > static_cast<int>(braid::Collective::kJoin)) {
     Raise(absl::InvalidArgumentError("unknown collective code " + std::to_string(collective)));
   }
   if (!braid::IsValidReduceOp(op)) {
@@ -487,6 +487,7 @@ PYBIND11_MODULE(_braid, m) {
   collectives["reducescatter"] = static_cast<int>(braid::Collective::kReduceScatter);
   collectives["alltoall"] = static_cast<int>(braid::Collective::kAllToAll);
   collectives["barrier"] = static_cast<int>(braid::Collective::kBarrier);
+  collectives["join"] = static_cast<int>(braid::Collective::kJoin);
   m.attr("COLLECTIVES") = collectives;
   py::dict ops;
   for (int o = 0; o < braid::kNumReduceOps; ++o) {

@@ -405,6 +405,8 @@ class Handle:
             self._native.check()
             if self._collective == "barrier":
                 result = None
+            elif self._collective == "join":
+                result = int(self._native.output(np.dtype(np.int32)))
             elif self._output is not None:
                 result = self._output
             else:
@@ -648,4 +650,40 @@ def barrier(name=None):
     name = _next_name("barrier") if name is None else name
     arr = np.empty((0,), dtype=np.uint8)
     synchronize(_enqueue("barrier", name, arr, _braid.DTYPES["uint8"], op=ReduceOp.Sum))
+
+
+# --- join -----------------------------------------------------------------------------------
+
+_JOIN_NAME = "braid.join"  # the same on every rank: one join() round at a time
+
+
+def join():
+    """Uneven inputs (Horovod's ``join``): call it on a rank that has run out of data.
+
+    Blocks until every rank has called ``join()`` and returns, on every rank, the rank that
+    joined last (an int). Meanwhile this rank takes part in the other ranks' collectives
+    without data of its own:
+
+    - ``allreduce`` (every form): it contributes the op's identity in a buffer of the
+      negotiated shape and dtype: zeros for ``Sum`` and ``Average``, the dtype's largest
+      value for ``Min``, its lowest for ``Max``, one for ``Product``. An ``Average`` still
+      divides by the whole world size ``size()``, not by the ranks that had data (as
+      Horovod, and DDP's ``divide_by_initial_world_size``, do): with 3 ranks of which one
+      joined, the result is ``(x0 + x1 + 0) / 3``.
+    - ``barrier``: it takes part.
+    - ``allgather``, ``broadcast``, ``reducescatter``, ``alltoall``: they fail on the ranks
+      that called them with FailedPreconditionError naming the joined ranks (a joined rank
+      has no data to contribute to them), as Horovod refuses them.
+
+    A rank waiting in ``join()`` is never a stalled rank: it may wait as long as the others
+    train. After every rank has joined, collectives work as before, and ``join()`` may be
+    called again for the next epoch.
+
+    Raises FailedPreconditionError (not initialized, or a rank shut down without joining),
+    AlreadyExistsError (this rank is already in ``join()`` on another thread), and the errors
+    of ``synchronize``.
+    """
+    arr = np.empty((0,), dtype=np.uint8)
+    return synchronize(_enqueue("join", _JOIN_NAME, arr, _braid.DTYPES["uint8"],
+                                op=ReduceOp.Sum))
 

@@ -65,8 +65,8 @@ __all__ = [
     "barrier", "BraidError", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "CancelledError", "DeadlineExceededError", "FailedPreconditionError", "global_process_set",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-    "grouped_allreduce_async_", "Handle", "InternalError", "InvalidArgumentError", "Max", "Min",
-    "poll", "Product", "reducescatter", "reducescatter_async", "ReduceOp", "staging_copies",
+    "grouped_allreduce_async_", "Handle", "InternalError", "InvalidArgumentError", "join", "Max",
+    "Min", "poll", "Product", "reducescatter", "reducescatter_async", "ReduceOp", "staging_copies",
     "Sum", "SUPPORTED_DTYPES", "synchronize", "UnavailableError",
 ]
 
@@ -529,3 +529,26 @@ def barrier(process_set=None, name=None):
     """Returns once every rank has called barrier()."""
     _check_process_set("barrier", process_set)
     _ops.barrier(name)
+
+
+# --- join -----------------------------------------------------------------------------------
+
+def join(device=-1):
+    """Uneven inputs, as Horovod's ``hvd.join()``: call it on a rank that has run out of
+    data. Blocks until every rank has called it and returns the rank that joined last (an
+    int, the same on every rank).
+
+    Until then this rank takes part in the other ranks' all-reduces (``allreduce`` in every
+    form, ``grouped_allreduce``, and so ``DistributedOptimizer``'s gradient all-reduces) with
+    zeros in the negotiated shape and dtype (the op's identity for ``Min``, ``Max``,
+    ``Product``), and an ``Average`` divides by the whole world size ``size()`` (as Horovod
+    and DDP's ``divide_by_initial_world_size`` do): with 3 ranks of which one joined, an
+    averaged gradient is ``(g0 + g1) / 3``. Barriers take it too; ``allgather``,
+    ``broadcast``, ``alltoall`` and ``reducescatter`` raise FailedPreconditionError on the
+    ranks that call them, naming the joined rank. After every rank joined, everything works
+    as before (call ``join()`` again at the end of the next epoch).
+
+    ``device`` is accepted for Horovod's signature and ignored (CPU tensors only).
+    """
+    del device
+    return _ops.join()
