@@ -50,6 +50,35 @@ proto::Response Error(const std::string& name, absl::StatusCode code, std::strin
   return resp;
 }
 
+// Whether `b` agrees with `a` on every field Validate compares for a's collective. Exact:
+// when it says no, Validate's per-field texts find the field and name the ranks.
+bool Agrees(const proto::Request& a, const proto::Request& b) {
+  const auto compression = [](const proto::Request& r) -> const std::string& {
+    static const std::string kNone = "none";
+    return r.compression().empty() ? kNone : r.compression();
+  };
+  if (a.collective() != b.collective() || a.dtype() != b.dtype() || a.device() != b.device() ||
+      a.process_set_id() != b.process_set_id() || compression(a) != compression(b)) {
+    return false;
+  }
+  const proto::Collective c = a.collective();
+  if ((c == proto::ALLREDUCE || c == proto::REDUCESCATTER) && a.reduce_op() != b.reduce_op()) {
+    return false;
+  }
+  if (a.shape_size() != b.shape_size()) return false;
+  if (c == proto::ALLREDUCE || c == proto::BROADCAST || c == proto::REDUCESCATTER) {
+    for (int i = 0; i < a.shape_size(); ++i) {
+      if (a.shape(i) != b.shape(i)) return false;
+    }
+  }
+  if (c == proto::ALLGATHER || c == proto::ALLTOALL) {
+    for (int i = 1; i < a.shape_size(); ++i) {
+      if (a.shape(i) != b.shape(i)) return false;
+    }
+  }
+  return c != proto::BROADCAST || a.root_rank() == b.root_rank();
+}
+
 }  // namespace
 
 std::string ShapeString(const proto::Request& r) {
@@ -177,27 +206,37 @@ proto::Response NegotiationTable::Validate(const std::string& name, const Entry&
     if (!diff) return std::nullopt;
     return Error(name, absl::StatusCode::kInvalidArgument, MismatchMessage(name, field, values));
   };
+  // The usual case, every rank sent the same: one cheap comparison per rank, no text.
+  bool agree = true;
+  for (const auto& [rank, r] : e.by_rank) agree = agree && Agrees(first, r);
   for (const Check& c : kChecks) {
+    if (agree) break;
     if (auto err = differs(c.field, c.get)) return *err;
   }
   const proto::Collective coll = first.collective();
-  if (coll == proto::ALLREDUCE || coll == proto::REDUCESCATTER) {
+  if (!agree && (coll == proto::ALLREDUCE || coll == proto::REDUCESCATTER)) {
     if (auto err = differs("reduce op", [](const proto::Request& r) { return OpName(r.reduce_op()); })) return *err;
   }
-  if (coll == proto::ALLREDUCE || coll == proto::BROADCAST || coll == proto::REDUCESCATTER) {
+  if (!agree && (coll == proto::ALLREDUCE || coll == proto::BROADCAST || coll == proto::REDUCESCATTER)) {
     if (auto err = differs("shape", [](const proto::Request& r) { return ShapeString(r); })) return *err;
   }
   if (coll == proto::ALLGATHER || coll == proto::ALLTOALL) {
-    if (auto err = differs("rank of the shape", [](const proto::Request& r) { return absl::StrCat(r.shape_size()); })) return *err;
+    if (!agree) {
+      if (auto err = differs("rank of the shape", [](const proto::Request& r) { return absl::StrCat(r.shape_size()); })) return *err;
+    }
     if (first.shape_size() == 0) {
       return Error(name, absl::StatusCode::kInvalidArgument,
                    absl::StrCat("tensor '", name, "': ", CollectiveName(coll),
                                 " needs at least one dimension, got a scalar"));
     }
-    if (auto err = differs("trailing shape", TrailingShape)) return *err;
+    if (!agree) {
+      if (auto err = differs("trailing shape", TrailingShape)) return *err;
+    }
   }
   if (coll == proto::BROADCAST) {
-    if (auto err = differs("root rank", [](const proto::Request& r) { return absl::StrCat(r.root_rank()); })) return *err;
+    if (!agree) {
+      if (auto err = differs("root rank", [](const proto::Request& r) { return absl::StrCat(r.root_rank()); })) return *err;
+    }
     if (first.root_rank() < 0 || first.root_rank() >= world_size_) {
       return Error(name, absl::StatusCode::kInvalidArgument,
                    absl::StrCat("tensor '", name, "': broadcast root rank ", first.root_rank(),
@@ -250,14 +289,13 @@ std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::Req
       continue;
     }
     // A copy: SubmitOne may evict this very cache entry (changed metadata) while using it.
-    const proto::Request resolved = *req;
-    SubmitOne(rank, resolved, now, &ready);
+    SubmitOne(rank, *req, now, &ready);
   }
   for (const proto::Request& req : list.requests()) SubmitOne(rank, req, now, &ready);
   return Fuse(std::move(ready));
 }
 
-void NegotiationTable::SubmitOne(int rank, const proto::Request& req, absl::Time now,
+void NegotiationTable::SubmitOne(int rank, proto::Request req, absl::Time now,
                                  std::vector<proto::Response>* ready) {
   Entry& e = table_[req.name()];
   if (e.by_rank.empty()) e.first_seen = now;
@@ -268,29 +306,31 @@ void NegotiationTable::SubmitOne(int rank, const proto::Request& req, absl::Time
     table_.erase(req.name());
     return;
   }
-  e.by_rank[rank] = req;
   e.arrived[rank] = now;
+  const proto::Request& kept = e.by_rank.emplace(rank, std::move(req)).first->second;
   if (static_cast<int>(e.by_rank.size()) < world_size_) return;
-  ready->push_back(Validate(req.name(), e));
+  const std::string name = kept.name();
+  ready->push_back(Validate(name, e));
   proto::Response& resp = ready->back();
   for (const auto& [r, t] : e.arrived) resp.add_report_age_us(absl::ToInt64Microseconds(now - t));
   ++negotiated_;
   if (resp.type() == proto::Response::OK) {
-    if (IsValidDataType(req.dtype())) {
+    if (IsValidDataType(kept.dtype())) {
       const int64_t bytes = resp.tensor_sizes(0) *
-                            static_cast<int64_t>(DataTypeSize(static_cast<DataType>(req.dtype())));
+                            static_cast<int64_t>(DataTypeSize(static_cast<DataType>(kept.dtype())));
       bytes_negotiated_ += bytes;
-      auto& [tensors, total] = by_compression_[req.compression().empty() ? "none" : req.compression()];
+      auto& [tensors, total] = by_compression_[kept.compression().empty() ? "none" : kept.compression()];
       ++tensors;
       total += bytes;
     }
     resp.add_cache_ids(CacheInsert(e.by_rank.begin()->second));
   }
-  table_.erase(req.name());
+  table_.erase(name);
 }
 
 std::vector<proto::Response> NegotiationTable::FailTensorsWaitingFor(const std::set<int>& gone) {
   std::vector<proto::Response> out;
+  if (gone.empty()) return out;  // the common case, on every RequestList: no table walk
   for (auto it = table_.begin(); it != table_.end();) {
     std::vector<int> missing;
     for (int r : gone) {
@@ -309,9 +349,11 @@ std::vector<proto::Response> NegotiationTable::FailTensorsWaitingFor(const std::
   return out;
 }
 
-std::vector<NegotiationTable::Pending> NegotiationTable::PendingTensors(absl::Time now) const {
+std::vector<NegotiationTable::Pending> NegotiationTable::PendingTensors(
+    absl::Time now, absl::Duration min_waiting) const {
   std::vector<Pending> out;
   for (const auto& [name, e] : table_) {
+    if (now - e.first_seen < min_waiting) continue;
     Pending p{name, {}, {}, now - e.first_seen};
     for (int r = 0; r < world_size_; ++r) {
       (e.by_rank.count(r) ? p.ready_ranks : p.missing_ranks).push_back(r);

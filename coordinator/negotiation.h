@@ -48,7 +48,9 @@ class NegotiationTable {
     std::vector<int> missing_ranks;
     absl::Duration waiting;
   };
-  std::vector<Pending> PendingTensors(absl::Time now = absl::Now()) const;
+  // Only those waiting at least `min_waiting` (the stall inspector asks for the old ones).
+  std::vector<Pending> PendingTensors(absl::Time now = absl::Now(),
+                                      absl::Duration min_waiting = absl::ZeroDuration()) const;
 
   // Fails every pending tensor still missing one of `gone` (ranks that left the job): one
   // ERROR response each (FailedPrecondition), to send to every rank. Without it such a
@@ -75,7 +77,7 @@ class NegotiationTable {
   proto::Response Validate(const std::string& name, const Entry& e) const;
 
   std::vector<proto::Response> Fuse(std::vector<proto::Response> ready);
-  void SubmitOne(int rank, const proto::Request& req, absl::Time now,
+  void SubmitOne(int rank, proto::Request req, absl::Time now,
                  std::vector<proto::Response>* ready);
   // Id of `agreed` in the cache (inserted or refreshed), or 0 when it is not cacheable.
   int32_t CacheInsert(const proto::Request& agreed);

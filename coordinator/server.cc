@@ -34,9 +34,12 @@ class GrpcStream final : public StreamSink {
       : reactor_(r) {}
 
   void Send(const proto::ResponseList& msg) override {
+    SendShared(std::make_shared<const proto::ResponseList>(msg));
+  }
+  void SendShared(std::shared_ptr<const proto::ResponseList> msg) override {
     absl::MutexLock lock(&mu_);
     if (closed_ || reactor_ == nullptr) return;
-    queue_.push_back(msg);  // deque: the message being written keeps its address
+    queue_.push_back(std::move(msg));  // the message being written stays alive in the queue
     MaybeWriteLocked();
   }
   void Close() override {
@@ -75,7 +78,7 @@ class GrpcStream final : public StreamSink {
   void MaybeWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ || finished_ || queue_.empty() || reactor_ == nullptr) return;
     writing_ = true;
-    reactor_->StartWrite(&queue_.front());
+    reactor_->StartWrite(queue_.front().get());
   }
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!closed_ || writing_ || !queue_.empty() || finished_ || reactor_ == nullptr) return;
@@ -85,7 +88,7 @@ class GrpcStream final : public StreamSink {
 
   absl::Mutex mu_;
   grpc::ServerBidiReactor<proto::RequestList, proto::ResponseList>* reactor_ ABSL_GUARDED_BY(mu_);
-  std::deque<proto::ResponseList> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<const proto::ResponseList>> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
