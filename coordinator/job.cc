@@ -83,6 +83,7 @@ void Job::Form(absl::Time now, Completions* out) {
   settings_ = (*formed)[0].settings();
   table_ = std::make_unique<NegotiationTable>(world_size_, settings_.fusion_threshold_bytes(),
                                               settings_.cache_capacity());
+  table_->set_report_ages(false);  // until a rank asks for them (OpenStream)
   ranks_.assign(world_size_, Rank{});
   for (size_t i = 0; i < pending.size(); ++i) {
     Rank& r = ranks_[(*formed)[i].rank()];
@@ -123,6 +124,7 @@ absl::Status Job::OpenStream(int rank, std::shared_ptr<StreamSink> sink, absl::T
   if (r.stream) r.stream->Close();  // a second stream replaces the first
   r.stream = std::move(sink);
   r.report_ages = report_ages;
+  if (report_ages) table_->set_report_ages(true);
   r.state = RankState::kNegotiating;
   r.last_seen = now;
   if (!abort_.ok()) r.stream->Send(AbortMessage(abort_));

@@ -116,17 +116,19 @@ std::vector<int32_t> NegotiationTable::TakeEvictions() {
   return out;
 }
 
-int32_t NegotiationTable::CacheInsert(const proto::Request& agreed) {
-  const proto::Collective c = agreed.collective();
+int32_t NegotiationTable::CacheInsert(const RequestPtr& agreed) {
+  const proto::Collective c = agreed->collective();
   if (cache_capacity_ <= 0 || (c != proto::ALLREDUCE && c != proto::BROADCAST &&
                                c != proto::REDUCESCATTER && c != proto::BARRIER)) {
     return 0;
   }
-  std::string bytes = agreed.SerializeAsString();
+  std::string bytes;
   ++use_clock_;
-  if (auto it = cache_by_name_.find(agreed.name()); it != cache_by_name_.end()) {
+  if (auto it = cache_by_name_.find(agreed->name()); it != cache_by_name_.end()) {
     CacheEntry& e = cache_[it->second];
-    if (e.bytes == bytes) {
+    // The cache's own request (every rank sent its id): no need to serialize to compare.
+    if (e.request != agreed) bytes = agreed->SerializeAsString();
+    if (e.request == agreed || e.bytes == bytes) {
       e.last_use = use_clock_;
       return it->second;
     }
@@ -142,12 +144,13 @@ int32_t NegotiationTable::CacheInsert(const proto::Request& agreed) {
     });
     retired_[lru->first] = lru->second.request;
     evictions_.push_back(lru->first);
-    cache_by_name_.erase(lru->second.request.name());
+    cache_by_name_.erase(lru->second.request->name());
     cache_.erase(lru);
   }
+  if (bytes.empty()) bytes = agreed->SerializeAsString();
   const int32_t id = next_cache_id_++;
   cache_[id] = CacheEntry{agreed, std::move(bytes), use_clock_};
-  cache_by_name_[agreed.name()] = id;
+  cache_by_name_[agreed->name()] = id;
   return id;
 }
 
@@ -181,7 +184,7 @@ std::vector<proto::Response> NegotiationTable::Fuse(std::vector<proto::Response>
 }
 
 proto::Response NegotiationTable::Validate(const std::string& name, const Entry& e) const {
-  const proto::Request& first = e.by_rank.begin()->second;
+  const proto::Request& first = *e.by_rank[0];  // complete: every rank submitted
   // Each check: a field's text per rank; the first field that differs is reported.
   using Getter = std::string (*)(const proto::Request&);
   struct Check {
@@ -199,8 +202,8 @@ proto::Response NegotiationTable::Validate(const std::string& name, const Entry&
     std::map<int, std::string> values;
     bool diff = false;
     const std::string ref = get(first);
-    for (const auto& [rank, r] : e.by_rank) {
-      values[rank] = get(r);
+    for (int rank = 0; rank < world_size_; ++rank) {
+      values[rank] = get(*e.by_rank[rank]);
       diff = diff || values[rank] != ref;
     }
     if (!diff) return std::nullopt;
@@ -208,7 +211,7 @@ proto::Response NegotiationTable::Validate(const std::string& name, const Entry&
   };
   // The usual case, every rank sent the same: one cheap comparison per rank, no text.
   bool agree = true;
-  for (const auto& [rank, r] : e.by_rank) agree = agree && Agrees(first, r);
+  for (const RequestPtr& r : e.by_rank) agree = agree && (r == e.by_rank[0] || Agrees(first, *r));
   for (const Check& c : kChecks) {
     if (agree) break;
     if (auto err = differs(c.field, c.get)) return *err;
@@ -267,7 +270,7 @@ proto::Response NegotiationTable::Validate(const std::string& name, const Entry&
   ok.set_process_set_id(first.process_set_id());
   ok.set_compression(first.compression());
   if (coll == proto::ALLGATHER) {
-    for (const auto& [rank, r] : e.by_rank) ok.add_first_dims(r.shape(0));
+    for (const RequestPtr& r : e.by_rank) ok.add_first_dims(r->shape(0));
   }
   int64_t elements = 1;
   for (int64_t d : first.shape()) elements *= d;
@@ -279,53 +282,63 @@ std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::Req
                                                       absl::Time now) {
   std::vector<proto::Response> ready;
   for (int32_t id : list.cached_ids()) {
-    const proto::Request* req = nullptr;
-    if (auto it = cache_.find(id); it != cache_.end()) req = &it->second.request;
-    if (auto it = retired_.find(id); req == nullptr && it != retired_.end()) req = &it->second;
+    RequestPtr req;
+    if (auto it = cache_.find(id); it != cache_.end()) req = it->second.request;
+    if (auto it = retired_.find(id); req == nullptr && it != retired_.end()) req = it->second;
     if (req == nullptr) {
       ready.push_back(Error(absl::StrCat("cache id ", id), absl::StatusCode::kInternal,
                             absl::StrCat("rank ", rank, " sent response-cache id ", id,
                                          ", which the coordinator no longer knows")));
       continue;
     }
-    // A copy: SubmitOne may evict this very cache entry (changed metadata) while using it.
-    SubmitOne(rank, *req, now, &ready);
+    // Shared: SubmitOne may evict this very cache entry (changed metadata) while using it.
+    SubmitOne(rank, std::move(req), now, &ready);
   }
-  for (const proto::Request& req : list.requests()) SubmitOne(rank, req, now, &ready);
+  for (const proto::Request& req : list.requests()) {
+    SubmitOne(rank, std::make_shared<const proto::Request>(req), now, &ready);
+  }
   return Fuse(std::move(ready));
 }
 
-void NegotiationTable::SubmitOne(int rank, proto::Request req, absl::Time now,
+void NegotiationTable::SubmitOne(int rank, RequestPtr req, absl::Time now,
                                  std::vector<proto::Response>* ready) {
-  Entry& e = table_[req.name()];
-  if (e.by_rank.empty()) e.first_seen = now;
-  if (e.by_rank.count(rank) != 0) {
-    ready->push_back(Error(req.name(), absl::StatusCode::kAlreadyExists,
-                           absl::StrCat("tensor '", req.name(), "': rank ", rank,
+  auto [it, inserted] = table_.try_emplace(req->name());
+  Entry& e = it->second;
+  if (inserted) {
+    e.by_rank.resize(world_size_);
+    e.arrived.resize(world_size_);
+    e.first_seen = now;
+  }
+  if (rank < 0 || rank >= world_size_ || e.by_rank[rank] != nullptr) {
+    ready->push_back(Error(req->name(), absl::StatusCode::kAlreadyExists,
+                           absl::StrCat("tensor '", req->name(), "': rank ", rank,
                                         " submitted it twice before it was negotiated")));
-    table_.erase(req.name());
+    table_.erase(it);
     return;
   }
   e.arrived[rank] = now;
-  const proto::Request& kept = e.by_rank.emplace(rank, std::move(req)).first->second;
-  if (static_cast<int>(e.by_rank.size()) < world_size_) return;
-  const std::string name = kept.name();
-  ready->push_back(Validate(name, e));
+  e.by_rank[rank] = std::move(req);
+  if (++e.submitted < world_size_) return;
+  ready->push_back(Validate(it->first, e));
   proto::Response& resp = ready->back();
-  for (const auto& [r, t] : e.arrived) resp.add_report_age_us(absl::ToInt64Microseconds(now - t));
+  if (report_ages_) {
+    for (absl::Time t : e.arrived) resp.add_report_age_us(absl::ToInt64Microseconds(now - t));
+  }
   ++negotiated_;
+  const proto::Request& first = *e.by_rank[0];
   if (resp.type() == proto::Response::OK) {
-    if (IsValidDataType(kept.dtype())) {
+    if (IsValidDataType(first.dtype())) {
       const int64_t bytes = resp.tensor_sizes(0) *
-                            static_cast<int64_t>(DataTypeSize(static_cast<DataType>(kept.dtype())));
+                            static_cast<int64_t>(DataTypeSize(static_cast<DataType>(first.dtype())));
       bytes_negotiated_ += bytes;
-      auto& [tensors, total] = by_compression_[kept.compression().empty() ? "none" : kept.compression()];
+      auto& [tensors, total] =
+          by_compression_[first.compression().empty() ? "none" : first.compression()];
       ++tensors;
       total += bytes;
     }
-    resp.add_cache_ids(CacheInsert(e.by_rank.begin()->second));
+    resp.add_cache_ids(CacheInsert(e.by_rank[0]));
   }
-  table_.erase(name);
+  table_.erase(it);
 }
 
 std::vector<proto::Response> NegotiationTable::FailTensorsWaitingFor(const std::set<int>& gone) {
@@ -334,7 +347,7 @@ std::vector<proto::Response> NegotiationTable::FailTensorsWaitingFor(const std::
   for (auto it = table_.begin(); it != table_.end();) {
     std::vector<int> missing;
     for (int r : gone) {
-      if (!it->second.by_rank.count(r)) missing.push_back(r);
+      if (r >= 0 && r < world_size_ && it->second.by_rank[r] == nullptr) missing.push_back(r);
     }
     if (missing.empty()) {
       ++it;
@@ -356,7 +369,7 @@ std::vector<NegotiationTable::Pending> NegotiationTable::PendingTensors(
     if (now - e.first_seen < min_waiting) continue;
     Pending p{name, {}, {}, now - e.first_seen};
     for (int r = 0; r < world_size_; ++r) {
-      (e.by_rank.count(r) ? p.ready_ranks : p.missing_ranks).push_back(r);
+      (e.by_rank[r] != nullptr ? p.ready_ranks : p.missing_ranks).push_back(r);
     }
     out.push_back(std::move(p));
   }
