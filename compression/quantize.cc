@@ -188,33 +188,44 @@ __attribute__((target("avx2"))) void Fp4EncodeAvx2(const float* x, size_t n, flo
                                                    uint32_t seed, uint32_t index0,
                                                    uint8_t* packed) {
   const __m256 inv_s = _mm256_set1_ps(1.0f / s);
-  const __m256i golden = _mm256_set1_epi32(static_cast<int>(0x9E3779B9u));
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i low_byte = _mm256_set1_epi64x(0xff);
-  const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-  const __m256i first_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
-                                               -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1,
-                                               -1, -1, -1, -1, -1, -1, -1, -1);
-  for (size_t i = 0; i + 16 <= n; i += 16) {
-    const uint32_t base = index0 + static_cast<uint32_t>(i);
-    const __m256i idx_a = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(base)), lane);
-    const __m256i idx_b = _mm256_add_epi32(idx_a, _mm256_set1_epi32(8));
-    const __m256i seedv = _mm256_set1_epi32(static_cast<int>(seed));
-    const __m256i a = Fp4Codes8(_mm256_loadu_ps(x + i), inv_s,
-                                _mm256_add_epi32(_mm256_mullo_epi32(idx_a, golden), seedv));
-    const __m256i b = Fp4Codes8(_mm256_loadu_ps(x + i + 8), inv_s,
-                                _mm256_add_epi32(_mm256_mullo_epi32(idx_b, golden), seedv));
-    // Per 64-bit lane (codes c_2j, c_2j+1): low byte = c_2j | c_2j+1 << 4.
-    const __m256i pa = _mm256_and_si256(_mm256_or_si256(a, _mm256_srli_epi64(a, 28)), low_byte);
-    const __m256i pb = _mm256_and_si256(_mm256_or_si256(b, _mm256_srli_epi64(b, 28)), low_byte);
-    // Dwords [a01, b01, a23, b23, ...] -> [a01, a23, a45, a67 | b01, b23, b45, b67] -> bytes.
-    const __m256i mixed = _mm256_permutevar8x32_epi32(
-        _mm256_or_si256(pa, _mm256_slli_epi64(pb, 32)), order);
-    const __m256i bytes = _mm256_shuffle_epi8(mixed, first_bytes);
-    const uint32_t lo = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_castsi256_si128(bytes)));
-    const uint32_t hi = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_extracti128_si256(bytes, 1)));
-    const uint64_t out = lo | (static_cast<uint64_t>(hi) << 32);
-    std::memcpy(packed + i / 2, &out, sizeof(out));
+  // The hash input of element i, (index0 + i)·golden + seed (mod 2^32, as Uniform's), kept
+  // per lane and stepped by 8·golden: one add per 8 elements instead of a multiply.
+  constexpr uint32_t kGolden = 0x9E3779B9u;
+  __m256i h = _mm256_add_epi32(
+      _mm256_mullo_epi32(_mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(index0)), lane),
+                         _mm256_set1_epi32(static_cast<int>(kGolden))),
+      _mm256_set1_epi32(static_cast<int>(seed)));
+  const __m256i step = _mm256_set1_epi32(static_cast<int>(8u * kGolden));
+  // 32 codes per step: int32 -> bytes by two saturating packs (codes are 0..15, nothing
+  // saturates), a dword permute back to element order, then each byte pair (c_2j, c_2j+1)
+  // -> c_2j + 16·c_2j+1 by one multiply-add of unsigned bytes, and a pack to bytes.
+  const __m256i dword_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i nibble_weights = _mm256_set1_epi16(0x1001);  // byte 2j x1, byte 2j+1 x16
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256i c[4];
+    for (int k = 0; k < 4; ++k) {
+      c[k] = Fp4Codes8(_mm256_loadu_ps(x + i + 8 * k), inv_s, h);
+      h = _mm256_add_epi32(h, step);
+    }
+    const __m256i bytes = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3])),
+        dword_order);
+    const __m256i pairs = _mm256_maddubs_epi16(bytes, nibble_weights);
+    const __m256i out = _mm256_permute4x64_epi64(_mm256_packus_epi16(pairs, pairs), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + i / 2), _mm256_castsi256_si128(out));
+  }
+  for (; i + 16 <= n; i += 16) {  // one 16-element step left: 8 bytes
+    const __m256i a = Fp4Codes8(_mm256_loadu_ps(x + i), inv_s, h);
+    h = _mm256_add_epi32(h, step);
+    const __m256i b = Fp4Codes8(_mm256_loadu_ps(x + i + 8), inv_s, h);
+    h = _mm256_add_epi32(h, step);
+    const __m256i bytes = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_setzero_si256()), dword_order);
+    const __m256i pairs = _mm256_maddubs_epi16(bytes, nibble_weights);
+    const __m128i out = _mm_packus_epi16(_mm256_castsi256_si128(pairs), _mm256_castsi256_si128(pairs));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(packed + i / 2), out);
   }
 }
 #endif
