@@ -51,6 +51,35 @@ proto::Response Error(const std::string& name, absl::StatusCode code, std::strin
   return resp;
 }
 
+// Whether `b` agrees with `a` on every field Validate compares for a's collective. Exact:
+// when it says no, Validate's per-field texts find the field and name the ranks.
+bool Agrees(const proto::Request& a, const proto::Request& b) {
+  const auto compression = [](const proto::Request& r) -> const std::string& {
+    static const std::string kNone = "none";
+    return r.compression().empty() ? kNone : r.compression();
+  };
+  if (a.collective() != b.collective() || a.dtype() != b.dtype() || a.device() != b.device() ||
+      a.process_set_id() != b.process_set_id() || compression(a) != compression(b)) {
+    return false;
+  }
+  const proto::Collective c = a.collective();
+  if ((c == proto::ALLREDUCE || c == proto::REDUCESCATTER) && a.reduce_op() != b.reduce_op()) {
+    return false;
+  }
+  if (a.shape_size() != b.shape_size()) return false;
+  if (c == proto::ALLREDUCE || c == proto::BROADCAST || c == proto::REDUCESCATTER) {
+    for (int i = 0; i < a.shape_size(); ++i) {
+      if (a.shape(i) != b.shape(i)) return false;
+    }
+  }
+  if (c == proto::ALLGATHER || c == proto::ALLTOALL) {
+    for (int i = 1; i < a.shape_size(); ++i) {
+      if (a.shape(i) != b.shape(i)) return false;
+    }
+  }
+  return c != proto::BROADCAST || a.root_rank() == b.root_rank();
+}
+
 }  // namespace
 
 std::string ShapeString(const proto::Request& r) {
@@ -88,17 +117,19 @@ std::vector<int32_t> NegotiationTable::TakeEvictions() {
   return out;
 }
 
-int32_t NegotiationTable::CacheInsert(const proto::Request& agreed) {
-  const proto::Collective c = agreed.collective();
+int32_t NegotiationTable::CacheInsert(const RequestPtr& agreed) {
+  const proto::Collective c = agreed->collective();
   if (cache_capacity_ <= 0 || (c != proto::ALLREDUCE && c != proto::BROADCAST &&
                                c != proto::REDUCESCATTER && c != proto::BARRIER)) {
     return 0;
   }
-  std::string bytes = agreed.SerializeAsString();
+  std::string bytes;
   ++use_clock_;
-  if (auto it = cache_by_name_.find(agreed.name()); it != cache_by_name_.end()) {
+  if (auto it = cache_by_name_.find(agreed->name()); it != cache_by_name_.end()) {
     CacheEntry& e = cache_[it->second];
-    if (e.bytes == bytes) {
+    // The cache's own request (every rank sent its id): no need to serialize to compare.
+    if (e.request != agreed) bytes = agreed->SerializeAsString();
+    if (e.request == agreed || e.bytes == bytes) {
       e.last_use = use_clock_;
       return it->second;
     }
@@ -114,12 +145,13 @@ int32_t NegotiationTable::CacheInsert(const proto::Request& agreed) {
     });
     retired_[lru->first] = lru->second.request;
     evictions_.push_back(lru->first);
-    cache_by_name_.erase(lru->second.request.name());
+    cache_by_name_.erase(lru->second.request->name());
     cache_.erase(lru);
   }
+  if (bytes.empty()) bytes = agreed->SerializeAsString();
   const int32_t id = next_cache_id_++;
   cache_[id] = CacheEntry{agreed, std::move(bytes), use_clock_};
-  cache_by_name_[agreed.name()] = id;
+  cache_by_name_[agreed->name()] = id;
   return id;
 }
 
@@ -156,7 +188,9 @@ std::vector<proto::Response> NegotiationTable::Fuse(std::vector<proto::Response>
 }
 
 proto::Response NegotiationTable::Validate(const std::string& name, const Entry& e) const {
-  const proto::Request& first = e.by_rank.begin()->second;
+  // Every rank submitted it, or has joined (Note [Join]: a joined rank's entry is null and
+  // is left out of every comparison).
+  const proto::Request& first = *FirstOf(e);
   // Each check: a field's text per rank; the first field that differs is reported.
   using Getter = std::string (*)(const proto::Request&);
   struct Check {
@@ -174,34 +208,47 @@ proto::Response NegotiationTable::Validate(const std::string& name, const Entry&
     std::map<int, std::string> values;
     bool diff = false;
     const std::string ref = get(first);
-    for (const auto& [rank, r] : e.by_rank) {
-      values[rank] = get(r);
+    for (int rank = 0; rank < world_size_; ++rank) {
+      if (e.by_rank[rank] == nullptr) continue;
+      values[rank] = get(*e.by_rank[rank]);
       diff = diff || values[rank] != ref;
     }
     if (!diff) return std::nullopt;
     return Error(name, absl::StatusCode::kInvalidArgument, MismatchMessage(name, field, values));
   };
+  // The usual case, every rank sent the same: one cheap comparison per rank, no text.
+  bool agree = true;
+  for (const RequestPtr& r : e.by_rank) {
+    agree = agree && (r == nullptr || r.get() == &first || Agrees(first, *r));
+  }
   for (const Check& c : kChecks) {
+    if (agree) break;
     if (auto err = differs(c.field, c.get)) return *err;
   }
   const proto::Collective coll = first.collective();
-  if (coll == proto::ALLREDUCE || coll == proto::REDUCESCATTER) {
+  if (!agree && (coll == proto::ALLREDUCE || coll == proto::REDUCESCATTER)) {
     if (auto err = differs("reduce op", [](const proto::Request& r) { return OpName(r.reduce_op()); })) return *err;
   }
-  if (coll == proto::ALLREDUCE || coll == proto::BROADCAST || coll == proto::REDUCESCATTER) {
+  if (!agree && (coll == proto::ALLREDUCE || coll == proto::BROADCAST || coll == proto::REDUCESCATTER)) {
     if (auto err = differs("shape", [](const proto::Request& r) { return ShapeString(r); })) return *err;
   }
   if (coll == proto::ALLGATHER || coll == proto::ALLTOALL) {
-    if (auto err = differs("rank of the shape", [](const proto::Request& r) { return absl::StrCat(r.shape_size()); })) return *err;
+    if (!agree) {
+      if (auto err = differs("rank of the shape", [](const proto::Request& r) { return absl::StrCat(r.shape_size()); })) return *err;
+    }
     if (first.shape_size() == 0) {
       return Error(name, absl::StatusCode::kInvalidArgument,
                    absl::StrCat("tensor '", name, "': ", CollectiveName(coll),
                                 " needs at least one dimension, got a scalar"));
     }
-    if (auto err = differs("trailing shape", TrailingShape)) return *err;
+    if (!agree) {
+      if (auto err = differs("trailing shape", TrailingShape)) return *err;
+    }
   }
   if (coll == proto::BROADCAST) {
-    if (auto err = differs("root rank", [](const proto::Request& r) { return absl::StrCat(r.root_rank()); })) return *err;
+    if (!agree) {
+      if (auto err = differs("root rank", [](const proto::Request& r) { return absl::StrCat(r.root_rank()); })) return *err;
+    }
     if (first.root_rank() < 0 || first.root_rank() >= world_size_) {
       return Error(name, absl::StatusCode::kInvalidArgument,
                    absl::StrCat("tensor '", name, "': broadcast root rank ", first.root_rank(),
@@ -232,7 +279,7 @@ proto::Response NegotiationTable::Validate(const std::string& name, const Entry&
   ok.set_process_set_id(first.process_set_id());
   ok.set_compression(first.compression());
   if (coll == proto::ALLGATHER) {
-    for (const auto& [rank, r] : e.by_rank) ok.add_first_dims(r.shape(0));
+    for (const RequestPtr& r : e.by_rank) ok.add_first_dims(r != nullptr ? r->shape(0) : 0);
   }
   int64_t elements = 1;
   for (int64_t d : first.shape()) elements *= d;
@@ -244,56 +291,72 @@ std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::Req
                                                       absl::Time now) {
   std::vector<proto::Response> ready;
   for (int32_t id : list.cached_ids()) {
-    const proto::Request* req = nullptr;
-    if (auto it = cache_.find(id); it != cache_.end()) req = &it->second.request;
-    if (auto it = retired_.find(id); req == nullptr && it != retired_.end()) req = &it->second;
+    RequestPtr req;
+    if (auto it = cache_.find(id); it != cache_.end()) req = it->second.request;
+    if (auto it = retired_.find(id); req == nullptr && it != retired_.end()) req = it->second;
     if (req == nullptr) {
       ready.push_back(Error(absl::StrCat("cache id ", id), absl::StatusCode::kInternal,
                             absl::StrCat("rank ", rank, " sent response-cache id ", id,
                                          ", which the coordinator no longer knows")));
       continue;
     }
-    // A copy: SubmitOne may evict this very cache entry (changed metadata) while using it.
-    const proto::Request resolved = *req;
-    SubmitOne(rank, resolved, now, &ready);
+    // Shared: SubmitOne may evict this very cache entry (changed metadata) while using it.
+    SubmitOne(rank, std::move(req), now, &ready);
   }
-  for (const proto::Request& req : list.requests()) SubmitOne(rank, req, now, &ready);
+  for (const proto::Request& req : list.requests()) {
+    SubmitOne(rank, std::make_shared<const proto::Request>(req), now, &ready);
+  }
   return Fuse(std::move(ready));
 }
 
-void NegotiationTable::SubmitOne(int rank, const proto::Request& req, absl::Time now,
+void NegotiationTable::SubmitOne(int rank, RequestPtr req, absl::Time now,
                                  std::vector<proto::Response>* ready) {
-  if (req.collective() == proto::JOIN) return SubmitJoin(rank, req, now, ready);
-  Entry& e = table_[req.name()];
-  if (e.by_rank.empty()) e.first_seen = now;
-  if (e.by_rank.count(rank) != 0) {
-    ready->push_back(Error(req.name(), absl::StatusCode::kAlreadyExists,
-                           absl::StrCat("tensor '", req.name(), "': rank ", rank,
+  if (req->collective() == proto::JOIN) return SubmitJoin(rank, *req, now, ready);
+  auto [it, inserted] = table_.try_emplace(req->name());
+  Entry& e = it->second;
+  if (inserted) {
+    e.by_rank.resize(world_size_);
+    e.arrived.resize(world_size_);
+    e.first_seen = now;
+  }
+  if (rank < 0 || rank >= world_size_ || e.by_rank[rank] != nullptr) {
+    ready->push_back(Error(req->name(), absl::StatusCode::kAlreadyExists,
+                           absl::StrCat("tensor '", req->name(), "': rank ", rank,
                                         " submitted it twice before it was negotiated")));
-    table_.erase(req.name());
+    table_.erase(it);
     return;
   }
-  e.by_rank[rank] = req;
   e.arrived[rank] = now;
-  if (Ready(e)) Respond(req.name(), now, ready);
+  e.by_rank[rank] = std::move(req);
+  ++e.submitted;
+  if (Ready(e)) Respond(it->first, now, ready);
+}
+
+const NegotiationTable::RequestPtr& NegotiationTable::FirstOf(const Entry& e) {
+  for (const RequestPtr& r : e.by_rank) {
+    if (r != nullptr) return r;
+  }
+  return e.by_rank[0];  // unreachable: an entry exists because some rank submitted it
 }
 
 bool NegotiationTable::Ready(const Entry& e) const {
-  int count = static_cast<int>(e.by_rank.size());
-  for (const auto& [rank, name] : joined_) count += e.by_rank.count(rank) ? 0 : 1;
+  int count = e.submitted;
+  for (const auto& [rank, name] : joined_) count += e.by_rank[rank] != nullptr ? 0 : 1;
   return count >= world_size_;
 }
 
-void NegotiationTable::Respond(const std::string& name, absl::Time now,
+void NegotiationTable::Respond(const std::string& name_ref, absl::Time now,
                                std::vector<proto::Response>* ready) {
-  const Entry& e = table_[name];
-  const proto::Request& first = e.by_rank.begin()->second;
+  const std::string name = name_ref;  // the table's key: erased below
+  const Entry& e = table_.at(name);
+  const RequestPtr first_ptr = FirstOf(e);
+  const proto::Request& first = *first_ptr;
   ready->push_back(Validate(name, e));
   proto::Response& resp = ready->back();
   // Note [Join]: the joined ranks that did not submit it take part with the op's identity.
   std::vector<int> fill;
   for (const auto& [rank, join_name] : joined_) {
-    if (!e.by_rank.count(rank)) fill.push_back(rank);
+    if (e.by_rank[rank] == nullptr) fill.push_back(rank);
   }
   if (!fill.empty() && resp.type() == proto::Response::OK) {
     if (first.collective() == proto::ALLREDUCE || first.collective() == proto::BARRIER) {
@@ -308,7 +371,13 @@ void NegotiationTable::Respond(const std::string& name, absl::Time now,
                                 "only: a joined rank has no data to contribute)"));
     }
   }
-  for (const auto& [r, t] : e.arrived) resp.add_report_age_us(absl::ToInt64Microseconds(now - t));
+  if (report_ages_) {
+    // Per rank, in rank order; a joined rank that never submitted it reports 0.
+    for (int r = 0; r < world_size_; ++r) {
+      resp.add_report_age_us(
+          e.by_rank[r] != nullptr ? absl::ToInt64Microseconds(now - e.arrived[r]) : 0);
+    }
+  }
   ++negotiated_;
   if (resp.type() == proto::Response::OK) {
     if (IsValidDataType(first.dtype())) {
@@ -320,7 +389,7 @@ void NegotiationTable::Respond(const std::string& name, absl::Time now,
       ++tensors;
       total += bytes;
     }
-    resp.add_cache_ids(CacheInsert(first));
+    resp.add_cache_ids(CacheInsert(first_ptr));
   }
   table_.erase(name);
 }
@@ -370,6 +439,7 @@ std::vector<int> NegotiationTable::joined_ranks() const {
 
 std::vector<proto::Response> NegotiationTable::FailTensorsWaitingFor(const std::set<int>& gone) {
   std::vector<proto::Response> out;
+  if (gone.empty()) return out;  // the common case, on every RequestList: no table walk
   // Note [Join]: the joined ranks wait for every rank to join, which a rank gone before it
   // joined never will.
   std::vector<int> never;
@@ -390,7 +460,7 @@ std::vector<proto::Response> NegotiationTable::FailTensorsWaitingFor(const std::
   for (auto it = table_.begin(); it != table_.end();) {
     std::vector<int> missing;
     for (int r : gone) {
-      if (!it->second.by_rank.count(r)) missing.push_back(r);
+      if (r >= 0 && r < world_size_ && it->second.by_rank[r] == nullptr) missing.push_back(r);
     }
     if (missing.empty()) {
       ++it;
@@ -405,13 +475,15 @@ std::vector<proto::Response> NegotiationTable::FailTensorsWaitingFor(const std::
   return out;
 }
 
-std::vector<NegotiationTable::Pending> NegotiationTable::PendingTensors(absl::Time now) const {
+std::vector<NegotiationTable::Pending> NegotiationTable::PendingTensors(
+    absl::Time now, absl::Duration min_waiting) const {
   std::vector<Pending> out;
   for (const auto& [name, e] : table_) {
+    if (now - e.first_seen < min_waiting) continue;
     Pending p{name, {}, {}, now - e.first_seen};
     for (int r = 0; r < world_size_; ++r) {
       // A joined rank is ready for every tensor (Note [Join]).
-      (e.by_rank.count(r) || joined_.count(r) ? p.ready_ranks : p.missing_ranks).push_back(r);
+      (e.by_rank[r] != nullptr || joined_.count(r) ? p.ready_ranks : p.missing_ranks).push_back(r);
     }
     out.push_back(std::move(p));
   }

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -65,7 +66,9 @@ class NegotiationTable {
     std::vector<int> missing_ranks;
     absl::Duration waiting;
   };
-  std::vector<Pending> PendingTensors(absl::Time now = absl::Now()) const;
+  // Only those waiting at least `min_waiting` (the stall inspector asks for the old ones).
+  std::vector<Pending> PendingTensors(absl::Time now = absl::Now(),
+                                      absl::Duration min_waiting = absl::ZeroDuration()) const;
 
   // Fails every pending tensor still missing one of `gone` (ranks that left the job): one
   // ERROR response each (FailedPrecondition), to send to every rank. Without it such a
@@ -78,6 +81,10 @@ class NegotiationTable {
   // Cache ids evicted since the last call (the server sends them with the responses).
   std::vector<int32_t> TakeEvictions();
 
+  // Whether responses carry report_age_us (default true). The coordinator turns it off until
+  // a rank asks for them (RequestList.report_ages): N numbers per tensor.
+  void set_report_ages(bool on) { report_ages_ = on; }
+
   int world_size() const { return world_size_; }
   int64_t tensors_negotiated() const { return negotiated_; }
   int64_t bytes_negotiated() const { return bytes_negotiated_; }
@@ -87,12 +94,20 @@ class NegotiationTable {
   }
 
  private:
+  // Requests are shared, not copied: a response-cache hit on N ranks is N pointers to the
+  // cache's one request (and N equal pointers agree without comparing a field).
+  using RequestPtr = std::shared_ptr<const proto::Request>;
+  // One tensor in negotiation. Indexed by rank: with N ranks and T tensors a step makes N·T
+  // submissions, so each must cost O(1), not a tree insert and a copy.
   struct Entry {
-    std::map<int, proto::Request> by_rank;
-    std::map<int, absl::Time> arrived;
+    std::vector<RequestPtr> by_rank;   // null: that rank has not submitted it
+    std::vector<absl::Time> arrived;
+    int submitted = 0;
     absl::Time first_seen;
   };
   proto::Response Validate(const std::string& name, const Entry& e) const;
+  // The request of the lowest rank that submitted `e` (some rank did: it is in the table).
+  static const RequestPtr& FirstOf(const Entry& e);
   // Every rank either submitted `e` or has joined (Note [Join]).
   bool Ready(const Entry& e) const;
   // Validates the ready tensor `name`, books it, appends its response and erases it.
@@ -101,14 +116,14 @@ class NegotiationTable {
                   std::vector<proto::Response>* ready);
 
   std::vector<proto::Response> Fuse(std::vector<proto::Response> ready);
-  void SubmitOne(int rank, const proto::Request& req, absl::Time now,
+  void SubmitOne(int rank, RequestPtr req, absl::Time now,
                  std::vector<proto::Response>* ready);
   // Id of `agreed` in the cache (inserted or refreshed), or 0 when it is not cacheable.
-  int32_t CacheInsert(const proto::Request& agreed);
+  int32_t CacheInsert(const RequestPtr& agreed);
 
   struct CacheEntry {
-    proto::Request request;
-    std::string bytes;  // request.SerializeAsString()
+    RequestPtr request;
+    std::string bytes;  // request->SerializeAsString()
     uint64_t last_use = 0;
   };
   int cache_capacity_;
@@ -116,10 +131,11 @@ class NegotiationTable {
   uint64_t use_clock_ = 0;
   std::map<int32_t, CacheEntry> cache_;             // live entries
   std::map<std::string, int32_t> cache_by_name_;
-  std::map<int32_t, proto::Request> retired_;       // evicted, still resolvable (unbounded)
+  std::map<int32_t, RequestPtr> retired_;           // evicted, still resolvable (unbounded)
   std::vector<int32_t> evictions_;
 
   int world_size_;
+  bool report_ages_ = true;
   int64_t fusion_threshold_;
   int64_t next_bucket_id_ = 0;
   std::map<std::string, Entry> table_;

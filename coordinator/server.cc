@@ -35,9 +35,12 @@ class GrpcStream final : public StreamSink {
       : reactor_(r) {}
 
   void Send(const proto::ResponseList& msg) override {
+    SendShared(std::make_shared<const proto::ResponseList>(msg));
+  }
+  void SendShared(std::shared_ptr<const proto::ResponseList> msg) override {
     absl::MutexLock lock(&mu_);
     if (closed_ || reactor_ == nullptr) return;
-    queue_.push_back(msg);  // deque: the message being written keeps its address
+    queue_.push_back(std::move(msg));  // the message being written stays alive in the queue
     MaybeWriteLocked();
   }
   void Close() override {
@@ -75,8 +78,28 @@ class GrpcStream final : public StreamSink {
   // reaction inside StartWrite/Finish, so calling them under mu_ cannot deadlock.
   void MaybeWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ || finished_ || queue_.empty() || reactor_ == nullptr) return;
+    if (queue_.size() > 1) CoalesceLocked();
     writing_ = true;
-    reactor_->StartWrite(&queue_.front());
+    reactor_->StartWrite(queue_.front().get());
+  }
+  // Note [Coalesced writes]: what queued up while a write was in flight goes out as one
+  // ResponseList, so a busy coordinator (hundreds of ranks, a response per tensor) pays
+  // gRPC's per-message cost once per backlog instead of once per response, and an idle one
+  // still sends each list at once. Concatenating is what applying the lists one by one does:
+  // responses in order, then evictions (cache ids are never reused, so an eviction applied
+  // after a later list's responses drops the same entries). A list that ends the stream
+  // (shutdown or abort) is never merged.
+  void CoalesceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto plain = [](const proto::ResponseList& m) {
+      return !m.shutdown() && m.abort_message().empty();
+    };
+    size_t n = 0;
+    while (n < queue_.size() && plain(*queue_[n])) ++n;
+    if (n < 2) return;
+    auto merged = std::make_shared<proto::ResponseList>();
+    for (size_t i = 0; i < n; ++i) merged->MergeFrom(*queue_[i]);
+    queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
+    queue_.push_front(std::move(merged));
   }
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!closed_ || writing_ || !queue_.empty() || finished_ || reactor_ == nullptr) return;
@@ -86,7 +109,7 @@ class GrpcStream final : public StreamSink {
 
   absl::Mutex mu_;
   grpc::ServerBidiReactor<proto::RequestList, proto::ResponseList>* reactor_ ABSL_GUARDED_BY(mu_);
-  std::deque<proto::ResponseList> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<const proto::ResponseList>> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;

@@ -148,6 +148,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Runtime::Impl::ConnectDefault
     co.heartbeat_interval = coordinator::HeartbeatInterval(*config.job.heartbeat_timeout);
   }
   co.fill_heartbeat = setup.fill_heartbeat;
+  co.report_ages = !config.timeline_path.empty();  // the timeline marks when each rank reported
   return coordinator::ConnectCoordinator(co);
 }
 
