@@ -209,6 +209,10 @@ void Job::Heartbeat(const proto::HeartbeatRequest& req, absl::Time now) {
   if (total(req.compression()) >= total(r.compression)) {
     r.compression.assign(req.compression().begin(), req.compression().end());
   }
+  if (req.fast_path_buckets() >= r.fast_path_buckets) {  // cumulative too: keep the newer
+    r.fast_path.assign(req.fast_path().begin(), req.fast_path().end());
+    r.fast_path_buckets = req.fast_path_buckets();
+  }
 }
 
 const std::string* Job::KeyValueGet(const std::string& key) const {
