@@ -166,7 +166,8 @@ void Job::Goodbye(int rank, absl::Time now) {
   // Work the others still wait on from this rank can never complete: fail it now.
   proto::ResponseList rl;
   for (auto& resp : table_->FailTensorsWaitingFor(clean_)) *rl.add_responses() = std::move(resp);
-  if (rl.responses_size() > 0) Broadcast(rl);
+  rl.add_ranks_left(rank);
+  Broadcast(rl);
   MaybeEnd(now);
 }
 

@@ -38,7 +38,7 @@ absl::StatusOr<proto::JobSettings> ResolveJobSettings(
     const std::vector<proto::RegisterResponse>& assigned);
 
 // BRAID_FAST_PATH when no rank and not the coordinator set it.
-inline constexpr int64_t kDefaultFastPath = 0;
+inline constexpr int64_t kDefaultFastPath = 1;
 
 // The defaults, every field present.
 proto::JobSettings DefaultJobSettings();

@@ -10,6 +10,12 @@
 #include "runtime/runtime_impl.h"
 
 namespace braid {
+namespace {
+
+// The longest an idle rank waits between votes.
+constexpr absl::Duration kMaxIdlePeriod = absl::Milliseconds(100);
+
+}  // namespace
 
 bool Runtime::Impl::FastCycle() {
   proto::RequestList out;
@@ -18,15 +24,23 @@ bool Runtime::Impl::FastCycle() {
   {
     absl::MutexLock lock(&mu_);
     auto event = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return stop_ || !abort_.ok() || !outgoing_.empty() || received_count_ > applied_;
+      return stop_ || !abort_.ok() || !peer_left_.ok() || !outgoing_.empty() ||
+             received_count_ > applied_;
     };
     // A round right away when the last one ran something and tensors still wait (a step's
-    // next bucket); else on a new request or coordinator message, or once per cycle while
-    // idle: every rank must keep voting, or a rank holding a tensor would wait for it.
+    // next bucket); else on a new request or coordinator message, or after a cycle. A rank
+    // with nothing to send votes too (a rank holding a tensor another never sends must reach
+    // its fallback), but backs off to kMaxIdlePeriod so an idle job costs almost no CPU.
     if (!round_progressed_ || table_.empty()) {
-      mu_.AwaitWithDeadline(absl::Condition(&event), last_round_ + config_.cycle_time);
+      absl::Duration wait = std::max(config_.cycle_time, absl::Milliseconds(1));
+      if (table_.empty()) wait = std::min(wait * (int64_t{1} << std::min(idle_rounds_, 10)), kMaxIdlePeriod);
+      mu_.AwaitWithDeadline(absl::Condition(&event), last_round_ + wait);
     }
     if (stop_) return false;
+    if (!peer_left_.ok() && abort_.ok()) {
+      StopFastPathLocked();
+      return true;
+    }
     if (!abort_.ok()) {
       // No more rounds: the communicator is poisoned. Fail what is and what comes.
       auto any = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -59,7 +73,12 @@ bool Runtime::Impl::FastCycle() {
                  agreed->received > applied_;
     ApplyAgreement(*agreed, &resend);
   } else {
-    AbortJob(agreed.status());
+    bool left;
+    {
+      absl::MutexLock lock(&mu_);
+      left = !peer_left_.ok();
+    }
+    if (!left) AbortJob(agreed.status());  // else the next cycle stops the fast path
   }
   if (resend.requests_size() > 0) {
     absl::Status sent = client_->Send(resend);
@@ -69,7 +88,28 @@ bool Runtime::Impl::FastCycle() {
   executing_ = false;
   last_round_ = absl::Now();
   round_progressed_ = progressed;
+  idle_rounds_ = table_.empty() && !progressed ? idle_rounds_ + 1 : 0;
   return true;
+}
+
+void Runtime::Impl::StopFastPathLocked() {
+  fast_path_ = false;
+  fast_active_ = false;
+  for (const proto::ResponseList& msg : received_) {
+    for (const proto::Response& r : msg.responses()) ready_.push_back(BucketFromResponse(r));
+  }
+  received_.clear();
+  for (auto& [name, e] : table_) {
+    if (!e.fast) continue;
+    e.fast = false;
+    proto::Request r;
+    r.ParseFromString(e.request_bytes);
+    outgoing_.push_back(std::move(r));
+  }
+  negotiating_ = 0;
+  executing_ = false;
+  LOG(INFO) << "braid: rank " << rank_ << ": " << peer_left_.message()
+            << "; what is left goes to the coordinator";
 }
 
 void Runtime::Impl::RouteAndVoteLocked(absl::Time now, proto::RequestList* out, Vote* vote) {
@@ -79,7 +119,6 @@ void Runtime::Impl::RouteAndVoteLocked(absl::Time now, proto::RequestList* out, 
     if (fast_cache_.Lookup(r.name(), entry->second.request_bytes) != 0) {
       entry->second.fast = true;
       entry->second.fast_since = now;
-      if (timeline_) timeline_->Mark(r.name(), "cached", now);
       continue;
     }
     // First time, or changed under a cached name: the coordinator's. A changed one also
@@ -123,6 +162,8 @@ void Runtime::Impl::ApplyAgreement(const Agreement& a, proto::RequestList* resen
     if (timeline_) {
       const absl::Time now = absl::Now();
       for (const std::string& name : b.names) {
+        // The vote says only that every rank was ready by this round.
+        for (int p = 0; p < size_; ++p) timeline_->Mark(name, absl::StrCat("rank ", p, " ready"), now);
         timeline_->End(name, "NEGOTIATE", now);
         timeline_->Begin(name, "QUEUE", "", now);
       }

@@ -173,8 +173,11 @@ absl::Status Runtime::Impl::StartLoop() {
     ready_.clear();
     received_.clear();
     received_count_ = 0;
+    fast_active_ = fast_path_;
+    peer_left_ = absl::OkStatus();
     last_round_ = absl::InfinitePast();
     round_progressed_ = false;
+    idle_rounds_ = 0;
     state_ = State::kRunning;
   }
   absl::Status s = client_->StartNegotiation(

@@ -100,11 +100,23 @@ void Runtime::Impl::OnMessage(const proto::ResponseList& msg) {
     AbortJob(absl::CancelledError("the coordinator ended the job"));
   }
   if (timeline_) MarkNegotiated(msg);
-  if (fast_path_) {
-    // Applied (run, and its cache changes made) at a round every rank agrees on.
+  absl::Status left;
+  {
     absl::MutexLock lock(&mu_);
-    received_.push_back(msg);
-    ++received_count_;
+    if (fast_active_) {
+      // Applied (run, and its cache changes made) at a round every rank agrees on.
+      received_.push_back(msg);
+      ++received_count_;
+      if (!peer_left_.ok() || msg.ranks_left_size() == 0) return;
+      peer_left_ = absl::FailedPreconditionError(
+          absl::StrCat("rank ", msg.ranks_left(0), " already shut down"));
+      left = peer_left_;
+    }
+  }
+  if (!left.ok()) {
+    // No round can complete without it: wake the loop from the one it waits in, so it goes
+    // back to the coordinator for everything (FastCycle).
+    comm_->Abort(left);
     return;
   }
   std::vector<Bucket> buckets;

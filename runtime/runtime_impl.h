@@ -22,7 +22,9 @@
 // on outgoing_ (under mu_) -> braid-loop sends it -> the coordinator agrees -> braid-coord-rx
 // queues the Bucket on ready_ (under mu_) -> braid-loop runs it and completes the Handle ->
 // the caller's Wait returns. Entries stay put in table_ (a std::map) until braid-loop erases
-// them, so it reads them without mu_ while running their bucket.
+// them, so it reads them without mu_ while running their bucket. Under the fast path (Note
+// [Fast path], fast_path.h), a cached tensor takes one hand-off: Enqueue -> braid-loop votes
+// and runs it (fast_loop.cc); coordinator messages wait in received_ for a round.
 //
 // Lock order (a thread holding one may take those to its right, never the reverse):
 //   lifecycle_mu_ -> mu_ -> { Handle::mu_, Timeline's, stage's methods_mu_ (Resolve) }
@@ -152,6 +154,9 @@ class Runtime::Impl {
   void LeaveFastPath(const std::string& name, proto::RequestList* resend);
   void CountFastBucket(const std::vector<int32_t>& ids);
   void AddFastPathTotals(proto::HeartbeatRequest* hb) const;
+  // Back to the coordinator for good (a rank left): what waits for a round goes the slow
+  // way, so the coordinator fails what can no longer complete, as on the slow path.
+  void StopFastPathLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- execute.cc ----
   void Execute(const Bucket& bucket);
@@ -199,8 +204,11 @@ class Runtime::Impl {
   int64_t next_fast_bucket_id_ = -1;  // negative: agreed by the ranks (timeline only)
   std::deque<proto::ResponseList> received_ ABSL_GUARDED_BY(mu_);  // not yet applied
   uint64_t received_count_ ABSL_GUARDED_BY(mu_) = 0;
+  bool fast_active_ ABSL_GUARDED_BY(mu_) = false;  // fast_path_, as OnMessage reads it
+  absl::Status peer_left_ ABSL_GUARDED_BY(mu_);    // a rank shut down: rounds are over
   absl::Time last_round_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool round_progressed_ ABSL_GUARDED_BY(mu_) = false;  // the last round ran something
+  int idle_rounds_ ABSL_GUARDED_BY(mu_) = 0;  // rounds in a row with nothing to run
   // What this rank ran through the fast path, for its heartbeats (a leaf lock).
   mutable absl::Mutex fast_stats_mu_;
   std::map<std::string, std::pair<int64_t, int64_t>> fast_by_method_
