@@ -54,6 +54,7 @@ bool Runtime::Impl::FastCycle() {
     }
     RouteAndVoteLocked(absl::Now(), &out, &vote);
     executing_ = true;
+    voting_ = true;
   }
   if (out.requests_size() > 0) {
     absl::Status s = client_->Send(out);
@@ -63,6 +64,10 @@ bool Runtime::Impl::FastCycle() {
   std::vector<uint64_t> gathered(mine.size() * size_);
   std::vector<size_t> bytes(size_, mine.size() * sizeof(uint64_t));
   absl::Status s = comm_->AllGather(mine.data(), bytes[0], gathered.data(), bytes);
+  {
+    absl::MutexLock lock(&mu_);
+    voting_ = false;
+  }
   absl::StatusOr<Agreement> agreed =
       s.ok() ? Agree(gathered, size_, fast_cache_, applied_) : absl::StatusOr<Agreement>(s);
   proto::RequestList resend;

@@ -100,7 +100,6 @@ void Runtime::Impl::OnMessage(const proto::ResponseList& msg) {
     AbortJob(absl::CancelledError("the coordinator ended the job"));
   }
   if (timeline_) MarkNegotiated(msg);
-  absl::Status left;
   {
     absl::MutexLock lock(&mu_);
     if (fast_active_) {
@@ -110,14 +109,12 @@ void Runtime::Impl::OnMessage(const proto::ResponseList& msg) {
       if (!peer_left_.ok() || msg.ranks_left_size() == 0) return;
       peer_left_ = absl::FailedPreconditionError(
           absl::StrCat("rank ", msg.ranks_left(0), " already shut down"));
-      left = peer_left_;
+      // No vote can complete without it: wake the loop from the one it waits in (it then
+      // goes back to the coordinator for everything, FastCycle). Under mu_, so that the
+      // vote cannot end and a collective the rank did finish its part of begin meanwhile.
+      if (voting_) comm_->Abort(peer_left_);
+      return;
     }
-  }
-  if (!left.ok()) {
-    // No round can complete without it: wake the loop from the one it waits in, so it goes
-    // back to the coordinator for everything (FastCycle).
-    comm_->Abort(left);
-    return;
   }
   std::vector<Bucket> buckets;
   buckets.reserve(msg.responses_size());

@@ -31,7 +31,9 @@
 //   stage's state_mu_ (held by braid-loop for a bucket; SaveState / LoadState) -> methods_mu_
 //   StatisticsLedger's mutex: a leaf. fast_stats_mu_: a leaf.
 // No runtime lock is held while calling the coordinator client (Send, Close) or the
-// communicator (collectives, Abort): those have locks of their own and may block.
+// communicator (collectives, Abort): those have locks of their own and may block. One
+// exception: OnMessage calls the communicator's Abort (thread-safe, it never waits on
+// braid-loop) under mu_ when a rank left during a vote (Note [Fast path]).
 #ifndef BRAID_RUNTIME_RUNTIME_IMPL_H_
 #define BRAID_RUNTIME_RUNTIME_IMPL_H_
 
@@ -206,6 +208,7 @@ class Runtime::Impl {
   uint64_t received_count_ ABSL_GUARDED_BY(mu_) = 0;
   bool fast_active_ ABSL_GUARDED_BY(mu_) = false;  // fast_path_, as OnMessage reads it
   absl::Status peer_left_ ABSL_GUARDED_BY(mu_);    // a rank shut down: rounds are over
+  bool voting_ ABSL_GUARDED_BY(mu_) = false;       // braid-loop is in a vote's all-gather
   absl::Time last_round_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool round_progressed_ ABSL_GUARDED_BY(mu_) = false;  // the last round ran something
   int idle_rounds_ ABSL_GUARDED_BY(mu_) = 0;  // rounds in a row with nothing to run
