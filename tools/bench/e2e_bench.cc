@@ -344,17 +344,17 @@ int main(int argc, char** argv) {
   if (o.compare_fast_path) {
     // Medians, with the 25th-75th percentiles in brackets; e2e minus bare in microseconds.
     printf("# fast path on (BRAID_FAST_PATH=1) vs off (=0), each against bare in its own pass\n");
-    printf("# %10s %22s %24s %8s %8s %24s %8s\n", "size (B)", "bare (us) [p25-p75]",
-           "fast e2e (us) [p25-p75]", "fast/bare", "fast-bare", "slow e2e (us) [p25-p75]", "slow/bare");
+    printf("# %10s | %9s %24s %9s %9s | %9s %24s %9s %9s\n", "size (B)", "bare (us)",
+           "fast e2e (us) [p25-p75]", "fast/bare", "fast-bare", "bare (us)",
+           "slow e2e (us) [p25-p75]", "slow/bare", "slow-bare");
     for (const auto& r : rows) {
-      printf("  %10zu %9.2f [%5.1f-%5.1f] %10.2f [%5.1f-%5.1f] %8.3f %8.1f %10.2f [%5.1f-%5.1f] %8.3f\n",
-             r["bytes"].get<size_t>(), r["bare_us_median"].get<double>(),
-             r["bare_us_p25"].get<double>(), r["bare_us_p75"].get<double>(),
-             r["e2e_us_median"].get<double>(), r["e2e_us_p25"].get<double>(),
-             r["e2e_us_p75"].get<double>(), r["ratio"].get<double>(),
-             r["e2e_us_median"].get<double>() - r["bare_us_median"].get<double>(),
-             r["e2e_us_median_slow"].get<double>(), r["e2e_us_p25_slow"].get<double>(),
-             r["e2e_us_p75_slow"].get<double>(), r["ratio_slow"].get<double>());
+      auto med = [&](const char* k) { return r[k].get<double>(); };
+      printf("  %10zu | %9.1f %9.1f [%6.1f-%6.1f] %9.3f %9.1f | %9.1f %9.1f [%6.1f-%6.1f] %9.3f %9.1f\n",
+             r["bytes"].get<size_t>(), med("bare_us_median"), med("e2e_us_median"),
+             med("e2e_us_p25"), med("e2e_us_p75"), med("ratio"),
+             med("e2e_us_median") - med("bare_us_median"), med("bare_us_median_slow"),
+             med("e2e_us_median_slow"), med("e2e_us_p25_slow"), med("e2e_us_p75_slow"),
+             med("ratio_slow"), med("e2e_us_median_slow") - med("bare_us_median_slow"));
     }
   } else {
     printf("# %12s %16s %16s %8s\n", "size (B)", "bare (us, med)", "e2e (us, med)", "e2e/bare");
