@@ -14,6 +14,8 @@ namespace {
 
 // The longest an idle rank waits between votes.
 constexpr absl::Duration kMaxIdlePeriod = absl::Milliseconds(100);
+// How long a failed vote waits for the coordinator to say a peer left.
+constexpr absl::Duration kLeaveNoticeWait = absl::Seconds(5);
 
 }  // namespace
 
@@ -80,7 +82,14 @@ bool Runtime::Impl::FastCycle() {
   } else {
     bool left;
     {
+      // A vote also fails when a peer closed its endpoints. If it shut down cleanly, the
+      // coordinator's notice (ranks_left) is on its way: wait for it (briefly), so the work
+      // that peer never sends fails as on the slow path, not with the transport's error.
       absl::MutexLock lock(&mu_);
+      auto told = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stop_ || !peer_left_.ok() || !abort_.ok();
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&told), absl::Now() + kLeaveNoticeWait);
       left = !peer_left_.ok();
     }
     if (!left) AbortJob(agreed.status());  // else the next cycle stops the fast path
