@@ -193,7 +193,8 @@ void Job::Goodbye(int rank, absl::Time now) {
   // Work the others still wait on from this rank can never complete: fail it now.
   proto::ResponseList rl;
   for (auto& resp : table_->FailTensorsWaitingFor(clean_)) *rl.add_responses() = std::move(resp);
-  if (rl.responses_size() > 0) Broadcast(std::move(rl));
+  rl.add_ranks_left(rank);
+  Broadcast(std::move(rl));
   MaybeEnd(now);
 }
 
@@ -235,6 +236,10 @@ void Job::Heartbeat(const proto::HeartbeatRequest& req, absl::Time now) {
   };
   if (total(req.compression()) >= total(r.compression)) {
     r.compression.assign(req.compression().begin(), req.compression().end());
+  }
+  if (req.fast_path_buckets() >= r.fast_path_buckets) {  // cumulative too: keep the newer
+    r.fast_path.assign(req.fast_path().begin(), req.fast_path().end());
+    r.fast_path_buckets = req.fast_path_buckets();
   }
 }
 

@@ -121,6 +121,9 @@ class Job {
     absl::Time last_seen = absl::InfinitePast();
     // The rank's latest per-method byte counters (from its heartbeats), cumulative.
     std::vector<proto::MethodBytes> compression;
+    // What it ran that the ranks agreed without the coordinator (BRAID_FAST_PATH), cumulative.
+    std::vector<proto::MethodNegotiated> fast_path;
+    int64_t fast_path_buckets = 0;
     std::shared_ptr<StreamSink> stream;  // null unless negotiating
     bool report_ages = false;            // wants Response.report_age_us
   };
@@ -133,6 +136,8 @@ class Job {
   void InspectStalls(absl::Time now);
   void MaybeEnd(absl::Time now);
   std::vector<proto::CompressionStat> CompressionStats() const;
+  // Per method: the largest of the ranks' fast-path reports (every rank runs the same work).
+  std::map<std::string, proto::MethodNegotiated> FastPathByMethod() const;
   std::string JobState() const;
   absl::Duration heartbeat_timeout() const {
     return absl::Milliseconds(settings_.heartbeat_timeout_ms());

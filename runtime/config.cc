@@ -120,6 +120,10 @@ const Variable kVariables[] = {
        return AssignOptional(ParseSeconds(w, t, /*zero_allowed=*/false),
                              &c->job.heartbeat_timeout);
      }},
+    {"BRAID_FAST_PATH",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       return AssignOptional(ParseZeroOrOne(w, t), &c->job.fast_path);
+     }},
     {"BRAID_COMPRESSION",
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        compression::RegistryOptions ro;
@@ -321,6 +325,7 @@ proto::JobSettings ToProto(const JobSettings& s) {
   if (s.heartbeat_timeout) {
     p.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(*s.heartbeat_timeout));
   }
+  if (s.fast_path) p.set_fast_path(*s.fast_path ? 1 : 0);
   return p;
 }
 
@@ -455,6 +460,8 @@ const std::vector<SettingFlag>& SettingFlags() {
        "seconds before such a stall aborts the job (0: never)"},
       {"--heartbeat-timeout", "BRAID_HEARTBEAT_TIMEOUT_S",
        "seconds of silence before a rank is declared lost"},
+      {"--fast-path", "BRAID_FAST_PATH",
+       "1: ranks agree on cached tensors over the data plane, 0: always ask the coordinator"},
       {"--compression", "BRAID_COMPRESSION",
        "default compression of float all-reduces, e.g. fp16, fp4:ef=1"},
   };

@@ -189,7 +189,8 @@ absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest
                      absl::StrCat("\"collective\": \"", CollectiveName(req.collective), "\""));
   }
   std::string name = req.name;
-  table_.emplace(std::move(name), Entry{std::move(req), handle, method, std::move(request_bytes)});
+  table_.emplace(std::move(name), Entry{std::move(req), handle, method, std::move(request_bytes),
+                                       /*fast=*/false, absl::InfinitePast()});
   return handle;
 }
 

@@ -89,6 +89,7 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   CoordinatorClientSetup setup;
   setup.fill_heartbeat = [this](proto::HeartbeatRequest* hb) {
     AddCompressionTotals(*ledger_, hb);
+    AddFastPathTotals(hb);
   };
   LaunchInfo launch = config.launch;
   BRAID_ASSIGN_OR_RETURN(client_, deps.coordinator
@@ -104,6 +105,12 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   local_rank_ = registered.local_rank();
   local_size_ = registered.local_size();
   comm_ = std::move(joined.comm);
+  const proto::JobSettings& job = registered.settings();
+  // Note [Fast path]: job-wide, so every rank votes or none does.
+  fast_path_ = job.fast_path() != 0 && job.cache_capacity() > 0;
+  fusion_threshold_ = job.fusion_threshold_bytes();
+  // Well before the stall check, so a tensor a rank stopped sending is reported in time.
+  fallback_after_ = std::min(absl::Seconds(1), absl::Milliseconds(job.stall_check_ms()) / 2);
   BRAID_RETURN_IF_ERROR(OpenTimeline(config));
   pipeline_ = std::make_unique<AllReducePipeline>(stage_.get(), ledger_.get(), timeline_.get());
   BRAID_RETURN_IF_ERROR(StartLoop());
@@ -173,6 +180,13 @@ absl::Status Runtime::Impl::StartLoop() {
     cache_.clear();
     outgoing_.clear();
     ready_.clear();
+    received_.clear();
+    received_count_ = 0;
+    fast_active_ = fast_path_;
+    peer_left_ = absl::OkStatus();
+    last_round_ = absl::InfinitePast();
+    round_progressed_ = false;
+    idle_rounds_ = 0;
     state_ = State::kRunning;
   }
   absl::Status s = client_->StartNegotiation(
@@ -182,6 +196,14 @@ absl::Status Runtime::Impl::StartLoop() {
     absl::MutexLock lock(&mu_);
     state_ = State::kUninitialized;
     return s;
+  }
+  fast_cache_.Clear();
+  applied_ = 0;
+  invalidate_next_.clear();
+  {
+    absl::MutexLock lock(&fast_stats_mu_);
+    fast_by_method_.clear();
+    fast_buckets_ = 0;
   }
   loop_ = std::thread([this] { Loop(); });
   // Named by its creator, so the name is there by the time Init returns.

@@ -28,6 +28,10 @@ Bucket BucketFromResponse(const proto::Response& r) {
 
 void Runtime::Impl::Loop() {
   while (true) {
+    if (fast_path_) {
+      if (!FastCycle()) return;
+      continue;
+    }
     proto::RequestList out;
     std::deque<Bucket> todo;
     if (!NextCycle(&out, &todo)) return;
@@ -105,6 +109,22 @@ void Runtime::Impl::OnMessage(const proto::ResponseList& msg) {
     AbortJob(absl::CancelledError("the coordinator ended the job"));
   }
   if (timeline_) MarkNegotiated(msg);
+  {
+    absl::MutexLock lock(&mu_);
+    if (fast_active_) {
+      // Applied (run, and its cache changes made) at a round every rank agrees on.
+      received_.push_back(msg);
+      ++received_count_;
+      if (!peer_left_.ok() || msg.ranks_left_size() == 0) return;
+      peer_left_ = absl::FailedPreconditionError(
+          absl::StrCat("rank ", msg.ranks_left(0), " already shut down"));
+      // No vote can complete without it: wake the loop from the one it waits in (it then
+      // goes back to the coordinator for everything, FastCycle). Under mu_, so that the
+      // vote cannot end and a collective the rank did finish its part of begin meanwhile.
+      if (voting_) comm_->Abort(peer_left_);
+      return;
+    }
+  }
   std::vector<Bucket> buckets;
   buckets.reserve(msg.responses_size());
   for (const auto& r : msg.responses()) buckets.push_back(BucketFromResponse(r));

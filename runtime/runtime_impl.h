@@ -22,14 +22,18 @@
 // on outgoing_ (under mu_) -> braid-loop sends it -> the coordinator agrees -> braid-coord-rx
 // queues the Bucket on ready_ (under mu_) -> braid-loop runs it and completes the Handle ->
 // the caller's Wait returns. Entries stay put in table_ (a std::map) until braid-loop erases
-// them, so it reads them without mu_ while running their bucket.
+// them, so it reads them without mu_ while running their bucket. Under the fast path (Note
+// [Fast path], fast_path.h), a cached tensor takes one hand-off: Enqueue -> braid-loop votes
+// and runs it (fast_loop.cc); coordinator messages wait in received_ for a round.
 //
 // Lock order (a thread holding one may take those to its right, never the reverse):
 //   lifecycle_mu_ -> mu_ -> { Handle::mu_, Timeline's, stage's methods_mu_ (Resolve) }
 //   stage's state_mu_ (held by braid-loop for a bucket; SaveState / LoadState) -> methods_mu_
-//   StatisticsLedger's mutex: a leaf.
+//   StatisticsLedger's mutex: a leaf. fast_stats_mu_: a leaf.
 // No runtime lock is held while calling the coordinator client (Send, Close) or the
-// communicator (collectives, Abort): those have locks of their own and may block.
+// communicator (collectives, Abort): those have locks of their own and may block. One
+// exception: OnMessage calls the communicator's Abort (thread-safe, it never waits on
+// braid-loop) under mu_ when a rank left during a vote (Note [Fast path]).
 #ifndef BRAID_RUNTIME_RUNTIME_IMPL_H_
 #define BRAID_RUNTIME_RUNTIME_IMPL_H_
 
@@ -49,6 +53,7 @@
 #include "compression/stage.h"
 #include "proto/braid.pb.h"
 #include "runtime/allreduce_pipeline.h"
+#include "runtime/fast_path.h"
 #include "runtime/runtime.h"
 #include "runtime/statistics.h"
 #include "runtime/timeline.h"
@@ -114,6 +119,9 @@ class Runtime::Impl {
     // All-reduce: its compression, resolved once at enqueue (never null); else null.
     const compression::CompressionMethod* method = nullptr;
     std::string request_bytes;  // the proto::Request sent, serialized (response cache key)
+    // Note [Fast path]: held for the ranks' vote instead of sent to the coordinator, since.
+    bool fast = false;
+    absl::Time fast_since;
   };
 
   // ---- lifecycle.cc ----
@@ -145,6 +153,24 @@ class Runtime::Impl {
   void MarkNegotiated(const proto::ResponseList& msg);  // the timeline's view of it
   void OnClosed(const absl::Status& s);
   void AbortJob(const absl::Status& s);
+
+  // ---- fast_loop.cc (Note [Fast path], fast_path.h) ----
+  // One round of the fast path; false when the loop must stop.
+  bool FastCycle();
+  // Routes new requests (cached: held for the vote, else to `out`) and fills this rank's vote.
+  void RouteAndVoteLocked(absl::Time now, proto::RequestList* out, Vote* vote)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs what the round agreed: cached buckets, invalidations, then the coordinator's
+  // messages every rank received. Fills `resend` with requests that leave the fast path.
+  void ApplyAgreement(const Agreement& a, proto::RequestList* resend);
+  void ApplyCoordinatorMessage(const proto::ResponseList& msg, proto::RequestList* resend);
+  // A tensor whose cache slot went: its full request goes to the coordinator after all.
+  void LeaveFastPath(const std::string& name, proto::RequestList* resend);
+  void CountFastBucket(const std::vector<int32_t>& ids);
+  void AddFastPathTotals(proto::HeartbeatRequest* hb) const;
+  // Back to the coordinator for good (a rank left): what waits for a round goes the slow
+  // way, so the coordinator fails what can no longer complete, as on the slow path.
+  void StopFastPathLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- execute.cc ----
   void Execute(const Bucket& bucket);
@@ -186,6 +212,29 @@ class Runtime::Impl {
   std::unique_ptr<Timeline> timeline_;  // null when BRAID_TIMELINE is unset
   std::unique_ptr<AllReducePipeline> pipeline_;  // the loop's
   std::thread loop_;
+
+  // Note [Fast path] (the job's BRAID_FAST_PATH, from registration). The cache, the count of
+  // applied messages and the pending invalidations are braid-loop's alone.
+  bool fast_path_ = false;
+  int64_t fusion_threshold_ = 0;
+  absl::Duration fallback_after_ = absl::Seconds(1);
+  FastPathCache fast_cache_;
+  uint64_t applied_ = 0;
+  std::vector<int32_t> invalidate_next_;
+  int64_t next_fast_bucket_id_ = -1;  // negative: agreed by the ranks (timeline only)
+  std::deque<proto::ResponseList> received_ ABSL_GUARDED_BY(mu_);  // not yet applied
+  uint64_t received_count_ ABSL_GUARDED_BY(mu_) = 0;
+  bool fast_active_ ABSL_GUARDED_BY(mu_) = false;  // fast_path_, as OnMessage reads it
+  absl::Status peer_left_ ABSL_GUARDED_BY(mu_);    // a rank shut down: rounds are over
+  bool voting_ ABSL_GUARDED_BY(mu_) = false;       // braid-loop is in a vote's all-gather
+  absl::Time last_round_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool round_progressed_ ABSL_GUARDED_BY(mu_) = false;  // the last round ran something
+  int idle_rounds_ ABSL_GUARDED_BY(mu_) = 0;  // rounds in a row with nothing to run
+  // What this rank ran through the fast path, for its heartbeats (a leaf lock).
+  mutable absl::Mutex fast_stats_mu_;
+  std::map<std::string, std::pair<int64_t, int64_t>> fast_by_method_
+      ABSL_GUARDED_BY(fast_stats_mu_);  // method -> (tensors, bytes)
+  int64_t fast_buckets_ ABSL_GUARDED_BY(fast_stats_mu_) = 0;
 };
 
 }  // namespace braid
