@@ -389,7 +389,9 @@ void NegotiationTable::Respond(const std::string& name_ref, absl::Time now,
       ++tensors;
       total += bytes;
     }
-    resp.add_cache_ids(CacheInsert(first_ptr));
+    // A response a joined rank takes part in is not cached: the joined rank holds no request
+    // to cache, and every rank's cache must stay the same (Note [Fast path] in the runtime).
+    resp.add_cache_ids(fill.empty() ? CacheInsert(first_ptr) : 0);
   }
   table_.erase(name);
 }

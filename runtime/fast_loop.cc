@@ -26,8 +26,8 @@ bool Runtime::Impl::FastCycle() {
   {
     absl::MutexLock lock(&mu_);
     auto event = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return stop_ || !abort_.ok() || !peer_left_.ok() || !outgoing_.empty() ||
-             received_count_ > applied_;
+      return stop_ || !abort_.ok() || !peer_left_.ok() ||
+             (!outgoing_.empty() && group_depth_ == 0) || received_count_ > applied_;
     };
     // A round right away when the last one ran something and tensors still wait (a step's
     // next bucket); else on a new request or coordinator message, or after a cycle. A rank
@@ -127,7 +127,10 @@ void Runtime::Impl::StopFastPathLocked() {
 }
 
 void Runtime::Impl::RouteAndVoteLocked(absl::Time now, proto::RequestList* out, Vote* vote) {
-  for (proto::Request& r : outgoing_) {
+  // An open group (BeginGroup) holds its requests until it closes, as on the slow path.
+  std::vector<proto::Request> routing;
+  if (group_depth_ == 0) routing.swap(outgoing_);
+  for (proto::Request& r : routing) {
     auto entry = table_.find(r.name());
     if (entry == table_.end()) continue;
     if (fast_cache_.Lookup(r.name(), entry->second.request_bytes) != 0) {
@@ -140,7 +143,6 @@ void Runtime::Impl::RouteAndVoteLocked(absl::Time now, proto::RequestList* out, 
     if (int32_t id = fast_cache_.IdOf(r.name()); id != 0) invalidate_next_.push_back(id);
     *out->add_requests() = std::move(r);
   }
-  outgoing_.clear();
   const size_t words = VoteWords(fast_cache_.size());
   vote->applied = applied_;
   vote->received = received_count_;
@@ -149,6 +151,7 @@ void Runtime::Impl::RouteAndVoteLocked(absl::Time now, proto::RequestList* out, 
   vote->ready.assign(words, 0);
   vote->invalidate.assign(words, 0);
   for (const auto& [name, e] : table_) {
+    vote->joined = vote->joined || e.req.collective == Collective::kJoin;
     if (!e.fast) continue;
     const int position = fast_cache_.Position(fast_cache_.IdOf(name));
     if (position < 0) continue;  // cannot happen: a slot that goes takes its tensors along
@@ -186,6 +189,18 @@ void Runtime::Impl::ApplyAgreement(const Agreement& a, proto::RequestList* resen
     Execute(b);
   }
   for (int32_t id : a.invalidate) LeaveFastPath(fast_cache_.Evict(id), resend);
+  if (a.joined) {
+    // A rank has joined: what this rank holds goes to the coordinator, which lets the joined
+    // rank take part (Note [Fast path]); the slots stay cached.
+    std::vector<std::string> held;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [name, e] : table_) {
+        if (e.fast) held.push_back(name);
+      }
+    }
+    for (const std::string& name : held) LeaveFastPath(name, resend);
+  }
   std::deque<proto::ResponseList> msgs;
   {
     absl::MutexLock lock(&mu_);

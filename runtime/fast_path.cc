@@ -18,7 +18,7 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-constexpr size_t kHeaderWords = 4;
+constexpr size_t kHeaderWords = 5;
 
 }  // namespace
 
@@ -89,6 +89,7 @@ std::vector<uint64_t> EncodeVote(const Vote& v) {
   out[1] = v.received;
   out[2] = v.cache_size;
   out[3] = v.digest;
+  out[4] = v.joined ? 1 : 0;
   std::copy_n(v.ready.begin(), std::min(w, v.ready.size()), out.begin() + kHeaderWords);
   std::copy_n(v.invalidate.begin(), std::min(w, v.invalidate.size()),
               out.begin() + kHeaderWords + w);
@@ -111,6 +112,7 @@ absl::StatusOr<Agreement> Agree(absl::Span<const uint64_t> gathered, int world_s
     const uint64_t* v = gathered.data() + r * per_rank;
     if (v[0] != applied || v[2] != cache.size() || v[3] != cache.digest()) differ.push_back(r);
     a.received = std::min(a.received, v[1]);
+    a.joined = a.joined || v[4] != 0;
     for (size_t k = 0; k < w; ++k) {
       all[k] &= v[kHeaderWords + k];
       any[k] |= v[kHeaderWords + w + k];
@@ -126,7 +128,7 @@ absl::StatusOr<Agreement> Agree(absl::Span<const uint64_t> gathered, int world_s
     const uint64_t bit = uint64_t{1} << (p % 64);
     const int32_t id = cache.IdAt(static_cast<int>(p));
     if (any[p / 64] & bit) a.invalidate.push_back(id);
-    else if (all[p / 64] & bit) a.ready.push_back(id);
+    else if ((all[p / 64] & bit) && !a.joined) a.ready.push_back(id);
   }
   return a;
 }

@@ -18,6 +18,10 @@
 //      order the coordinator sent them, after the round's cached buckets. Their cache
 //      insertions and evictions apply at that point on every rank, so every rank's cache is
 //      the same at every round (the header carries a digest that checks it).
+// While any rank has joined (join() for uneven inputs, Note [Join] in
+// coordinator/negotiation.h), no slot is agreed: a joined rank never marks one ready, and
+// only the coordinator knows to let it take part with the op's identity. Every rank then
+// sends what it holds to the coordinator (the vote's `joined` flag), until the join completes.
 // A rank invalidates a slot when its tensor changed (a new shape under a cached name), and
 // when its own cached tensor has waited longer than the fallback delay for another rank:
 // the tensor then waits at the coordinator, whose stall inspector names the missing ranks.
@@ -77,12 +81,13 @@ struct Vote {
   uint64_t received = 0;  // coordinator messages received
   uint64_t cache_size = 0;
   uint64_t digest = 0;
+  bool joined = false;               // this rank has a join() in flight
   std::vector<uint64_t> ready;       // bit p: slot at position p is cached and ready here
   std::vector<uint64_t> invalidate;  // bit p: slot at position p must leave every cache
 };
 // 64-bit words for `cache_size` slots.
 size_t VoteWords(size_t cache_size);
-// Header (4 words), then ready, then invalidate (VoteWords each).
+// Header (5 words), then ready, then invalidate (VoteWords each).
 std::vector<uint64_t> EncodeVote(const Vote& vote);
 void SetBit(std::vector<uint64_t>* bits, int position);
 
@@ -91,6 +96,7 @@ struct Agreement {
   uint64_t received = 0;            // coordinator messages every rank has received
   std::vector<int32_t> ready;       // cache ids ready on every rank and not invalidated
   std::vector<int32_t> invalidate;  // cache ids some rank invalidated
+  bool joined = false;              // some rank has joined: nothing is ready (Note [Fast path])
 };
 // `gathered` holds every rank's EncodeVote, back to back in rank order. Internal when the
 // ranks' caches differ (a bug: they change only at agreed points), naming the ranks.

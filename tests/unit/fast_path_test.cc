@@ -77,7 +77,7 @@ TEST(FastPathAgreeTest, AndOfReadyOrOfInvalidateMinOfReceived) {
     SetBit(&v.ready, 3 + rank);                         // ready on one rank only
     if (rank == 2) SetBit(&v.invalidate, 69);           // one rank invalidates
     auto words = EncodeVote(v);
-    EXPECT_EQ(words.size(), 4u + 2 * 2);
+    EXPECT_EQ(words.size(), 5u + 2 * 2);
     gathered.insert(gathered.end(), words.begin(), words.end());
   }
   auto a = Agree(gathered, 3, cache, 4);
