@@ -106,6 +106,7 @@ class GrpcClient final : public CoordinatorClient {
     stream_ = stub_->Negotiate(stream_ctx_.get());
     proto::RequestList hello;
     hello.set_rank(rank);
+    hello.set_report_ages(opts_.report_ages);
     if (!stream_->Write(hello)) {
       return absl::UnavailableError("could not open the negotiation stream to " + opts_.address);
     }
@@ -243,6 +244,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectCoordinator(const Clie
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  if (o.dedicated_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   auto credentials = MakeChannelCredentials(o.tls_ca_file);
   if (!credentials.ok()) return credentials.status();
   auto channel = grpc::CreateCustomChannel(o.address, *credentials, args);

@@ -84,6 +84,7 @@ void Job::Form(absl::Time now, Completions* out) {
   settings_ = (*formed)[0].settings();
   table_ = std::make_unique<NegotiationTable>(world_size_, settings_.fusion_threshold_bytes(),
                                               settings_.cache_capacity());
+  table_->set_report_ages(false);  // until a rank asks for them (OpenStream)
   ranks_.assign(world_size_, Rank{});
   for (size_t i = 0; i < pending.size(); ++i) {
     Rank& r = ranks_[(*formed)[i].rank()];
@@ -129,7 +130,7 @@ absl::Status Job::CheckToken(int rank, absl::string_view token, absl::string_vie
 }
 
 absl::Status Job::OpenStream(int rank, absl::string_view token, std::shared_ptr<StreamSink> sink,
-                             absl::Time now) {
+                             absl::Time now, bool report_ages) {
   if (phase_ == proto::JOB_FORMING || rank < 0 || rank >= static_cast<int>(ranks_.size())) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank, " opened negotiation before job ", id(), " formed"));
@@ -143,6 +144,8 @@ absl::Status Job::OpenStream(int rank, absl::string_view token, std::shared_ptr<
   }
   if (r.stream) r.stream->Close();  // a second stream replaces the first
   r.stream = std::move(sink);
+  r.report_ages = report_ages;
+  if (report_ages) table_->set_report_ages(true);
   r.state = RankState::kNegotiating;
   r.last_seen = now;
   if (!abort_.ok()) r.stream->Send(AbortMessage(abort_));
@@ -153,10 +156,33 @@ absl::Status Job::OpenStream(int rank, absl::string_view token, std::shared_ptr<
   return absl::OkStatus();
 }
 
-void Job::Broadcast(const proto::ResponseList& rl) {
-  // Called under the service's lock: every stream receives the same sequence.
+void Job::Broadcast(proto::ResponseList rl) {
+  // Called under the service's lock: every stream receives the same sequence. One shared
+  // message per kind, not a copy per stream; the ranks that did not ask for report ages
+  // (N of them per tensor) get a message without them, so a step's responses cost the
+  // coordinator O(N·T), not O(N²·T).
+  auto full = std::make_shared<const proto::ResponseList>(std::move(rl));
+  std::shared_ptr<const proto::ResponseList> lean;
   for (Rank& r : ranks_) {
-    if (r.stream) r.stream->Send(rl);
+    if (!r.stream) continue;
+    if (r.report_ages) {
+      r.stream->SendShared(full);
+      continue;
+    }
+    if (lean == nullptr) {
+      bool has_ages = false;
+      for (const proto::Response& resp : full->responses()) {
+        has_ages |= resp.report_age_us_size() > 0;
+      }
+      if (has_ages) {
+        auto copy = std::make_shared<proto::ResponseList>(*full);
+        for (proto::Response& resp : *copy->mutable_responses()) resp.clear_report_age_us();
+        lean = std::move(copy);
+      } else {
+        lean = full;
+      }
+    }
+    r.stream->SendShared(lean);
   }
 }
 
@@ -175,7 +201,7 @@ void Job::OnRequests(int rank, const StreamSink* sink, const proto::RequestList&
   for (auto& r : ready) *rl.add_responses() = std::move(r);
   for (int32_t id : table_->TakeEvictions()) rl.add_evicted_cache_ids(id);
   responses_sent_ += rl.responses_size();
-  Broadcast(rl);
+  Broadcast(std::move(rl));
 }
 
 void Job::Goodbye(int rank, absl::Time now) {
@@ -188,7 +214,8 @@ void Job::Goodbye(int rank, absl::Time now) {
   // Work the others still wait on from this rank can never complete: fail it now.
   proto::ResponseList rl;
   for (auto& resp : table_->FailTensorsWaitingFor(clean_)) *rl.add_responses() = std::move(resp);
-  if (rl.responses_size() > 0) Broadcast(rl);
+  rl.add_ranks_left(rank);
+  Broadcast(std::move(rl));
   MaybeEnd(now);
 }
 
@@ -235,6 +262,10 @@ absl::Status Job::Heartbeat(const proto::HeartbeatRequest& req, absl::string_vie
   };
   if (total(req.compression()) >= total(r.compression)) {
     r.compression.assign(req.compression().begin(), req.compression().end());
+  }
+  if (req.fast_path_buckets() >= r.fast_path_buckets) {  // cumulative too: keep the newer
+    r.fast_path.assign(req.fast_path().begin(), req.fast_path().end());
+    r.fast_path_buckets = req.fast_path_buckets();
   }
   return absl::OkStatus();
 }
@@ -314,8 +345,7 @@ void Job::InspectStalls(absl::Time now) {
   if (!abort_.ok()) return;
   const absl::Duration check = absl::Milliseconds(settings_.stall_check_ms());
   const absl::Duration shutdown = absl::Milliseconds(settings_.stall_shutdown_ms());
-  for (const auto& p : table_->PendingTensors(now)) {
-    if (p.waiting < check) continue;
+  for (const auto& p : table_->PendingTensors(now, check)) {
     std::string what = absl::StrCat(
         "tensor '", p.name, "' was submitted by rank", p.ready_ranks.size() > 1 ? "s " : " ",
         absl::StrJoin(p.ready_ranks, ", "), " but not by rank",

@@ -216,7 +216,8 @@ absl::StatusOr<StreamKey> CoordinatorService::OpenStream(const Caller& caller,
   {
     absl::MutexLock lock(&mu_);
     key = StreamKey{job_->id(), hello.rank(), sink.get()};
-    s = job_->OpenStream(hello.rank(), caller.rank_token, std::move(sink), Now());
+    s = job_->OpenStream(hello.rank(), caller.rank_token, std::move(sink), Now(),
+                         hello.report_ages());
   }
   if (s.code() == absl::StatusCode::kPermissionDenied) {
     admission_.LogRefusal(caller, "Negotiate", s.message());

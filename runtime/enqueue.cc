@@ -59,6 +59,7 @@ absl::string_view CollectiveName(Collective c) {
     case Collective::kReduceScatter: return "reducescatter";
     case Collective::kAllToAll: return "alltoall";
     case Collective::kBarrier: return "barrier";
+    case Collective::kJoin: return "join";
   }
   return "unknown";
 }
@@ -113,7 +114,10 @@ absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r) const {
     if (d < 0) return bad(absl::StrCat("negative dimension ", d));
   }
   const int64_t n = NumElements(r.shape);
-  if (r.collective != Collective::kBarrier && n > 0 && r.input == nullptr) {
+  if (r.collective == Collective::kBarrier || r.collective == Collective::kJoin) {
+    return absl::OkStatus();  // no buffers
+  }
+  if (n > 0 && r.input == nullptr) {
     return bad("input buffer is null");
   }
   if ((r.collective == Collective::kAllReduce || r.collective == Collective::kBroadcast) &&
@@ -185,8 +189,23 @@ absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest
                      absl::StrCat("\"collective\": \"", CollectiveName(req.collective), "\""));
   }
   std::string name = req.name;
-  table_.emplace(std::move(name), Entry{std::move(req), handle, method, std::move(request_bytes)});
+  table_.emplace(std::move(name), Entry{std::move(req), handle, method, std::move(request_bytes),
+                                       /*fast=*/false, absl::InfinitePast()});
   return handle;
+}
+
+void Runtime::Impl::BeginGroup() {
+  absl::MutexLock lock(&mu_);
+  ++group_depth_;
+}
+
+absl::Status Runtime::Impl::EndGroup() {
+  absl::MutexLock lock(&mu_);
+  if (group_depth_ == 0) {
+    return absl::FailedPreconditionError("EndGroup() without a matching BeginGroup()");
+  }
+  --group_depth_;  // at 0 the loop sends what the group held (Note [Cycle])
+  return CheckRunningLocked();
 }
 
 }  // namespace braid

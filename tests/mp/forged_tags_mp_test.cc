@@ -8,7 +8,9 @@
 // then run those 100 all-reduces and every element must be exact, and every forged message
 // must have been dropped and counted (TransportStats::stray_messages_dropped) once its
 // sequence number's all-reduce completed. The same attack on a job whose tags are not keyed
-// must corrupt results: without that, this test could not fail.
+// must corrupt results: without that, this test could not fail. A third run interleaves the
+// negotiation fast path's votes (runtime/fast_loop.cc: a small all-gather over the same data
+// plane, between the all-reduces) and holds them to the same rule.
 #include <unistd.h>
 
 #include <cstdio>
@@ -50,10 +52,17 @@ struct RankResult {
   long received = -1;  // TransportStats::messages_received
 };
 
-// A rank: connects through the store, waits for the attack, runs the all-reduces and counts
-// wrong elements, failed calls and dropped messages. Exit code 0; the counts go to
-// DIR/result.RANK.
-int Rank(int rank, const std::string& dir, bool keyed) {
+// The fast path's vote on one step: a few 64-bit words per rank (runtime/fast_path.h), here
+// values that name the rank, the step and the word.
+constexpr size_t kVoteWords = 4;
+uint64_t VoteWord(int rank, int step, size_t i) {
+  return (uint64_t{1} << 40) * (rank + 1) + 1000 * static_cast<uint64_t>(step) + i;
+}
+
+// A rank: connects through the store, waits for the attack, runs the all-reduces (with
+// `votes`, every odd step a vote's all-gather instead) and counts wrong elements, failed
+// calls and dropped messages. Exit code 0; the counts go to DIR/result.RANK.
+int Rank(int rank, const std::string& dir, bool keyed, bool votes) {
   transport::UcxOptions uo;
   uo.rank = rank;
   uo.size = 2;
@@ -87,6 +96,21 @@ int Rank(int rank, const std::string& dir, bool keyed) {
   int wrong = 0, failed = 0;
   std::vector<float> in(kN), out(kN);
   for (int step = 0; step < kSteps; ++step) {
+    if (votes && step % 2 == 1) {
+      std::vector<uint64_t> mine(kVoteWords), all(2 * kVoteWords);
+      for (size_t i = 0; i < kVoteWords; ++i) mine[i] = VoteWord(rank, step, i);
+      const std::vector<size_t> bytes(2, kVoteWords * sizeof(uint64_t));
+      if (!(*comm)->AllGather(mine.data(), bytes[0], all.data(), bytes).ok()) {
+        ++failed;
+        continue;
+      }
+      for (int r = 0; r < 2; ++r) {
+        for (size_t i = 0; i < kVoteWords; ++i) {
+          wrong += all[r * kVoteWords + i] != VoteWord(r, step, i);
+        }
+      }
+      continue;
+    }
     for (size_t i = 0; i < kN; ++i) in[i] = static_cast<float>((rank + 1) * ((i + step) % 97));
     if (!(*comm)->AllReduce(in.data(), out.data(), kN, DataType::kFloat32, ReduceOp::kSum).ok()) {
       ++failed;
@@ -184,8 +208,9 @@ int Attacker(const std::string& dir) {
   return 0;
 }
 
-// Runs the attack on a job with keyed tags or not; what each rank counted.
-std::vector<RankResult> Attack(bool keyed) {
+// Runs the attack on a job with keyed tags or not (with `votes`, fast-path votes between the
+// all-reduces); what each rank counted.
+std::vector<RankResult> Attack(bool keyed, bool votes = false) {
   const std::string dir = testing::MakeTempDir("braid_forged_");
   testing::ScopedEnv tls("UCX_TLS", "sm");
   testing::ScopedEnv devices("UCX_NET_DEVICES", "lo");
@@ -196,7 +221,7 @@ std::vector<RankResult> Attack(bool keyed) {
   RunRanksOptions o;
   o.ranks = 3;
   o.deadline = absl::Seconds(120);
-  auto exits = RunRanks(o, [&](int p) { return p < 2 ? Rank(p, dir, keyed) : Attacker(dir); });
+  auto exits = RunRanks(o, [&](int p) { return p < 2 ? Rank(p, dir, keyed, votes) : Attacker(dir); });
   for (const RankExit& e : exits) {
     EXPECT_FALSE(e.timed_out) << "process " << e.rank << " hung";
     EXPECT_EQ(e.exit_code, 0) << (e.rank < 2 ? "rank " : "the attacker ") << e.rank;
@@ -227,6 +252,20 @@ TEST(ForgedTagsTest, WrongKeyTagsForTheNext100SequenceNumbersChangeNoResult) {
     // was dropped once its all-reduce completed; the rank received only its peer's 100.
     EXPECT_EQ(results[r].dropped, kForgedPerRank);
     EXPECT_EQ(results[r].received, kSteps);
+  }
+}
+
+// The fast path agrees on cached tensors by an all-gather of votes over the same data plane:
+// forged messages under a vote's sequence number are dropped like the others, and no vote
+// changes.
+TEST(ForgedTagsTest, FastPathVotesAreKeyedAndTheirStrayMessagesDropped) {
+  const std::vector<RankResult> results = Attack(/*keyed=*/true, /*votes=*/true);
+  for (size_t r = 0; r < results.size(); ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    EXPECT_EQ(results[r].wrong, 0);
+    EXPECT_EQ(results[r].failed, 0);
+    EXPECT_EQ(results[r].dropped, kForgedPerRank);
+    EXPECT_EQ(results[r].received, kSteps);  // one message from the peer per collective
   }
 }
 

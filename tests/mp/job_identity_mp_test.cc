@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "runtime/config.h"
 #include "tests/testing/exact_job.h"
 #include "tests/testing/fork_ranks.h"
 #include "tests/testing/runtime_job.h"
@@ -37,8 +38,8 @@ using testing::ScopedEnv;
 using testing::Shell;
 using testing::Touch;
 
-// A port the kernel just handed out, at least 11025 (so MASTER_PORT = port - 10000 maps back
-// onto it: runtime/config.h).
+// A port the kernel just handed out (an ephemeral one: at least 1024, where
+// DerivedCoordinatorPort is one-to-one).
 int FreePort() {
   for (int attempt = 0; attempt < 100; ++attempt) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -52,7 +53,7 @@ int FreePort() {
       port = ntohs(a.sin_port);
     }
     close(fd);
-    if (port >= 11025) return port;
+    if (port >= 1024) return port;
   }
   return 0;
 }
@@ -98,8 +99,10 @@ TEST(JobIdentityTest, TwoTorchrunStyleJobsOnOnePortNeverMix) {
   const std::string signals = dir + "/signals";
   ASSERT_EQ(mkdir(signals.c_str(), 0700), 0);
   const int port = FreePort();
-  ASSERT_GE(port, 11025);
-  const int master_port = port - 10000;
+  ASSERT_GE(port, 1024);
+  // The MASTER_PORT whose derived coordinator port (runtime/config.h) is `port`.
+  const int master_port = 1024 + (port - 1024 - 16384 + 2 * 64512) % 64512;
+  ASSERT_EQ(DerivedCoordinatorPort(master_port), port);
   const std::string user = dir + "/user", other_user = dir + "/other-user";
   RunRanksOptions o;
   o.ranks = 5;

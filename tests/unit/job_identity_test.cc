@@ -70,9 +70,10 @@ TEST(JobIdentityTest, TlsFilesAndTheUserKeyLocation) {
 
 TEST(JobIdentityTest, CoordinatorPortFollowsMasterPortUnlessSetItself) {
   EXPECT_EQ(Config(Env{}).coordinator_port, 29600);
-  EXPECT_EQ(Config(Env{{{"MASTER_PORT", "29500"}}}).coordinator_port, 39500);
-  EXPECT_EQ(Config(Env{{{"MASTER_PORT", "29501"}}}).coordinator_port, 39501);
-  EXPECT_EQ(Config(Env{{{"MASTER_PORT", "60000"}}}).coordinator_port, 50000);
+  // DerivedCoordinatorPort: 1024 + (p - 1024 + 16384) mod 64512.
+  EXPECT_EQ(Config(Env{{{"MASTER_PORT", "29500"}}}).coordinator_port, 45884);
+  EXPECT_EQ(Config(Env{{{"MASTER_PORT", "29501"}}}).coordinator_port, 45885);
+  EXPECT_EQ(Config(Env{{{"MASTER_PORT", "60000"}}}).coordinator_port, 11872);
   EXPECT_EQ(Config(Env{{{"MASTER_PORT", "29500"}, {"BRAID_COORDINATOR_PORT", "1234"}}})
                 .coordinator_port,
             1234);
@@ -142,7 +143,7 @@ TEST(JobIdentityTest, DerivedSecretsAgreeWithinAJobAndDifferAcrossJobs) {
   // The identity names every field, length-prefixed.
   RuntimeConfig c = Config(rank0);
   EXPECT_EQ(JobIdentity(c, c.launch),
-            "braid job identity v1|8:torchrun|0:|9:127.0.0.1|5:39500|1:2");
+            "braid job identity v1|8:torchrun|0:|9:127.0.0.1|5:45884|1:2");
 }
 
 TEST(JobIdentityTest, ARefusedDerivedSecretSaysWhereItCameFrom) {
