@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # The sanitizer and fuzzing suites, each in a build directory of its own (the main build/ is
-# untouched), through ccache:
+# untouched), through ccache, sized to fit CI (at most 15 minutes, cold, on 2 cores):
 #   build-asan  AddressSanitizer + UndefinedBehaviorSanitizer (gcc, as the main build: the
-#               data plane's multiversioned kernels are written for gcc): every unit and
-#               in-process test
-#   build-tsan  ThreadSanitizer (gcc): the in-process concurrency tests (tests/CMakeLists.txt
-#               says which, and why multi-process tests are out of its reach)
+#               data plane's multiversioned kernels are written for gcc): the unit and
+#               in-process tests of the coordinator, compression, the transport and the
+#               runtime's in-process worlds (BRAID_ASAN_TESTS in tests/CMakeLists.txt)
+#   build-tsan  ThreadSanitizer (gcc): the in-process concurrency tests (BRAID_TSAN_TESTS in
+#               tests/CMakeLists.txt says which, and why multi-process tests are out of its
+#               reach)
 #   build-fuzz  libFuzzer (Debian's clang, which alone has it) on the coordinator's request
 #               validation (tests/fuzz), for FUZZ_SECONDS (default 60), starting from the
 #               saved corpus
-# Every finding fails the run. UCX's memory hooks and its error handler clash with ASan:
-# they are off here (UCX_MEM_MALLOC_HOOKS, UCX_MEM_MMAP_HOOK_MODE, UCX_HANDLE_ERRORS).
+# Each test executable runs whole, in one process (the sanitizers' start-up is paid once per
+# binary, not once per test case as under ctest). Every finding fails the run. UCX's memory
+# hooks and its error handler clash with ASan: they are off here (UCX_MEM_MALLOC_HOOKS,
+# UCX_MEM_MMAP_HOOK_MODE, UCX_HANDLE_ERRORS).
 #
 # Usage: scripts/sanitize_test.sh [asan] [tsan] [fuzz]   (default: all three, in that order)
 set -euo pipefail
@@ -40,28 +44,32 @@ configure() {  # DIR CMAKE_ARGS...
 
 stamp() { echo "sanitize_test: $* ($(date +%T))"; }
 
+# Runs every executable listed in FILE (one path a line, written by CMake), each whole.
+run_listed() {  # FILE
+  local t
+  while read -r t; do
+    [ -n "$t" ] || continue
+    echo "== ${t#"$PWD"/}"
+    "$t" --gtest_brief=1
+  done < "$1"
+}
+
 for suite in "${suites[@]}"; do
   start=$(date +%s)
   case "$suite" in
     asan)
       configure build-asan -DBRAID_SANITIZE=address
-      stamp "building the unit and in-process tests with ASan + UBSan"
-      cmake --build build-asan --target braid_unit_tests
+      stamp "building the coordinator, compression, transport and runtime tests with ASan + UBSan"
+      cmake --build build-asan --target braid_asan_tests
       stamp "running them"
-      ctest --test-dir build-asan -L "unit|inprocess" -j2 --output-on-failure --timeout 300
+      run_listed build-asan/tests/asan_tests.txt
       ;;
     tsan)
       configure build-tsan -DBRAID_SANITIZE=thread
       stamp "building the in-process concurrency tests with TSan"
-      cmake --build build-tsan --target braid_concurrency_tests
+      cmake --build build-tsan --target braid_tsan_tests
       stamp "running them"
-      # Whole executables, one process each: TSan's start-up is paid once per binary.
-      for t in unit/collectives_test unit/local_transport_test unit/powersgd_test \
-               unit/sparse_test unit/coordinator_service_test \
-               inprocess/coordinator_concurrency_test; do
-        echo "== $t"
-        "build-tsan/tests/$t" --gtest_brief=1
-      done
+      run_listed build-tsan/tests/tsan_tests.txt
       ;;
     fuzz)
       CC=clang CXX=clang++ configure build-fuzz -DBRAID_FUZZ=ON
