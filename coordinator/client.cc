@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/limits.h"
 #include "coordinator/grpc_status.h"
 #include "glog/logging.h"
 #include "proto/braid.grpc.pb.h"
@@ -228,6 +229,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectCoordinator(const Clie
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // The server's limits (common/limits.h): a fused response list of many long names fits.
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
   auto channel = grpc::CreateCustomChannel(o.address, grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(Deadline(o.connect_timeout))) {
     return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", o.address,

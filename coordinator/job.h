@@ -92,8 +92,10 @@ class Job {
   void KeyValueSet(const std::string& key, const std::string& value) { kv_[key] = value; }
   const std::string* KeyValueGet(const std::string& key) const;
 
-  // The monitor's work: registrations past their deadline, ranks silent past the heartbeat
-  // timeout (lost: the job is aborted), stalled tensors (Note [Stall inspector]).
+  // The monitor's work: registrations past their deadline (naming the missing ranks), ranks
+  // silent past the heartbeat timeout (lost: the job is aborted), stalled tensors (Note
+  // [Stall inspector]) and tensors past the negotiation timeout (Note [Failure reports] in
+  // negotiation.h).
   void Inspect(absl::Time now, Completions* out);
   // Fails every pending and later operation on every rank with `s` (first abort wins).
   void Abort(const absl::Status& s);
@@ -118,14 +120,26 @@ class Job {
     // The rank's latest per-method byte counters (from its heartbeats), cumulative.
     std::vector<proto::MethodBytes> compression;
     std::shared_ptr<StreamSink> stream;  // null unless negotiating
+    int64_t applied_sequence = 0;        // RequestList.applied_sequence, once it sent one
+    bool reports_applied = false;        // whether it ever did
   };
 
   void Form(absl::Time now, Completions* out);
   void Goodbye(int rank, absl::Time now);
   void Lose(int rank, const std::string& why);
-  void Broadcast(const proto::ResponseList& rl);
+  // Sends `rl` to every rank's stream, numbered (ResponseList.sequence).
+  void Broadcast(proto::ResponseList rl);
+  // Sends the negotiation table's replies for single ranks, each to its rank alone.
+  void SendReplies();
+  // A failure report of a rank that failed inside a collective: the job is aborted.
+  void AbortForFailure(int rank, const proto::FailureReport& f);
+  // Records the rank's applied sequence and forgets what every rank has seen evicted.
+  void NoteApplied(int rank, const proto::RequestList& msg);
+  // "only 2 of 4 ranks registered within 2m: ...; missing: ranks 1, 3".
+  std::string MissingRegistrations() const;
   void InspectLiveness(absl::Time now);
   void InspectStalls(absl::Time now);
+  void InspectNegotiationDeadline(absl::Time now);
   void MaybeEnd(absl::Time now);
   std::vector<proto::CompressionStat> CompressionStats() const;
   std::string JobState() const;
@@ -152,6 +166,7 @@ class Job {
   int64_t kv_rpcs_ = 0;
   int64_t cycles_ = 0;
   int64_t responses_sent_ = 0;
+  int64_t sequence_ = 0;  // of the last list broadcast
 };
 
 }  // namespace braid::coordinator

@@ -20,8 +20,8 @@ absl::StatusOr<std::vector<proto::RegisterResponse>> AssignRanks(
     const std::vector<proto::RegisterRequest>& requests, int world_size);
 
 // Note [Job settings]
-// The fusion threshold, the response cache's capacity, the stall check and shutdown and the
-// heartbeat timeout must be the same for the whole job, so the coordinator decides each once,
+// The fusion threshold, the response cache's capacity, the stall check and shutdown, the
+// heartbeat timeout and the negotiation timeout must be the same for the whole job, so the coordinator decides each once,
 // when the whole world has registered:
 //   1. the coordinator's own value when it was given one (braidrun's flags and environment,
 //      braid-coordinator's flags and environment);

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/limits.h"
 #include "coordinator/grpc_status.h"
 #include "coordinator/monitor.h"
 #include "coordinator/service.h"
@@ -246,6 +247,10 @@ class GrpcCoordinatorServer final : public CoordinatorServer {
     builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
     builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    // Above gRPC's 4 MiB default, so a large job's lists are never refused by closing the
+    // stream; ranks split theirs far below it (common/limits.h).
+    builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    builder.SetMaxSendMessageSize(kMaxMessageBytes);
     builder.RegisterService(&grpc_service_);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port_ == 0) {

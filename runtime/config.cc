@@ -15,6 +15,7 @@ namespace {
 
 constexpr int64_t kMaxSeconds = 365 * 24 * 3600;  // one year
 constexpr int64_t kMaxFusionThreshold = int64_t{1} << 40;
+const absl::Duration kMinHeartbeatTimeout = absl::Milliseconds(400);
 
 bool AllDigits(absl::string_view s) {
   if (s.empty()) return false;
@@ -120,8 +121,20 @@ const Variable kVariables[] = {
      }},
     {"BRAID_HEARTBEAT_TIMEOUT_S",
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       auto v = ParseSeconds(w, t, /*zero_allowed=*/false);
+       // Ranks beat every timeout / 4, but at most ten times a second: a shorter timeout
+       // would be shorter than four heartbeat intervals (coordinator/client.h).
+       if (v.ok() && *v < kMinHeartbeatTimeout) {
+         return absl::InvalidArgumentError(absl::StrCat(
+             w, " must be at least ", absl::FormatDuration(kMinHeartbeatTimeout),
+             " (four heartbeats, which ranks send at most every 100ms), got '", t, "'"));
+       }
+       return AssignOptional(std::move(v), &c->job.heartbeat_timeout);
+     }},
+    {"BRAID_NEGOTIATION_TIMEOUT_S",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        return AssignOptional(ParseSeconds(w, t, /*zero_allowed=*/false),
-                             &c->job.heartbeat_timeout);
+                             &c->job.negotiation_timeout);
      }},
     {"BRAID_COMPRESSION",
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
@@ -324,6 +337,9 @@ proto::JobSettings ToProto(const JobSettings& s) {
   if (s.heartbeat_timeout) {
     p.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(*s.heartbeat_timeout));
   }
+  if (s.negotiation_timeout) {
+    p.set_negotiation_timeout_ms(absl::ToInt64Milliseconds(*s.negotiation_timeout));
+  }
   return p;
 }
 
@@ -366,6 +382,8 @@ const std::vector<SettingFlag>& SettingFlags() {
        "seconds before such a stall aborts the job (0: never)"},
       {"--heartbeat-timeout", "BRAID_HEARTBEAT_TIMEOUT_S",
        "seconds of silence before a rank is declared lost"},
+      {"--negotiation-timeout", "BRAID_NEGOTIATION_TIMEOUT_S",
+       "seconds before a tensor some ranks submitted and others did not fails on every rank"},
       {"--compression", "BRAID_COMPRESSION",
        "default compression of float all-reduces, e.g. fp16, fp4:ef=1"},
   };

@@ -78,6 +78,7 @@ struct JobSettings {
   std::optional<absl::Duration> stall_check;        // BRAID_STALL_CHECK_S
   std::optional<absl::Duration> stall_shutdown;     // BRAID_STALL_SHUTDOWN_S
   std::optional<absl::Duration> heartbeat_timeout;  // BRAID_HEARTBEAT_TIMEOUT_S
+  std::optional<absl::Duration> negotiation_timeout;  // BRAID_NEGOTIATION_TIMEOUT_S
 };
 // The wire form: the fields that are set, durations in milliseconds.
 proto::JobSettings ToProto(const JobSettings& settings);

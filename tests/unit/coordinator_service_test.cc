@@ -168,7 +168,9 @@ TEST_F(ServiceTest, RegistrationsThatMissTheDeadlineFailAndFreeTheWorldSize) {
   service_->Inspect();
   ASSERT_EQ(results_.count(lonely), 1u);
   EXPECT_EQ(results_.at(lonely).status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(results_.at(lonely).status().message(), "only 1 of 2 ranks registered within 30s");
+  EXPECT_EQ(results_.at(lonely).status().message(),
+            "only 1 of 2 ranks registered within 30s: missing rank 1; registered: rank 0 (pid "
+            "100 on h)");
   // Nobody waits any more: a world of another size may form.
   int64_t solo = Register(Reg(0, 1));
   EXPECT_TRUE(results_.at(solo).ok()) << results_.at(solo).status();

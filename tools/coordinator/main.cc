@@ -7,8 +7,9 @@
 // registers while a job runs waits for it to end. `braidctl status` shows one job only.
 //
 // Job settings (--fusion-threshold-mb, --cache-capacity, --stall-check-seconds,
-// --stall-shutdown-seconds, --heartbeat-timeout, or their BRAID_* variables in this
-// process's environment) bind every job it runs; the ones left unset are the ranks' to set.
+// --stall-shutdown-seconds, --heartbeat-timeout, --negotiation-timeout, or their BRAID_*
+// variables in this process's environment) bind every job it runs; the ones left unset are
+// the ranks' to set.
 // Stops on SIGINT, SIGTERM or a Shutdown RPC.
 #include <signal.h>
 #include <pthread.h>
@@ -35,7 +36,7 @@ constexpr int kUsage = 2;
 // The flags of runtime/config.h that set job settings.
 constexpr const char* kJobFlags[] = {"--fusion-threshold-mb", "--cache-capacity",
                                      "--stall-check-seconds", "--stall-shutdown-seconds",
-                                     "--heartbeat-timeout"};
+                                     "--heartbeat-timeout", "--negotiation-timeout"};
 
 struct Flags {
   std::string bind = "127.0.0.1", port = "0", size = "0", secret, port_file;
