@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
+#include "common/limits.h"
 #include "compression/stage.h"
 #include "runtime/config.h"
 #include "runtime/handle.h"
@@ -181,13 +182,23 @@ absl::Status Dtype(int dtype, braid::DataType* out) {
   return absl::OkStatus();
 }
 
-absl::Status Shape(const int64_t* shape, int ndim, std::vector<int64_t>* out) {
+// The shape, checked before anything is computed from it: ndim within [0, kMaxDims],
+// non-negative dimensions whose product and byte size stay within the limits of
+// common/limits.h (overflow-checked), so no size derived from it can wrap.
+absl::Status Shape(const int64_t* shape, int ndim, braid::DataType dtype,
+                   std::vector<int64_t>* out) {
   if (ndim < 0) return absl::InvalidArgumentError(absl::StrCat("ndim is negative: ", ndim));
+  if (ndim > braid::kMaxDims) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ndim is ", ndim, ", more than the limit of ", braid::kMaxDims));
+  }
   if (ndim > 0 && shape == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("shape is NULL but ndim is ", ndim));
   }
   out->assign(shape, shape + ndim);
-  return absl::OkStatus();
+  auto elements = braid::ShapeElements("shape", *out);
+  if (!elements.ok()) return elements.status();
+  return braid::TensorBytes("shape", *elements, braid::DataTypeSize(dtype)).status();
 }
 
 // Fills the fields every collective has; `kind` names it in messages.
@@ -195,10 +206,12 @@ absl::Status CommonRequest(braid::Collective kind, const char* name, const int64
                            int ndim, int dtype, braid::CollectiveRequest* r) {
   r->collective = kind;
   r->name = name;
-  absl::Status s = Dtype(dtype, &r->dtype);
-  if (s.ok()) s = Shape(shape, ndim, &r->shape);
+  absl::Status s = braid::CheckName("name", r->name);
+  if (s.ok()) s = Dtype(dtype, &r->dtype);
+  if (s.ok()) s = Shape(shape, ndim, r->dtype, &r->shape);
   if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("'", r->name, "': ", s.message()));
+    return absl::Status(s.code(),
+                        absl::StrCat("'", braid::Truncated(r->name, 64), "': ", s.message()));
   }
   return absl::OkStatus();
 }
@@ -313,6 +326,11 @@ absl::Status AllReduceRequest(const char* fn, const std::string& name, const voi
   r->output = output;
   r->op = static_cast<braid::ReduceOp>(o.op);
   r->compression = o.compression != nullptr ? o.compression : "";
+  if (r->compression.size() > braid::kMaxCompressionSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fn, " '", braid::Truncated(name, 64), "': compression is ", r->compression.size(),
+        " bytes long, more than the limit of ", braid::kMaxCompressionSpecBytes));
+  }
   r->process_set_id = o.process_set_id;
   return absl::OkStatus();
 }

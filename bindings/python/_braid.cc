@@ -26,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
+#include "common/limits.h"
 #include "compression/registry.h"
 #include "compression/stage.h"
 #include "glog/logging.h"
@@ -230,6 +231,9 @@ braid::CollectiveRequest NewRequest(int collective, const std::string& name, int
   if (!braid::IsValidReduceOp(op)) {
     Raise(absl::InvalidArgumentError("unknown reduce op code " + std::to_string(op)));
   }
+  // braid/_ops.py checks these first; here again so that no caller can hand the runtime a
+  // name or size beyond the limits (common/limits.h).
+  Check(braid::CheckName("the collective's name", name));
   braid::CollectiveRequest r;
   r.name = name;
   r.collective = static_cast<braid::Collective>(collective);
@@ -289,6 +293,9 @@ NativeHandle EnqueuePtr(int collective, const std::string& name, int dtype, uint
     Raise(absl::InvalidArgumentError("unknown braid dtype code " + std::to_string(dtype)));
   }
   r.dtype = static_cast<braid::DataType>(dtype);
+  auto elements = braid::ShapeElements("shape", shape);
+  if (!elements.ok()) Raise(elements.status());
+  Check(braid::TensorBytes("shape", *elements, braid::DataTypeSize(r.dtype)).status());
   r.shape = shape;
   r.input = reinterpret_cast<const void*>(input);
   r.output = reinterpret_cast<void*>(output);

@@ -12,6 +12,8 @@ its background thread, without the GIL).
 
 import atexit
 import enum
+import math
+import numbers
 import os
 import threading
 
@@ -348,7 +350,101 @@ def _as_inplace(fn, name, tensor):
     return np.array(tensor, dtype=native, order="C", copy=True), tensor, code
 
 
+# Limits the runtime states (common/limits.h): refused here, before anything reaches the
+# native layer, so every wrong argument is an InvalidArgumentError naming it, never a
+# TypeError of the binding or a value silently truncated to an integer.
+MAX_NAME_BYTES = 1024
+_MAX_ELEMENTS = 1 << 48
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+
+
+def _is_int(value):
+    """An integer that is not a bool (a bool is an int in Python, but never meant as one)."""
+    return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(
+        value, (bool, np.bool_))
+
+
+def _check_int(what, field, value, lo, hi):
+    """``value`` as an int in [lo, hi], or InvalidArgumentError naming ``field``. Floats are
+    refused, even integral ones: a rank or a count given as 1.5 is a bug, and truncating it
+    would hide one."""
+    if not _is_int(value):
+        raise InvalidArgumentError(f"{what}: {field} must be an integer, got "
+                                   f"{type(value).__name__} {value!r}")
+    v = int(value)
+    if not lo <= v <= hi:
+        raise InvalidArgumentError(f"{what}: {field} must be in [{lo}, {hi}], got {v}")
+    return v
+
+
+def _check_name(fn, name):
+    """A collective's name: a str of at most MAX_NAME_BYTES bytes in UTF-8."""
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"{fn}: name must be a str, got {type(name).__name__} "
+                                   f"{name!r:.64}")
+    try:
+        n = len(name.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise InvalidArgumentError(f"{fn}: name is not valid text ({e.reason})") from None
+    if n == 0:
+        raise InvalidArgumentError(f"{fn}: name is empty")
+    if n > MAX_NAME_BYTES:
+        raise InvalidArgumentError(f"{fn}: name is {n} bytes long, more than the limit of "
+                                   f"{MAX_NAME_BYTES} (it starts {name[:64]!r})")
+    return name
+
+
+def _check_splits(what, splits, rows, size):
+    """alltoall splits: ``size`` non-negative integers summing to ``rows`` (exactly, in
+    Python's unbounded integers: no sum can wrap)."""
+    if isinstance(splits, (str, bytes)) or not hasattr(splits, "__iter__"):
+        raise InvalidArgumentError(f"{what}: splits must be a sequence of integers, got "
+                                   f"{type(splits).__name__}")
+    if isinstance(splits, np.ndarray) and splits.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"{what}: splits must hold integers, got dtype {splits.dtype}")
+    out = [_check_int(what, f"splits[{i}]", x, 0, _MAX_ELEMENTS)
+           for i, x in enumerate(np.asarray(splits).reshape(-1).tolist()
+                                 if isinstance(splits, np.ndarray) else splits)]
+    if len(out) != size:
+        raise InvalidArgumentError(f"{what}: splits has {len(out)} entries for {size} ranks")
+    if sum(out) != rows:
+        raise InvalidArgumentError(f"{what}: splits sum to {sum(out)} but dim 0 is {rows}")
+    return out
+
+
+MAX_COMPRESSION_SPEC_BYTES = 256
+
+
+def _check_compression(what, compression):
+    """A compression spec: None (the job's default) or a str of at most 256 bytes."""
+    if compression is None:
+        return
+    if not isinstance(compression, str):
+        raise InvalidArgumentError(f"{what}: compression must be a string such as 'fp16' or "
+                                   f"'fp4:ef=1', got {type(compression).__name__} "
+                                   f"{compression!r:.64}")
+    if len(compression.encode("utf-8", "replace")) > MAX_COMPRESSION_SPEC_BYTES:
+        raise InvalidArgumentError(f"{what}: compression is {len(compression)} characters "
+                                   f"long, more than the limit of {MAX_COMPRESSION_SPEC_BYTES}")
+
+
+def _check_timeout(timeout):
+    """A wait's timeout in seconds: None (forever) or a finite number >= 0."""
+    if timeout is None:
+        return None
+    if not isinstance(timeout, numbers.Real) or isinstance(timeout, bool):
+        raise InvalidArgumentError(f"timeout must be a number of seconds or None, got "
+                                   f"{type(timeout).__name__} {timeout!r}")
+    t = float(timeout)
+    if math.isnan(t) or t < 0:
+        raise InvalidArgumentError(f"timeout must be >= 0 seconds, got {timeout!r}")
+    return t
+
+
 def _check_op(op):
+    if not _is_int(op):  # ReduceOp(1.0) would be Average: a float is refused, not truncated
+        raise InvalidArgumentError(f"unknown reduce op {op!r}: use braid.Sum, braid.Average, "
+                                   "braid.Min, braid.Max or braid.Product")
     try:
         return ReduceOp(op)
     except ValueError:
@@ -416,10 +512,10 @@ class Handle:
 def _enqueue(collective, name, arr, code, output=None, op=ReduceOp.Average, root_rank=0,
              splits=(), target=None, compression=None):
     _check_process(collective)
-    if compression is not None and not isinstance(compression, str):
-        raise InvalidArgumentError(f"{collective} '{name}': compression must be a string such "
-                                   f"as 'fp16' or 'fp4:ef=1', got {compression!r}")
-    native = _braid.enqueue(_COLL[collective], name, code, arr, output, int(op), int(root_rank),
+    _check_name(collective, name)
+    root_rank = _check_int(f"{collective} '{name}'", "root_rank", root_rank, *_INT32)
+    _check_compression(f"{collective} '{name}'", compression)
+    native = _braid.enqueue(_COLL[collective], name, code, arr, output, int(op), root_rank,
                             list(splits), compression or "")
     h = Handle(native, collective, (arr, output, target), output, target, arr.dtype)
     _keep_alive(h)  # the arrays of a running collective outlive a dropped Handle
@@ -446,6 +542,7 @@ def synchronize(handle, timeout=None):
     DeadlineExceededError (no progress for BRAID_TIMEOUT_S), InternalError. Calling it again
     on a completed handle returns the same result (or raises the same error).
     """
+    timeout = _check_timeout(timeout)
     if not handle._done:
         if not handle._native.wait(timeout, 0.1):
             raise DeadlineExceededError(
@@ -603,7 +700,10 @@ def alltoall_async(tensor, splits=None, name=None):
     """
     name = _next_name("alltoall") if name is None else name
     arr, code = _as_input("alltoall", name, tensor)
-    sp = () if splits is None else [int(x) for x in np.asarray(splits).reshape(-1)]
+    sp = ()
+    if splits is not None:
+        rows = arr.shape[0] if arr.ndim > 0 else 0
+        sp = _check_splits(f"alltoall '{name}'", splits, rows, size())
     return _enqueue("alltoall", name, arr, code, splits=sp)
 
 

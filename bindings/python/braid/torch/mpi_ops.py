@@ -377,15 +377,17 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
 
 # --- all-to-all -----------------------------------------------------------------------------
 
-def _splits_list(fn, name, splits):
+def _splits_list(fn, name, splits, rows):
+    """The splits as ints: ``size()`` non-negative integers summing to ``rows`` (floats are
+    refused, never truncated)."""
     if splits is None:
         return None
     if isinstance(splits, torch.Tensor):
-        if splits.is_floating_point() or splits.dim() > 1:
+        if splits.is_floating_point() or splits.is_complex() or splits.dim() > 1:
             raise InvalidArgumentError(f"{fn} '{name}': splits must be a 1-D integer tensor "
                                        "or a list of ints")
-        return [int(x) for x in splits.tolist()]
-    return [int(x) for x in splits]
+        splits = splits.tolist()
+    return _ops._check_splits(f"{fn} '{name}'", splits, rows, _ops.size())
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
@@ -400,11 +402,11 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     """
     _check_process_set("alltoall_async", process_set)
     name = _ops._next_name("alltoall") if name is None else name
-    sp = _splits_list("alltoall_async", name, splits)
     t, code, _ = _wire("alltoall_async", name, tensor)
     if t.dim() == 0:
         raise InvalidArgumentError(f"alltoall_async '{name}': needs at least one dimension, "
                                    "got a scalar")
+    sp = _splits_list("alltoall_async", name, splits, t.shape[0])
     h = _enqueue("alltoall", name, _contiguous(t), code, splits=sp or (),
                  finish=_result_from_bytes(tensor.dtype), keep=(tensor,))
     if sp is None:
