@@ -325,10 +325,20 @@ def _dtype_info(fn, name, dt):
     return _braid.DTYPES[bname], np.dtype(bname)
 
 
+def _check_size(fn, name, arr):
+    """Refuses an array beyond the limit of a tensor (2^48 bytes) before anything copies it:
+    a zero-strided view can claim petabytes."""
+    if arr.size * arr.dtype.itemsize > _MAX_TENSOR_BYTES:
+        raise InvalidArgumentError(
+            f"{fn} '{name}': shape {arr.shape} of {arr.dtype} is {arr.size * arr.dtype.itemsize} "
+            f"bytes, more than the limit of a tensor, 2^48 bytes")
+
+
 def _as_input(fn, name, tensor):
     """A C-contiguous, native-byte-order array with the tensor's values (no copy if it is one)."""
     arr = np.asarray(tensor)
     code, native = _dtype_info(fn, name, arr.dtype)
+    _check_size(fn, name, arr)
     if arr.dtype != native or not arr.flags.c_contiguous or not arr.flags.aligned:
         arr = np.ascontiguousarray(arr, dtype=native)
     return arr, code
@@ -341,6 +351,7 @@ def _as_inplace(fn, name, tensor):
             f"{fn} '{name}': in-place collectives need a numpy.ndarray, got "
             f"{type(tensor).__name__}")
     code, native = _dtype_info(fn, name, tensor.dtype)
+    _check_size(fn, name, tensor)
     if not tensor.flags.writeable:
         raise InvalidArgumentError(f"{fn} '{name}': the array is read-only")
     if tensor.dtype == native and tensor.flags.c_contiguous and tensor.flags.aligned:
@@ -354,7 +365,7 @@ def _as_inplace(fn, name, tensor):
 # native layer, so every wrong argument is an InvalidArgumentError naming it, never a
 # TypeError of the binding or a value silently truncated to an integer.
 MAX_NAME_BYTES = 1024
-_MAX_ELEMENTS = 1 << 48
+_MAX_TENSOR_BYTES = 1 << 48  # bytes of one tensor; also bounds element counts
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 
 
@@ -402,7 +413,7 @@ def _check_splits(what, splits, rows, size):
                                    f"{type(splits).__name__}")
     if isinstance(splits, np.ndarray) and splits.dtype.kind not in "iu":
         raise InvalidArgumentError(f"{what}: splits must hold integers, got dtype {splits.dtype}")
-    out = [_check_int(what, f"splits[{i}]", x, 0, _MAX_ELEMENTS)
+    out = [_check_int(what, f"splits[{i}]", x, 0, _MAX_TENSOR_BYTES)
            for i, x in enumerate(np.asarray(splits).reshape(-1).tolist()
                                  if isinstance(splits, np.ndarray) else splits)]
     if len(out) != size:

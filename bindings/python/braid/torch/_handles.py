@@ -136,6 +136,11 @@ def _check_tensor(fn, name, tensor):
     if tensor.is_sparse:
         raise InvalidArgumentError(f"{fn} '{name}': sparse tensors are not supported: pass "
                                    "indices and values separately (or .to_dense())")
+    if tensor.numel() * tensor.element_size() > _ops._MAX_TENSOR_BYTES:  # before any copy
+        raise InvalidArgumentError(
+            f"{fn} '{name}': shape {tuple(tensor.shape)} of {tensor.dtype} is "
+            f"{tensor.numel() * tensor.element_size()} bytes, more than the limit of a "
+            "tensor, 2^48 bytes")
 
 
 def _wire(fn, name, tensor, op=None):
