@@ -26,3 +26,32 @@ def test_bad_inputs_each_give_their_clear_error():
     cases = int(re.search(r"bad inputs: (\d+) cases", out).group(1))
     assert cases >= 30, out
     assert len(re.findall(r"^case \d+: .* -> InvalidArgumentError: ", out, re.M)) == cases, out
+
+
+# Usage errors of every tool: exit code 2 and a message naming the flag (never CLI11's own
+# codes, 100 and up).
+TOOL_CASES = [
+    (["tools/braidrun/braidrun", "-np", "1.5", "true"], "-np must be an integer, got '1.5'"),
+    (["tools/braidrun/braidrun", "-np", "2", "--negotiation-timeout", "inf", "true"],
+     "--negotiation-timeout must be a positive number of seconds, got 'inf'"),
+    (["tools/braidrun/braidrun", "-np", "2", "--heartbeat-timeout", "0.05", "true"],
+     "--heartbeat-timeout must be at least 400ms"),
+    (["tools/coordinator/braid-coordinator", "--port", "99999"],
+     "--port must be in [0, 65535], got 99999"),
+    (["tools/coordinator/braid-coordinator", "--no-such-flag"], "--no-such-flag"),
+    (["tools/braidctl/braidctl", "status", "--coordinator", "nohost"],
+     "--coordinator must be HOST:PORT"),
+    (["tools/braidctl/braidctl", "status", "--watch", "-1"],
+     "--watch must be a non-negative number of seconds, got '-1'"),
+    (["tools/bench/braid-bench", "allreduce", "-n", "1.5"], "--iters"),
+]
+
+
+def test_tool_usage_errors_exit_2_naming_the_flag():
+    build = braid_launch.build_dir()
+    env = braid_launch.rank_env(build)
+    for argv, want in TOOL_CASES:
+        res = subprocess.run([str(build / argv[0])] + argv[1:], env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert res.returncode == 2, (argv, res.returncode, res.stderr)
+        assert want in res.stderr, (argv, res.stderr)

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "tools/cli.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -224,7 +225,7 @@ int main(int argc, char** argv) {
                  "also time a step of this many float32 tensors (1 KiB..4 MiB) with fusion and "
                  "cache on, one pre-fused buffer of the same bytes, and the step with fusion off");
   app.add_option("--step-iters", o.step_iters)->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  BRAID_CLI_PARSE(app, argc, argv);
 
   std::vector<size_t> sizes;
   auto lo = braid::bench::ParseSize(o.min), hi = braid::bench::ParseSize(o.max);

@@ -26,6 +26,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "tools/cli.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -183,7 +184,7 @@ int main(int argc, char** argv) {
   status->add_option("--watch", watch, "refresh every SECONDS (until interrupted, or --once)");
   status->add_flag("--once", o.once, "follow the current job until it ends, then exit with "
                                      "0 (clean), 1 (aborted) or 3 (coordinator gone)");
-  CLI11_PARSE(app, argc, argv);
+  BRAID_CLI_PARSE(app, argc, argv);
 
   auto fail = [](const absl::Status& s) {
     std::cerr << "braidctl: " << s.message() << "\n";

@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "tools/cli.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/server.h"
 #include "glog/logging.h"
@@ -109,7 +110,7 @@ int main(int argc, char** argv) {
     const braid::SettingFlag* sf = braid::FindSettingFlag(flag);
     app.add_option(flag, f.settings[flag], absl::StrCat(sf->help, " (", sf->variable, ")"));
   }
-  CLI11_PARSE(app, argc, argv);
+  BRAID_CLI_PARSE(app, argc, argv);
   for (const char* flag : kJobFlags) {
     if (app.get_option(flag)->count() == 0) f.settings.erase(flag);
   }
