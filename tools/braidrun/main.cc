@@ -29,6 +29,7 @@
 #include "tools/braidrun/host_list.h"
 #include "tools/braidrun/launcher.h"
 #include "tools/braidrun/rank_env.h"
+#include "tools/braidrun/watchdog.h"
 
 extern char** environ;
 
@@ -247,6 +248,13 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
 
+  // Note [Ranks die with braidrun]: forked while braidrun has one thread.
+  absl::StatusOr<braid::braidrun::Watchdog> watchdog = braid::braidrun::Watchdog::Start();
+  if (!watchdog.ok()) {
+    Fail(absl::StrCat("no watchdog (ranks would outlive a killed braidrun): ",
+                      watchdog.status().message()));
+  }
+
   // Before any thread exists (gRPC's, glog's): every thread inherits the blocked mask, so
   // SIGINT/SIGTERM/SIGCHLD arrive only through braidrun's signalfd.
   braid::braidrun::SignalSetup signals = braid::braidrun::BlockSignals();
@@ -288,6 +296,11 @@ int main(int argc, char** argv) {
   braid::braidrun::LaunchSpec spec;
   spec.command = args->command;
   spec.verbose = args->verbose;
+  if (watchdog.ok()) {
+    spec.group_started = [&](pid_t group) { watchdog->Watch(group); };
+    spec.group_gone = [&](pid_t group) { watchdog->Forget(group); };
+    if (args->verbose) std::cerr << "braidrun: watchdog pid " << watchdog->pid() << std::endl;
+  }
   const std::vector<std::string> base = CurrentEnvironment();
   for (int r = 0; r < args->np; ++r) {
     spec.rank_envs.push_back(braid::braidrun::BuildRankEnv(base, job, r, r, args->np));
