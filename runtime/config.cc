@@ -16,6 +16,7 @@ namespace {
 constexpr int64_t kMaxSeconds = 365 * 24 * 3600;  // one year
 constexpr int64_t kMaxFusionThreshold = int64_t{1} << 40;
 const absl::Duration kMinHeartbeatTimeout = absl::Milliseconds(400);
+constexpr int64_t kMinTimelineBytes = 65536;
 
 bool AllDigits(absl::string_view s) {
   if (s.empty()) return false;
@@ -77,6 +78,16 @@ const Variable kVariables[] = {
      [](absl::string_view, absl::string_view t, RuntimeConfig* c) {
        c->timeline_path = std::string(t);
        return absl::OkStatus();
+     }},
+    {"BRAID_TIMELINE_MAX_BYTES",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       auto v = ParseInteger(w, t, 0, int64_t{1} << 50);
+       // A file must hold at least a few events besides the rows' names.
+       if (v.ok() && *v != 0 && *v < kMinTimelineBytes) {
+         return absl::InvalidArgumentError(absl::StrCat(
+             w, " must be 0 (no limit) or at least ", kMinTimelineBytes, " bytes, got ", t));
+       }
+       return Assign(std::move(v), &c->timeline_max_bytes);
      }},
     {"BRAID_CYCLE_TIME_MS",
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {

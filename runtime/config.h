@@ -93,6 +93,9 @@ struct RuntimeConfig {
   std::string job_secret;                // BRAID_JOB_SECRET
   absl::Duration cycle_time = absl::Milliseconds(1);  // BRAID_CYCLE_TIME_MS
   std::string timeline_path;             // BRAID_TIMELINE
+  // BRAID_TIMELINE_MAX_BYTES: the timeline file rotates beyond this (runtime/timeline.h);
+  // 0: no limit.
+  int64_t timeline_max_bytes = int64_t{1} << 30;
   // BRAID_COMPRESSION: the default for floating-point sum/average all-reduces that do not
   // name one (see compression/registry.h); validated, kept in canonical form.
   std::string compression = "none";

@@ -139,6 +139,8 @@ TEST(ConfigTest, BadValuesAreNamedErrors) {
       {{"BRAID_HEARTBEAT_TIMEOUT_S", "0"}, "BRAID_HEARTBEAT_TIMEOUT_S must be a positive number of seconds, got '0'"},
       // Shorter than four heartbeat intervals (ranks beat at most every 100 ms).
       {{"BRAID_HEARTBEAT_TIMEOUT_S", "0.1"}, "BRAID_HEARTBEAT_TIMEOUT_S must be at least 400ms (four heartbeats, which ranks send at most every 100ms), got '0.1'"},
+      {{"BRAID_TIMELINE_MAX_BYTES", "100"}, "BRAID_TIMELINE_MAX_BYTES must be 0 (no limit) or at least 65536 bytes, got 100"},
+      {{"BRAID_TIMELINE_MAX_BYTES", "1GiB"}, "BRAID_TIMELINE_MAX_BYTES must be an integer, got '1GiB'"},
       {{"BRAID_NEGOTIATION_TIMEOUT_S", "0"}, "BRAID_NEGOTIATION_TIMEOUT_S must be a positive number of seconds, got '0'"},
       {{"BRAID_NEGOTIATION_TIMEOUT_S", "NaN"}, "BRAID_NEGOTIATION_TIMEOUT_S must be a positive number of seconds, got 'NaN'"},
       {{"BRAID_STALL_CHECK_S", "0"}, "BRAID_STALL_CHECK_S must be a positive number of seconds, got '0'"},
