@@ -262,7 +262,10 @@ float ChunkScale(FourBitFormat format, const float* x, size_t count) {
   if (format == FourBitFormat::kInt4) return m / 7.0f;
   int e = 0;
   const float f = std::frexp(m, &e);  // m = f·2^e, f in [0.5, 1)
-  return f == 0.5f ? m : std::ldexp(1.0f, e);
+  if (f == 0.5f) return m;
+  // Above 2^127 the next power of two is beyond float32: no scale holds the chunk, which
+  // is then broken like a non-finite one (NaN), never silently clipped.
+  return e > 127 ? std::nanf("") : std::ldexp(1.0f, e);
 }
 
 void DecodeTable(FourBitFormat format, float scale, float table[16]) {
