@@ -264,13 +264,13 @@ void Job::Abort(const absl::Status& s) {
 }
 
 void Job::Inspect(absl::Time now, Completions* out) {
-  for (size_t i = 0; i < pending_.size();) {
-    if (now < pending_[i].deadline) {
-      ++i;
-      continue;
-    }
-    const int64_t call_id = pending_[i].id;
-    RemoveRegistration(call_id, absl::DeadlineExceededError(MissingRegistrations()), out);
+  // Once one registration has waited its register timeout the world cannot form with it:
+  // every registration waiting fails with the same message, naming the missing ranks.
+  const bool expired = std::any_of(pending_.begin(), pending_.end(),
+                                   [&](const Pending& p) { return now >= p.deadline; });
+  if (expired) {
+    const absl::Status why = absl::DeadlineExceededError(MissingRegistrations());
+    while (!pending_.empty()) RemoveRegistration(pending_.front().id, why, out);
   }
   if (phase_ != proto::JOB_RUNNING) return;
   InspectLiveness(now);

@@ -92,7 +92,8 @@ class Job {
   void KeyValueSet(const std::string& key, const std::string& value) { kv_[key] = value; }
   const std::string* KeyValueGet(const std::string& key) const;
 
-  // The monitor's work: registrations past their deadline (naming the missing ranks), ranks
+  // The monitor's work: registrations past their deadline (every waiting one fails with the
+  // first, naming the missing ranks), ranks
   // silent past the heartbeat timeout (lost: the job is aborted), stalled tensors (Note
   // [Stall inspector]) and tensors past the negotiation timeout (Note [Failure reports] in
   // negotiation.h).
