@@ -239,7 +239,9 @@ TEST(CoordinatorWireTest, MemoryStaysFlatWhileATensorCyclesThroughShapes) {
               static_cast<long long>(rss_at_2000), static_cast<long long>(rss_at_end), kSteps,
               static_cast<long long>(growth),
               report_applied ? "" : " (applied sequence omitted)");
-  if (report_applied) EXPECT_LT(growth, 5 * 1024) << "KiB";
+  if (report_applied) {
+    EXPECT_LT(growth, 5 * 1024) << "KiB";
+  }
   rank.Stop();
 }
 
