@@ -1,6 +1,7 @@
 // The compression stage's seam: a Compressor reduces one bucket of tensors across
 // the ranks of a Communicator, choosing its own collectives — compress, communicate,
-// decompress. Every algorithm plugs in here:
+// decompress. Every algorithm plugs in here, uncompressed reduction included:
+//   none:        one all-reduce of the bucket in its own dtype, any reduce op;
 //   fp16 / bf16: one all-reduce of the cast bucket;
 //   fp4 / int4:  an all-to-all of quantized shards, a local float32 sum, an all-gather of the
 //                re-quantized shards (one collective each for the whole bucket);
@@ -25,18 +26,30 @@
 
 namespace braid::compression {
 
-// One tensor of a bucket as the stage sees it: float32, contiguous, reduced in place. The
-// runtime converts float16 / bfloat16 / float64 tensors to a float32 work buffer first.
+// One tensor of a bucket as a Compressor sees it: contiguous, reduced in place in `data`.
+// Its dtype is one the compressor takes natively (Compressor::TakesNatively); the runtime
+// converts every other tensor to a float32 work buffer first and back afterwards, once each
+// way. Compressors that take only float32 read `f32()`.
 struct TensorView {
   absl::string_view name;
   absl::Span<const int64_t> shape;  // the tensor's shape (PowerSGD views it as a matrix)
-  float* data = nullptr;            // NumElements(shape) elements
+  void* data = nullptr;             // `count` elements of `dtype`; the result lands here
   size_t count = 0;
+  DataType dtype = DataType::kFloat32;
+  // Out of place: when set, this rank's values are read from here instead of `data` (which
+  // then only receives the result). Set only for compressors whose ReadsSeparateInput() is
+  // true; others always find it null and their input in `data`.
+  const void* input = nullptr;
+
+  float* f32() const { return static_cast<float*>(data); }
+  size_t bytes() const { return count * DataTypeSize(dtype); }
 };
 
 // What one Reduce call needs besides the data, identical on every rank except `rank`.
 struct StepContext {
-  ReduceOp op = ReduceOp::kAverage;  // kSum or kAverage (the only ops compression supports)
+  // kSum or kAverage for every method but none, which takes every op (MethodApplies,
+  // registry.h says which method takes what).
+  ReduceOp op = ReduceOp::kAverage;
   // Per-rank reproducible randomness: stochastic rounding seeds derive from
   // (seed, rank, tensor name, step). Set from BRAID_SEED.
   uint64_t seed = 0;
@@ -44,7 +57,7 @@ struct StepContext {
   // compressor ran before (the same on every rank). Seeds and schedules derive from it.
   absl::Span<const int64_t> steps;
   // Filled by Reduce: bytes of the compressed representation this rank contributed for each
-  // tensor (payload bytes: see stage.h), in the order of `tensors`.
+  // tensor (payload bytes: runtime/statistics.h), in the order of `tensors`.
   absl::Span<uint64_t> payload_bytes;
 };
 
@@ -52,12 +65,19 @@ class Compressor {
  public:
   virtual ~Compressor() = default;
 
-  // Canonical spec, e.g. "fp4:chunk=128,ef=0" (every option spelled out).
+  // Canonical spec, e.g. "fp4:ef=1" (registry.h: options that differ from their defaults).
   virtual const std::string& spec() const = 0;
 
-  // Reduces `tensors` (one bucket: the same names, shapes and order on every rank) in place:
-  // afterwards every rank holds bit-identical values approximating the sum (kSum) or mean
-  // (kAverage) over ranks. Errors: the communicator's (Unavailable,
+  // Whether Reduce takes tensors of `dtype` as they are. The others reach it as float32,
+  // converted by the runtime (once in, once out). Default: float32 only.
+  virtual bool TakesNatively(DataType dtype) const { return dtype == DataType::kFloat32; }
+  // Whether Reduce honours TensorView::input (reads its values from there and writes the
+  // result to `data`), which saves the runtime a copy when the result goes elsewhere.
+  virtual bool ReadsSeparateInput() const { return false; }
+
+  // Reduces `tensors` (one bucket: the same names, shapes, dtypes and order on every rank) in
+  // place: afterwards every rank holds bit-identical values approximating the sum (kSum) or
+  // mean (kAverage) over ranks (none: exactly ctx.op's reduction). Errors: the communicator's (Unavailable,
   // DeadlineExceeded, Cancelled); then the tensors' contents are unspecified.
   virtual absl::Status Reduce(absl::Span<const TensorView> tensors,
                               transport::Communicator& comm, StepContext& ctx) = 0;

@@ -102,13 +102,13 @@ class FourBitCompressor : public Compressor {
     for (size_t t = 0; t < tensors.size(); ++t) {
       const TensorView& tv = tensors[t];
       if (tv.count == 0) continue;
-      if (o_.error_feedback) ef_.Apply(tv.name, tv.data, tv.count);
+      if (o_.error_feedback) ef_.Apply(tv.name, tv.f32(), tv.count);
       const uint32_t seed = StreamSeed(ctx.seed, rank, tv.name, step(t), 1);
       if (o_.error_feedback) sent_.resize(tv.count);
       for (; ci < L.chunks.size() && L.chunks[ci].tensor == t; ++ci) {
         const FourBitChunk& c = L.chunks[ci];
         uint8_t* block = send_.data() + L.shard_offset[c.shard];
-        const float* x = tv.data + c.begin;
+        const float* x = tv.f32() + c.begin;
         const float s = ChunkScale(o_.format, x, c.count);
         StoreScale(block, c.scale_index, s);
         Encode(o_.format, x, c.count, s, seed, c.begin, block + c.code_offset);
@@ -116,7 +116,7 @@ class FourBitCompressor : public Compressor {
           Decode(o_.format, block + c.code_offset, c.count, s, sent_.data() + c.begin);
         }
       }
-      if (o_.error_feedback) ef_.Update(tv.name, tv.data, sent_.data(), tv.count);
+      if (o_.error_feedback) ef_.Update(tv.name, tv.f32(), sent_.data(), tv.count);
     }
 
     // 2. All-to-all: shard p's block goes to rank p.
@@ -166,7 +166,7 @@ class FourBitCompressor : public Compressor {
     for (const FourBitChunk& c : L.chunks) {
       const uint8_t* block = gather_recv_.data() + L.shard_offset[c.shard];
       Decode(o_.format, block + c.code_offset, c.count, LoadScale(block, c.scale_index),
-             tensors[c.tensor].data + c.begin);
+             tensors[c.tensor].f32() + c.begin);
     }
     return absl::OkStatus();
   }

@@ -69,4 +69,17 @@ void FromHalf(const uint16_t* in, size_t n, bool bf16, float* out) {
   }
 }
 
+void HalfToHalf(const uint16_t* in, bool in_bf16, size_t n, float divisor, bool out_bf16,
+                uint16_t* out) {
+  // Through float32 a block at a time, so the intermediate stays in L1: the same operations
+  // (and bits) as FromHalf then ToHalf over the whole tensor, in one pass over memory.
+  constexpr size_t kBlock = 1024;
+  float block[kBlock];
+  for (size_t i = 0; i < n; i += kBlock) {
+    const size_t m = n - i < kBlock ? n - i : kBlock;
+    FromHalf(in + i, m, in_bf16, block);
+    ToHalf(block, m, divisor, out_bf16, out + i);
+  }
+}
+
 }  // namespace braid::compression

@@ -13,6 +13,11 @@ namespace braid::compression {
 void ToHalf(const float* in, size_t n, float divisor, bool bf16, uint16_t* out);
 // out[i] = float(in[i]) (exact).
 void FromHalf(const uint16_t* in, size_t n, bool bf16, float* out);
+// out[i] = half(float(in[i]) / divisor) between the two 16-bit formats (`in_bf16`, `out_bf16`
+// say which each is): bit-identical to FromHalf then ToHalf, without a full-size float32
+// copy. `out` may equal `in`.
+void HalfToHalf(const uint16_t* in, bool in_bf16, size_t n, float divisor, bool out_bf16,
+                uint16_t* out);
 
 }  // namespace braid::compression
 

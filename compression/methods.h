@@ -12,6 +12,9 @@
 
 namespace braid::compression {
 
+// none: the uncompressed all-reduce of any dtype and op.
+std::unique_ptr<Compressor> MakeNoneCompressor();
+
 // fp16 / bf16: `wire` is kFloat16 or kBFloat16.
 std::unique_ptr<Compressor> MakeCastCompressor(DataType wire, std::string spec);
 

@@ -263,8 +263,8 @@ bool PowerSgdCompressor::Compress(absl::Span<const TensorView> tensors, const St
     const Item& it = items_[i];
     float* dst = p_buf_.data() + it.offset;
     if (!it.plan.compressed) {
-      if (t.count) std::memcpy(dst, t.data, t.count * sizeof(float));
-      ok &= AllFinite(t.data, t.count);
+      if (t.count) std::memcpy(dst, t.f32(), t.count * sizeof(float));
+      ok &= AllFinite(t.f32(), t.count);
       continue;
     }
     TensorState& s = *it.state;
@@ -278,7 +278,7 @@ bool PowerSgdCompressor::Compress(absl::Span<const TensorView> tensors, const St
     const size_t block = BlockRows(cols);
     for (size_t r0 = 0; r0 < static_cast<size_t>(rows); r0 += block) {
       const size_t nr = std::min(block, static_cast<size_t>(rows) - r0);
-      float* m = t.data + r0 * cols;
+      float* m = t.f32() + r0 * cols;
       finite &= o_.error_feedback ? AddResidual(m, s.residual.data() + r0 * cols, nr * cols)
                                   : AllFinite(m, nr * cols);
       Product(false, nr, r, cols, m, cols, s.q.data(), dst + r0 * r);
@@ -319,7 +319,7 @@ void PowerSgdCompressor::ScatterUncompressed(absl::Span<const TensorView> tensor
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (items_[i].plan.compressed) continue;
     const float* src = p_buf_.data() + items_[i].offset;
-    float* out = tensors[i].data;
+    float* out = tensors[i].f32();
     for (size_t k = 0; k < tensors[i].count; ++k) out[k] = src[k] / divisor;
   }
 }
@@ -331,7 +331,7 @@ void PowerSgdCompressor::ComputeQ(absl::Span<const TensorView> tensors) {
     if (!it.plan.compressed) continue;
     float* p = p_buf_.data() + it.offset;
     Orthogonalize(p, it.plan.rows, it.plan.rank, o_.orthogonalization_epsilon);
-    Product(true, it.plan.cols, it.plan.rank, it.plan.rows, tensors[i].data, it.plan.cols, p,
+    Product(true, it.plan.cols, it.plan.rank, it.plan.rows, tensors[i].f32(), it.plan.cols, p,
             q_buf_.data() + it.q_offset);
   }
 }
@@ -369,7 +369,7 @@ void PowerSgdCompressor::Decompress(absl::Span<const TensorView> tensors, const 
       for (int64_t c = 0; c < r; ++c) qt_[c * cols + j] = q[j * r + c];
     }
     row_.resize(static_cast<size_t>(cols));
-    Reconstruct(p, qt_.data(), rows, cols, static_cast<int>(r), scale, t.data,
+    Reconstruct(p, qt_.data(), rows, cols, static_cast<int>(r), scale, t.f32(),
                 o_.error_feedback ? s.residual.data() : nullptr, row_.data());
     if (o_.warm_start) {
       s.q.assign(q, q + cols * r);

@@ -29,11 +29,11 @@ class RandomKCompressor : public Compressor {
         if (UniformDraw(seed, i) < keep_) {
           ++kept;
         } else {
-          tv.data[i] = 0.0f;
+          tv.f32()[i] = 0.0f;
         }
       }
       if (t < ctx.payload_bytes.size()) ctx.payload_bytes[t] = kept * (sizeof(float) + sizeof(uint32_t));
-      absl::Status s = comm.AllReduce(tv.data, tv.data, tv.count, DataType::kFloat32, ctx.op);
+      absl::Status s = comm.AllReduce(tv.f32(), tv.f32(), tv.count, DataType::kFloat32, ctx.op);
       if (!s.ok()) return s;
     }
     return absl::OkStatus();

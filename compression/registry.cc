@@ -230,7 +230,13 @@ absl::StatusOr<CompressionSpec> ParseCompressionSpec(absl::string_view spec,
   return out;
 }
 
+bool MethodApplies(const CompressionSpec& spec, DataType dtype, ReduceOp op) {
+  if (spec.method == "none") return true;
+  return IsFloatingPoint(dtype) && (op == ReduceOp::kSum || op == ReduceOp::kAverage);
+}
+
 absl::StatusOr<std::unique_ptr<Compressor>> CreateCompressor(const CompressionSpec& spec) {
+  if (spec.method == "none") return MakeNoneCompressor();
   if (spec.method == "fp16") return MakeCastCompressor(DataType::kFloat16, spec.canonical);
   if (spec.method == "bf16") return MakeCastCompressor(DataType::kBFloat16, spec.canonical);
   if (spec.method == "fp4" || spec.method == "int4") {

@@ -2,7 +2,7 @@
 //
 // A spec is "method" or "method:option=value,option=value", e.g. "fp16", "fp4:chunk=64,ef=1",
 // "int4:start_step=100". Methods and their options:
-//   none                      plain all-reduce in the tensor's own dtype
+//   none                      plain all-reduce in the tensor's own dtype, any reduce op
 //   fp16, bf16                cast to 16 bits, all-reduce, cast back
 //   fp4, int4                 4-bit all-reduce (see four_bit.h); chunk=N (elements per
 //                             scale, >= 2, default 128), ef=0|1 (error feedback, default 0),
@@ -59,7 +59,12 @@ absl::StatusOr<CompressionSpec> ParseCompressionSpec(absl::string_view spec,
 // The method names the registry knows, in a stable order.
 std::vector<std::string> CompressionMethods(const RegistryOptions& options = {});
 
-// A new Compressor for a parsed spec (not "none", which needs no compressor: InvalidArgument).
+// Whether `spec`'s method reduces all-reduces of `dtype` with `op`: none every dtype and op,
+// every other method floating-point (float16, bfloat16, float32, float64) sum or average.
+bool MethodApplies(const CompressionSpec& spec, DataType dtype, ReduceOp op);
+
+// A new Compressor for a parsed spec, "none" included. FailedPrecondition when a method's
+// library is missing (powersgd: OpenBLAS).
 absl::StatusOr<std::unique_ptr<Compressor>> CreateCompressor(const CompressionSpec& spec);
 
 }  // namespace braid::compression

@@ -75,7 +75,7 @@ void SparseBucket::Begin(absl::Span<const TensorView> tensors) {
 
 int64_t SparseBucket::CheckFinite(absl::Span<const TensorView> tensors) const {
   for (size_t t = 0; t < tensors.size(); ++t) {
-    if (MaxKeyOfSum(tensors[t].data, mem_[t], tensors[t].count) >= kNonFiniteKey) {
+    if (MaxKeyOfSum(tensors[t].f32(), mem_[t], tensors[t].count) >= kNonFiniteKey) {
       return static_cast<int64_t>(t) + 1;
     }
   }
@@ -88,14 +88,14 @@ int64_t SparseBucket::SelectTopK(absl::Span<const TensorView> tensors,
     std::vector<FloatSegment> segments;
     segments.reserve(tensors.size());
     for (size_t t = 0; t < tensors.size(); ++t) {
-      segments.push_back({tensors[t].data, tensors[t].count, mem_[t]});
+      segments.push_back({tensors[t].f32(), tensors[t].count, mem_[t]});
     }
     if (selector_.Select(segments, plan_.k[0], indices, o_.selection)) return 0;
     return CheckFinite(tensors);  // which tensor: only on this failure path
   }
   indices->clear();
   for (size_t t = 0; t < tensors.size(); ++t) {
-    const FloatSegment one{tensors[t].data, tensors[t].count, mem_[t]};
+    const FloatSegment one{tensors[t].f32(), tensors[t].count, mem_[t]};
     if (!selector_.Select(absl::MakeConstSpan(&one, 1), plan_.k[t], &part_, o_.selection)) {
       return static_cast<int64_t>(t) + 1;
     }
@@ -107,7 +107,7 @@ int64_t SparseBucket::SelectTopK(absl::Span<const TensorView> tensors,
 void SparseBucket::Gather(absl::Span<const TensorView> tensors,
                           absl::Span<const uint64_t> indices, float* out) const {
   ForEachIndex(plan_, indices, [&](size_t t, size_t e, size_t i) {
-    out[i] = tensors[t].data[e] + mem_[t][e];
+    out[i] = tensors[t].f32()[e] + mem_[t][e];
   });
 }
 
@@ -117,9 +117,9 @@ void SparseBucket::Scatter(absl::Span<const TensorView> tensors,
   ForEachIndex(plan_, indices, [&](size_t t, size_t e, size_t i) {
     const float v = divisor == 1.0f ? values[i] : values[i] / divisor;
     if (add) {
-      tensors[t].data[e] += v;
+      tensors[t].f32()[e] += v;
     } else {
-      tensors[t].data[e] = v;
+      tensors[t].f32()[e] = v;
     }
   });
 }
@@ -132,7 +132,7 @@ void SparseBucket::UpdateMemoryAndClear(absl::Span<const TensorView> tensors,
     ForEachIndex(plan_, sent, [&](size_t t, size_t e, size_t i) { saved_[i] = mem_[t][e]; });
   }
   for (size_t t = 0; t < tensors.size(); ++t) {
-    AddFilterAndClear(mem_[t], tensors[t].data, tensors[t].count, beta);
+    AddFilterAndClear(mem_[t], tensors[t].f32(), tensors[t].count, beta);
   }
   // Where p was sent, p - sent = +0: ErrorFeedback's next = d (β = 1) or keep·e + β·d.
   ForEachIndex(plan_, sent, [&](size_t t, size_t e, size_t i) {

@@ -5,41 +5,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "compression/methods.h"
 #include "compression/state_io.h"
 #include "glog/logging.h"
 
 namespace braid::compression {
-namespace {
 
-uint64_t ReferenceTransport(uint64_t bytes, int n) {
-  return n <= 1 ? 0 : 2 * bytes * static_cast<uint64_t>(n - 1) / static_cast<uint64_t>(n);
+CompressionStage::CompressionStage(const StageOptions& options) : options_(options) {
+  absl::MutexLock lock(&methods_mu_);
+  none_ = FindOrAddLocked(*ParseCompressionSpec("none", options_.registry));
+  none_->compressor_ = MakeNoneCompressor();
+  plain_ = MakeNoneCompressor();
 }
 
-// Counters of one reduction sent as is (no compression, or a warm-up step).
-ByteStats Plain(uint64_t bytes, uint64_t transport_bytes, int n) {
-  ByteStats b;
-  b.reductions = 1;
-  b.uncompressed_bytes = b.payload_bytes = bytes;
-  b.transport_bytes = transport_bytes;
-  b.reference_transport_bytes = ReferenceTransport(bytes, n);
-  return b;
-}
-
-}  // namespace
-
-void ByteStats::Add(const ByteStats& o) {
-  reductions += o.reductions;
-  uncompressed_bytes += o.uncompressed_bytes;
-  payload_bytes += o.payload_bytes;
-  transport_bytes += o.transport_bytes;
-  reference_transport_bytes += o.reference_transport_bytes;
-}
-
-double ByteStats::compression_ratio() const {
-  return payload_bytes == 0 ? 0.0
-                            : static_cast<double>(uncompressed_bytes) /
-                                  static_cast<double>(payload_bytes);
-}
+CompressionStage::~CompressionStage() = default;
 
 absl::StatusOr<std::string> CompressionStage::Canonicalize(absl::string_view spec) const {
   auto parsed = ParseCompressionSpec(spec, options_.registry);
@@ -47,108 +26,146 @@ absl::StatusOr<std::string> CompressionStage::Canonicalize(absl::string_view spe
   return parsed->canonical;
 }
 
-absl::StatusOr<CompressionStage::Method*> CompressionStage::GetMethod(const std::string& spec) {
-  auto it = methods_.find(spec);
-  if (it != methods_.end()) return &it->second;
-  auto parsed = ParseCompressionSpec(spec, options_.registry);
-  if (!parsed.ok()) return parsed.status();
-  auto compressor = CreateCompressor(*parsed);
-  if (!compressor.ok()) return compressor.status();
-  Method m{*std::move(parsed), *std::move(compressor)};
-  return &methods_.emplace(spec, std::move(m)).first->second;
+CompressionMethod* CompressionStage::FindOrAddLocked(CompressionSpec spec) {
+  auto it = methods_.find(spec.canonical);
+  if (it != methods_.end()) return it->second.get();
+  const std::string canonical = spec.canonical;
+  auto method = std::unique_ptr<CompressionMethod>(new CompressionMethod(std::move(spec)));
+  return methods_.emplace(canonical, std::move(method)).first->second.get();
 }
 
-absl::Status CompressionStage::Reduce(const std::string& spec,
-                                      absl::Span<const TensorView> tensors,
-                                      size_t element_bytes, ReduceOp op,
-                                      transport::Communicator& comm) {
-  absl::MutexLock state_lock(&state_mu_);
-  auto method = GetMethod(spec);
-  if (!method.ok()) return method.status();
-  Method& m = **method;
-  const int n = comm.size();
+absl::StatusOr<const CompressionMethod*> CompressionStage::Resolve(absl::string_view spec) {
+  absl::MutexLock lock(&methods_mu_);
+  auto it = by_text_.find(spec);
+  if (it != by_text_.end()) return it->second;
+  auto parsed = ParseCompressionSpec(spec, options_.registry);
+  if (!parsed.ok()) return parsed.status();
+  CompressionMethod* m = FindOrAddLocked(*std::move(parsed));
+  by_text_.emplace(std::string(spec), m);
+  return m;
+}
 
-  // Split the bucket: tensors in warm-up go plain. Steps are counted identically on every
-  // rank (same tensors, same order), so every rank splits the bucket the same way.
-  std::vector<TensorView> compressed;
-  std::vector<int64_t*> counters;
-  for (const TensorView& t : tensors) {
-    int64_t& step = steps_[{spec, std::string(t.name)}];
-    if (step < m.spec.start_step) {
-      const uint64_t before = comm.stats().bytes_sent;
-      absl::Status s = comm.AllReduce(t.data, t.data, t.count, DataType::kFloat32, op);
-      if (!s.ok()) return s;
-      ++step;
-      Record(t.name, spec, Plain(t.count * element_bytes, comm.stats().bytes_sent - before, n));
+void CompressionStage::Plan(CompressionMethod& m, absl::Span<const BucketTensor> tensors) {
+  plans_.assign(tensors.size(), TensorPlan{});
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TensorPlan& p = plans_[i];
+    if (m.is_none()) {
+      p.work_dtype = tensors[i].dtype;
+      p.separate_input = true;
       continue;
     }
-    compressed.push_back(t);
-    counters.push_back(&step);
+    auto step = m.steps_.find(tensors[i].name);
+    p.step = step == m.steps_.end() ? 0 : step->second;
+    p.warm_up = p.step < m.spec_.start_step;
+    const bool native = !p.warm_up && m.compressor_->TakesNatively(tensors[i].dtype);
+    p.work_dtype = native ? tensors[i].dtype : DataType::kFloat32;
+    p.separate_input = p.warm_up || m.compressor_->ReadsSeparateInput();
   }
-  if (compressed.empty()) return absl::OkStatus();
+}
 
-  payload_.assign(compressed.size(), 0);
+absl::Status CompressionStage::Reduce(const CompressionMethod& method,
+                                      absl::Span<const BucketTensor> tensors, ReduceOp op,
+                                      transport::Communicator& comm, const PackFn& pack,
+                                      absl::Span<TensorBytes> bytes) {
+  absl::MutexLock lock(&state_mu_);
+  // The stage owns every method; callers hold them const so only the stage changes them.
+  CompressionMethod& m = const_cast<CompressionMethod&>(method);
+  if (!bytes.empty() && bytes.size() != tensors.size()) {
+    return absl::InternalError(absl::StrCat("compression '", m.spec(), "': ", bytes.size(),
+                                            " byte counts for ", tensors.size(), " tensors"));
+  }
+  if (m.compressor_ == nullptr) {
+    auto created = CreateCompressor(m.spec_);
+    if (!created.ok()) return created.status();
+    m.compressor_ = *std::move(created);
+  }
+  Plan(m, tensors);
+  auto views = pack(plans_);
+  if (!views.ok()) return views.status();
+  if (views->size() != tensors.size()) {
+    return absl::InternalError(absl::StrCat("compression '", m.spec(), "': ", views->size(),
+                                            " views packed for ", tensors.size(), " tensors"));
+  }
+  for (size_t i = 0; i < views->size(); ++i) {
+    if ((*views)[i].dtype != plans_[i].work_dtype || (*views)[i].count != tensors[i].count) {
+      return absl::InternalError(absl::StrCat(
+          "compression '", m.spec(), "': tensor '", tensors[i].name, "' was packed as ",
+          (*views)[i].count, " x ", DataTypeName((*views)[i].dtype), ", planned ",
+          tensors[i].count, " x ", DataTypeName(plans_[i].work_dtype)));
+    }
+  }
+  if (bytes.empty()) {
+    bytes_scratch_.assign(tensors.size(), TensorBytes{});
+    bytes = absl::MakeSpan(bytes_scratch_);
+  }
+  // Warm-up tensors first, then the compressed ones: each part is one Reduce call.
+  for (const bool warm_up : {true, false}) {
+    part_.clear();
+    part_index_.clear();
+    for (size_t i = 0; i < views->size(); ++i) {
+      if (plans_[i].warm_up != warm_up) continue;
+      part_.push_back((*views)[i]);
+      if (!plans_[i].separate_input) part_.back().input = nullptr;
+      part_index_.push_back(i);
+    }
+    if (part_.empty()) continue;
+    Compressor& c = warm_up ? *plain_ : *m.compressor_;
+    absl::Status s = ReducePart(c, warm_up, m.spec_.start_step, part_, op, comm, bytes);
+    if (!s.ok()) return s;
+    if (m.is_none()) continue;
+    for (size_t i : part_index_) {
+      auto it = m.steps_.find(tensors[i].name);
+      if (it == m.steps_.end()) it = m.steps_.emplace(std::string(tensors[i].name), 0).first;
+      ++it->second;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CompressionStage::ReducePart(Compressor& compressor, bool warm_up,
+                                          int64_t start_step,
+                                          absl::Span<const TensorView> views, ReduceOp op,
+                                          transport::Communicator& comm,
+                                          absl::Span<TensorBytes> bytes) {
+  payload_.assign(views.size(), 0);
   step_values_.clear();
-  for (int64_t* c : counters) step_values_.push_back(*c - m.spec.start_step);
+  for (size_t i : part_index_) step_values_.push_back(plans_[i].step - start_step);
   StepContext ctx;
   ctx.op = op;
   ctx.seed = options_.seed;
   ctx.steps = step_values_;
   ctx.payload_bytes = absl::MakeSpan(payload_);
   const uint64_t before = comm.stats().bytes_sent;
-  absl::Status s = m.compressor->Reduce(compressed, comm, ctx);
+  absl::Status s = compressor.Reduce(views, comm, ctx);
   if (!s.ok()) return s;
   const uint64_t sent = comm.stats().bytes_sent - before;
   uint64_t total_payload = 0;
   for (uint64_t p : payload_) total_payload += p;
-  for (size_t i = 0; i < compressed.size(); ++i) {
-    ++*counters[i];
-    ByteStats b;
-    b.reductions = 1;
-    b.uncompressed_bytes = compressed[i].count * element_bytes;
-    b.payload_bytes = payload_[i];
-    // The bucket's bytes on the wire, apportioned by payload share.
-    b.transport_bytes =
-        total_payload == 0 ? 0 : static_cast<uint64_t>(static_cast<double>(sent) * payload_[i] / total_payload + 0.5);
-    b.reference_transport_bytes = ReferenceTransport(b.uncompressed_bytes, n);
-    Record(compressed[i].name, spec, b);
+  for (size_t k = 0; k < views.size(); ++k) {
+    TensorBytes& b = bytes[part_index_[k]];
+    b.warm_up = warm_up;
+    b.payload_bytes = payload_[k];
+    // The part's bytes on the wire, apportioned by payload share.
+    b.transport_bytes = total_payload == 0 ? 0
+                                           : static_cast<uint64_t>(
+                                                 static_cast<double>(sent) * payload_[k] /
+                                                     total_payload + 0.5);
   }
   return absl::OkStatus();
 }
 
-void CompressionStage::RecordUncompressed(absl::string_view name, uint64_t bytes,
-                                          uint64_t transport_bytes, int world_size) {
-  Record(name, "none", Plain(bytes, transport_bytes, world_size));
-}
-
-void CompressionStage::Record(absl::string_view name, const std::string& method,
-                              const ByteStats& b) {
-  absl::MutexLock lock(&mu_);
-  auto [it, inserted] = stats_.try_emplace({std::string(name), method});
-  it->second.Add(b);
-  MethodCompressionStats& m = totals_[method];
-  if (inserted) {
-    m.method = method;
-    ++m.tensors;
-  }
-  m.bytes.Add(b);
-}
-
-CompressionReport CompressionStage::Report() const {
-  CompressionReport r;
-  absl::MutexLock lock(&mu_);
-  r.tensors.reserve(stats_.size());
-  for (const auto& [key, b] : stats_) r.tensors.push_back({key.first, key.second, b});
-  for (const auto& [method, m] : totals_) r.methods.push_back(m);
-  return r;
-}
-
-std::vector<MethodCompressionStats> CompressionStage::MethodTotals() const {
-  std::vector<MethodCompressionStats> out;
-  absl::MutexLock lock(&mu_);
-  out.reserve(totals_.size());
-  for (const auto& [method, m] : totals_) out.push_back(m);
-  return out;
+absl::Status CompressionStage::Reduce(const CompressionMethod& method,
+                                      absl::Span<const TensorView> views, ReduceOp op,
+                                      transport::Communicator& comm,
+                                      absl::Span<TensorBytes> bytes) {
+  std::vector<BucketTensor> tensors;
+  tensors.reserve(views.size());
+  for (const TensorView& v : views) tensors.push_back({v.name, v.shape, v.dtype, v.count});
+  return Reduce(method, tensors, op, comm,
+                [views](absl::Span<const TensorPlan>) -> absl::StatusOr<absl::Span<const TensorView>> {
+                  return views;
+                },
+                bytes);
 }
 
 namespace {
@@ -158,30 +175,30 @@ constexpr uint32_t kStateVersion = 1;
 
 std::string CompressionStage::SaveState(int rank, int world_size) const {
   absl::MutexLock lock(&state_mu_);
+  absl::MutexLock methods_lock(&methods_mu_);
+  std::vector<const CompressionMethod*> saved;
+  for (const auto& [spec, m] : methods_) {
+    if (!m->is_none() && m->compressor_ != nullptr) saved.push_back(m.get());
+  }
   std::string out;
   StateWriter w(&out);
   w.Bytes(kStateMagic, sizeof kStateMagic);
   w.U32(kStateVersion);
   w.U32(static_cast<uint32_t>(rank));
   w.U32(static_cast<uint32_t>(world_size));
-  w.U32(static_cast<uint32_t>(methods_.size()));
-  for (const auto& [spec, m] : methods_) {
-    w.String(spec);
-    std::vector<std::pair<std::string, int64_t>> steps;
-    for (auto it = steps_.lower_bound({spec, ""}); it != steps_.end() && it->first.first == spec;
-         ++it) {
-      steps.emplace_back(it->first.second, it->second);
-    }
-    w.U32(static_cast<uint32_t>(steps.size()));
-    for (const auto& [name, n] : steps) {
+  w.U32(static_cast<uint32_t>(saved.size()));
+  for (const CompressionMethod* m : saved) {
+    w.String(m->spec());
+    w.U32(static_cast<uint32_t>(m->steps_.size()));
+    for (const auto& [name, n] : m->steps_) {
       w.String(name);
       w.I64(n);
     }
     std::string blob;
     // The compressors' SaveState cannot fail today; a failure would be a bug worth a crash
     // rather than a checkpoint silently missing a method.
-    absl::Status s = m.compressor->SaveState(&blob);
-    CHECK(s.ok()) << "compression '" << spec << "': SaveState: " << s;
+    absl::Status s = m->compressor_->SaveState(&blob);
+    CHECK(s.ok()) << "compression '" << m->spec() << "': SaveState: " << s;
     w.String(blob);
   }
   return out;
@@ -200,7 +217,8 @@ absl::Status CompressionStage::LoadState(absl::string_view state, int rank, int 
   const int saved_size = static_cast<int>(in.U32());
   const uint32_t count = in.U32();
   struct Loaded {
-    Method method;
+    CompressionSpec spec;
+    std::unique_ptr<Compressor> compressor;
     std::vector<std::pair<std::string, int64_t>> steps;
   };
   std::map<std::string, Loaded> loaded;
@@ -225,8 +243,7 @@ absl::Status CompressionStage::LoadState(absl::string_view state, int rank, int 
     if (!compressor.ok()) return compressor.status();
     BRAID_RETURN_IF_ERROR((*compressor)->LoadState(blob));
     const std::string canonical = spec->canonical;
-    loaded.emplace(canonical,
-                   Loaded{Method{*std::move(spec), *std::move(compressor)}, std::move(steps)});
+    loaded.emplace(canonical, Loaded{*std::move(spec), *std::move(compressor), std::move(steps)});
   }
   in.Check(in.done(), "bytes left over after the last method");
   if (!in.status().ok()) return in.status();
@@ -236,12 +253,12 @@ absl::Status CompressionStage::LoadState(absl::string_view state, int rank, int 
                  << ": error-feedback residuals are that rank's";
   }
   absl::MutexLock lock(&state_mu_);
+  absl::MutexLock methods_lock(&methods_mu_);
   for (auto& [spec, l] : loaded) {
-    for (auto it = steps_.lower_bound({spec, ""}); it != steps_.end() && it->first.first == spec;) {
-      it = steps_.erase(it);
-    }
-    for (const auto& [name, n] : l.steps) steps_[{spec, name}] = n;
-    methods_.insert_or_assign(spec, std::move(l.method));
+    CompressionMethod* m = FindOrAddLocked(std::move(l.spec));
+    m->compressor_ = std::move(l.compressor);
+    m->steps_.clear();
+    for (const auto& [name, n] : l.steps) m->steps_[name] = n;
   }
   return absl::OkStatus();
 }

@@ -1,89 +1,119 @@
-// The compression stage as the runtime uses it: validates specs, keeps one Compressor per
-// canonical spec (and with it the per-tensor state), runs warm-up steps uncompressed, and
-// counts bytes.
+// The compression stage as the runtime uses it: resolves each spec once into a
+// CompressionMethod (its canonical form, its Compressor and that compressor's per-tensor
+// state), counts every tensor's reductions, runs warm-up steps (start_step) as plain float32
+// all-reduces, and saves and loads the state for checkpoints. Byte counters are the
+// runtime's (runtime/statistics.h): Reduce reports what each tensor of a bucket cost.
 //
-// Byte counters, never mixed:
-//   uncompressed_bytes  the tensor's bytes in its own dtype, per reduction;
-//   payload_bytes       the compressed representation this rank contributed (what a
-//                       compression ratio divides);
-//   transport_bytes     what this rank actually sent on the data plane for it (measured);
-//   reference_transport_bytes  what a bandwidth-optimal all-reduce of the uncompressed
-//                       tensor sends per rank, 2(n-1)/n · uncompressed_bytes (n ranks), so
-//                       transport savings compare against the same yardstick for every method.
-// Warm-up reductions (start_step) count under their method with payload = uncompressed.
+// Note [Bucket reduction]: Reduce holds the stage's state lock for a whole bucket, in three
+// steps. (1) Plan: per tensor its step count, whether it is still in its warm-up, and the
+// dtype its view must have (its own when the compressor takes it natively, else float32).
+// (2) Pack: the caller lays the views out as planned (the runtime converts or copies into its
+// fusion buffer, or points a lone tensor at its output). (3) Reduce: the warm-up tensors with
+// none in float32, the others with the method's Compressor; on success each tensor's step
+// count advances. So the caller owns the buffers and converts each tensor once each way,
+// and the stage owns everything that persists across steps.
 #ifndef BRAID_COMPRESSION_STAGE_H_
 #define BRAID_COMPRESSION_STAGE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "compression/compressor.h"
 #include "compression/registry.h"
 
 namespace braid::compression {
-
-struct ByteStats {
-  uint64_t reductions = 0;
-  uint64_t uncompressed_bytes = 0;
-  uint64_t payload_bytes = 0;
-  uint64_t transport_bytes = 0;
-  uint64_t reference_transport_bytes = 0;
-
-  void Add(const ByteStats& o);
-  // uncompressed_bytes / payload_bytes (0 when nothing was sent).
-  double compression_ratio() const;
-};
-
-struct TensorCompressionStats {
-  std::string name;
-  std::string method;  // canonical spec, "none" for uncompressed
-  ByteStats bytes;
-};
-
-struct MethodCompressionStats {
-  std::string method;
-  uint64_t tensors = 0;  // distinct tensor names reduced with it
-  ByteStats bytes;
-};
-
-struct CompressionReport {
-  std::vector<MethodCompressionStats> methods;  // sorted by method
-  std::vector<TensorCompressionStats> tensors;  // sorted by (name, method)
-};
 
 struct StageOptions {
   uint64_t seed = 0;  // BRAID_SEED: stochastic rounding streams derive from it
   RegistryOptions registry;
 };
 
+// One canonical spec, its Compressor (created at its first reduction, or by LoadState) and
+// its tensors' step counts. Owned by the stage, which never moves or destroys it while it
+// lives, so a pointer resolved when a collective is enqueued stays valid.
+class CompressionMethod {
+ public:
+  const std::string& spec() const { return spec_.canonical; }  // e.g. "fp4:ef=1", "none"
+  const CompressionSpec& parsed() const { return spec_; }
+  bool is_none() const { return spec_.method == "none"; }
+  // MethodApplies (registry.h).
+  bool Applies(DataType dtype, ReduceOp op) const { return MethodApplies(spec_, dtype, op); }
+
+ private:
+  friend class CompressionStage;
+  explicit CompressionMethod(CompressionSpec spec) : spec_(std::move(spec)) {}
+
+  const CompressionSpec spec_;
+  // Guarded by the stage's state_mu_ (annotations cannot name another object's mutex).
+  std::unique_ptr<Compressor> compressor_;
+  // Tensor name -> reductions so far, warm-up included (none keeps no counts).
+  std::map<std::string, int64_t, std::less<>> steps_;
+};
+
+// One tensor of a bucket as the caller describes it before packing.
+struct BucketTensor {
+  absl::string_view name;
+  absl::Span<const int64_t> shape;
+  DataType dtype = DataType::kFloat32;  // the tensor's own
+  size_t count = 0;
+};
+
+// How the stage reduces one tensor of a bucket (Note [Bucket reduction], step 1).
+struct TensorPlan {
+  int64_t step = 0;      // reductions of this tensor under this method so far
+  bool warm_up = false;  // start_step not reached: a plain float32 all-reduce
+  DataType work_dtype = DataType::kFloat32;  // the dtype its TensorView must have
+  bool separate_input = false;               // its view may set TensorView::input
+};
+
+// What one tensor of a bucket cost this rank.
+struct TensorBytes {
+  bool warm_up = false;
+  uint64_t payload_bytes = 0;  // the compressor's count (warm-up and none: the bytes sent)
+  // Its share of what its part of the bucket (the warm-up tensors, or the compressed ones)
+  // sent on the data plane, apportioned by payload.
+  uint64_t transport_bytes = 0;
+};
+
+// Step 2 of Note [Bucket reduction]: the views of the bucket's tensors, in order, as planned.
+using PackFn =
+    std::function<absl::StatusOr<absl::Span<const TensorView>>(absl::Span<const TensorPlan>)>;
+
 class CompressionStage {
  public:
-  explicit CompressionStage(const StageOptions& options) : options_(options) {}
+  explicit CompressionStage(const StageOptions& options);
+  ~CompressionStage();
 
   // The canonical form of `spec` ("" and "none" give "none"); InvalidArgument as
   // ParseCompressionSpec. Thread-safe.
   absl::StatusOr<std::string> Canonicalize(absl::string_view spec) const;
 
-  // Reduces one bucket in place with the compressor of canonical spec `spec` (not "none").
-  // `element_bytes` is the size of the tensors' own dtype (for the uncompressed counters).
-  // Tensors still in their warm-up (start_step) are all-reduced as float32 instead.
-  // Background thread only.
-  absl::Status Reduce(const std::string& spec, absl::Span<const TensorView> tensors,
-                      size_t element_bytes, ReduceOp op, transport::Communicator& comm);
+  // The method of `spec` ("" is none): parsed once per distinct text, then found by it.
+  // InvalidArgument as ParseCompressionSpec. Thread-safe; never waits for a bucket.
+  absl::StatusOr<const CompressionMethod*> Resolve(absl::string_view spec);
+  const CompressionMethod& none() const { return *none_; }
 
-  // Counts one uncompressed ("none") reduction of `bytes` bytes, of which this rank sent
-  // `transport_bytes`. Background thread only.
-  void RecordUncompressed(absl::string_view name, uint64_t bytes, uint64_t transport_bytes,
-                          int world_size);
-
-  // A snapshot of every counter. Thread-safe.
-  CompressionReport Report() const;
+  // Reduces one bucket of `method` (Note [Bucket reduction]): `tensors` are the bucket's, in
+  // the order every rank uses, all of one dtype; `pack` lays out their views; `bytes` (one
+  // entry per tensor, or empty) receives what each cost. Errors: the compressor's, the
+  // communicator's, `pack`'s; FailedPrecondition when the method's compressor cannot be
+  // created (powersgd without OpenBLAS). After an error the views' contents are
+  // unspecified and no step count has advanced. Background thread only.
+  absl::Status Reduce(const CompressionMethod& method, absl::Span<const BucketTensor> tensors,
+                      ReduceOp op, transport::Communicator& comm, const PackFn& pack,
+                      absl::Span<TensorBytes> bytes);
+  // The same for float32 views that are laid out already (tests and tools).
+  absl::Status Reduce(const CompressionMethod& method, absl::Span<const TensorView> views,
+                      ReduceOp op, transport::Communicator& comm,
+                      absl::Span<TensorBytes> bytes = {});
 
   // Checkpointing (a training checkpoint keeps this next to the model): this rank's
   // compression state, i.e. per method the state its Compressor keeps across steps
@@ -97,7 +127,8 @@ class CompressionStage {
   //     tensor count u32, per tensor: name (u64 length + bytes), reductions so far i64,
   //     compressor state: u64 length + bytes (the method's own format, e.g. powersgd.h;
   //     empty when it keeps none).
-  // Thread-safe; waits for a bucket being reduced. Byte counters are not part of the state.
+  // Methods that never reduced anything and none are not in it. Thread-safe; waits for a
+  // bucket being reduced.
   std::string SaveState(int rank, int world_size) const;
   // Restores a SaveState result: each method in it gets a fresh compressor holding its
   // saved state, and its tensors' step counters; methods not in it are left as they are.
@@ -105,35 +136,35 @@ class CompressionStage {
   // that rank's). InvalidArgument, with nothing changed, when `state` is malformed, names an
   // unknown method or holds a state its compressor refuses. Thread-safe.
   absl::Status LoadState(absl::string_view state, int rank, int world_size);
-  // Only the per-method totals (CompressionReport::methods), kept up to date as reductions
-  // are recorded, so this costs O(methods) however many tensors there are: it is what each
-  // heartbeat to the coordinator carries. Thread-safe.
-  std::vector<MethodCompressionStats> MethodTotals() const;
 
  private:
-  struct Method {
-    CompressionSpec spec;
-    std::unique_ptr<Compressor> compressor;
-  };
-  absl::StatusOr<Method*> GetMethod(const std::string& spec)
+  CompressionMethod* FindOrAddLocked(CompressionSpec spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(methods_mu_);
+  void Plan(CompressionMethod& m, absl::Span<const BucketTensor> tensors)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
-  void Record(absl::string_view name, const std::string& method, const ByteStats& b);
+  // Reduces the views whose plan says `warm_up` with `compressor`, then books their bytes.
+  absl::Status ReducePart(Compressor& compressor, bool warm_up, int64_t start_step,
+                          absl::Span<const TensorView> views, ReduceOp op,
+                          transport::Communicator& comm, absl::Span<TensorBytes> bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
 
-  StageOptions options_;
-  // Held by Reduce for a whole bucket and by SaveState / LoadState (lock order: state_mu_,
-  // then mu_).
-  mutable absl::Mutex state_mu_;
-  std::map<std::string, Method> methods_ ABSL_GUARDED_BY(state_mu_);
-  // (canonical spec, tensor name) -> reductions so far (warm-up included).
-  std::map<std::pair<std::string, std::string>, int64_t> steps_ ABSL_GUARDED_BY(state_mu_);
-  // Scratch for one Reduce call.
+  const StageOptions options_;
+  // Lock order: state_mu_, then methods_mu_ (Resolve takes methods_mu_ alone, so enqueueing
+  // never waits for a bucket being reduced).
+  mutable absl::Mutex state_mu_;  // a bucket's reduction, checkpoints: compressors and steps
+  mutable absl::Mutex methods_mu_;
+  // canonical spec -> method; spec text as given -> method (Resolve's cache).
+  std::map<std::string, std::unique_ptr<CompressionMethod>, std::less<>> methods_
+      ABSL_GUARDED_BY(methods_mu_);
+  std::map<std::string, CompressionMethod*, std::less<>> by_text_ ABSL_GUARDED_BY(methods_mu_);
+  CompressionMethod* none_ = nullptr;  // set by the constructor, then constant
+  std::unique_ptr<Compressor> plain_;  // none, for warm-up steps (state_mu_)
+  // Scratch of one Reduce call (state_mu_).
+  std::vector<TensorPlan> plans_;
+  std::vector<TensorView> part_;
+  std::vector<size_t> part_index_;
   std::vector<uint64_t> payload_;
   std::vector<int64_t> step_values_;
-
-  mutable absl::Mutex mu_;
-  std::map<std::pair<std::string, std::string>, ByteStats> stats_ ABSL_GUARDED_BY(mu_);
-  // The sums of stats_ per method (the same numbers Report() derives), by method.
-  std::map<std::string, MethodCompressionStats> totals_ ABSL_GUARDED_BY(mu_);
+  std::vector<TensorBytes> bytes_scratch_;
 };
 
 }  // namespace braid::compression

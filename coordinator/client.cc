@@ -1,6 +1,7 @@
 #include "coordinator/client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <thread>
@@ -122,6 +123,9 @@ class GrpcClient final : public CoordinatorClient {
       on_closed(result);
     });
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    // The rank's threads by name (README.md, "Architecture in brief").
+    pthread_setname_np(reader_.native_handle(), "braid-coord-rx");
+    pthread_setname_np(heartbeat_.native_handle(), "braid-heartbeat");
     return absl::OkStatus();
   }
 

@@ -13,9 +13,9 @@ int64_t Wire(uint64_t v) {
 
 }  // namespace
 
-void AddCompressionTotals(const compression::CompressionStage& stage,
+void AddCompressionTotals(const StatisticsLedger& ledger,
                           proto::HeartbeatRequest* hb) {
-  for (const compression::MethodCompressionStats& m : stage.MethodTotals()) {
+  for (const MethodCompressionStats& m : ledger.MethodTotals()) {
     proto::MethodBytes* out = hb->add_compression();
     out->set_method(m.method);
     out->set_reductions(Wire(m.bytes.reductions));

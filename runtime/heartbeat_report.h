@@ -3,14 +3,14 @@
 #ifndef BRAID_RUNTIME_HEARTBEAT_REPORT_H_
 #define BRAID_RUNTIME_HEARTBEAT_REPORT_H_
 
-#include "compression/stage.h"
+#include "runtime/statistics.h"
 #include "proto/braid.pb.h"
 
 namespace braid {
 
-// Appends one MethodBytes per method of `stage` (cumulative since the stage was created) to
+// Appends one MethodBytes per method of `ledger` (cumulative since Init) to
 // `hb`. O(methods), not O(tensors): it runs on every heartbeat. Thread-safe.
-void AddCompressionTotals(const compression::CompressionStage& stage,
+void AddCompressionTotals(const StatisticsLedger& ledger,
                           proto::HeartbeatRequest* hb);
 
 }  // namespace braid

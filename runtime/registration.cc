@@ -31,10 +31,10 @@ transport::UcxOptions UcxOptionsFromConfig(const RuntimeConfig& config, int rank
 }
 
 absl::StatusOr<Joined> JoinJob(const RuntimeConfig& config, const LaunchInfo& launch,
-                               CoordinatorClient& client) {
-  auto worker = transport::OpenUcxWorker(UcxOptionsFromConfig(config, launch.rank, launch.size));
-  if (!worker.ok()) return worker.status();
-  const transport::PeerAddress& self = (*worker)->self();
+                               CoordinatorClient& client, DataPlane& data_plane) {
+  auto opened = data_plane.Open(launch);
+  if (!opened.ok()) return opened.status();
+  const transport::PeerAddress& self = *opened;
 
   proto::RegisterRequest reg;
   reg.set_rank(launch.rank);
@@ -60,7 +60,7 @@ absl::StatusOr<Joined> JoinJob(const RuntimeConfig& config, const LaunchInfo& la
   }
   Joined joined;
   joined.registration = *std::move(registered);
-  auto comm = transport::ConnectUcx(*std::move(worker), std::move(peers));
+  auto comm = data_plane.Connect(joined.registration.rank(), std::move(peers));
   if (!comm.ok()) return comm.status();
   joined.comm = *std::move(comm);
   return joined;

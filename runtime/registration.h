@@ -16,6 +16,7 @@
 #include "proto/braid.pb.h"
 #include "runtime/config.h"
 #include "runtime/coordinator_client.h"
+#include "runtime/data_plane.h"
 #include "transport/communicator.h"
 #include "transport/ucx_communicator.h"
 
@@ -27,12 +28,13 @@ struct Joined {
   std::unique_ptr<transport::Communicator> comm;  // connected to every peer
 };
 
-// Opens the UCX worker, registers through `client` (launch info, host, pid, job secret, the
-// worker's address, the job settings `config` set) and connects to the peers the coordinator
-// returned. Errors: Internal (UCX), those of Register (InvalidArgument, DeadlineExceeded,
-// Unavailable, ...), InvalidArgument when the peers do not include this rank's worker.
+// Opens this rank's data-plane endpoint, registers through `client` (launch info, host, pid,
+// job secret, the endpoint's address, the job settings `config` set) and connects to the
+// peers the coordinator returned. Errors: the data plane's (UCX: Internal; InvalidArgument
+// when the peers do not include this rank's worker), those of Register (InvalidArgument,
+// DeadlineExceeded, Unavailable, ...).
 absl::StatusOr<Joined> JoinJob(const RuntimeConfig& config, const LaunchInfo& launch,
-                               CoordinatorClient& client);
+                               CoordinatorClient& client, DataPlane& data_plane);
 
 // The data plane's options, from the configuration alone (rank / size may be unknown: -1 / 0).
 transport::UcxOptions UcxOptionsFromConfig(const RuntimeConfig& config, int rank, int size);

@@ -3,11 +3,14 @@
 // runs them over the data plane in the same order on every rank.
 //
 // Thread-safety: every method may be called from any thread. The background thread is the
-// only one that touches the data plane; it never calls back into the caller's code.
+// only one that touches the data plane; it never calls back into the caller's code. Which
+// threads a rank runs and which locks they take: Note [Threads and locks] in
+// runtime/runtime_impl.h.
 #ifndef BRAID_RUNTIME_RUNTIME_H_
 #define BRAID_RUNTIME_RUNTIME_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,9 +19,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/dtype.h"
-#include "compression/stage.h"
+#include "proto/braid.pb.h"
 #include "runtime/config.h"
+#include "runtime/coordinator_client.h"
+#include "runtime/data_plane.h"
 #include "runtime/handle.h"
+#include "runtime/statistics.h"
 #include "transport/communicator.h"
 
 namespace braid {
@@ -55,8 +61,40 @@ struct CollectiveRequest {
   // allreduce only: a compression spec (compression/registry.h), e.g. "fp16", "fp4:ef=1";
   // "" = the job's default (BRAID_COMPRESSION), which applies to floating-point sum/average
   // all-reduces only. Every rank must ask for the same one (else an error on every rank).
+  // Enqueue resolves it once into its canonical method, which travels to the coordinator.
   std::string compression;
 };
+
+// What the runtime asks of the coordinator client it is given.
+struct CoordinatorClientSetup {
+  // Adds this rank's report (its per-method byte counters) to each heartbeat, as
+  // coordinator::ClientOptions::fill_heartbeat. Thread-safe and cheap.
+  std::function<void(proto::HeartbeatRequest*)> fill_heartbeat;
+};
+using CoordinatorClientFactory =
+    std::function<absl::StatusOr<std::unique_ptr<CoordinatorClient>>(
+        const CoordinatorClientSetup&)>;
+
+// Note [Injected parts]: the runtime's two dependencies, its coordinator client and its data
+// plane, are replaceable, so its queue, fusion, compression pipeline, handles and error paths
+// run in one process with several ranks as threads (tests/unit/runtime_*_test.cc: the
+// in-process coordinator of coordinator/local_coordinator.h and the in-process communicators
+// of transport/local_communicator.h). Unset parts are the real ones.
+struct RuntimeDeps {
+  // Makes this rank's coordinator client; unset: the gRPC client of config.coordinator,
+  // with the coordinator hosted in this process on rank 0 when that is empty.
+  CoordinatorClientFactory coordinator;
+  // Opened before registration, connected after; unset: UCX.
+  std::unique_ptr<DataPlane> data_plane;
+};
+
+// The compression methods braid knows (compression/registry.h), in a stable order, with the
+// test-only ones when `test_methods`.
+std::vector<std::string> CompressionMethods(bool test_methods = false);
+// The canonical form of a compression spec ("fp4:chunk=128" is "fp4"); InvalidArgument
+// naming what is wrong (an unknown method or option lists the valid ones).
+absl::StatusOr<std::string> CanonicalCompression(absl::string_view spec,
+                                                 bool test_methods = false);
 
 class Runtime {
  public:
@@ -70,6 +108,9 @@ class Runtime {
   // OK if already initialised. Errors: InvalidArgument (bad configuration),
   // DeadlineExceeded / Unavailable (coordinator or peers unreachable).
   absl::Status Init(const RuntimeConfig& config);
+  // The same with injected parts (Note [Injected parts]); `deps` is dropped when already
+  // initialised.
+  absl::Status Init(const RuntimeConfig& config, RuntimeDeps deps);
   // Fails every pending handle with Cancelled and leaves the job; returns within ~2 s even
   // when peers are gone. OK if not initialised. Init() may be called again afterwards.
   absl::Status Shutdown();
@@ -92,9 +133,9 @@ class Runtime {
   absl::StatusOr<transport::TransportStats> transport_stats() const;
 
   // Byte counters of every all-reduce since Init, per tensor and per compression method
-  // (payload vs transport bytes against the uncompressed ones; see compression/stage.h).
+  // (payload vs transport bytes against the uncompressed ones; see runtime/statistics.h).
   // FailedPrecondition when not initialised.
-  absl::StatusOr<compression::CompressionReport> compression_report() const;
+  absl::StatusOr<CompressionReport> compression_report() const;
 
   // This rank's compression state for a training checkpoint: the state compressors keep
   // across steps (PowerSGD's Q matrices and error-feedback residuals) and every tensor's step

@@ -1,5 +1,7 @@
 #include "runtime/timeline.h"
 
+#include <pthread.h>
+
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -38,6 +40,7 @@ Timeline::Timeline(FILE* f, std::string path, int rank, TimelineOptions options)
   std::fflush(file_);
   file_bytes_ = sizeof(kEmpty) - 1;
   writer_ = std::thread([this] { WriterLoop(); });
+  pthread_setname_np(writer_.native_handle(), "braid-timeline");  // Note [Threads and locks]
 }
 
 int64_t Timeline::rotations() const {

@@ -23,7 +23,6 @@
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/limits.h"
-#include "compression/stage.h"
 #include "runtime/config.h"
 #include "runtime/handle.h"
 #include "runtime/runtime.h"
@@ -388,7 +387,7 @@ void CopyCString(const std::string& src, char (&dst)[N]) {
 }
 
 braid_compression_stat ToCStat(const std::string& method, const std::string& name,
-                               uint64_t tensors, const braid::compression::ByteStats& b) {
+                               uint64_t tensors, const braid::ByteStats& b) {
   braid_compression_stat c = BRAID_COMPRESSION_STAT_INIT;
   CopyCString(method, c.method);
   CopyCString(name, c.name);

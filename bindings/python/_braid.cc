@@ -27,8 +27,6 @@
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/limits.h"
-#include "compression/registry.h"
-#include "compression/stage.h"
 #include "glog/logging.h"
 #include "runtime/config.h"
 #include "runtime/handle.h"
@@ -306,20 +304,16 @@ NativeHandle EnqueuePtr(int collective, const std::string& name, int dtype, uint
 // The compression methods the registry knows (with BRAID_TEST_COMPRESSORS's test-only ones
 // when `test_methods`), in the registry's order.
 std::vector<std::string> CompressionMethods(bool test_methods) {
-  braid::compression::RegistryOptions o;
-  o.test_methods = test_methods;
-  return braid::compression::CompressionMethods(o);
+  return braid::CompressionMethods(test_methods);
 }
 
 // The canonical form of a compression spec, or InvalidArgumentError naming what is wrong.
 std::string CanonicalCompression(const std::string& spec, bool test_methods) {
-  braid::compression::RegistryOptions o;
-  o.test_methods = test_methods;
-  return Value(braid::compression::ParseCompressionSpec(spec, o)).canonical;
+  return Value(braid::CanonicalCompression(spec, test_methods));
 }
 
-// One counter set as a dict of ints (bytes, except `reductions`); see compression/stage.h.
-py::dict ByteStatsDict(const braid::compression::ByteStats& b) {
+// One counter set as a dict of ints (bytes, except `reductions`); see runtime/statistics.h.
+py::dict ByteStatsDict(const braid::ByteStats& b) {
   py::dict d;
   d["reductions"] = b.reductions;
   d["uncompressed_bytes"] = b.uncompressed_bytes;
@@ -332,7 +326,7 @@ py::dict ByteStatsDict(const braid::compression::ByteStats& b) {
 // The runtime's CompressionReport as plain lists of dicts: (methods, tensors), sorted by
 // method and by (name, method). braid._ops.compression_stats shapes it for users.
 py::tuple CompressionReport() {
-  braid::compression::CompressionReport r = Value(braid::GlobalRuntime().compression_report());
+  braid::CompressionReport r = Value(braid::GlobalRuntime().compression_report());
   py::list methods, tensors;
   for (const auto& m : r.methods) {
     py::dict d = ByteStatsDict(m.bytes);

@@ -164,14 +164,14 @@ TEST_P(CompressionWorldTest, FourBitSendsAtMostOneSeventhOfTheBytes) {
     }
     auto report = rt.compression_report();
     if (!c.Ok(report.status(), "compression_report")) return;
-    std::map<std::string, compression::ByteStats> by_name;
+    std::map<std::string, ByteStats> by_name;
     for (const auto& t : report->tensors) by_name[t.name] = t.bytes;
-    const compression::ByteStats none = by_name["big/none"];
+    const ByteStats none = by_name["big/none"];
     c.Expect(none.uncompressed_bytes == 4 * n && none.payload_bytes == 4 * n,
              absl::StrCat("none: uncompressed ", none.uncompressed_bytes, " payload ", none.payload_bytes));
     c.Expect(none.transport_bytes > 0, "none: transport bytes measured");
     for (const std::string method : {"fp4", "int4"}) {
-      const compression::ByteStats b = by_name["big/" + method];
+      const ByteStats b = by_name["big/" + method];
       // 7812 chunks of 128 (64 code bytes + 4 scale bytes) and one of 64 (32 + 4).
       c.Expect(b.payload_bytes == 7812u * 68 + 36,
                absl::StrCat(method, ": payload ", b.payload_bytes, " bytes"));

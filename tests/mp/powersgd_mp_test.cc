@@ -141,7 +141,7 @@ TEST_P(PowerSgdWorldTest, IdenticalResultsExactAveragesAndPayloadBytes) {
     }
     auto report = rt.compression_report();
     if (!c.Ok(report.status(), "compression_report")) return;
-    std::map<std::string, compression::TensorCompressionStats> by_name;
+    std::map<std::string, TensorCompressionStats> by_name;
     for (const auto& t : report->tensors) by_name[t.name] = t;
     uint64_t total = 0;
     for (const Tensor& T : Tensors()) {

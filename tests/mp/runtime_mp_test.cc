@@ -27,6 +27,7 @@
 #include "tests/testing/coordinator_process.h"
 #include "tests/testing/fork_ranks.h"
 #include "tests/testing/runtime_job.h"
+#include "tests/testing/thread_count.h"
 
 namespace braid {
 namespace {
@@ -315,6 +316,27 @@ TEST(RuntimeTest, ShutdownWithPendingWorkAndInitAgain) {
     EXPECT_FALSE(e.timed_out) << "rank " << e.rank;
     EXPECT_EQ(e.exit_code, 0) << "rank " << e.rank;
   }
+}
+
+// Note [Threads and locks] (runtime/runtime_impl.h): a real rank (gRPC client, UCX data
+// plane) runs as many threads of braid's own as README.md states, one of each name, next to
+// gRPC's and UCX's pools, and none is left after Shutdown.
+TEST(RuntimeTest, ARankRunsTheThreadsTheReadmeStates) {
+  const int stated = braid::testing::ReadmeThreadsPerRank(BRAID_README);
+  ASSERT_GT(stated, 0) << "README.md, Architecture in brief: 'a rank runs N threads of braid's own'";
+  RunJob(2, [stated](int rank, Runtime& rt, Checker& c) {
+    std::vector<float> a(100, 1.0f), b(100);
+    c.Ok(WaitFor(rt.Enqueue(AllReduceOf("t", a.data(), b.data(), 100, ReduceOp::kSum))), "t");
+    std::map<std::string, int> names = braid::testing::ThreadNames();
+    for (const char* n : {"braid-loop", "braid-coord-rx", "braid-heartbeat"}) {
+      c.Expect(names[n] == 1, absl::StrCat(n, ": ", names[n], " threads"));
+    }
+    c.Expect(braid::testing::BraidThreads() == stated,
+             absl::StrCat(braid::testing::BraidThreads(), " threads named braid-*, README says ",
+                          stated));
+    c.Ok(rt.Shutdown(), "shutdown");
+    c.Expect(braid::testing::BraidThreads() == 0, "braid's threads joined at shutdown");
+  });
 }
 
 // A world of one process with no launcher at all: rank 0 hosts a private coordinator.

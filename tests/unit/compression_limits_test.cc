@@ -50,11 +50,11 @@ Outcome Average(const std::string& spec, const std::vector<float>& r0,
                                     ReduceOp::kAverage);
     } else {
       CompressionStage stage({});
-      auto canonical = stage.Canonicalize(spec);
-      ASSERT_TRUE(canonical.ok()) << canonical.status();
+      auto method = stage.Resolve(spec);
+      ASSERT_TRUE(method.ok()) << method.status();
       const std::vector<int64_t> shape = {16, 16};
       TensorView v{"t", shape, d.data(), d.size()};
-      status[rank] = stage.Reduce(*canonical, {&v, 1}, 4, ReduceOp::kAverage, comm);
+      status[rank] = stage.Reduce(**method, {&v, 1}, ReduceOp::kAverage, comm);
     }
     out[rank] = std::move(d);
   });

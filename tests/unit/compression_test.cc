@@ -1,6 +1,7 @@
 // Unit tests of the compression stage's math: 4-bit codecs against values worked out by hand,
 // stochastic rounding against its definition, the 4-bit all-reduce's layout, error feedback,
-// spec parsing, and the stage's warm-up and byte counters over a one-rank fake communicator.
+// spec parsing, and the stage's warm-up, byte counts and native 16-bit path over a one-rank
+// fake communicator.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -9,6 +10,7 @@
 #include "common/half.h"
 #include "compression/error_feedback.h"
 #include "compression/four_bit.h"
+#include "compression/half_convert.h"
 #include "compression/quantize.h"
 #include "compression/registry.h"
 #include "compression/stage.h"
@@ -395,37 +397,38 @@ class SelfCommunicator : public transport::Communicator {
 TEST(StageTest, WarmUpRunsPlainThenCompressesAndCountsBytes) {
   CompressionStage stage(StageOptions{});
   SelfCommunicator comm;
-  const std::string spec = stage.Canonicalize("fp4:start_step=2").value();
+  const CompressionMethod& method = *stage.Resolve("fp4:start_step=2").value();
+  EXPECT_EQ(method.spec(), "fp4:start_step=2");
   std::vector<float> a(1000), b(7);
   for (size_t i = 0; i < a.size(); ++i) a[i] = 0.001f * static_cast<float>(i) + 0.0003f;
   const std::vector<float> a0 = a;
   std::vector<int64_t> shape_a = {1000}, shape_b = {7};
   std::vector<TensorView> bucket = {{"a", shape_a, a.data(), a.size()},
                                     {"b", shape_b, b.data(), b.size()}};
+  std::vector<TensorBytes> bytes(2);
+  uint64_t payload_a = 0, payload_b = 0;
   for (int step = 0; step < 2; ++step) {
-    ASSERT_TRUE(stage.Reduce(spec, bucket, 4, ReduceOp::kAverage, comm).ok());
+    ASSERT_TRUE(stage.Reduce(method, bucket, ReduceOp::kAverage, comm, absl::MakeSpan(bytes)).ok());
     EXPECT_EQ(a, a0) << "warm-up step " << step << " is a plain all-reduce";
+    EXPECT_TRUE(bytes[0].warm_up && bytes[1].warm_up);
+    payload_a += bytes[0].payload_bytes;
+    payload_b += bytes[1].payload_bytes;
   }
   EXPECT_EQ(comm.all_reduces, 4);
   EXPECT_EQ(comm.all_to_alls, 0);
-  ASSERT_TRUE(stage.Reduce(spec, bucket, 4, ReduceOp::kAverage, comm).ok());
+  ASSERT_TRUE(stage.Reduce(method, bucket, ReduceOp::kAverage, comm, absl::MakeSpan(bytes)).ok());
   EXPECT_EQ(comm.all_to_alls, 1) << "one all-to-all for the whole bucket";
   EXPECT_EQ(comm.all_gathers, 1);
   EXPECT_NE(a, a0) << "quantized";
-  stage.RecordUncompressed("c", 400, 0, 1);
-  CompressionReport r = stage.Report();
-  ASSERT_EQ(r.methods.size(), 2u);
-  EXPECT_EQ(r.methods[0].method, "fp4:start_step=2");
-  EXPECT_EQ(r.methods[0].tensors, 2u);
-  EXPECT_EQ(r.methods[0].bytes.reductions, 6u);
-  EXPECT_EQ(r.methods[0].bytes.uncompressed_bytes, 3u * 4 * 1007);
+  EXPECT_FALSE(bytes[0].warm_up || bytes[1].warm_up);
+  payload_a += bytes[0].payload_bytes;
+  payload_b += bytes[1].payload_bytes;
   // Two warm-up steps at full size, then 1000 -> 7x(64+4) + (52+4) and 7 -> 4+4 bytes.
-  EXPECT_EQ(r.methods[0].bytes.payload_bytes, 2u * 4 * 1007 + 7 * 68 + 56 + 8);
-  EXPECT_EQ(r.methods[1].method, "none");
-  EXPECT_EQ(r.methods[1].bytes.payload_bytes, 400u);
-  ASSERT_EQ(r.tensors.size(), 3u);
-  EXPECT_EQ(r.tensors[0].name, "a");
-  EXPECT_EQ(r.tensors[0].bytes.payload_bytes, 2u * 4000 + 7 * 68 + 56);
+  EXPECT_EQ(payload_a, 2u * 4000 + 7 * 68 + 56);
+  EXPECT_EQ(payload_b, 2u * 28 + 8);
+  // The step counts travel in the checkpoint: 3 reductions of each tensor.
+  const std::string state = stage.SaveState(0, 1);
+  EXPECT_NE(state.find(std::string("\x03\0\0\0\0\0\0\0", 8)), std::string::npos);
 }
 
 TEST(StageTest, CastCompressorRoundsThroughHalfPrecision) {
@@ -434,17 +437,116 @@ TEST(StageTest, CastCompressorRoundsThroughHalfPrecision) {
   std::vector<float> x = {1.0f, 1.0f + std::ldexp(1.0f, -12), 3.14159265f};
   std::vector<int64_t> shape = {3};
   std::vector<TensorView> bucket = {{"x", shape, x.data(), x.size()}};
-  ASSERT_TRUE(stage.Reduce("fp16", bucket, 4, ReduceOp::kSum, comm).ok());
+  std::vector<TensorBytes> bytes(1);
+  ASSERT_TRUE(stage.Reduce(*stage.Resolve("fp16").value(), bucket, ReduceOp::kSum, comm,
+                           absl::MakeSpan(bytes)).ok());
   EXPECT_EQ(x, (std::vector<float>{1.0f, 1.0f, 3.140625f}));
+  EXPECT_EQ(bytes[0].payload_bytes, 6u);
   std::vector<float> y = {3.14159265f};
   std::vector<TensorView> one = {{"y", shape, y.data(), 1}};
-  ASSERT_TRUE(stage.Reduce("bf16", one, 4, ReduceOp::kSum, comm).ok());
+  ASSERT_TRUE(stage.Reduce(*stage.Resolve("bf16").value(), one, ReduceOp::kSum, comm,
+                           absl::MakeSpan(bytes)).ok());
   EXPECT_EQ(y[0], 3.140625f);
-  CompressionReport r = stage.Report();  // tensors sorted by name
-  ASSERT_EQ(r.tensors.size(), 2u);
-  EXPECT_EQ(r.tensors[0].name, "x");
-  EXPECT_EQ(r.tensors[0].bytes.payload_bytes, 6u);
-  EXPECT_EQ(r.tensors[1].bytes.payload_bytes, 2u);
+  EXPECT_EQ(bytes[0].payload_bytes, 2u);
+}
+
+// Two ranks holding the same values: a sum doubles them (exact in every float format here).
+class TwinCommunicator : public SelfCommunicator {
+ public:
+  int size() const override { return 2; }
+  absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype,
+                         ReduceOp op) override {
+    ++all_reduces;
+    if (send != recv) std::memcpy(recv, send, count * DataTypeSize(dtype));
+    if (dtype == DataType::kFloat32) {
+      for (size_t i = 0; i < count; ++i) static_cast<float*>(recv)[i] *= 2.0f;
+      return absl::OkStatus();
+    }
+    const bool bf16 = dtype == DataType::kBFloat16;
+    std::vector<float> f(count);
+    FromHalf(static_cast<uint16_t*>(recv), count, bf16, f.data());
+    for (float& v : f) v *= 2.0f;
+    ToHalf(f.data(), count, 1.0f, bf16, static_cast<uint16_t*>(recv));
+    return absl::OkStatus();
+  }
+};
+
+// Note [Native 16-bit tensors]: a float16 or bfloat16 tensor reaches the cast compressor as
+// it is, and ends with exactly the bits the float32 route gives (convert, reduce, convert
+// back), for both wire formats, sum and average, back to back or in separate buffers.
+TEST(StageTest, HalfTensorsTakeTheNativePathWithTheFloat32RoutesBits) {
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  std::vector<float> x(1500);
+  for (float& v : x) v = std::ldexp(u(gen), static_cast<int>(gen() % 20) - 10);
+  std::vector<int64_t> s1 = {1000}, s2 = {500};
+  for (const char* method : {"fp16", "bf16"}) {
+    for (DataType dtype : {DataType::kFloat16, DataType::kBFloat16}) {
+      const bool bf16 = dtype == DataType::kBFloat16;
+      std::vector<uint16_t> half(x.size());
+      ToHalf(x.data(), x.size(), 1.0f, bf16, half.data());
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+        // The float32 route: convert, reduce, convert back.
+        std::vector<float> f(x.size());
+        FromHalf(half.data(), half.size(), bf16, f.data());
+        std::vector<TensorView> fviews = {{"a", s1, f.data(), 1000},
+                                          {"b", s2, f.data() + 1000, 500}};
+        CompressionStage stage32(StageOptions{});
+        TwinCommunicator comm32;
+        ASSERT_TRUE(stage32.Reduce(*stage32.Resolve(method).value(), fviews, op, comm32).ok());
+        std::vector<uint16_t> want(f.size());
+        ToHalf(f.data(), f.size(), 1.0f, bf16, want.data());
+        for (bool back_to_back : {true, false}) {
+          std::vector<uint16_t> first(half.begin(), half.begin() + (back_to_back ? 1500 : 1000));
+          std::vector<uint16_t> second(half.begin() + 1000, half.end());
+          uint16_t* b = back_to_back ? first.data() + 1000 : second.data();
+          std::vector<TensorView> views = {{"a", s1, first.data(), 1000, dtype},
+                                           {"b", s2, b, 500, dtype}};
+          CompressionStage stage(StageOptions{});
+          TwinCommunicator comm;
+          ASSERT_TRUE(stage.Reduce(*stage.Resolve(method).value(), views, op, comm).ok());
+          std::vector<uint16_t> got(first.begin(), first.begin() + 1000);
+          got.insert(got.end(), b, b + 500);
+          EXPECT_EQ(got, want) << method << " " << DataTypeName(dtype) << " " << ReduceOpName(op)
+                               << (back_to_back ? " back to back" : " apart");
+          EXPECT_EQ(comm.all_reduces, 1) << "one all-reduce per bucket";
+        }
+      }
+    }
+  }
+}
+
+// A lone tensor read out of place (TensorView::input): the result lands in `data`, the input
+// is left as it was, and the bits are those of the in-place route, for every dtype the cast
+// compressors take.
+TEST(StageTest, CastCompressorReadsALoneTensorOutOfPlace) {
+  std::vector<float> x(300);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.37f * static_cast<float>(i) - 40.0f;
+  std::vector<int64_t> shape = {300};
+  for (const char* method : {"fp16", "bf16"}) {
+    for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+        const size_t bytes = x.size() * DataTypeSize(dtype);
+        std::vector<char> in(bytes), inplace(bytes), out(bytes, 0x55);
+        if (dtype == DataType::kFloat32) {
+          std::memcpy(in.data(), x.data(), bytes);
+        } else {
+          ToHalf(x.data(), x.size(), 1.0f, dtype == DataType::kBFloat16,
+                 reinterpret_cast<uint16_t*>(in.data()));
+        }
+        const std::vector<char> before = in;
+        inplace = in;
+        CompressionStage a(StageOptions{}), b(StageOptions{});
+        TwinCommunicator ca, cb;
+        std::vector<TensorView> v1 = {{"x", shape, inplace.data(), x.size(), dtype}};
+        ASSERT_TRUE(a.Reduce(*a.Resolve(method).value(), v1, op, ca).ok());
+        std::vector<TensorView> v2 = {{"x", shape, out.data(), x.size(), dtype, in.data()}};
+        ASSERT_TRUE(b.Reduce(*b.Resolve(method).value(), v2, op, cb).ok());
+        EXPECT_EQ(out, inplace) << method << " " << DataTypeName(dtype) << " " << ReduceOpName(op);
+        EXPECT_EQ(in, before) << "the input is read only";
+      }
+    }
+  }
 }
 
 // beta= reaches the 4-bit methods' error feedback: the first step (zero memory) is the same
@@ -459,7 +561,7 @@ TEST(StageTest, FourBitBetaFiltersTheErrorFeedbackMemory) {
       std::vector<float> x(300);
       for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.1f * static_cast<float>(i + step));
       std::vector<TensorView> bucket = {{"x", shape, x.data(), x.size()}};
-      ASSERT_TRUE(stage.Reduce(stage.Canonicalize(spec).value(), bucket, 4, ReduceOp::kSum, comm).ok());
+      ASSERT_TRUE(stage.Reduce(*stage.Resolve(spec).value(), bucket, ReduceOp::kSum, comm).ok());
       results.push_back(x);
     }
   }
@@ -488,7 +590,7 @@ TEST(StageTest, HalfConversionMatchesTheScalarReference) {
     std::vector<float> y = x;
     std::vector<int64_t> shape = {static_cast<int64_t>(y.size())};
     std::vector<TensorView> bucket = {{"x", shape, y.data(), y.size()}};
-    ASSERT_TRUE(stage.Reduce(method, bucket, 4, ReduceOp::kSum, comm).ok());
+    ASSERT_TRUE(stage.Reduce(*stage.Resolve(method).value(), bucket, ReduceOp::kSum, comm).ok());
     const bool fp16 = std::string(method) == "fp16";
     for (size_t i = 0; i < x.size(); ++i) {
       const float want = fp16 ? Float16ToFloat(FloatToFloat16(x[i]))

@@ -738,12 +738,13 @@ TEST(PowerSgdStageTest, CheckpointRestoresBitIdentically) {
   std::vector<std::string> saved(2);
   auto run_steps = [&](CompressionStage& stage, transport::Communicator& comm, int w, int from,
                        int to, std::vector<std::vector<float>>* record) {
-    const std::string spec = stage.Canonicalize(spec_text).value();
+    const CompressionMethod& method = *stage.Resolve(spec_text).value();
     for (int step = from; step <= to; ++step) {
       auto x = step_inputs(w, step);
-      ASSERT_TRUE(stage.Reduce(spec, {{"a", sa, x[0].data(), 432}, {"b", sb, x[1].data(), 18},
-                                      {"c", sc, x[2].data(), 162}},
-                               4, ReduceOp::kAverage, comm).ok());
+      std::vector<TensorView> views = {{"a", sa, x[0].data(), 432},
+                                       {"b", sb, x[1].data(), 18},
+                                       {"c", sc, x[2].data(), 162}};
+      ASSERT_TRUE(stage.Reduce(method, views, ReduceOp::kAverage, comm).ok());
       if (record) {
         std::vector<float> all = x[0];
         all.insert(all.end(), x[1].begin(), x[1].end());

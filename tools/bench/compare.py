@@ -142,10 +142,11 @@ def wait_idle(limit_s):
             return
 
 
-def build_base(rev, base_dir):
+def build_base(rev, base_dir, target="braid-bench"):
     """Exports git revision `rev` of this repository into `base_dir`/src and builds its
-    braid-bench into `base_dir`/build (once: an existing binary is reused). Returns the
-    binary's path; raises RuntimeError with the failing command's output."""
+    benchmark `target` (tools/bench) into `base_dir`/build (once: an existing binary is
+    reused). Returns the binary's path and the commit; raises RuntimeError with the failing
+    command's output. e2e_compare.py builds braid-e2e-bench with it."""
     sha = subprocess.run(["git", "-C", REPO, "rev-parse", "--verify", rev + "^{commit}"],
                          capture_output=True, text=True)
     if sha.returncode != 0:
@@ -154,7 +155,7 @@ def build_base(rev, base_dir):
     # Under build/, which git and Bazel ignore (the export has BUILD files of its own).
     base_dir = base_dir or os.path.join(REPO, "build", "base", sha[:12])
     src, build = os.path.join(base_dir, "src"), os.path.join(base_dir, "build")
-    exe = os.path.join(build, "tools", "bench", "braid-bench")
+    exe = os.path.join(build, "tools", "bench", target)
     if os.access(exe, os.X_OK):
         return exe, sha
     os.makedirs(src, exist_ok=True)
@@ -167,7 +168,7 @@ def build_base(rev, base_dir):
     env = dict(os.environ, CCACHE_BASEDIR=src, CCACHE_NOHASHDIR="true")
     for cmd in (["cmake", "-S", src, "-B", build, "-G", "Ninja",
                  "-DPython3_EXECUTABLE=" + PYTHON, "-DBRAID_BUILD_TESTS=OFF"],
-                ["cmake", "--build", build, "--target", "braid-bench"]):
+                ["cmake", "--build", build, "--target", target]):
         print("# " + " ".join(cmd), flush=True)
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if done.returncode != 0:

@@ -1,7 +1,7 @@
 """braid.compression_stats() on N ranks: exact byte counts per tensor and per method.
 
 A 1,000,000-element float32 tensor is all-reduced once with "fp16", once with "fp4" and a
-small one uncompressed. Expected, per rank (compression/stage.h defines the counters):
+small one uncompressed. Expected, per rank (runtime/statistics.h defines the counters):
   fp16: payload 2 bytes per element;
   fp4:  per 128-element chunk 64 code bytes (4 bits each) + one float32 scale, so
         7812 full chunks + one of 64 elements -> 7812 * 68 + (32 + 4) bytes, and the bytes

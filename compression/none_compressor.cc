@@ -1,0 +1,57 @@
+// none: the uncompressed all-reduce, a Compressor like the others so that every bucket takes
+// the same path (pack, Reduce, unpack). It takes every dtype and every reduce op as they are
+// and sends the tensor's own bytes: payload = count · element size.
+#include <vector>
+
+#include "compression/methods.h"
+
+namespace braid::compression {
+namespace {
+
+class NoneCompressor : public Compressor {
+ public:
+  NoneCompressor() = default;
+
+  const std::string& spec() const override { return spec_; }
+  bool TakesNatively(DataType) const override { return true; }
+  bool ReadsSeparateInput() const override { return true; }
+
+  // One all-reduce per run of tensors that lie back to back in one dtype: one for a packed
+  // bucket (the runtime's fusion buffer), one for a tensor reduced where it lies.
+  absl::Status Reduce(absl::Span<const TensorView> tensors, transport::Communicator& comm,
+                      StepContext& ctx) override {
+    for (size_t i = 0; i < tensors.size() && i < ctx.payload_bytes.size(); ++i) {
+      ctx.payload_bytes[i] = tensors[i].bytes();
+    }
+    size_t first = 0;
+    while (first < tensors.size()) {
+      const TensorView& head = tensors[first];
+      size_t last = first + 1, count = head.count;
+      // A view read out of place stands alone: its input is not where its data is.
+      while (head.input == nullptr && last < tensors.size() && Follows(tensors[last - 1], tensors[last])) {
+        count += tensors[last++].count;
+      }
+      if (count > 0) {
+        const void* in = head.input != nullptr ? head.input : head.data;
+        absl::Status s = comm.AllReduce(in, head.data, count, head.dtype, ctx.op);
+        if (!s.ok()) return s;
+      }
+      first = last;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static bool Follows(const TensorView& a, const TensorView& b) {
+    return b.input == nullptr && b.dtype == a.dtype &&
+           static_cast<const char*>(a.data) + a.bytes() == b.data;
+  }
+
+  const std::string spec_ = "none";
+};
+
+}  // namespace
+
+std::unique_ptr<Compressor> MakeNoneCompressor() { return std::make_unique<NoneCompressor>(); }
+
+}  // namespace braid::compression

@@ -1,0 +1,192 @@
+// Enqueue: a request is checked locally, its compression resolved once into a canonical
+// method, and it joins the tensor table and the queue of requests to negotiate.
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "compression/registry.h"
+#include "runtime/runtime_impl.h"
+
+namespace braid {
+namespace {
+
+int64_t NumElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+absl::Status CheckSplits(const CollectiveRequest& r, int size,
+                         const std::function<absl::Status(const std::string&)>& bad) {
+  if (r.splits.empty()) {
+    if (r.shape[0] % size != 0) {
+      return bad(absl::StrCat("dim 0 (", r.shape[0], ") does not divide evenly among ", size,
+                              " ranks: pass splits"));
+    }
+    return absl::OkStatus();
+  }
+  if (static_cast<int>(r.splits.size()) != size) {
+    return bad(absl::StrCat("splits has ", r.splits.size(), " entries for ", size, " ranks"));
+  }
+  int64_t sum = 0;
+  for (int64_t s : r.splits) {
+    if (s < 0) return bad("negative split");
+    sum += s;
+  }
+  if (sum != r.shape[0]) return bad(absl::StrCat("splits sum to ", sum, " but dim 0 is ", r.shape[0]));
+  return absl::OkStatus();
+}
+
+proto::Request ToProto(const CollectiveRequest& req, const std::string& compression) {
+  proto::Request p;
+  p.set_name(req.name);
+  p.set_collective(static_cast<proto::Collective>(req.collective));
+  p.set_dtype(static_cast<proto::DataType>(req.dtype));
+  for (int64_t d : req.shape) p.add_shape(d);
+  p.set_device(proto::CPU);
+  p.set_reduce_op(static_cast<proto::ReduceOp>(req.op));
+  p.set_root_rank(req.root_rank);
+  p.set_process_set_id(req.process_set_id);
+  p.set_compression(compression);
+  return p;
+}
+
+}  // namespace
+
+absl::string_view CollectiveName(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce: return "allreduce";
+    case Collective::kAllGather: return "allgather";
+    case Collective::kBroadcast: return "broadcast";
+    case Collective::kReduceScatter: return "reducescatter";
+    case Collective::kAllToAll: return "alltoall";
+    case Collective::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+std::vector<std::string> CompressionMethods(bool test_methods) {
+  compression::RegistryOptions o;
+  o.test_methods = test_methods;
+  return compression::CompressionMethods(o);
+}
+
+absl::StatusOr<std::string> CanonicalCompression(absl::string_view spec, bool test_methods) {
+  compression::RegistryOptions o;
+  o.test_methods = test_methods;
+  BRAID_ASSIGN_OR_RETURN(compression::CompressionSpec parsed,
+                         compression::ParseCompressionSpec(spec, o));
+  return parsed.canonical;
+}
+
+absl::Status Runtime::Impl::CheckRunningLocked() const {
+  switch (state_) {
+    case State::kRunning: return absl::OkStatus();
+    case State::kUninitialized:
+      return absl::FailedPreconditionError("braid is not initialized: call init() first");
+    case State::kShutDown:
+      return absl::FailedPreconditionError(
+          "braid has been shut down: call init() again to start a new job");
+  }
+  return absl::InternalError("bad state");
+}
+
+absl::Status Runtime::Impl::CheckNoCompressionInFlight(absl::string_view what) const {
+  absl::MutexLock lock(&mu_);
+  BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+  for (const auto& [name, e] : table_) {
+    if (e.method != nullptr && !e.method->is_none()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " on rank ", rank_, " while the compressed all-reduce '", name,
+          "' is in flight: call it between steps, after synchronizing every all-reduce"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r) const {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(CollectiveName(r.collective), " '", r.name,
+                                                   "' on rank ", rank_, ": ", why));
+  };
+  if (r.name.empty()) return bad("a name is required");
+  if (!IsValidDataType(static_cast<int32_t>(r.dtype))) return bad("unknown dtype");
+  for (int64_t d : r.shape) {
+    if (d < 0) return bad(absl::StrCat("negative dimension ", d));
+  }
+  const int64_t n = NumElements(r.shape);
+  if (r.collective != Collective::kBarrier && n > 0 && r.input == nullptr) {
+    return bad("input buffer is null");
+  }
+  if ((r.collective == Collective::kAllReduce || r.collective == Collective::kBroadcast) &&
+      n > 0 && r.output == nullptr) {
+    return bad("output buffer is null");
+  }
+  if (r.collective == Collective::kAllReduce || r.collective == Collective::kReduceScatter) {
+    if (!IsValidReduceOp(static_cast<int32_t>(r.op))) {
+      return bad(absl::StrCat("unknown reduce op ", static_cast<int32_t>(r.op)));
+    }
+    absl::Status s = CheckReduceOp(r.dtype, r.op);
+    if (!s.ok()) return bad(std::string(s.message()));
+  }
+  if ((r.collective == Collective::kAllGather || r.collective == Collective::kAllToAll ||
+       r.collective == Collective::kReduceScatter) && r.shape.empty()) {
+    return bad("needs at least one dimension, got a scalar");
+  }
+  if (r.collective == Collective::kAllToAll) return CheckSplits(r, size_, bad);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const compression::CompressionMethod*> Runtime::Impl::ResolveCompression(
+    const CollectiveRequest& r) const {
+  // Compression applies to floating-point sum / average all-reduces (MethodApplies). The
+  // job's default (BRAID_COMPRESSION) silently skips other tensors, as Horovod's compressors
+  // do; a method asked for explicitly on one of them is an error.
+  const bool allreduce = r.collective == Collective::kAllReduce;
+  if (r.compression.empty()) {
+    if (!allreduce) return nullptr;
+    return default_method_->Applies(r.dtype, r.op) ? default_method_ : &stage_->none();
+  }
+  auto method = stage_->Resolve(r.compression);
+  if (!method.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(CollectiveName(r.collective), " '", r.name,
+                                                   "' on rank ", rank_, ": ",
+                                                   method.status().message()));
+  }
+  if ((*method)->is_none()) return allreduce ? *method : nullptr;
+  if (!allreduce || !(*method)->Applies(r.dtype, r.op)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        CollectiveName(r.collective), " '", r.name, "' on rank ", rank_, ": compression '",
+        (*method)->spec(), "' applies only to allreduce of floating-point tensors with op sum or ",
+        "average, got ", DataTypeName(r.dtype), " / ", ReduceOpName(r.op)));
+  }
+  return *method;
+}
+
+absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest req) {
+  absl::MutexLock lock(&mu_);
+  BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+  BRAID_RETURN_IF_ERROR(CheckRequest(req));
+  if (table_.count(req.name)) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "tensor '", req.name, "' is already in flight on rank ", rank_,
+        ": wait for it to complete before reusing the name"));
+  }
+  auto handle = std::make_shared<Handle>();
+  if (!abort_.ok()) {
+    handle->Complete(abort_);
+    return handle;
+  }
+  BRAID_ASSIGN_OR_RETURN(const compression::CompressionMethod* method, ResolveCompression(req));
+  // The canonical spec travels (the coordinator compares it across ranks as it is).
+  proto::Request p = ToProto(req, method != nullptr ? method->spec() : std::string());
+  std::string request_bytes = p.SerializeAsString();
+  outgoing_.push_back(std::move(p));
+  if (timeline_) {
+    timeline_->Begin(req.name, "NEGOTIATE",
+                     absl::StrCat("\"collective\": \"", CollectiveName(req.collective), "\""));
+  }
+  std::string name = req.name;
+  table_.emplace(std::move(name), Entry{std::move(req), handle, method, std::move(request_bytes)});
+  return handle;
+}
+
+}  // namespace braid

@@ -1,0 +1,255 @@
+// Runtime's lifecycle (Init, Shutdown) and its public facade. Note [Threads and locks] in
+// runtime_impl.h says which threads Init starts.
+#include <pthread.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "coordinator/client.h"
+#include "coordinator/server.h"
+#include "glog/logging.h"
+#include "runtime/heartbeat_report.h"
+#include "runtime/registration.h"
+#include "runtime/runtime_impl.h"
+
+namespace braid {
+
+Runtime::Impl::Impl() = default;
+Runtime::Impl::~Impl() { Shutdown().IgnoreError(); }
+
+bool Runtime::Impl::initialized() const {
+  absl::MutexLock lock(&mu_);
+  return state_ == State::kRunning;
+}
+
+absl::StatusOr<int> Runtime::Impl::Get(int Impl::*field) const {
+  absl::MutexLock lock(&mu_);
+  BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+  return this->*field;
+}
+
+absl::StatusOr<transport::TransportStats> Runtime::Impl::transport_stats() const {
+  absl::MutexLock lock(&mu_);
+  BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+  return stats_;
+}
+
+absl::StatusOr<CompressionReport> Runtime::Impl::compression_report() const {
+  {
+    absl::MutexLock lock(&mu_);
+    BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+  }
+  return ledger_->Report();  // ledger_ changes only in Init, before the state is kRunning
+}
+
+absl::StatusOr<std::string> Runtime::Impl::compression_state() const {
+  BRAID_RETURN_IF_ERROR(CheckNoCompressionInFlight("compression_state()"));
+  return stage_->SaveState(rank_, size_);
+}
+
+absl::Status Runtime::Impl::LoadCompressionState(absl::string_view state) {
+  BRAID_RETURN_IF_ERROR(CheckNoCompressionInFlight("load_compression_state()"));
+  return stage_->LoadState(state, rank_, size_);
+}
+
+absl::Status Runtime::Impl::Init(const RuntimeConfig& config, RuntimeDeps deps) {
+  absl::MutexLock lifecycle(&lifecycle_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ == State::kRunning) return absl::OkStatus();
+  }
+  absl::Status s = InitLocked(config, std::move(deps));
+  if (!s.ok()) ReleaseParts();
+  return s;
+}
+
+absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps deps) {
+  config_ = config;
+  // Before the client: its heartbeats read the ledger (braidctl status).
+  ledger_ = std::make_unique<StatisticsLedger>();
+  compression::StageOptions stage_options;
+  stage_options.seed = config.seed;
+  stage_options.registry.test_methods = config.test_compressors;
+  stage_ = std::make_unique<compression::CompressionStage>(stage_options);
+  auto default_method = stage_->Resolve(config.compression);
+  if (!default_method.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BRAID_COMPRESSION: ", default_method.status().message()));
+  }
+  default_method_ = *default_method;
+
+  CoordinatorClientSetup setup;
+  setup.fill_heartbeat = [this](proto::HeartbeatRequest* hb) {
+    AddCompressionTotals(*ledger_, hb);
+  };
+  LaunchInfo launch = config.launch;
+  BRAID_ASSIGN_OR_RETURN(client_, deps.coordinator
+                                      ? deps.coordinator(setup)
+                                      : ConnectDefaultCoordinator(config, &launch, setup));
+  std::unique_ptr<DataPlane> data_plane =
+      deps.data_plane ? std::move(deps.data_plane) : MakeUcxDataPlane(config);
+  // Note [Peers at registration]: one Register RPC, then the data plane connects.
+  BRAID_ASSIGN_OR_RETURN(Joined joined, JoinJob(config, launch, *client_, *data_plane));
+  const proto::RegisterResponse& registered = joined.registration;
+  rank_ = registered.rank();
+  size_ = registered.size();
+  local_rank_ = registered.local_rank();
+  local_size_ = registered.local_size();
+  comm_ = std::move(joined.comm);
+  BRAID_RETURN_IF_ERROR(OpenTimeline(config));
+  pipeline_ = std::make_unique<AllReducePipeline>(stage_.get(), ledger_.get(), timeline_.get());
+  BRAID_RETURN_IF_ERROR(StartLoop());
+  VLOG(1) << "braid: rank " << rank_ << " of " << size_ << " joined (" << comm_->Describe()
+          << ")";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> Runtime::Impl::ConnectDefaultCoordinator(
+    const RuntimeConfig& config, LaunchInfo* launch, const CoordinatorClientSetup& setup) {
+  std::string address = config.coordinator;
+  if (address.empty()) {
+    const bool alone = launch->size <= 1 && launch->rank <= 0;
+    if (alone) {
+      // No launcher and no peers: a private coordinator on a free port.
+      launch->rank = 0;
+      launch->size = 1;
+    }
+    if (launch->rank == 0) {
+      coordinator::ServerOptions so;
+      so.bind_address = alone ? "127.0.0.1" : config.coordinator_host;
+      so.port = alone ? 0 : config.coordinator_port;
+      so.world_size = launch->size;
+      so.job_secret = config.job_secret;
+      // No settings of its own: every rank's registration proposes the job settings it set,
+      // this one's included (Note [Job settings]).
+      BRAID_ASSIGN_OR_RETURN(hosted_, coordinator::StartCoordinator(so));
+      address = hosted_->address();
+    } else if (launch->rank < 0) {
+      return absl::InvalidArgumentError(
+          "BRAID_COORDINATOR is not set and this process has no rank from a launcher "
+          "(BRAID_RANK, RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK): run under braidrun");
+    } else {
+      address = absl::StrCat(config.coordinator_host, ":", config.coordinator_port);
+    }
+  }
+  coordinator::ClientOptions co;
+  co.address = address;
+  co.connect_timeout = std::max(config.timeout, absl::Seconds(30));
+  // Registration replaces it with the job's (coordinator/client.h).
+  if (config.job.heartbeat_timeout) {
+    co.heartbeat_interval = coordinator::HeartbeatInterval(*config.job.heartbeat_timeout);
+  }
+  co.fill_heartbeat = setup.fill_heartbeat;
+  return coordinator::ConnectCoordinator(co);
+}
+
+absl::Status Runtime::Impl::OpenTimeline(const RuntimeConfig& config) {
+  if (config.timeline_path.empty()) return absl::OkStatus();
+  // Rank 0 writes the path itself, rank r writes PATH.rank<r>.
+  std::string path = rank_ == 0 ? config.timeline_path
+                                : absl::StrCat(config.timeline_path, ".rank", rank_);
+  BRAID_ASSIGN_OR_RETURN(timeline_, Timeline::Open(path, rank_));
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::Impl::StartLoop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = false;
+    abort_ = absl::OkStatus();
+    stats_ = transport::TransportStats{};
+    negotiating_ = 0;
+    cache_.clear();
+    outgoing_.clear();
+    ready_.clear();
+    state_ = State::kRunning;
+  }
+  absl::Status s = client_->StartNegotiation(
+      rank_, [this](const proto::ResponseList& m) { OnMessage(m); },
+      [this](const absl::Status& st) { OnClosed(st); });
+  if (!s.ok()) {
+    absl::MutexLock lock(&mu_);
+    state_ = State::kUninitialized;
+    return s;
+  }
+  loop_ = std::thread([this] { Loop(); });
+  // Named by its creator, so the name is there by the time Init returns.
+  pthread_setname_np(loop_.native_handle(), "braid-loop");
+  return absl::OkStatus();
+}
+
+void Runtime::Impl::ReleaseParts() {
+  pipeline_.reset();
+  timeline_.reset();  // flushes
+  comm_.reset();
+  client_.reset();
+  if (hosted_) hosted_->Shutdown(absl::ZeroDuration());
+  hosted_.reset();
+}
+
+absl::Status Runtime::Impl::Shutdown() {
+  absl::MutexLock lifecycle(&lifecycle_mu_);
+  bool busy;
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ != State::kRunning) return absl::OkStatus();
+    stop_ = true;
+    busy = executing_;
+  }
+  // Wake a collective blocked on peers that may never come. Work still in negotiation
+  // needs no abort: the loop stops before running it.
+  if (busy) comm_->Abort(absl::CancelledError("braid is shutting down"));
+  if (loop_.joinable()) loop_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, e] : table_) {
+      e.handle->Complete(absl::CancelledError(
+          absl::StrCat("braid was shut down before '", name, "' completed")));
+    }
+    table_.clear();
+    state_ = State::kShutDown;
+  }
+  client_->Close(absl::Milliseconds(500));
+  if (hosted_) hosted_->Shutdown(absl::Milliseconds(500));
+  ReleaseParts();
+  return absl::OkStatus();
+}
+
+// ---- The facade ----
+
+Runtime::Runtime() : impl_(std::make_unique<Impl>()) {}
+Runtime::~Runtime() = default;
+absl::Status Runtime::Init(const RuntimeConfig& config) { return impl_->Init(config, {}); }
+absl::Status Runtime::Init(const RuntimeConfig& config, RuntimeDeps deps) {
+  return impl_->Init(config, std::move(deps));
+}
+absl::Status Runtime::Shutdown() { return impl_->Shutdown(); }
+bool Runtime::initialized() const { return impl_->initialized(); }
+absl::StatusOr<int> Runtime::rank() const { return impl_->Get(&Impl::rank_); }
+absl::StatusOr<int> Runtime::size() const { return impl_->Get(&Impl::size_); }
+absl::StatusOr<int> Runtime::local_rank() const { return impl_->Get(&Impl::local_rank_); }
+absl::StatusOr<int> Runtime::local_size() const { return impl_->Get(&Impl::local_size_); }
+absl::StatusOr<std::shared_ptr<Handle>> Runtime::Enqueue(CollectiveRequest request) {
+  return impl_->Enqueue(std::move(request));
+}
+absl::StatusOr<transport::TransportStats> Runtime::transport_stats() const {
+  return impl_->transport_stats();
+}
+absl::StatusOr<CompressionReport> Runtime::compression_report() const {
+  return impl_->compression_report();
+}
+absl::StatusOr<std::string> Runtime::compression_state() const {
+  return impl_->compression_state();
+}
+absl::Status Runtime::LoadCompressionState(absl::string_view state) {
+  return impl_->LoadCompressionState(state);
+}
+
+Runtime& GlobalRuntime() {
+  static Runtime* runtime = new Runtime();  // never destroyed: bindings shut it down explicitly
+  return *runtime;
+}
+
+}  // namespace braid

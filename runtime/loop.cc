@@ -1,0 +1,157 @@
+// The background loop (braid-loop, Note [Threads and locks]): sends requests to the
+// coordinator, receives the buckets it agreed, runs them in order, and turns aborts into
+// errors on every pending handle.
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "runtime/runtime_impl.h"
+
+namespace braid {
+
+Bucket BucketFromResponse(const proto::Response& r) {
+  Bucket b;
+  b.id = r.bucket_id();
+  b.collective = static_cast<Collective>(r.collective());
+  b.names.assign(r.names().begin(), r.names().end());
+  if (r.type() == proto::Response::ERROR) {
+    b.error = absl::Status(static_cast<absl::StatusCode>(r.error_code()), r.error_message());
+  }
+  b.root_rank = r.root_rank();
+  b.first_dims.assign(r.first_dims().begin(), r.first_dims().end());
+  return b;
+}
+
+void Runtime::Impl::Loop() {
+  while (true) {
+    proto::RequestList out;
+    std::deque<Bucket> todo;
+    if (!NextCycle(&out, &todo)) return;
+    if (out.requests_size() > 0 || out.cached_ids_size() > 0) {
+      absl::Status s = client_->Send(out);
+      if (!s.ok()) AbortJob(s);
+    }
+    for (const Bucket& b : todo) Execute(b);
+    absl::MutexLock lock(&mu_);
+    executing_ = false;
+  }
+}
+
+bool Runtime::Impl::NextCycle(proto::RequestList* out, std::deque<Bucket>* todo) {
+  absl::MutexLock lock(&mu_);
+  // Note [Cycle]: event-driven, so an idle job costs no CPU. Buckets run as soon as they
+  // arrive. New requests go out at once when nothing is being negotiated (the first tensor
+  // after an idle period pays no cycle latency); while earlier requests are still
+  // negotiating, new ones are batched for up to BRAID_CYCLE_TIME_MS after the last send, so
+  // a burst of tensors costs one message per rank.
+  auto urgent = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return stop_ || !ready_.empty() || (!abort_.ok() && !table_.empty());
+  };
+  auto anything = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return stop_ || !ready_.empty() || (!abort_.ok() && !table_.empty()) || !outgoing_.empty();
+  };
+  while (true) {
+    mu_.Await(absl::Condition(&anything));
+    if (urgent() || negotiating_ == 0) break;
+    const absl::Time due = last_send_ + config_.cycle_time;
+    if (absl::Now() >= due) break;
+    mu_.AwaitWithDeadline(absl::Condition(&urgent), due);
+  }
+  if (stop_) return false;
+  if (!abort_.ok()) {
+    FailEverythingLocked(abort_);
+    return true;
+  }
+  out->set_rank(rank_);
+  for (auto& r : outgoing_) {
+    // A request identical to a cached one travels as its id (Note [Response cache]).
+    auto it = cache_.find(r.name());
+    auto entry = table_.find(r.name());
+    if (it != cache_.end() && entry != table_.end() &&
+        it->second.second == entry->second.request_bytes) {
+      out->add_cached_ids(it->second.first);
+    } else {
+      *out->add_requests() = std::move(r);
+    }
+  }
+  negotiating_ += static_cast<int64_t>(outgoing_.size());
+  if (!outgoing_.empty()) last_send_ = absl::Now();
+  outgoing_.clear();
+  todo->swap(ready_);
+  executing_ = !todo->empty();
+  return true;
+}
+
+void Runtime::Impl::FailEverythingLocked(const absl::Status& s) {
+  for (auto& [name, e] : table_) e.handle->Complete(s);
+  table_.clear();
+  outgoing_.clear();
+  ready_.clear();
+  negotiating_ = 0;
+}
+
+void Runtime::Impl::OnMessage(const proto::ResponseList& msg) {
+  if (!msg.abort_message().empty()) {
+    AbortJob(absl::Status(static_cast<absl::StatusCode>(msg.abort_code()), msg.abort_message()));
+  }
+  if (msg.shutdown()) {
+    AbortJob(absl::CancelledError("the coordinator ended the job"));
+  }
+  if (timeline_) MarkNegotiated(msg);
+  std::vector<Bucket> buckets;
+  buckets.reserve(msg.responses_size());
+  for (const auto& r : msg.responses()) buckets.push_back(BucketFromResponse(r));
+  absl::MutexLock lock(&mu_);
+  for (int k = 0; k < msg.responses_size(); ++k) {
+    const proto::Response& r = msg.responses(k);
+    negotiating_ -= r.names_size();
+    for (int i = 0; i < r.cache_ids_size() && i < r.names_size(); ++i) {
+      auto entry = table_.find(r.names(i));
+      if (r.cache_ids(i) != 0 && entry != table_.end()) {
+        cache_[r.names(i)] = {r.cache_ids(i), entry->second.request_bytes};
+      }
+    }
+    ready_.push_back(std::move(buckets[k]));
+  }
+  for (int32_t id : msg.evicted_cache_ids()) {
+    for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+      if (it->second.first == id) {
+        cache_.erase(it);
+        break;
+      }
+    }
+  }
+  if (negotiating_ < 0) negotiating_ = 0;
+}
+
+void Runtime::Impl::MarkNegotiated(const proto::ResponseList& msg) {
+  const absl::Time now = absl::Now();
+  for (const auto& r : msg.responses()) {
+    for (int i = 0; i < r.names_size(); ++i) {
+      const std::string& name = r.names(i);
+      for (int p = 0; p < size_; ++p) {
+        size_t k = static_cast<size_t>(i) * size_ + p;
+        if (k < static_cast<size_t>(r.report_age_us_size())) {
+          timeline_->Mark(name, absl::StrCat("rank ", p, " ready"),
+                          now - absl::Microseconds(r.report_age_us(static_cast<int>(k))));
+        }
+      }
+      timeline_->End(name, "NEGOTIATE", now);
+      if (r.type() == proto::Response::OK) timeline_->Begin(name, "QUEUE", "", now);
+    }
+  }
+}
+
+void Runtime::Impl::OnClosed(const absl::Status& s) {
+  if (!s.ok()) AbortJob(s);
+}
+
+void Runtime::Impl::AbortJob(const absl::Status& s) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!abort_.ok()) return;
+    abort_ = s;
+  }
+  // Thread-safe: fails the collective in flight at once instead of at its timeout.
+  comm_->Abort(s);
+}
+
+}  // namespace braid

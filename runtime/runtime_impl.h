@@ -1,0 +1,175 @@
+// Internal: the state behind braid::Runtime (runtime.h), its members split by responsibility:
+//   lifecycle.cc          Init (the injected parts, registration, the coordinator this rank may
+//                         host), Shutdown, the public facade
+//   enqueue.cc            validating a request, resolving its compression, the tensor table
+//   loop.cc               the background loop: requests out, agreed buckets in, the response
+//                         cache, aborts
+//   execute.cc            one agreed bucket: collectives other than all-reduce, handles
+//   allreduce_pipeline.h  an all-reduce bucket: pack -> Compressor::Reduce -> unpack
+//
+// Note [Threads and locks]
+// A rank runs, besides the caller's threads, three threads of braid's own (README.md,
+// "Architecture in brief", draws them) and the pools of the libraries under it (gRPC's,
+// sized by the host's cores; UCX's async thread):
+//   braid-loop       the background thread (Loop). The only one that touches the data plane,
+//                    the fusion buffer and the compressors. Sends requests, runs agreed
+//                    buckets in the order every rank receives them, completes handles.
+//   braid-coord-rx   the coordinator client's reader. Turns each ResponseList into Buckets
+//                    on the ready queue (OnMessage) and the stream's end into an abort
+//                    (OnClosed).
+//   braid-heartbeat  the coordinator client's heartbeat. Reads the statistics ledger.
+// Hand-offs of one collective: the caller's Enqueue puts its Entry in table_ and its request
+// on outgoing_ (under mu_) -> braid-loop sends it -> the coordinator agrees -> braid-coord-rx
+// queues the Bucket on ready_ (under mu_) -> braid-loop runs it and completes the Handle ->
+// the caller's Wait returns. Entries stay put in table_ (a std::map) until braid-loop erases
+// them, so it reads them without mu_ while running their bucket.
+//
+// Lock order (a thread holding one may take those to its right, never the reverse):
+//   lifecycle_mu_ -> mu_ -> { Handle::mu_, Timeline's, stage's methods_mu_ (Resolve) }
+//   stage's state_mu_ (held by braid-loop for a bucket; SaveState / LoadState) -> methods_mu_
+//   StatisticsLedger's mutex: a leaf.
+// No runtime lock is held while calling the coordinator client (Send, Close) or the
+// communicator (collectives, Abort): those have locks of their own and may block.
+#ifndef BRAID_RUNTIME_RUNTIME_IMPL_H_
+#define BRAID_RUNTIME_RUNTIME_IMPL_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "compression/stage.h"
+#include "proto/braid.pb.h"
+#include "runtime/allreduce_pipeline.h"
+#include "runtime/runtime.h"
+#include "runtime/statistics.h"
+#include "runtime/timeline.h"
+
+namespace braid {
+
+namespace coordinator {
+class CoordinatorServer;
+}
+
+// Note [Execution step]: one agreed unit of work, the same on every rank and run in the same
+// order: a bucket of all-reduces (fused when it names several), another collective, or an
+// error every named tensor fails with. Today the coordinator's Response is its only source
+// (BucketFromResponse); running it needs nothing from the coordinator, so an agreement
+// reached over the data plane (the response cache's fast path) can produce Buckets too.
+struct Bucket {
+  int64_t id = 0;
+  Collective collective = Collective::kAllReduce;
+  std::vector<std::string> names;
+  absl::Status error;              // not OK: every named tensor fails with it
+  int root_rank = 0;               // broadcast
+  std::vector<int64_t> first_dims;  // all-gather: every rank's dim 0
+};
+Bucket BucketFromResponse(const proto::Response& response);
+
+// "allreduce", "allgather", ...
+absl::string_view CollectiveName(Collective c);
+
+class Runtime::Impl {
+ public:
+  Impl();
+  ~Impl();  // shuts down if still running
+
+  absl::Status Init(const RuntimeConfig& config, RuntimeDeps deps);
+  absl::Status Shutdown();
+  bool initialized() const;
+  absl::StatusOr<int> Get(int Impl::*field) const;
+  absl::StatusOr<std::shared_ptr<Handle>> Enqueue(CollectiveRequest req);
+  absl::StatusOr<transport::TransportStats> transport_stats() const;
+  absl::StatusOr<CompressionReport> compression_report() const;
+  absl::StatusOr<std::string> compression_state() const;
+  absl::Status LoadCompressionState(absl::string_view state);
+
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+
+ private:
+  enum class State { kUninitialized, kRunning, kShutDown };
+  struct Entry {
+    CollectiveRequest req;
+    std::shared_ptr<Handle> handle;
+    // All-reduce: its compression, resolved once at enqueue (never null); else null.
+    const compression::CompressionMethod* method = nullptr;
+    std::string request_bytes;  // the proto::Request sent, serialized (response cache key)
+  };
+
+  // ---- lifecycle.cc ----
+  absl::Status InitLocked(const RuntimeConfig& config, RuntimeDeps deps);
+  // The gRPC client of config.coordinator, hosting the coordinator first on rank 0 when it
+  // is empty (and making a lone process rank 0 of 1 in `launch`).
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectDefaultCoordinator(
+      const RuntimeConfig& config, LaunchInfo* launch, const CoordinatorClientSetup& setup);
+  absl::Status OpenTimeline(const RuntimeConfig& config);
+  absl::Status StartLoop();
+  void ReleaseParts();  // after a failed Init or at the end of Shutdown
+
+  // ---- enqueue.cc ----
+  absl::Status CheckRunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckRequest(const CollectiveRequest& r) const;
+  // The all-reduce's compression: its own spec, or the job's default where it applies.
+  absl::StatusOr<const compression::CompressionMethod*> ResolveCompression(
+      const CollectiveRequest& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FailedPrecondition when not running or while a compressed all-reduce is in flight.
+  absl::Status CheckNoCompressionInFlight(absl::string_view what) const;
+
+  // ---- loop.cc ----
+  void Loop();
+  // Waits for work (Note [Cycle]); false when the loop must stop. Fills the requests to send
+  // and the buckets to run.
+  bool NextCycle(proto::RequestList* out, std::deque<Bucket>* todo);
+  void FailEverythingLocked(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnMessage(const proto::ResponseList& msg);
+  void MarkNegotiated(const proto::ResponseList& msg);  // the timeline's view of it
+  void OnClosed(const absl::Status& s);
+  void AbortJob(const absl::Status& s);
+
+  // ---- execute.cc ----
+  void Execute(const Bucket& bucket);
+  absl::Status RunAllReduce(const Bucket& bucket, const std::vector<Entry*>& entries);
+  absl::Status RunCollective(Entry& e, const Bucket& bucket);
+  void FinishBucket(const std::vector<std::string>& names, const absl::Status& s);
+
+  mutable absl::Mutex mu_;
+  State state_ ABSL_GUARDED_BY(mu_) = State::kUninitialized;
+  RuntimeConfig config_;
+  std::unique_ptr<coordinator::CoordinatorServer> hosted_;
+  std::unique_ptr<CoordinatorClient> client_;
+  std::unique_ptr<transport::Communicator> comm_;
+  std::map<std::string, Entry> table_ ABSL_GUARDED_BY(mu_);  // in flight on this rank
+  std::vector<proto::Request> outgoing_ ABSL_GUARDED_BY(mu_);
+  std::deque<Bucket> ready_ ABSL_GUARDED_BY(mu_);  // agreed, not yet run
+  absl::Status abort_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool executing_ ABSL_GUARDED_BY(mu_) = false;  // the loop is running collectives
+  int64_t negotiating_ ABSL_GUARDED_BY(mu_) = 0;  // requests sent, not yet answered
+  // This rank's mirror of the coordinator's response cache: name -> (id, request bytes).
+  std::map<std::string, std::pair<int32_t, std::string>> cache_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_send_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Held for the whole of Init and Shutdown: they may be called from any thread.
+  absl::Mutex lifecycle_mu_;
+  transport::TransportStats stats_ ABSL_GUARDED_BY(mu_);  // snapshot of comm_->stats()
+  // Created by Init (per job: compressor state and counters start fresh) before the client
+  // (its heartbeats read the ledger) and replaced only by the next Init, after the client
+  // closed; the stage resolves specs for enqueueing threads, the loop reduces with it.
+  std::unique_ptr<StatisticsLedger> ledger_;
+  std::unique_ptr<compression::CompressionStage> stage_;
+  const compression::CompressionMethod* default_method_ = nullptr;  // BRAID_COMPRESSION
+  std::unique_ptr<Timeline> timeline_;  // null when BRAID_TIMELINE is unset
+  std::unique_ptr<AllReducePipeline> pipeline_;  // the loop's
+  std::thread loop_;
+};
+
+}  // namespace braid
+
+#endif  // BRAID_RUNTIME_RUNTIME_IMPL_H_

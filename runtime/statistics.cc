@@ -1,0 +1,60 @@
+#include "runtime/statistics.h"
+
+namespace braid {
+
+void ByteStats::Add(const ByteStats& o) {
+  reductions += o.reductions;
+  uncompressed_bytes += o.uncompressed_bytes;
+  payload_bytes += o.payload_bytes;
+  transport_bytes += o.transport_bytes;
+  reference_transport_bytes += o.reference_transport_bytes;
+}
+
+double ByteStats::compression_ratio() const {
+  return payload_bytes == 0 ? 0.0
+                            : static_cast<double>(uncompressed_bytes) /
+                                  static_cast<double>(payload_bytes);
+}
+
+uint64_t ReferenceTransportBytes(uint64_t bytes, int world_size) {
+  const uint64_t n = world_size <= 1 ? 1 : static_cast<uint64_t>(world_size);
+  return 2 * bytes * (n - 1) / n;
+}
+
+void StatisticsLedger::Record(absl::string_view name, absl::string_view method,
+                              const ByteStats& b) {
+  absl::MutexLock lock(&mu_);
+  auto by_name = tensors_.find(name);
+  if (by_name == tensors_.end()) by_name = tensors_.emplace(std::string(name), Methods{}).first;
+  auto it = by_name->second.find(method);
+  const bool inserted = it == by_name->second.end();
+  if (inserted) it = by_name->second.emplace(std::string(method), ByteStats{}).first;
+  it->second.Add(b);
+  auto total = totals_.find(method);
+  if (total == totals_.end()) {
+    total = totals_.emplace(std::string(method), MethodCompressionStats{}).first;
+    total->second.method = std::string(method);
+  }
+  if (inserted) ++total->second.tensors;
+  total->second.bytes.Add(b);
+}
+
+CompressionReport StatisticsLedger::Report() const {
+  CompressionReport r;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [name, methods] : tensors_) {
+    for (const auto& [method, b] : methods) r.tensors.push_back({name, method, b});
+  }
+  for (const auto& [method, m] : totals_) r.methods.push_back(m);
+  return r;
+}
+
+std::vector<MethodCompressionStats> StatisticsLedger::MethodTotals() const {
+  std::vector<MethodCompressionStats> out;
+  absl::MutexLock lock(&mu_);
+  out.reserve(totals_.size());
+  for (const auto& [method, m] : totals_) out.push_back(m);
+  return out;
+}
+
+}  // namespace braid

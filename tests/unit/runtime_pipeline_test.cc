@@ -1,0 +1,385 @@
+// The all-reduce pipeline (runtime/allreduce_pipeline.h, Note [One pipeline]) through
+// braid::Runtime, with several ranks as threads of one process (tests/testing/
+// runtime_world.h): none over every dtype and op; every compression method fused and
+// unfused, bit for bit, and against its Compressor run alone; the byte ledger; the fusion
+// buffer's reuse.
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/half.h"
+#include "compression/registry.h"
+#include "compression/stage.h"
+#include "gtest/gtest.h"
+#include "runtime/allreduce_pipeline.h"
+#include "runtime/runtime.h"
+#include "runtime/statistics.h"
+#include "tests/testing/local_world.h"
+#include "tests/testing/runtime_world.h"
+#include "tests/testing/typed_values.h"
+
+namespace braid {
+namespace {
+
+using testing::ReadValue;
+using testing::RuntimeWorld;
+using testing::RuntimeWorldOptions;
+using testing::WriteValue;
+
+absl::Status WaitFor(const absl::StatusOr<std::shared_ptr<Handle>>& h) {
+  if (!h.ok()) return h.status();
+  return (*h)->Wait(absl::Seconds(30));
+}
+
+RuntimeWorldOptions World(int size, int64_t fusion_threshold) {
+  RuntimeWorldOptions o;
+  o.size = size;
+  o.settings.set_fusion_threshold_bytes(fusion_threshold);
+  return o;
+}
+
+// none reduces every dtype with every op it allows, exactly, fused with others or alone.
+// Rank r holds (i % 5) + r, so every result is a small integer: exact in every dtype.
+TEST(RuntimePipelineTest, NoneReducesEveryDtypeAndOpExactly) {
+  const std::vector<DataType> dtypes = {DataType::kFloat32, DataType::kFloat64,
+                                        DataType::kFloat16, DataType::kBFloat16,
+                                        DataType::kInt32,   DataType::kInt64,
+                                        DataType::kUInt8};
+  const std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
+                                     ReduceOp::kMax, ReduceOp::kProduct};
+  for (int64_t fusion : {int64_t{64} << 20, int64_t{0}}) {
+    RuntimeWorld world(World(3, fusion));
+    ASSERT_TRUE(world.InitOk());
+    world.Run([&](int rank, Runtime& rt) {
+      constexpr int64_t kN = 37;
+      std::vector<std::vector<char>> in, out;
+      std::vector<std::pair<std::string, std::shared_ptr<Handle>>> handles;
+      std::vector<std::pair<DataType, ReduceOp>> cases;
+      for (DataType dt : dtypes) {
+        for (ReduceOp op : ops) {
+          if (!CheckReduceOp(dt, op).ok()) continue;
+          in.emplace_back(kN * DataTypeSize(dt));
+          out.emplace_back(kN * DataTypeSize(dt));
+          for (int64_t i = 0; i < kN; ++i) WriteValue(in.back().data(), i, dt, i % 5 + rank);
+          CollectiveRequest r;
+          r.name = absl::StrCat(DataTypeName(dt), "/", ReduceOpName(op));
+          r.dtype = dt;
+          r.shape = {kN};
+          r.input = in.back().data();
+          r.output = out.back().data();
+          r.op = op;
+          auto h = rt.Enqueue(r);
+          ASSERT_TRUE(h.ok()) << h.status();
+          handles.emplace_back(r.name, *h);
+          cases.emplace_back(dt, op);
+        }
+      }
+      for (size_t c = 0; c < cases.size(); ++c) {
+        ASSERT_TRUE(handles[c].second->Wait(absl::Seconds(30)).ok()) << handles[c].first;
+        const auto [dt, op] = cases[c];
+        for (int64_t i = 0; i < kN; ++i) {
+          const double v = i % 5;
+          const double want = op == ReduceOp::kSum       ? 3 * v + 3
+                              : op == ReduceOp::kAverage ? v + 1
+                              : op == ReduceOp::kMin     ? v
+                              : op == ReduceOp::kMax     ? v + 2
+                                                         : v * (v + 1) * (v + 2);
+          ASSERT_EQ(ReadValue(out[c].data(), i, dt), want)
+              << handles[c].first << "[" << i << "] fusion " << fusion;
+        }
+      }
+    });
+  }
+}
+
+// A tensor set like a small network's: matrices, a conv kernel, biases.
+struct Layer {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+const std::vector<Layer>& Layers() {
+  static const auto* layers = new std::vector<Layer>{
+      {"conv.w", {6, 3, 3, 3}}, {"conv.b", {6}}, {"fc1.w", {64, 32}}, {"fc1.b", {64}},
+      {"fc2.w", {24, 18}},      {"big", {4000}}};
+  return *layers;
+}
+
+size_t Count(const std::vector<int64_t>& shape) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+// Deterministic inputs that differ per rank, step and tensor.
+double Input(int rank, int step, size_t layer, size_t i) {
+  return std::sin(0.37 * static_cast<double>(i) + 1.3 * rank + 0.7 * step + 2.1 * layer) *
+         (1.0 + 0.01 * static_cast<double>(i % 17));
+}
+
+// Results[step][rank][layer]: the bytes of each output after `steps` steps of `spec` on every
+// layer in `dtype`, all enqueued at once each step.
+using Results = std::vector<std::vector<std::vector<std::vector<char>>>>;
+
+Results RunSteps(RuntimeWorld& world, const std::string& spec, DataType dtype, int steps) {
+  Results results(steps, Results::value_type(world.size()));
+  world.Run([&](int rank, Runtime& rt) {
+    for (int step = 0; step < steps; ++step) {
+      std::vector<std::vector<char>> in, out;
+      std::vector<std::shared_ptr<Handle>> handles;
+      for (size_t l = 0; l < Layers().size(); ++l) {
+        const size_t n = Count(Layers()[l].shape);
+        in.emplace_back(n * DataTypeSize(dtype));
+        out.emplace_back(n * DataTypeSize(dtype));
+        for (size_t i = 0; i < n; ++i) WriteValue(in[l].data(), i, dtype, Input(rank, step, l, i));
+      }
+      for (size_t l = 0; l < Layers().size(); ++l) {
+        CollectiveRequest r;
+        r.name = Layers()[l].name;
+        r.dtype = dtype;
+        r.shape = Layers()[l].shape;
+        r.input = in[l].data();
+        r.output = out[l].data();
+        r.op = ReduceOp::kAverage;
+        r.compression = spec;
+        auto h = rt.Enqueue(r);
+        ASSERT_TRUE(h.ok()) << h.status();
+        handles.push_back(*h);
+      }
+      for (auto& h : handles) ASSERT_TRUE(h->Wait(absl::Seconds(30)).ok()) << spec << " " << h->status();
+      results[step][rank] = out;
+    }
+  });
+  return results;
+}
+
+struct MethodCase {
+  std::string spec;
+  DataType dtype;
+};
+std::vector<MethodCase> MethodCases() {
+  std::vector<MethodCase> out;
+  for (const char* spec :
+       {"none", "fp16", "bf16", "fp4", "int4", "fp4:ef=1", "int4:beta=0.5,ef=1",
+        "powersgd:rank=2", "powersgd:start_step=1", "scalecomp:granularity=tensor",
+        "topk:granularity=tensor", "randomk:granularity=tensor", "fp16:start_step=1"}) {
+    out.push_back({spec, DataType::kFloat32});
+  }
+  // The native 16-bit path, the conversions to float32 and back, and float64.
+  for (const char* spec : {"none", "fp16", "bf16", "fp4", "powersgd:rank=2"}) {
+    out.push_back({spec, DataType::kFloat16});
+  }
+  out.push_back({"fp16", DataType::kBFloat16});
+  out.push_back({"int4", DataType::kFloat64});
+  return out;
+}
+
+// Every method through the one pipeline, fused and unfused: the same bits on every rank and
+// in both runs, three steps long (state: error feedback, PowerSGD's Q, warm-ups).
+TEST(RuntimePipelineTest, EveryMethodGivesTheSameBitsFusedAndUnfused) {
+  for (const MethodCase& mc : MethodCases()) {
+    SCOPED_TRACE(absl::StrCat(mc.spec, " on ", DataTypeName(mc.dtype)));
+    RuntimeWorld fused_world(World(3, int64_t{64} << 20));
+    ASSERT_TRUE(fused_world.InitOk());
+    const Results fused = RunSteps(fused_world, mc.spec, mc.dtype, 3);
+    auto status = fused_world.coordinator().Status();
+    ASSERT_TRUE(status.ok());
+    EXPECT_LT(status->responses_sent(), status->tensors_negotiated()) << "some buckets fused";
+    RuntimeWorld unfused_world(World(3, 0));
+    ASSERT_TRUE(unfused_world.InitOk());
+    const Results unfused = RunSteps(unfused_world, mc.spec, mc.dtype, 3);
+    status = unfused_world.coordinator().Status();
+    ASSERT_TRUE(status.ok());
+    EXPECT_EQ(status->responses_sent(), status->tensors_negotiated()) << "no bucket fused";
+    for (int step = 0; step < 3; ++step) {
+      for (int rank = 0; rank < 3; ++rank) {
+        for (size_t l = 0; l < Layers().size(); ++l) {
+          EXPECT_EQ(fused[step][rank][l], unfused[step][rank][l])
+              << Layers()[l].name << " step " << step << " rank " << rank;
+          EXPECT_EQ(fused[step][rank][l], fused[step][0][l]) << "ranks differ";
+        }
+      }
+    }
+  }
+}
+
+// The pipeline adds nothing to a compressor: with fusion off, each tensor's result equals
+// the method's Compressor run alone on it (over the same in-process world), its input
+// converted to float32 and back where the compressor does not take the dtype.
+TEST(RuntimePipelineTest, EveryMethodEqualsItsCompressorRunAlone) {
+  for (const MethodCase& mc : MethodCases()) {
+    if (absl::StrContains(mc.spec, "start_step")) continue;  // warm-ups are the stage's
+    SCOPED_TRACE(absl::StrCat(mc.spec, " on ", DataTypeName(mc.dtype)));
+    RuntimeWorld world(World(3, 0));
+    ASSERT_TRUE(world.InitOk());
+    const Results got = RunSteps(world, mc.spec, mc.dtype, 2);
+    const auto spec = compression::ParseCompressionSpec(mc.spec).value();
+    testing::RunLocalWorld(3, {}, [&](int rank, transport::Communicator& comm) {
+      auto compressor = compression::CreateCompressor(spec).value();
+      const bool native = compressor->TakesNatively(mc.dtype);
+      for (int step = 0; step < 2; ++step) {
+        for (size_t l = 0; l < Layers().size(); ++l) {
+          const size_t n = Count(Layers()[l].shape);
+          const DataType work = native ? mc.dtype : DataType::kFloat32;
+          std::vector<char> in(n * DataTypeSize(mc.dtype)), buf(n * DataTypeSize(work));
+          for (size_t i = 0; i < n; ++i) WriteValue(in.data(), i, mc.dtype, Input(rank, step, l, i));
+          for (size_t i = 0; i < n; ++i) WriteValue(buf.data(), i, work, ReadValue(in.data(), i, mc.dtype));
+          compression::TensorView v{Layers()[l].name, Layers()[l].shape, buf.data(), n, work};
+          std::vector<int64_t> steps = {step};
+          std::vector<uint64_t> payload(1);
+          compression::StepContext ctx;
+          ctx.op = ReduceOp::kAverage;
+          ctx.steps = steps;
+          ctx.payload_bytes = absl::MakeSpan(payload);
+          ASSERT_TRUE(compressor->Reduce({v}, comm, ctx).ok());
+          std::vector<char> want(in.size());
+          for (size_t i = 0; i < n; ++i) WriteValue(want.data(), i, mc.dtype, ReadValue(buf.data(), i, work));
+          EXPECT_EQ(got[step][rank][l], want) << Layers()[l].name << " step " << step;
+        }
+      }
+    });
+  }
+}
+
+// runtime/statistics.h: per tensor and per method, payload as the compressor counts it (a
+// 1-D tensor PowerSGD sends as it is counts under powersgd; a warm-up step at the tensor's
+// size), every all-reduce booked (an int32 one under none), and the per-method rows the
+// heartbeats carry to the coordinator (braidctl status), summed over ranks.
+TEST(RuntimePipelineTest, TheLedgerCountsEveryTensorUnderItsMethod) {
+  RuntimeWorldOptions o = World(2, int64_t{64} << 20);
+  o.configure = [](int, RuntimeConfig* c) { c->compression = "fp16"; };  // the job's default
+  RuntimeWorld world(o);
+  ASSERT_TRUE(world.InitOk());
+  world.Run([](int rank, Runtime& rt) {
+    std::vector<float> w(64 * 32, 0.5f), b(32, 0.25f);
+    CollectiveRequest rw, rb;
+    for (auto [r, name, shape, data] :
+         {std::make_tuple(&rw, "w", std::vector<int64_t>{64, 32}, &w),
+          std::make_tuple(&rb, "b", std::vector<int64_t>{32}, &b)}) {
+      r->name = name;
+      r->shape = shape;
+      r->input = r->output = data->data();
+      r->compression = "powersgd";
+    }
+    auto hw = rt.Enqueue(rw);
+    auto hb = rt.Enqueue(rb);
+    ASSERT_TRUE(WaitFor(hw).ok() && WaitFor(hb).ok());
+    std::vector<uint16_t> h(1000, FloatToFloat16(1.0f));
+    CollectiveRequest rh;
+    rh.name = "h";
+    rh.dtype = DataType::kFloat16;
+    rh.shape = {1000};
+    rh.input = rh.output = h.data();
+    rh.compression = "fp16:start_step=1";
+    for (int step = 0; step < 2; ++step) ASSERT_TRUE(WaitFor(rt.Enqueue(rh)).ok());
+    std::vector<int32_t> ints(100, 1);
+    CollectiveRequest ri;
+    ri.name = "i";
+    ri.dtype = DataType::kInt32;
+    ri.shape = {100};
+    ri.input = ri.output = ints.data();
+    ri.op = ReduceOp::kSum;
+    ASSERT_TRUE(WaitFor(rt.Enqueue(ri)).ok());
+    const CompressionReport r = rt.compression_report().value();
+    std::map<std::string, ByteStats> by;
+    for (const auto& t : r.tensors) by[t.name + "/" + t.method] = t.bytes;
+    ASSERT_EQ(by.size(), 4u);
+    EXPECT_EQ(by["w/powersgd"].payload_bytes, (64u + 32u) * 4);
+    EXPECT_EQ(by["b/powersgd"].payload_bytes, 32u * 4) << "sent as it is, counted under powersgd";
+    EXPECT_EQ(by["b/powersgd"].uncompressed_bytes, 32u * 4);
+    EXPECT_EQ(by["h/fp16:start_step=1"].reductions, 2u);
+    EXPECT_EQ(by["h/fp16:start_step=1"].payload_bytes, 2000u + 2000u) << "warm-up at its size";
+    EXPECT_EQ(by["h/fp16:start_step=1"].uncompressed_bytes, 4000u);
+    EXPECT_EQ(by["i/none"].payload_bytes, 400u) << "the default skips integers";
+    EXPECT_EQ(by["i/none"].reference_transport_bytes, 400u) << "2(n-1)/n of 400 bytes";
+    ASSERT_EQ(r.methods.size(), 3u);
+    for (const MethodCompressionStats& m : r.methods) {
+      uint64_t transport = 0;
+      for (const auto& t : r.tensors) transport += t.method == m.method ? t.bytes.transport_bytes : 0;
+      EXPECT_EQ(m.bytes.transport_bytes, transport) << m.method;
+      EXPECT_GT(m.bytes.transport_bytes, 0u) << m.method;
+    }
+    EXPECT_EQ(r.methods[2].method, "powersgd");  // sorted by method
+    EXPECT_EQ(r.methods[2].tensors, 2u);
+    EXPECT_EQ(r.methods[2].bytes.payload_bytes, (64u + 32u) * 4 + 32u * 4);
+  });
+  world.Shutdown();  // each rank's final report reaches the coordinator as it leaves
+  auto status = world.coordinator().Status();
+  ASSERT_TRUE(status.ok());
+  std::map<std::string, proto::CompressionStat> rows;
+  for (const auto& c : status->compression()) rows[c.method()] = c;
+  EXPECT_EQ(rows["powersgd"].payload_bytes(), 2 * ((64 + 32) * 4 + 32 * 4));
+  EXPECT_EQ(rows["powersgd"].ranks_reporting(), 2);
+  EXPECT_EQ(rows["none"].payload_bytes(), 2 * 400);
+}
+
+TEST(StatisticsLedgerTest, TotalsAreTheSumsOfTheTensorRows) {
+  EXPECT_EQ(ReferenceTransportBytes(1000, 4), 1500u);
+  EXPECT_EQ(ReferenceTransportBytes(1000, 1), 0u);
+  StatisticsLedger ledger;
+  ledger.Record("b", "fp16", {1, 8, 4, 3, 8});
+  ledger.Record("a", "fp16", {1, 80, 40, 30, 80});
+  ledger.Record("a", "none", {1, 8, 8, 6, 8});
+  ledger.Record("a", "fp16", {1, 80, 40, 31, 80});
+  const CompressionReport r = ledger.Report();
+  ASSERT_EQ(r.tensors.size(), 3u);
+  EXPECT_EQ(r.tensors[0].name + "/" + r.tensors[0].method, "a/fp16");
+  EXPECT_EQ(r.tensors[0].bytes.transport_bytes, 61u);
+  EXPECT_EQ(r.tensors[1].name + "/" + r.tensors[1].method, "a/none");
+  EXPECT_EQ(r.tensors[2].name + "/" + r.tensors[2].method, "b/fp16");
+  const std::vector<MethodCompressionStats> totals = ledger.MethodTotals();
+  ASSERT_EQ(totals.size(), 2u);
+  EXPECT_EQ(totals[0].method, "fp16");
+  EXPECT_EQ(totals[0].tensors, 2u);
+  EXPECT_EQ(totals[0].bytes.reductions, 3u);
+  EXPECT_EQ(totals[0].bytes.payload_bytes, 84u);
+  EXPECT_EQ(totals[0].bytes.compression_ratio(), 168.0 / 84.0);
+  EXPECT_EQ(totals[1].bytes.payload_bytes, 8u);
+}
+
+// One fusion buffer for every bucket: grown when a bucket needs more, reused otherwise; a
+// lone tensor whose dtype the compressor takes is reduced in its output, without it.
+TEST(AllReducePipelineTest, OneGrowOnlyBufferServesEveryBucket) {
+  testing::RunLocalWorld(2, {}, [](int rank, transport::Communicator& comm) {
+    compression::CompressionStage stage(compression::StageOptions{});
+    StatisticsLedger ledger;
+    AllReducePipeline pipeline(&stage, &ledger, nullptr);
+    const compression::CompressionMethod& none = stage.none();
+    auto run = [&](const compression::CompressionMethod& m, DataType dt,
+                   std::vector<std::vector<char>>& data, const std::vector<int64_t>& counts) {
+      std::vector<AllReduceTensor> ts;
+      for (size_t t = 0; t < data.size(); ++t) {
+        ts.push_back({"t" + std::to_string(t), absl::MakeConstSpan(&counts[t], 1),
+                      data[t].data(), data[t].data()});
+      }
+      return pipeline.Run(0, m, dt, ReduceOp::kSum, ts, comm);
+    };
+    std::vector<int64_t> lone = {1000};
+    std::vector<std::vector<char>> one(1, std::vector<char>(4000));
+    ASSERT_TRUE(run(none, DataType::kFloat32, one, lone).ok());
+    EXPECT_EQ(pipeline.buffer().capacity(), 0u) << "a lone float32 tensor stays in place";
+    std::vector<int64_t> two = {1000, 3000};
+    std::vector<std::vector<char>> pair = {std::vector<char>(4000), std::vector<char>(12000)};
+    ASSERT_TRUE(run(none, DataType::kFloat32, pair, two).ok());
+    const size_t capacity = pipeline.buffer().capacity();
+    const char* where = pipeline.buffer().data();
+    EXPECT_GE(capacity, 16000u);
+    std::vector<int64_t> small = {10, 20, 30};
+    std::vector<std::vector<char>> three = {std::vector<char>(40), std::vector<char>(80),
+                                            std::vector<char>(120)};
+    for (int step = 0; step < 3; ++step) ASSERT_TRUE(run(none, DataType::kFloat32, three, small).ok());
+    EXPECT_EQ(pipeline.buffer().capacity(), capacity);
+    EXPECT_EQ(pipeline.buffer().data(), where) << "reused, not reallocated";
+    // A lone float16 tensor under fp4 is converted into the buffer (float32: 4 bytes each).
+    std::vector<int64_t> big = {static_cast<int64_t>(capacity / 2)};
+    std::vector<std::vector<char>> halves(1, std::vector<char>(capacity));
+    ASSERT_TRUE(run(*stage.Resolve("fp4").value(), DataType::kFloat16, halves, big).ok());
+    EXPECT_GE(pipeline.buffer().capacity(), 2 * capacity) << "grown";
+  });
+}
+
+}  // namespace
+}  // namespace braid

@@ -1,0 +1,341 @@
+// braid::Runtime in one process: several ranks as threads, each with the in-process
+// coordinator and communicators injected (tests/testing/runtime_world.h). The queue,
+// negotiation, handles, error paths and lifecycle, asserted against references computed here
+// and exact error texts. The all-reduce pipeline has its own file (runtime_pipeline_test.cc).
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "runtime/runtime.h"
+#include "tests/testing/runtime_world.h"
+#include "tests/testing/thread_count.h"
+
+namespace braid {
+namespace {
+
+using testing::RuntimeWorld;
+using testing::WorldOf;
+
+CollectiveRequest AllReduce(const std::string& name, const float* in, float* out, int64_t n,
+                            ReduceOp op = ReduceOp::kSum) {
+  CollectiveRequest r;
+  r.name = name;
+  r.shape = {n};
+  r.input = in;
+  r.output = out;
+  r.op = op;
+  return r;
+}
+
+absl::Status WaitFor(const absl::StatusOr<std::shared_ptr<Handle>>& h) {
+  if (!h.ok()) return h.status();
+  return (*h)->Wait(absl::Seconds(30));
+}
+
+TEST(RuntimeTest, EverythingBeforeInitIsFailedPrecondition) {
+  Runtime rt;
+  std::vector<float> x(4);
+  const std::string want = "braid is not initialized: call init() first";
+  EXPECT_EQ(rt.Enqueue(AllReduce("x", x.data(), x.data(), 4)).status(),
+            absl::FailedPreconditionError(want));
+  EXPECT_EQ(rt.rank().status(), absl::FailedPreconditionError(want));
+  EXPECT_EQ(rt.compression_report().status(), absl::FailedPreconditionError(want));
+  EXPECT_EQ(rt.transport_stats().status(), absl::FailedPreconditionError(want));
+  EXPECT_EQ(rt.compression_state().status(), absl::FailedPreconditionError(want));
+  EXPECT_FALSE(rt.initialized());
+  EXPECT_TRUE(rt.Shutdown().ok()) << "shutting down what never started is fine";
+}
+
+// Every collective once on three ranks, against references computed here.
+TEST(RuntimeTest, EveryCollectiveMatchesItsReference) {
+  RuntimeWorld world(WorldOf(3));
+  ASSERT_TRUE(world.InitOk());
+  world.Run([](int rank, Runtime& rt) {
+    EXPECT_EQ(*rt.rank(), rank);
+    EXPECT_EQ(*rt.size(), 3);
+    // all-gather, dim 0 = rank + 1.
+    std::vector<int32_t> mine((rank + 1) * 2, rank);
+    CollectiveRequest g;
+    g.name = "gather";
+    g.collective = Collective::kAllGather;
+    g.dtype = DataType::kInt32;
+    g.shape = {rank + 1, 2};
+    g.input = mine.data();
+    auto h = rt.Enqueue(g);
+    ASSERT_TRUE(WaitFor(h).ok());
+    EXPECT_EQ((*h)->output_shape(), (std::vector<int64_t>{6, 2}));
+    std::vector<int32_t> got(12);
+    std::memcpy(got.data(), (*h)->output().data(), 12 * sizeof(int32_t));
+    EXPECT_EQ(got, (std::vector<int32_t>{0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2}));
+    // broadcast from rank 1.
+    std::vector<double> b(5, rank == 1 ? 2.5 : -1.0);
+    CollectiveRequest bc;
+    bc.name = "bcast";
+    bc.collective = Collective::kBroadcast;
+    bc.dtype = DataType::kFloat64;
+    bc.shape = {5};
+    bc.input = b.data();
+    bc.output = b.data();
+    bc.root_rank = 1;
+    ASSERT_TRUE(WaitFor(rt.Enqueue(bc)).ok());
+    EXPECT_EQ(b, std::vector<double>(5, 2.5));
+    // reduce-scatter of 7 rows: 3, 2, 2.
+    std::vector<float> rs(7 * 2), part(7 * 2, -1);
+    for (int i = 0; i < 14; ++i) rs[i] = static_cast<float>(i + 100 * rank);
+    CollectiveRequest sc;
+    sc.name = "scatter";
+    sc.collective = Collective::kReduceScatter;
+    sc.shape = {7, 2};
+    sc.input = rs.data();
+    sc.output = part.data();
+    sc.op = ReduceOp::kSum;
+    h = rt.Enqueue(sc);
+    ASSERT_TRUE(WaitFor(h).ok());
+    const int first_row = rank == 0 ? 0 : rank == 1 ? 3 : 5, rows = rank == 0 ? 3 : 2;
+    EXPECT_EQ((*h)->output_shape(), (std::vector<int64_t>{rows, 2}));
+    for (int i = 0; i < rows * 2; ++i) {
+      EXPECT_EQ(part[i], 3.0f * (first_row * 2 + i) + 300.0f) << "rank " << rank << " " << i;
+    }
+    // all-to-all with splits: rank r sends r + 1 rows to each rank.
+    std::vector<int64_t> send(3 * (rank + 1));
+    for (size_t i = 0; i < send.size(); ++i) send[i] = rank * 1000 + static_cast<int64_t>(i);
+    CollectiveRequest a2a;
+    a2a.name = "a2a";
+    a2a.collective = Collective::kAllToAll;
+    a2a.dtype = DataType::kInt64;
+    a2a.shape = {3 * (rank + 1)};
+    a2a.input = send.data();
+    a2a.splits = {rank + 1, rank + 1, rank + 1};
+    h = rt.Enqueue(a2a);
+    ASSERT_TRUE(WaitFor(h).ok());
+    std::vector<int64_t> want;
+    for (int p = 0; p < 3; ++p) {
+      for (int k = 0; k <= p; ++k) want.push_back(p * 1000 + rank * (p + 1) + k);
+    }
+    ASSERT_EQ((*h)->output().size(), want.size() * sizeof(int64_t));
+    std::vector<int64_t> recv(want.size());
+    std::memcpy(recv.data(), (*h)->output().data(), (*h)->output().size());
+    EXPECT_EQ(recv, want);
+    CollectiveRequest barrier;
+    barrier.name = "barrier";
+    barrier.collective = Collective::kBarrier;
+    EXPECT_TRUE(WaitFor(rt.Enqueue(barrier)).ok());
+  });
+}
+
+// A burst of 40 tensors, enqueued in a different order on every rank, all complete with
+// the right sums: the queue, the batching of requests and the coordinator's order.
+TEST(RuntimeTest, FortyTensorsInDifferentOrdersPerRank) {
+  RuntimeWorld world(WorldOf(3));
+  ASSERT_TRUE(world.InitOk());
+  world.Run([](int rank, Runtime& rt) {
+    std::vector<int> order(40);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(rank));
+    std::vector<std::vector<float>> in(40), out(40);
+    std::vector<std::shared_ptr<Handle>> handles(40);
+    for (int t : order) {
+      in[t].assign(10 + t, static_cast<float>(rank + t));
+      out[t].assign(10 + t, 0.0f);
+      auto h = rt.Enqueue(AllReduce(absl::StrCat("t", t), in[t].data(), out[t].data(), 10 + t));
+      ASSERT_TRUE(h.ok()) << h.status();
+      handles[t] = *h;
+    }
+    for (int t = 0; t < 40; ++t) {
+      ASSERT_TRUE(handles[t]->Wait(absl::Seconds(30)).ok()) << t;
+      EXPECT_EQ(out[t], std::vector<float>(10 + t, static_cast<float>(3 + 3 * t))) << t;
+    }
+  });
+}
+
+// A mismatch fails the tensor on every rank with one message naming it and each rank's
+// value; the job goes on.
+TEST(RuntimeTest, MismatchesFailEveryRankWithTheSameMessageAndTheJobGoesOn) {
+  RuntimeWorld world(WorldOf(3));
+  ASSERT_TRUE(world.InitOk());
+  std::vector<std::string> shape_errors(3), method_errors(3);
+  world.Run([&](int rank, Runtime& rt) {
+    std::vector<float> x(8, 1.0f);
+    absl::Status s = WaitFor(rt.Enqueue(AllReduce("bad", x.data(), x.data(), rank == 2 ? 5 : 4)));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    shape_errors[rank] = std::string(s.message());
+    CollectiveRequest r = AllReduce("mixed", x.data(), x.data(), 4);
+    r.compression = rank == 0 ? "fp16" : "none";
+    s = WaitFor(rt.Enqueue(r));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    method_errors[rank] = std::string(s.message());
+    std::vector<float> y(4, static_cast<float>(rank)), z(4);
+    ASSERT_TRUE(WaitFor(rt.Enqueue(AllReduce("after", y.data(), z.data(), 4))).ok());
+    EXPECT_EQ(z, std::vector<float>(4, 3.0f));
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(shape_errors[r],
+              "tensor 'bad': shape differs across ranks: [4] on ranks 0, 1; [5] on rank 2");
+    EXPECT_EQ(method_errors[r],
+              "tensor 'mixed': compression differs across ranks: fp16 on rank 0; none on "
+              "ranks 1, 2");
+  }
+}
+
+TEST(RuntimeTest, ANameInFlightIsAlreadyExistsUntilItCompletes) {
+  RuntimeWorld world;
+  ASSERT_TRUE(world.InitOk());
+  std::vector<float> x(4, 1.0f), y(4), z(4);
+  // Rank 0 alone: its "x" waits for rank 1.
+  auto first = world[0].Enqueue(AllReduce("x", x.data(), y.data(), 4));
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(world[0].Enqueue(AllReduce("x", x.data(), z.data(), 4)).status(),
+            absl::AlreadyExistsError("tensor 'x' is already in flight on rank 0: wait for it "
+                                     "to complete before reusing the name"));
+  EXPECT_FALSE((*first)->Poll());
+  std::vector<float> x1(4, 2.0f), y1(4);
+  ASSERT_TRUE(WaitFor(world[1].Enqueue(AllReduce("x", x1.data(), y1.data(), 4))).ok());
+  ASSERT_TRUE((*first)->Wait(absl::Seconds(30)).ok());
+  EXPECT_EQ(y, std::vector<float>(4, 3.0f));
+  // Completed: the name is free again.
+  world.Run([](int rank, Runtime& rt) {
+    std::vector<float> a(4, 1.0f), b(4);
+    EXPECT_TRUE(WaitFor(rt.Enqueue(AllReduce("x", a.data(), b.data(), 4))).ok());
+  });
+}
+
+TEST(RuntimeTest, BadRequestsAreInvalidArgumentAtEnqueue) {
+  RuntimeWorld world;
+  ASSERT_TRUE(world.InitOk());
+  Runtime& rt = world[0];
+  std::vector<float> x(4);
+  CollectiveRequest r = AllReduce("nulls", x.data(), nullptr, 4);
+  EXPECT_EQ(rt.Enqueue(r).status(),
+            absl::InvalidArgumentError("allreduce 'nulls' on rank 0: output buffer is null"));
+  r = AllReduce("", x.data(), x.data(), 4);
+  EXPECT_EQ(rt.Enqueue(r).status(),
+            absl::InvalidArgumentError("allreduce '' on rank 0: a name is required"));
+  std::vector<int32_t> ints(4);
+  CollectiveRequest c;
+  c.name = "ints";
+  c.dtype = DataType::kInt32;
+  c.shape = {4};
+  c.input = ints.data();
+  c.output = ints.data();
+  c.op = ReduceOp::kSum;
+  c.compression = "fp16";
+  EXPECT_EQ(rt.Enqueue(c).status(),
+            absl::InvalidArgumentError(
+                "allreduce 'ints' on rank 0: compression 'fp16' applies only to allreduce of "
+                "floating-point tensors with op sum or average, got int32 / sum"));
+  c.dtype = DataType::kFloat32;
+  c.compression = "fp5";
+  EXPECT_EQ(rt.Enqueue(c).status().message(),
+            absl::StrCat("allreduce 'ints' on rank 0: compression 'fp5': unknown method 'fp5'; "
+                         "valid methods: ",
+                         absl::StrJoin(CompressionMethods(), ", ")));
+  EXPECT_EQ(CanonicalCompression("fp4:chunk=128,ef=1").value(), "fp4:ef=1");
+}
+
+// A rank that shuts down cancels its own pending work; a tensor its peers still wait for
+// fails on them (it can never complete), and nothing after Shutdown is accepted.
+TEST(RuntimeTest, ShutdownCancelsPendingWorkAndFailsWhatPeersWaitFor) {
+  RuntimeWorld world;
+  ASSERT_TRUE(world.InitOk());
+  std::vector<float> a(4, 1.0f), b(4), c(4), d(4);
+  auto waits_on_1 = world[0].Enqueue(AllReduce("only0", a.data(), b.data(), 4));
+  auto waits_on_0 = world[1].Enqueue(AllReduce("only1", a.data(), c.data(), 4));
+  ASSERT_TRUE(waits_on_1.ok() && waits_on_0.ok());
+  ASSERT_TRUE(world[1].Shutdown().ok());
+  EXPECT_EQ((*waits_on_0)->Wait(absl::Seconds(30)),
+            absl::CancelledError("braid was shut down before 'only1' completed"));
+  EXPECT_EQ((*waits_on_1)->Wait(absl::Seconds(30)),
+            absl::FailedPreconditionError(
+                "tensor 'only0' can never complete: rank 1 already shut down"));
+  EXPECT_EQ(world[1].Enqueue(AllReduce("late", a.data(), d.data(), 4)).status(),
+            absl::FailedPreconditionError(
+                "braid has been shut down: call init() again to start a new job"));
+  // A tensor enqueued later on the survivor fails the same way.
+  EXPECT_EQ(WaitFor(world[0].Enqueue(AllReduce("later", a.data(), d.data(), 4))),
+            absl::FailedPreconditionError(
+                "tensor 'later' can never complete: rank 1 already shut down"));
+}
+
+// Every handle completes once: its status never changes afterwards, whatever races it
+// (here: rank 1 leaves while rank 0 still has twenty tensors in flight).
+TEST(RuntimeTest, EveryHandleCompletesExactlyOnce) {
+  Handle h;
+  EXPECT_FALSE(h.Poll());
+  EXPECT_EQ(h.status().message(), "pending");
+  h.Complete(absl::OkStatus());
+  h.Complete(absl::InternalError("late"));
+  EXPECT_TRUE(h.Wait(absl::ZeroDuration()).ok()) << "the first completion wins";
+
+  RuntimeWorld world;
+  ASSERT_TRUE(world.InitOk());
+  std::vector<std::vector<float>> in(20, std::vector<float>(64, 1.0f)), out = in;
+  std::vector<std::shared_ptr<Handle>> handles;
+  for (int t = 0; t < 20; ++t) {
+    auto h0 = world[0].Enqueue(AllReduce(absl::StrCat("t", t), in[t].data(), out[t].data(), 64));
+    ASSERT_TRUE(h0.ok());
+    handles.push_back(*h0);
+  }
+  std::vector<float> x(64, 1.0f), y(64);
+  for (int t = 0; t < 10; ++t) {
+    ASSERT_TRUE(WaitFor(world[1].Enqueue(AllReduce(absl::StrCat("t", t), x.data(), y.data(), 64))).ok());
+  }
+  ASSERT_TRUE(world[1].Shutdown().ok());
+  for (int t = 0; t < 20; ++t) {
+    const absl::Status first = handles[t]->Wait(absl::Seconds(30));
+    EXPECT_EQ(first.ok(), t < 10) << t << ": " << first;
+    if (t >= 10) {
+      EXPECT_EQ(first.code(), absl::StatusCode::kFailedPrecondition) << first;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+    EXPECT_EQ(handles[t]->Wait(absl::ZeroDuration()), first) << "completed twice: " << t;
+    EXPECT_TRUE(handles[t]->Poll());
+  }
+}
+
+// Init after Shutdown starts a new job: counters start from zero.
+TEST(RuntimeTest, InitAgainStartsANewJob) {
+  RuntimeWorld world;
+  for (int job = 0; job < 2; ++job) {
+    ASSERT_TRUE(world.InitOk()) << "job " << job;
+    world.Run([](int rank, Runtime& rt) {
+      std::vector<float> x(16, 1.0f), y(16);
+      EXPECT_TRUE(WaitFor(rt.Enqueue(AllReduce("w", x.data(), y.data(), 16))).ok());
+      EXPECT_EQ(y, std::vector<float>(16, 2.0f));
+      auto report = rt.compression_report();
+      ASSERT_TRUE(report.ok());
+      ASSERT_EQ(report->methods.size(), 1u);
+      EXPECT_EQ(report->methods[0].bytes.reductions, 1u) << "counters are per job";
+    });
+    for (const absl::Status& s : world.Shutdown()) EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+// Note [Threads and locks]: each running rank adds braid-loop, braid-coord-rx and
+// braid-heartbeat, as many as README.md says, and takes them all away at shutdown.
+TEST(RuntimeTest, EachRankRunsTheThreadsTheReadmeStates) {
+  const int stated = testing::ReadmeThreadsPerRank(BRAID_README);
+  ASSERT_EQ(stated, 3) << "README.md, Architecture in brief";
+  ASSERT_EQ(testing::BraidThreads(), 0);
+  RuntimeWorld world(WorldOf(3));
+  ASSERT_TRUE(world.InitOk());
+  std::map<std::string, int> names = testing::ThreadNames();
+  for (const char* n : {"braid-loop", "braid-coord-rx", "braid-heartbeat"}) {
+    EXPECT_EQ(names[n], 3) << n << ": one per rank";
+  }
+  EXPECT_EQ(testing::BraidThreads(), 3 * stated);
+  world.Shutdown();
+  EXPECT_EQ(testing::BraidThreads(), 0) << "every thread joined at shutdown";
+}
+
+}  // namespace
+}  // namespace braid
