@@ -150,7 +150,9 @@ absl::Status Runtime::Impl::OpenTimeline(const RuntimeConfig& config) {
   // Rank 0 writes the path itself, rank r writes PATH.rank<r>.
   std::string path = rank_ == 0 ? config.timeline_path
                                 : absl::StrCat(config.timeline_path, ".rank", rank_);
-  BRAID_ASSIGN_OR_RETURN(timeline_, Timeline::Open(path, rank_));
+  TimelineOptions options;
+  options.max_bytes = config.timeline_max_bytes;
+  BRAID_ASSIGN_OR_RETURN(timeline_, Timeline::Open(path, rank_, options));
   return absl::OkStatus();
 }
 
@@ -231,6 +233,9 @@ absl::StatusOr<int> Runtime::rank() const { return impl_->Get(&Impl::rank_); }
 absl::StatusOr<int> Runtime::size() const { return impl_->Get(&Impl::size_); }
 absl::StatusOr<int> Runtime::local_rank() const { return impl_->Get(&Impl::local_rank_); }
 absl::StatusOr<int> Runtime::local_size() const { return impl_->Get(&Impl::local_size_); }
+absl::Status Runtime::ReportFailure(const std::string& name, const absl::Status& cause) {
+  return impl_->ReportFailure(name, cause);
+}
 absl::StatusOr<std::shared_ptr<Handle>> Runtime::Enqueue(CollectiveRequest request) {
   return impl_->Enqueue(std::move(request));
 }

@@ -1,6 +1,8 @@
 // The background loop (braid-loop, Note [Threads and locks]): sends requests to the
 // coordinator, receives the buckets it agreed, runs them in order, and turns aborts into
 // errors on every pending handle.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "runtime/runtime_impl.h"
@@ -25,7 +27,7 @@ void Runtime::Impl::Loop() {
     proto::RequestList out;
     std::deque<Bucket> todo;
     if (!NextCycle(&out, &todo)) return;
-    if (out.requests_size() > 0 || out.cached_ids_size() > 0) {
+    if (out.requests_size() > 0 || out.cached_ids_size() > 0 || out.failures_size() > 0) {
       absl::Status s = client_->Send(out);
       if (!s.ok()) AbortJob(s);
     }
@@ -42,11 +44,12 @@ bool Runtime::Impl::NextCycle(proto::RequestList* out, std::deque<Bucket>* todo)
   // after an idle period pays no cycle latency); while earlier requests are still
   // negotiating, new ones are batched for up to BRAID_CYCLE_TIME_MS after the last send, so
   // a burst of tensors costs one message per rank.
-  auto urgent = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return stop_ || !ready_.empty() || (!abort_.ok() && !table_.empty());
+  // Failure reports are urgent: peers may be waiting for the tensor (Note [Local failures]).
+  auto urgent = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) -> bool {
+    return stop_ || !ready_.empty() || (!abort_.ok() && !table_.empty()) || !failures_.empty();
   };
-  auto anything = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return stop_ || !ready_.empty() || (!abort_.ok() && !table_.empty()) || !outgoing_.empty();
+  auto anything = [this, &urgent]() ABSL_SHARED_LOCKS_REQUIRED(mu_) -> bool {
+    return urgent() || !outgoing_.empty();
   };
   while (true) {
     mu_.Await(absl::Condition(&anything));
@@ -61,6 +64,11 @@ bool Runtime::Impl::NextCycle(proto::RequestList* out, std::deque<Bucket>* todo)
     return true;
   }
   out->set_rank(rank_);
+  // Read with the cache under one lock: the ids below never name an entry evicted by a list
+  // up to this sequence (Note [Response cache] in coordinator/negotiation.h).
+  out->set_applied_sequence(applied_sequence_);
+  for (auto& f : failures_) *out->add_failures() = std::move(f);
+  failures_.clear();
   for (auto& r : outgoing_) {
     // A request identical to a cached one travels as its id (Note [Response cache]).
     auto it = cache_.find(r.name());
@@ -84,6 +92,7 @@ void Runtime::Impl::FailEverythingLocked(const absl::Status& s) {
   for (auto& [name, e] : table_) e.handle->Complete(s);
   table_.clear();
   outgoing_.clear();
+  failures_.clear();
   ready_.clear();
   negotiating_ = 0;
 }
@@ -120,6 +129,7 @@ void Runtime::Impl::OnMessage(const proto::ResponseList& msg) {
     }
   }
   if (negotiating_ < 0) negotiating_ = 0;
+  applied_sequence_ = std::max(applied_sequence_, msg.sequence());  // 0: this rank's alone
 }
 
 void Runtime::Impl::MarkNegotiated(const proto::ResponseList& msg) {

@@ -128,6 +128,13 @@ class Runtime {
   // Errors agreed across ranks (mismatched shapes, ...) arrive through the handle.
   absl::StatusOr<std::shared_ptr<Handle>> Enqueue(CollectiveRequest request);
 
+  // Reports that this rank's call of collective `name` failed before it reached Enqueue
+  // (a binding refused its arguments): the coordinator fails the tensor on every rank that
+  // submitted it, naming this rank and `cause` (Enqueue reports its own refusals the same
+  // way). InvalidArgument for an OK cause or a bad name; FailedPrecondition when not
+  // initialised or while `name` is in flight on this rank.
+  absl::Status ReportFailure(const std::string& name, const absl::Status& cause);
+
   // Transport bytes this rank has put on the data plane since Init (updated as each
   // collective completes). FailedPrecondition when not initialised.
   absl::StatusOr<transport::TransportStats> transport_stats() const;

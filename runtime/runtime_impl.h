@@ -87,6 +87,7 @@ class Runtime::Impl {
   bool initialized() const;
   absl::StatusOr<int> Get(int Impl::*field) const;
   absl::StatusOr<std::shared_ptr<Handle>> Enqueue(CollectiveRequest req);
+  absl::Status ReportFailure(const std::string& name, const absl::Status& cause);
   absl::StatusOr<transport::TransportStats> transport_stats() const;
   absl::StatusOr<CompressionReport> compression_report() const;
   absl::StatusOr<std::string> compression_state() const;
@@ -117,6 +118,9 @@ class Runtime::Impl {
   // ---- enqueue.cc ----
   absl::Status CheckRunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRequest(const CollectiveRequest& r) const;
+  // Queues a FailureReport of `name` for the next cycle (Note [Local failures]).
+  void ReportFailureLocked(const std::string& name, const absl::Status& cause)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The all-reduce's compression: its own spec, or the job's default where it applies.
   absl::StatusOr<const compression::CompressionMethod*> ResolveCompression(
       const CollectiveRequest& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -148,6 +152,11 @@ class Runtime::Impl {
   std::unique_ptr<transport::Communicator> comm_;
   std::map<std::string, Entry> table_ ABSL_GUARDED_BY(mu_);  // in flight on this rank
   std::vector<proto::Request> outgoing_ ABSL_GUARDED_BY(mu_);
+  // Local failures to report (Note [Local failures]); they go out at once.
+  std::vector<proto::FailureReport> failures_ ABSL_GUARDED_BY(mu_);
+  // The highest ResponseList.sequence applied (its responses queued, its evictions done):
+  // sent with every RequestList so the coordinator can forget retired cache entries.
+  int64_t applied_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Bucket> ready_ ABSL_GUARDED_BY(mu_);  // agreed, not yet run
   absl::Status abort_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

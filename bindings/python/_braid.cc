@@ -437,6 +437,18 @@ PYBIND11_MODULE(_braid, m) {
   m.def("enqueue_ptr", &EnqueuePtr, py::arg("collective"), py::arg("name"), py::arg("dtype"),
         py::arg("input"), py::arg("shape"), py::arg("output"), py::arg("output_capacity"),
         py::arg("op"), py::arg("root_rank"), py::arg("splits"), py::arg("compression") = "");
+  m.def(
+      "report_failure",
+      [](const std::string& name, int code, const std::string& message) {
+        if (code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+          code = static_cast<int>(absl::StatusCode::kUnknown);
+        }
+        Check(braid::GlobalRuntime().ReportFailure(
+            name, absl::Status(static_cast<absl::StatusCode>(code), message)));
+      },
+      py::arg("name"), py::arg("code"), py::arg("message"),
+      "Reports that this rank's call of collective `name` failed before enqueue: the "
+      "coordinator fails the tensor on every rank, naming this rank and the message.");
   m.def("compression_methods", &CompressionMethods, py::arg("test_methods") = false,
         "The compression methods the registry knows, in its order.");
   m.def("canonical_compression", &CanonicalCompression, py::arg("spec"),

@@ -59,3 +59,14 @@ def test_a_world_that_never_fully_registers_names_the_missing_ranks():
         finally:
             coord.kill()
             coord.wait()
+
+
+def test_a_local_failure_and_a_negotiation_deadline_reach_every_rank():
+    """workers/failures.py on 2 ranks with BRAID_NEGOTIATION_TIMEOUT_S=5: a collective one
+    rank refuses (in the runtime, then in the Python layer) fails on the other within 2 s
+    naming the tensor, the rank and the cause; calls under different names fail on both
+    within 10 s naming the ranks; the job goes on after each."""
+    res = braid_launch.run_worker("failures.py", 2, timeout=120,
+                                  env={"BRAID_NEGOTIATION_TIMEOUT_S": "5"})
+    assert res.returncode == 0, res.output
+    assert res.output.count("all checks passed") == 2, res.output

@@ -12,6 +12,8 @@ its background thread, without the GIL).
 
 import atexit
 import enum
+import functools
+import inspect
 import math
 import numbers
 import os
@@ -520,14 +522,47 @@ class Handle:
             _forget(self)
 
 
+def _reports_failures(fn):
+    """Wraps a public ``*_async`` call: an InvalidArgumentError it raises before the runtime
+    saw the request (a wrong type, dtype or split checked here) is also reported to the
+    coordinator under the call's name, so the ranks that did submit the tensor fail at once
+    with this rank's message instead of waiting for it (the runtime reports its own
+    refusals itself; README: Failures)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except InvalidArgumentError as e:
+            name = kwargs.get("name")
+            if name is None:
+                params = inspect.signature(fn).parameters
+                pos = list(params).index("name")
+                name = args[pos] if pos < len(args) else None
+            if (isinstance(name, str) and not getattr(e, "_braid_reported", False)
+                    and not _forked_child() and _braid.is_initialized()):
+                try:
+                    _braid.report_failure(name, _INVALID_ARGUMENT, str(e))
+                except BraidError:
+                    pass  # a name that cannot travel, or one in flight: nothing to tell
+            raise
+    return wrapper
+
+
+_INVALID_ARGUMENT = 3  # absl::StatusCode::kInvalidArgument
+
+
 def _enqueue(collective, name, arr, code, output=None, op=ReduceOp.Average, root_rank=0,
              splits=(), target=None, compression=None):
     _check_process(collective)
     _check_name(collective, name)
     root_rank = _check_int(f"{collective} '{name}'", "root_rank", root_rank, *_INT32)
     _check_compression(f"{collective} '{name}'", compression)
-    native = _braid.enqueue(_COLL[collective], name, code, arr, output, int(op), root_rank,
-                            list(splits), compression or "")
+    try:
+        native = _braid.enqueue(_COLL[collective], name, code, arr, output, int(op),
+                                root_rank, list(splits), compression or "")
+    except BraidError as e:
+        e._braid_reported = True  # the runtime reported its refusal itself
+        raise
     h = Handle(native, collective, (arr, output, target), output, target, arr.dtype)
     _keep_alive(h)  # the arrays of a running collective outlive a dropped Handle
     return h
@@ -566,6 +601,7 @@ def synchronize(handle, timeout=None):
 
 # --- all-reduce -----------------------------------------------------------------------------
 
+@_reports_failures
 def allreduce_async(tensor, name=None, op=Average, compression=None):
     """Starts an all-reduce of ``tensor`` into a new array; returns a Handle.
 
@@ -603,6 +639,7 @@ def allreduce(tensor, name=None, op=Average, compression=None):
     return synchronize(allreduce_async(tensor, name=name, op=op, compression=compression))
 
 
+@_reports_failures
 def allreduce_async_(tensor, name=None, op=Average, compression=None):
     """Starts an in-place all-reduce of ``tensor`` (a writeable numpy.ndarray).
 
@@ -624,6 +661,7 @@ def allreduce_(tensor, name=None, op=Average, compression=None):
 
 # --- all-gather -----------------------------------------------------------------------------
 
+@_reports_failures
 def allgather_async(tensor, name=None):
     """Starts an all-gather of ``tensor`` (at least 1-D); returns a Handle.
 
@@ -643,6 +681,7 @@ def allgather(tensor, name=None):
 
 # --- broadcast ------------------------------------------------------------------------------
 
+@_reports_failures
 def broadcast_async(tensor, root_rank, name=None):
     """Starts a broadcast of ``root_rank``'s tensor into a new array on every rank.
 
@@ -660,6 +699,7 @@ def broadcast(tensor, root_rank, name=None):
     return synchronize(broadcast_async(tensor, root_rank, name=name))
 
 
+@_reports_failures
 def broadcast_async_(tensor, root_rank, name=None):
     """Starts an in-place broadcast: ``tensor`` (a writeable ndarray) receives the root's."""
     name = _next_name("broadcast") if name is None else name
@@ -675,6 +715,7 @@ def broadcast_(tensor, root_rank, name=None):
 
 # --- reduce-scatter -------------------------------------------------------------------------
 
+@_reports_failures
 def reducescatter_async(tensor, name=None, op=Average):
     """Starts a reduce-scatter of ``tensor`` (at least 1-D, same shape on every rank).
 
@@ -701,6 +742,7 @@ def reducescatter(tensor, name=None, op=Average):
 
 # --- all-to-all -----------------------------------------------------------------------------
 
+@_reports_failures
 def alltoall_async(tensor, splits=None, name=None):
     """Starts an all-to-all of ``tensor`` (at least 1-D); returns a Handle.
 
