@@ -223,6 +223,16 @@ std::string AutoName(const char* name, const char* kind, std::atomic<uint64_t>* 
 std::atomic<uint64_t> g_allreduce_count{0}, g_broadcast_count{0}, g_allgather_count{0},
     g_barrier_count{0};
 
+// A collective refused here, before the runtime saw it, is reported like the runtime's own
+// refusals (Runtime::ReportFailure), so peers that submitted it fail at once naming this
+// rank instead of waiting for it. Returns `s`.
+absl::Status Reported(const std::string& name, absl::Status s) {
+  if (!s.ok() && braid::GlobalRuntime().initialized()) {
+    braid::GlobalRuntime().ReportFailure(name, s).IgnoreError();  // a name that cannot travel
+  }
+  return s;
+}
+
 absl::Status Enqueue(braid::CollectiveRequest req, std::unique_ptr<braid_handle>* out) {
   auto h = std::make_unique<braid_handle>();
   h->collective = req.collective;
@@ -487,9 +497,10 @@ int braid_allreduce(const char* name, const void* input, void* output, const int
                     int ndim, braid_dtype dtype, const braid_allreduce_opts* opts) {
   return Guard([&]() -> absl::Status {
     braid::CollectiveRequest r;
-    absl::Status s = AllReduceRequest("allreduce", AutoName(name, "allreduce", &g_allreduce_count),
+    const std::string n = AutoName(name, "allreduce", &g_allreduce_count);
+    absl::Status s = AllReduceRequest("allreduce", n,
                                       input, output, shape, ndim, dtype, opts, &r);
-    if (!s.ok()) return s;
+    if (!s.ok()) return Reported(n, s);
     return RunBlocking(std::move(r));
   });
 }
@@ -503,7 +514,7 @@ int braid_allreduce_async(const char* name, const void* input, void* output,
     if (!s.ok()) return s;
     braid::CollectiveRequest r;
     s = AllReduceRequest("allreduce", name, input, output, shape, ndim, dtype, opts, &r);
-    if (!s.ok()) return s;
+    if (!s.ok()) return Reported(name, s);
     std::unique_ptr<braid_handle> h;
     s = Enqueue(std::move(r), &h);
     if (!s.ok()) return s;
@@ -515,9 +526,10 @@ int braid_broadcast(const char* name, void* buffer, const int64_t* shape, int nd
                     braid_dtype dtype, const braid_broadcast_opts* opts) {
   return Guard([&]() -> absl::Status {
     braid::CollectiveRequest r;
-    absl::Status s = BroadcastRequest(AutoName(name, "broadcast", &g_broadcast_count), buffer,
+    const std::string n = AutoName(name, "broadcast", &g_broadcast_count);
+    absl::Status s = BroadcastRequest(n, buffer,
                                       shape, ndim, dtype, opts, &r);
-    if (!s.ok()) return s;
+    if (!s.ok()) return Reported(n, s);
     return RunBlocking(std::move(r));
   });
 }
@@ -531,7 +543,7 @@ int braid_broadcast_async(const char* name, void* buffer, const int64_t* shape, 
     if (!s.ok()) return s;
     braid::CollectiveRequest r;
     s = BroadcastRequest(name, buffer, shape, ndim, dtype, opts, &r);
-    if (!s.ok()) return s;
+    if (!s.ok()) return Reported(name, s);
     std::unique_ptr<braid_handle> h;
     s = Enqueue(std::move(r), &h);
     if (!s.ok()) return s;
@@ -544,10 +556,11 @@ int braid_allgather(const char* name, const void* input, const int64_t* shape, i
                     int64_t* output_first_dim, const braid_allgather_opts* opts) {
   return Guard([&]() -> absl::Status {
     braid::CollectiveRequest r;
-    absl::Status s = AllGatherRequest(AutoName(name, "allgather", &g_allgather_count), input,
+    const std::string n = AutoName(name, "allgather", &g_allgather_count);
+    absl::Status s = AllGatherRequest(n, input,
                                       shape, ndim, dtype, output, output_capacity_bytes, opts,
                                       &r);
-    if (!s.ok()) return s;
+    if (!s.ok()) return Reported(n, s);
     return RunBlocking(std::move(r), output_first_dim);
   });
 }
@@ -563,7 +576,7 @@ int braid_allgather_async(const char* name, const void* input, const int64_t* sh
     braid::CollectiveRequest r;
     s = AllGatherRequest(name, input, shape, ndim, dtype, output, output_capacity_bytes, opts,
                          &r);
-    if (!s.ok()) return s;
+    if (!s.ok()) return Reported(name, s);
     std::unique_ptr<braid_handle> h;
     s = Enqueue(std::move(r), &h);
     if (!s.ok()) return s;

@@ -300,10 +300,14 @@ def _enqueue(collective, name, inp, code, out=None, op=Average, root_rank=0, spl
     _ops._check_name(collective, name)
     root_rank = _ops._check_int(f"{collective} '{name}'", "root_rank", root_rank, *_ops._INT32)
     _ops._check_compression(f"{collective} '{name}'", compression)
-    native = _braid.enqueue_ptr(
-        _COLL[collective], name, code, inp.data_ptr(), list(inp.shape),
-        0 if out is None else out.data_ptr(), 0 if out is None else _nbytes(out), int(op),
-        root_rank, list(splits), compression or "")
+    try:
+        native = _braid.enqueue_ptr(
+            _COLL[collective], name, code, inp.data_ptr(), list(inp.shape),
+            0 if out is None else out.data_ptr(), 0 if out is None else _nbytes(out), int(op),
+            root_rank, list(splits), compression or "")
+    except _ops.BraidError as e:
+        e._braid_reported = True  # the runtime reported its refusal itself
+        raise
     h = Handle(native, collective, (inp, out) + tuple(keep), finish)
     _ops._keep_alive(h)  # the tensors of a running collective outlive a dropped Handle
     return h

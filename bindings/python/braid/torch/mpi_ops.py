@@ -118,6 +118,7 @@ def _allreduce_async(fn, tensor, name, op, prescale_factor, postscale_factor, co
                     finish=finish, keep=(tensor,))
 
 
+@_ops._reports_failures
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None, compression=None):
     """Starts an all-reduce of ``tensor`` into a new tensor; returns a Handle.
@@ -137,6 +138,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                             postscale_factor, compression, inplace=False)
 
 
+@_ops._reports_failures
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None, compression=None):
     """Starts an in-place all-reduce: ``tensor`` receives the result. See allreduce_async.
@@ -256,6 +258,7 @@ def _allgather_async(fn, tensor, name):
                     finish=_result_from_bytes(tensor.dtype), keep=(tensor,))
 
 
+@_ops._reports_failures
 def allgather_async(tensor, name=None, process_set=None):
     """Starts an all-gather of ``tensor`` (at least 1-D); returns a Handle.
 
@@ -326,6 +329,7 @@ def _broadcast_async(fn, tensor, root_rank, name, inplace):
                     keep=(tensor,))
 
 
+@_ops._reports_failures
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
     """Starts a broadcast of ``root_rank``'s ``tensor`` into a new tensor on every rank.
 
@@ -335,6 +339,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
     return _broadcast_async("broadcast_async", tensor, root_rank, name, inplace=False)
 
 
+@_ops._reports_failures
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     """Starts an in-place broadcast: ``tensor`` receives ``root_rank``'s values."""
     _check_process_set("broadcast_async_", process_set)
@@ -390,6 +395,7 @@ def _splits_list(fn, name, splits, rows):
     return _ops._check_splits(f"{fn} '{name}'", splits, rows, _ops.size())
 
 
+@_ops._reports_failures
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
     """Starts an all-to-all of ``tensor`` (at least 1-D); returns a Handle.
 
@@ -457,6 +463,7 @@ def _share(rows, size, rank):
     return rows // size + (1 if rank < rows % size else 0)
 
 
+@_ops._reports_failures
 def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0,
                         postscale_factor=1.0):
     """Starts a reduce-scatter of ``tensor`` (at least 1-D, same shape on every rank).
