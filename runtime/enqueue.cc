@@ -227,8 +227,8 @@ absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest
   proto::Request p = ToProto(req, method != nullptr ? method->spec() : std::string());
   std::string request_bytes = p.SerializeAsString();
   outgoing_.push_back(std::move(p));
-  if (timeline_) {
-    timeline_->Begin(req.name, "NEGOTIATE",
+  if (std::shared_ptr<Timeline> timeline = this->timeline()) {
+    timeline->Begin(req.name, "NEGOTIATE",
                      absl::StrCat("\"collective\": \"", CollectiveName(req.collective), "\""));
   }
   std::string name = req.name;

@@ -98,8 +98,9 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   local_rank_ = registered.local_rank();
   local_size_ = registered.local_size();
   comm_ = std::move(joined.comm);
-  BRAID_RETURN_IF_ERROR(OpenTimeline(config));
-  pipeline_ = std::make_unique<AllReducePipeline>(stage_.get(), ledger_.get(), timeline_.get());
+  timeline_max_bytes_ = config.timeline_max_bytes;
+  BRAID_RETURN_IF_ERROR(OpenTimeline(config.timeline_path));
+  pipeline_ = std::make_unique<AllReducePipeline>(stage_.get(), ledger_.get());
   BRAID_RETURN_IF_ERROR(StartLoop());
   VLOG(1) << "braid: rank " << rank_ << " of " << size_ << " joined (" << comm_->Describe()
           << ")";
@@ -145,15 +146,46 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Runtime::Impl::ConnectDefault
   return coordinator::ConnectCoordinator(co);
 }
 
-absl::Status Runtime::Impl::OpenTimeline(const RuntimeConfig& config) {
-  if (config.timeline_path.empty()) return absl::OkStatus();
-  // Rank 0 writes the path itself, rank r writes PATH.rank<r>.
-  std::string path = rank_ == 0 ? config.timeline_path
-                                : absl::StrCat(config.timeline_path, ".rank", rank_);
-  TimelineOptions options;
-  options.max_bytes = config.timeline_max_bytes;
-  BRAID_ASSIGN_OR_RETURN(timeline_, Timeline::Open(path, rank_, options));
-  return absl::OkStatus();
+absl::Status Runtime::Impl::OpenTimeline(const std::string& path) {
+  std::shared_ptr<Timeline> opened;
+  if (!path.empty()) {
+    // Rank 0 writes the path itself, rank r writes PATH.rank<r>.
+    TimelineOptions options;
+    options.max_bytes = timeline_max_bytes_;
+    BRAID_ASSIGN_OR_RETURN(
+        opened, Timeline::Open(rank_ == 0 ? path : absl::StrCat(path, ".rank", rank_), rank_,
+                               options));
+  }
+  std::shared_ptr<Timeline> old;
+  {
+    absl::MutexLock lock(&timeline_mu_);
+    old = std::exchange(timeline_, std::move(opened));
+  }
+  return absl::OkStatus();  // `old` closes (flushed, valid JSON) when its last user is done
+}
+
+std::shared_ptr<Timeline> Runtime::Impl::timeline() const {
+  absl::MutexLock lock(&timeline_mu_);
+  return timeline_;
+}
+
+absl::Status Runtime::Impl::StartTimeline(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("start_timeline needs a file path");
+  absl::MutexLock lifecycle(&lifecycle_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+  }
+  return OpenTimeline(path);
+}
+
+absl::Status Runtime::Impl::StopTimeline() {
+  absl::MutexLock lifecycle(&lifecycle_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+  }
+  return OpenTimeline("");
 }
 
 absl::Status Runtime::Impl::StartLoop() {
@@ -184,7 +216,7 @@ absl::Status Runtime::Impl::StartLoop() {
 
 void Runtime::Impl::ReleaseParts() {
   pipeline_.reset();
-  timeline_.reset();  // flushes
+  OpenTimeline("").IgnoreError();  // flushes
   comm_.reset();
   client_.reset();
   if (hosted_) hosted_->Shutdown(absl::ZeroDuration());
@@ -233,6 +265,10 @@ absl::StatusOr<int> Runtime::rank() const { return impl_->Get(&Impl::rank_); }
 absl::StatusOr<int> Runtime::size() const { return impl_->Get(&Impl::size_); }
 absl::StatusOr<int> Runtime::local_rank() const { return impl_->Get(&Impl::local_rank_); }
 absl::StatusOr<int> Runtime::local_size() const { return impl_->Get(&Impl::local_size_); }
+absl::Status Runtime::StartTimeline(const std::string& path) {
+  return impl_->StartTimeline(path);
+}
+absl::Status Runtime::StopTimeline() { return impl_->StopTimeline(); }
 absl::Status Runtime::ReportFailure(const std::string& name, const absl::Status& cause) {
   return impl_->ReportFailure(name, cause);
 }

@@ -104,7 +104,7 @@ void Runtime::Impl::OnMessage(const proto::ResponseList& msg) {
   if (msg.shutdown()) {
     AbortJob(absl::CancelledError("the coordinator ended the job"));
   }
-  if (timeline_) MarkNegotiated(msg);
+  if (std::shared_ptr<Timeline> timeline = this->timeline()) MarkNegotiated(msg, *timeline);
   std::vector<Bucket> buckets;
   buckets.reserve(msg.responses_size());
   for (const auto& r : msg.responses()) buckets.push_back(BucketFromResponse(r));
@@ -132,7 +132,7 @@ void Runtime::Impl::OnMessage(const proto::ResponseList& msg) {
   applied_sequence_ = std::max(applied_sequence_, msg.sequence());  // 0: this rank's alone
 }
 
-void Runtime::Impl::MarkNegotiated(const proto::ResponseList& msg) {
+void Runtime::Impl::MarkNegotiated(const proto::ResponseList& msg, Timeline& timeline) {
   const absl::Time now = absl::Now();
   for (const auto& r : msg.responses()) {
     for (int i = 0; i < r.names_size(); ++i) {
@@ -140,12 +140,12 @@ void Runtime::Impl::MarkNegotiated(const proto::ResponseList& msg) {
       for (int p = 0; p < size_; ++p) {
         size_t k = static_cast<size_t>(i) * size_ + p;
         if (k < static_cast<size_t>(r.report_age_us_size())) {
-          timeline_->Mark(name, absl::StrCat("rank ", p, " ready"),
+          timeline.Mark(name, absl::StrCat("rank ", p, " ready"),
                           now - absl::Microseconds(r.report_age_us(static_cast<int>(k))));
         }
       }
-      timeline_->End(name, "NEGOTIATE", now);
-      if (r.type() == proto::Response::OK) timeline_->Begin(name, "QUEUE", "", now);
+      timeline.End(name, "NEGOTIATE", now);
+      if (r.type() == proto::Response::OK) timeline.Begin(name, "QUEUE", "", now);
     }
   }
 }

@@ -156,6 +156,17 @@ class Runtime {
   // InvalidArgument, with nothing changed, when `state` is malformed.
   absl::Status LoadCompressionState(absl::string_view state);
 
+  // Starts recording the timeline (runtime/timeline.h) into `path` while the job runs, as
+  // Horovod's start_timeline: rank 0 writes `path`, rank r writes `path`.rank<r>, rotated
+  // beyond BRAID_TIMELINE_MAX_BYTES. A timeline already recording (BRAID_TIMELINE, or an
+  // earlier call) is closed first, as valid JSON. Each rank starts and stops its own.
+  // InvalidArgument for an empty path or one that cannot be written; FailedPrecondition when
+  // not initialised.
+  absl::Status StartTimeline(const std::string& path);
+  // Stops recording and closes the file (valid JSON). OK when none is recording;
+  // FailedPrecondition when not initialised.
+  absl::Status StopTimeline();
+
   class Impl;
 
  private:

@@ -27,7 +27,7 @@
 // Lock order (a thread holding one may take those to its right, never the reverse):
 //   lifecycle_mu_ -> mu_ -> { Handle::mu_, Timeline's, stage's methods_mu_ (Resolve) }
 //   stage's state_mu_ (held by braid-loop for a bucket; SaveState / LoadState) -> methods_mu_
-//   StatisticsLedger's mutex: a leaf.
+//   StatisticsLedger's mutex and timeline_mu_: leaves.
 // No runtime lock is held while calling the coordinator client (Send, Close) or the
 // communicator (collectives, Abort): those have locks of their own and may block.
 #ifndef BRAID_RUNTIME_RUNTIME_IMPL_H_
@@ -92,6 +92,8 @@ class Runtime::Impl {
   absl::StatusOr<CompressionReport> compression_report() const;
   absl::StatusOr<std::string> compression_state() const;
   absl::Status LoadCompressionState(absl::string_view state);
+  absl::Status StartTimeline(const std::string& path);
+  absl::Status StopTimeline();
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 
@@ -111,7 +113,11 @@ class Runtime::Impl {
   // is empty (and making a lone process rank 0 of 1 in `launch`).
   absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectDefaultCoordinator(
       const RuntimeConfig& config, LaunchInfo* launch, const CoordinatorClientSetup& setup);
-  absl::Status OpenTimeline(const RuntimeConfig& config);
+  // Opens the timeline of `path` for this rank (rank r > 0 writes PATH.rank<r>) and makes it
+  // the one events go to, closing the one before (valid JSON); "" closes it only.
+  absl::Status OpenTimeline(const std::string& path);
+  // The timeline events go to now, or null: kept alive by the caller while it writes.
+  std::shared_ptr<Timeline> timeline() const;
   absl::Status StartLoop();
   void ReleaseParts();  // after a failed Init or at the end of Shutdown
 
@@ -134,7 +140,8 @@ class Runtime::Impl {
   bool NextCycle(proto::RequestList* out, std::deque<Bucket>* todo);
   void FailEverythingLocked(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnMessage(const proto::ResponseList& msg);
-  void MarkNegotiated(const proto::ResponseList& msg);  // the timeline's view of it
+  // The timeline's view of it.
+  void MarkNegotiated(const proto::ResponseList& msg, Timeline& timeline);
   void OnClosed(const absl::Status& s);
   void AbortJob(const absl::Status& s);
 
@@ -174,8 +181,13 @@ class Runtime::Impl {
   std::unique_ptr<StatisticsLedger> ledger_;
   std::unique_ptr<compression::CompressionStage> stage_;
   const compression::CompressionMethod* default_method_ = nullptr;  // BRAID_COMPRESSION
-  std::unique_ptr<Timeline> timeline_;  // null when BRAID_TIMELINE is unset
+  // Null when not recording (BRAID_TIMELINE unset and no StartTimeline). Swapped by
+  // StartTimeline / StopTimeline from any thread: users copy it (timeline()) and write to
+  // their copy, so a timeline being replaced closes once its last writer is done.
+  mutable absl::Mutex timeline_mu_;  // a leaf
+  std::shared_ptr<Timeline> timeline_ ABSL_GUARDED_BY(timeline_mu_);
   std::unique_ptr<AllReducePipeline> pipeline_;  // the loop's
+  int64_t timeline_max_bytes_ = 0;  // BRAID_TIMELINE_MAX_BYTES
   std::thread loop_;
 };
 

@@ -458,6 +458,18 @@ int braid_finalize(void) {
   });
 }
 
+int braid_start_timeline(const char* path) {
+  return Guard([&]() -> absl::Status {
+    absl::Status s = NotNull(path, "path", "braid_start_timeline");
+    if (!s.ok()) return s;
+    return braid::GlobalRuntime().StartTimeline(path);
+  });
+}
+
+int braid_stop_timeline(void) {
+  return Guard([] { return braid::GlobalRuntime().StopTimeline(); });
+}
+
 int braid_is_initialized(void) {
   try {
     return braid::GlobalRuntime().initialized() ? 1 : 0;

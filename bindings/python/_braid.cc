@@ -438,6 +438,28 @@ PYBIND11_MODULE(_braid, m) {
         py::arg("input"), py::arg("shape"), py::arg("output"), py::arg("output_capacity"),
         py::arg("op"), py::arg("root_rank"), py::arg("splits"), py::arg("compression") = "");
   m.def(
+      "start_timeline",
+      [](const std::string& path) {
+        absl::Status s;
+        {
+          py::gil_scoped_release release;
+          s = braid::GlobalRuntime().StartTimeline(path);
+        }
+        Check(s);
+      },
+      py::arg("file_path"), "Starts recording this rank's timeline into file_path.");
+  m.def(
+      "stop_timeline",
+      []() {
+        absl::Status s;
+        {
+          py::gil_scoped_release release;
+          s = braid::GlobalRuntime().StopTimeline();
+        }
+        Check(s);
+      },
+      "Stops recording the timeline and closes its file.");
+  m.def(
       "report_failure",
       [](const std::string& name, int code, const std::string& message) {
         if (code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {

@@ -6,8 +6,10 @@
 #include "braid/c_api.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -58,6 +60,8 @@ TEST(CApiNotInitialized, EveryCallFailsWithFailedPrecondition) {
   EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_size(&v));
   EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_local_rank(&v));
   EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_local_size(&v));
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_start_timeline("/tmp/braid-never.json"));
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_stop_timeline());
 
   float in[3] = {1, 2, 3}, out[3] = {0, 0, 0};
   EXPECT_CODE(BRAID_FAILED_PRECONDITION,
@@ -199,6 +203,29 @@ TEST_F(CApiTest, WorldOfOne) {
   EXPECT_EQ(size, 1);
   EXPECT_EQ(local_rank, 0);
   EXPECT_EQ(local_size, 1);
+}
+
+// braid_start_timeline / braid_stop_timeline: the file holds what ran between them.
+TEST_F(CApiTest, TimelineStartsAndStops) {
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_start_timeline(nullptr));
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_start_timeline(""));
+  const std::string path = "/tmp/braid-c-timeline-" + std::to_string(getpid()) + ".json";
+  float in[3] = {1, 2, 3}, out[3] = {0, 0, 0};
+  EXPECT_CODE(BRAID_OK, braid_start_timeline(path.c_str()));
+  EXPECT_CODE(BRAID_OK, braid_allreduce("in.timeline", in, out, kShape3, 1, BRAID_FLOAT32,
+                                        nullptr));
+  EXPECT_CODE(BRAID_OK, braid_stop_timeline());
+  EXPECT_CODE(BRAID_OK, braid_allreduce("after.timeline", in, out, kShape3, 1, BRAID_FLOAT32,
+                                        nullptr));
+  std::string text;
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+    std::fclose(f);
+  }
+  std::remove(path.c_str());
+  EXPECT_TRUE(Contains(text.c_str(), "\"in.timeline\"")) << text;
+  EXPECT_FALSE(Contains(text.c_str(), "after.timeline")) << text;
 }
 
 TEST_F(CApiTest, BlockingCollectivesOnOneRank) {

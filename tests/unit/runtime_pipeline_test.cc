@@ -346,7 +346,7 @@ TEST(AllReducePipelineTest, OneGrowOnlyBufferServesEveryBucket) {
   testing::RunLocalWorld(2, {}, [](int rank, transport::Communicator& comm) {
     compression::CompressionStage stage(compression::StageOptions{});
     StatisticsLedger ledger;
-    AllReducePipeline pipeline(&stage, &ledger, nullptr);
+    AllReducePipeline pipeline(&stage, &ledger);
     const compression::CompressionMethod& none = stage.none();
     auto run = [&](const compression::CompressionMethod& m, DataType dt,
                    std::vector<std::vector<char>>& data, const std::vector<int64_t>& counts) {

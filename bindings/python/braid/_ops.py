@@ -279,6 +279,26 @@ def compression_stats():
     return {"methods": out_methods, "tensors": out_tensors}
 
 
+def start_timeline(file_path):
+    """Starts recording this rank's timeline while the job runs (as Horovod's
+    ``start_timeline``): a Chrome-trace JSON file (open it in Perfetto or chrome://tracing)
+    with one row per tensor and its phases (README: Timeline). Rank 0 writes ``file_path``,
+    rank r writes ``file_path + ".rank<r>"``; the file rotates beyond
+    BRAID_TIMELINE_MAX_BYTES. A timeline already recording (BRAID_TIMELINE, or an earlier
+    call) is closed first, as valid JSON. Raises InvalidArgumentError (not a non-empty str, or
+    not writable), FailedPreconditionError (before ``init()``)."""
+    if not isinstance(file_path, (str, os.PathLike)):
+        raise InvalidArgumentError(f"start_timeline: file_path must be a str or path, got "
+                                   f"{type(file_path).__name__}")
+    _braid.start_timeline(os.fspath(file_path))
+
+
+def stop_timeline():
+    """Stops recording the timeline and closes its file (valid JSON). Nothing happens when
+    none is recording. Raises FailedPreconditionError before ``init()``."""
+    _braid.stop_timeline()
+
+
 def compression_state():
     """This rank's compression state, as ``bytes``, to keep in a training checkpoint.
 

@@ -7,9 +7,12 @@ limits). Run with BRAID_NEGOTIATION_TIMEOUT_S=5.
 2. The same with a refusal of the Python layer (an unsupported dtype on rank 0).
 3. The ranks call a collective under different names: both names fail on every rank with
    DeadlineExceededError within 10 s, naming the rank that submitted and the one that did not.
-After each, a valid all-reduce returns the exact sum (the job goes on).
+After each, a valid all-reduce returns the exact sum (the job goes on). Last,
+start_timeline / stop_timeline record exactly what ran between them (rank r > 0 into
+PATH.rank<r>).
 """
 
+import os
 import time
 
 import numpy as np
@@ -60,7 +63,25 @@ def body():
                    (f"tensor '{mine}' was not negotiated within 5s", f"submitted by rank {rank}",
                     f"not by rank {1 - rank}"))
     sum_works(rank, size, "after.deadline")
+    timeline(rank, size)
     braid.shutdown()
+
+
+def timeline(rank, size):
+    expect_raises(braid.InvalidArgumentError, lambda: braid.start_timeline(3), "a path of 3",
+                  contains="file_path must be a str")
+    path = f"/tmp/braid-failures-timeline-{os.getppid()}.json"  # the launcher's, shared
+    mine = path if rank == 0 else f"{path}.rank{rank}"
+    braid.start_timeline(path)
+    sum_works(rank, size, "timeline.on")
+    braid.stop_timeline()
+    sum_works(rank, size, "timeline.off")
+    with open(mine) as f:
+        text = f.read()
+    os.remove(mine)
+    check('"timeline.on"' in text and "timeline.off" not in text,
+          f"{mine} holds what ran while recording only: {text[:300]}")
+    check(text.rstrip().endswith("]"), f"{mine} is closed: {text[-100:]}")
 
 
 if __name__ == "__main__":

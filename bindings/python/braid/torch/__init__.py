@@ -40,7 +40,8 @@ Errors are the ``braid.BraidError`` subclasses (InvalidArgumentError, FailedPrec
 """
 
 from .. import _ops
-from .._ops import init, is_initialized, local_rank, local_size, rank, shutdown, size
+from .._ops import (init, is_initialized, local_rank, local_size, rank, shutdown, size,
+                    start_timeline, stop_timeline)
 from ._handles import (  # noqa: F401
     Adasum,
     AlreadyExistsError,
@@ -148,5 +149,6 @@ __all__ = [
     "init", "InternalError", "InvalidArgumentError", "is_initialized", "local_rank",
     "local_size", "Max", "Min", "mpi_built", "nccl_built", "poll", "Product", "rank",
     "reducescatter", "reducescatter_async", "ReduceOp", "rocm_built", "shutdown", "size",
-    "staging_copies", "Sum", "SUPPORTED_DTYPES", "synchronize", "UnavailableError",
+    "staging_copies", "start_timeline", "stop_timeline", "Sum", "SUPPORTED_DTYPES",
+    "synchronize", "UnavailableError",
 ]
