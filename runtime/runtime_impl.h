@@ -21,8 +21,9 @@
 // Hand-offs of one collective: the caller's Enqueue puts its Entry in table_ and its request
 // on outgoing_ (under mu_) -> braid-loop sends it -> the coordinator agrees -> braid-coord-rx
 // queues the Bucket on ready_ (under mu_) -> braid-loop runs it and completes the Handle ->
-// the caller's Wait returns. Entries stay put in table_ (a std::map) until braid-loop erases
-// them, so it reads them without mu_ while running their bucket.
+// the caller's Wait returns. Entries stay put in table_ until braid-loop erases
+// them, so it reads them without mu_ while running their bucket (a node_hash_map: its entries
+// never move; a hash map, so an enqueue costs O(1) however many handles are in flight).
 //
 // Lock order (a thread holding one may take those to its right, never the reverse):
 //   lifecycle_mu_ -> mu_ -> { Handle::mu_, Timeline's, stage's methods_mu_ (Resolve) }
@@ -42,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -157,7 +159,7 @@ class Runtime::Impl {
   std::unique_ptr<coordinator::CoordinatorServer> hosted_;
   std::unique_ptr<CoordinatorClient> client_;
   std::unique_ptr<transport::Communicator> comm_;
-  std::map<std::string, Entry> table_ ABSL_GUARDED_BY(mu_);  // in flight on this rank
+  absl::node_hash_map<std::string, Entry> table_ ABSL_GUARDED_BY(mu_);  // in flight here
   std::vector<proto::Request> outgoing_ ABSL_GUARDED_BY(mu_);
   // Local failures to report (Note [Local failures]); they go out at once.
   std::vector<proto::FailureReport> failures_ ABSL_GUARDED_BY(mu_);
