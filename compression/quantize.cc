@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -18,6 +19,15 @@ namespace {
 constexpr size_t kBlock = 256;  // codes staged per block before packing (even)
 
 bool g_vector_kernels = true;  // UseVectorKernels(false): the portable paths only
+
+bool UseAvx512() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  return avx512 && g_vector_kernels;
+#else
+  return false;
+#endif
+}
 
 bool UseAvx2() {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -140,8 +150,33 @@ __attribute__((target("avx2"))) void DecodeAvx2(const uint8_t* packed, size_t co
 }
 #endif
 
+#if defined(__x86_64__) && defined(__GNUC__)
+// AVX-512 decode, 32 codes per step: the whole 16-entry table fits one register, so each
+// lookup is one vpermps on the code itself.
+__attribute__((target("avx512f"))) void DecodeAvx512(const uint8_t* packed, size_t count,
+                                                    const float* table, float* out, bool add) {
+  const __m512 t = _mm512_loadu_ps(table);
+  const __m128i nibble = _mm_set1_epi8(0x0f);
+  size_t i = 0;
+  for (; i + 32 <= count; i += 32) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed + i / 2));
+    const __m128i low = _mm_and_si128(bytes, nibble);
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
+    for (int half = 0; half < 2; ++half) {  // element order: low, high, low, high, ...
+      const __m128i codes = half ? _mm_unpackhi_epi8(low, high) : _mm_unpacklo_epi8(low, high);
+      __m512 v = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(codes), t);
+      float* dst = out + i + 16 * half;
+      if (add) v = _mm512_add_ps(_mm512_loadu_ps(dst), v);
+      _mm512_storeu_ps(dst, v);
+    }
+  }
+  DecodeAvx2(packed + i / 2, count - i, table, out + i, add);
+}
+#endif
+
 void DecodeImpl(const uint8_t* packed, size_t count, const float* table, float* out, bool add) {
 #if defined(__x86_64__) && defined(__GNUC__)
+  if (UseAvx512() && UseAvx2()) return DecodeAvx512(packed, count, table, out, add);
   if (UseAvx2()) return DecodeAvx2(packed, count, table, out, add);
 #endif
   DecodeScalar(packed, count, table, out, add);
@@ -187,33 +222,106 @@ __attribute__((target("avx2"))) void Fp4EncodeAvx2(const float* x, size_t n, flo
                                                    uint32_t seed, uint32_t index0,
                                                    uint8_t* packed) {
   const __m256 inv_s = _mm256_set1_ps(1.0f / s);
-  const __m256i golden = _mm256_set1_epi32(static_cast<int>(0x9E3779B9u));
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i low_byte = _mm256_set1_epi64x(0xff);
-  const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-  const __m256i first_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
-                                               -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1,
-                                               -1, -1, -1, -1, -1, -1, -1, -1);
-  for (size_t i = 0; i + 16 <= n; i += 16) {
-    const uint32_t base = index0 + static_cast<uint32_t>(i);
-    const __m256i idx_a = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(base)), lane);
-    const __m256i idx_b = _mm256_add_epi32(idx_a, _mm256_set1_epi32(8));
-    const __m256i seedv = _mm256_set1_epi32(static_cast<int>(seed));
-    const __m256i a = Fp4Codes8(_mm256_loadu_ps(x + i), inv_s,
-                                _mm256_add_epi32(_mm256_mullo_epi32(idx_a, golden), seedv));
-    const __m256i b = Fp4Codes8(_mm256_loadu_ps(x + i + 8), inv_s,
-                                _mm256_add_epi32(_mm256_mullo_epi32(idx_b, golden), seedv));
-    // Per 64-bit lane (codes c_2j, c_2j+1): low byte = c_2j | c_2j+1 << 4.
-    const __m256i pa = _mm256_and_si256(_mm256_or_si256(a, _mm256_srli_epi64(a, 28)), low_byte);
-    const __m256i pb = _mm256_and_si256(_mm256_or_si256(b, _mm256_srli_epi64(b, 28)), low_byte);
-    // Dwords [a01, b01, a23, b23, ...] -> [a01, a23, a45, a67 | b01, b23, b45, b67] -> bytes.
-    const __m256i mixed = _mm256_permutevar8x32_epi32(
-        _mm256_or_si256(pa, _mm256_slli_epi64(pb, 32)), order);
-    const __m256i bytes = _mm256_shuffle_epi8(mixed, first_bytes);
-    const uint32_t lo = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_castsi256_si128(bytes)));
-    const uint32_t hi = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_extracti128_si256(bytes, 1)));
-    const uint64_t out = lo | (static_cast<uint64_t>(hi) << 32);
-    std::memcpy(packed + i / 2, &out, sizeof(out));
+  // The hash input of element i, (index0 + i)·golden + seed (mod 2^32, as Uniform's), kept
+  // per lane and stepped by 8·golden: one add per 8 elements instead of a multiply.
+  constexpr uint32_t kGolden = 0x9E3779B9u;
+  __m256i h = _mm256_add_epi32(
+      _mm256_mullo_epi32(_mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(index0)), lane),
+                         _mm256_set1_epi32(static_cast<int>(kGolden))),
+      _mm256_set1_epi32(static_cast<int>(seed)));
+  const __m256i step = _mm256_set1_epi32(static_cast<int>(8u * kGolden));
+  // 32 codes per step: int32 -> bytes by two saturating packs (codes are 0..15, nothing
+  // saturates), a dword permute back to element order, then each byte pair (c_2j, c_2j+1)
+  // -> c_2j + 16·c_2j+1 by one multiply-add of unsigned bytes, and a pack to bytes.
+  const __m256i dword_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i nibble_weights = _mm256_set1_epi16(0x1001);  // byte 2j x1, byte 2j+1 x16
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256i c[4];
+    for (int k = 0; k < 4; ++k) {
+      c[k] = Fp4Codes8(_mm256_loadu_ps(x + i + 8 * k), inv_s, h);
+      h = _mm256_add_epi32(h, step);
+    }
+    const __m256i bytes = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3])),
+        dword_order);
+    const __m256i pairs = _mm256_maddubs_epi16(bytes, nibble_weights);
+    const __m256i out = _mm256_permute4x64_epi64(_mm256_packus_epi16(pairs, pairs), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + i / 2), _mm256_castsi256_si128(out));
+  }
+  for (; i + 16 <= n; i += 16) {  // one 16-element step left: 8 bytes
+    const __m256i a = Fp4Codes8(_mm256_loadu_ps(x + i), inv_s, h);
+    h = _mm256_add_epi32(h, step);
+    const __m256i b = Fp4Codes8(_mm256_loadu_ps(x + i + 8), inv_s, h);
+    h = _mm256_add_epi32(h, step);
+    const __m256i bytes = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_setzero_si256()), dword_order);
+    const __m256i pairs = _mm256_maddubs_epi16(bytes, nibble_weights);
+    const __m128i out = _mm_packus_epi16(_mm256_castsi256_si128(pairs), _mm256_castsi256_si128(pairs));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(packed + i / 2), out);
+  }
+}
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// AVX-512 FP4 encode, 32 elements -> 16 packed bytes per step: Fp4Codes8's arithmetic lane
+// for lane (the same codes) on 16 lanes, with mask registers for the selects. Twice the lanes
+// and 32 vector registers: the AVX2 loop spills its constants to the stack.
+__attribute__((target("avx512f"))) inline __m512i Fp4Codes16(__m512 v, __m512 inv_s, __m512i h) {
+  const __m512 t = _mm512_mul_ps(_mm512_abs_ps(v), inv_s);
+  const __m512i tb = _mm512_castps_si512(t);
+  const __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(tb, 23), _mm512_set1_epi32(127));
+  const __m512i k = _mm512_srai_epi32(e, 1);
+  const __m512i y_bits = _mm512_or_si512(
+      _mm512_and_si512(tb, _mm512_set1_epi32(0x007fffff)),
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_and_si512(e, _mm512_set1_epi32(1)),
+                                         _mm512_set1_epi32(127)), 23));
+  const __mmask16 small = _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(-12));
+  const __m512 r_small = _mm512_mul_ps(t, _mm512_set1_ps(4096.0f));
+  const __m512 r_big = _mm512_mul_ps(
+      _mm512_sub_ps(_mm512_castsi512_ps(y_bits), _mm512_set1_ps(1.0f)), _mm512_set1_ps(1.0f / 3.0f));
+  const __m512 r = _mm512_mask_blend_ps(small, r_big, r_small);
+  const __m512i m_lo = _mm512_maskz_add_epi32(static_cast<__mmask16>(~small), k,
+                                              _mm512_set1_epi32(7));
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  h = _mm512_mullo_epi32(h, _mm512_set1_epi32(static_cast<int>(0x85ebca6bu)));
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+  h = _mm512_mullo_epi32(h, _mm512_set1_epi32(static_cast<int>(0xc2b2ae35u)));
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)),
+                                 _mm512_set1_ps(1.0f / 16777216.0f));
+  const __mmask16 up = _mm512_cmp_ps_mask(u, r, _CMP_LT_OQ);
+  const __m512i m = _mm512_min_epi32(_mm512_mask_add_epi32(m_lo, up, m_lo, _mm512_set1_epi32(1)),
+                                     _mm512_set1_epi32(7));
+  const __mmask16 neg = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
+  const __m512i with_sign = _mm512_mask_or_epi32(m, neg, m, _mm512_set1_epi32(8));
+  const __mmask16 zero = _mm512_cmpeq_epi32_mask(m, _mm512_setzero_si512());
+  return _mm512_maskz_mov_epi32(static_cast<__mmask16>(~zero), with_sign);
+}
+
+// n a multiple of 32.
+__attribute__((target("avx512f"))) void Fp4EncodeAvx512(const float* x, size_t n, float s,
+                                                       uint32_t seed, uint32_t index0,
+                                                       uint8_t* packed) {
+  const __m512 inv_s = _mm512_set1_ps(1.0f / s);
+  constexpr uint32_t kGolden = 0x9E3779B9u;
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512i h = _mm512_add_epi32(
+      _mm512_mullo_epi32(_mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(index0)), lane),
+                         _mm512_set1_epi32(static_cast<int>(kGolden))),
+      _mm512_set1_epi32(static_cast<int>(seed)));
+  const __m512i step = _mm512_set1_epi32(static_cast<int>(16u * kGolden));
+  const __m128i nibble_weights = _mm_set1_epi16(0x1001);  // byte 2j x1, byte 2j+1 x16
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    const __m512i a = Fp4Codes16(_mm512_loadu_ps(x + i), inv_s, h);
+    h = _mm512_add_epi32(h, step);
+    const __m512i b = Fp4Codes16(_mm512_loadu_ps(x + i + 16), inv_s, h);
+    h = _mm512_add_epi32(h, step);
+    // int32 codes -> bytes in element order, then (c_2j, c_2j+1) -> c_2j + 16·c_2j+1.
+    const __m128i pa = _mm_maddubs_epi16(_mm512_cvtepi32_epi8(a), nibble_weights);
+    const __m128i pb = _mm_maddubs_epi16(_mm512_cvtepi32_epi8(b), nibble_weights);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + i / 2), _mm_packus_epi16(pa, pb));
   }
 }
 #endif
@@ -254,18 +362,30 @@ uint64_t NameHash(absl::string_view name) {
   return h;
 }
 
+// The smallest power of two >= m, for finite m > 0: what frexp + ldexp give (m = f·2^e with
+// f in [0.5, 1); m itself when f = 0.5, else 2^e), on the bits for normal m: no library
+// call per chunk (quantize_reference_test checks it against frexp/ldexp).
+inline float PowerOfTwoCeil(float m) {
+  const uint32_t b = Bits(m);
+  if (b < 0x00800000u) {  // subnormal: rare, left to the library
+    int e = 0;
+    const float f = std::frexp(m, &e);
+    return f == 0.5f ? m : std::ldexp(1.0f, e);
+  }
+  if ((b & 0x007fffffu) == 0) return m;             // a power of two already
+  return Float((b & 0x7f800000u) + 0x00800000u);    // next exponent, mantissa 0 (or +inf)
+}
+
 float ChunkScale(FourBitFormat format, const float* x, size_t count) {
   bool nonfinite = false;
   const float m = MaxAbs(x, count, &nonfinite);
-  if (nonfinite) return std::nanf("");
+  if (nonfinite) return std::numeric_limits<float>::quiet_NaN();
   if (m == 0.0f) return 0.0f;
   if (format == FourBitFormat::kInt4) return m / 7.0f;
-  int e = 0;
-  const float f = std::frexp(m, &e);  // m = f·2^e, f in [0.5, 1)
-  if (f == 0.5f) return m;
+  const float s = PowerOfTwoCeil(m);
   // Above 2^127 the next power of two is beyond float32: no scale holds the chunk, which
   // is then broken like a non-finite one (NaN), never silently clipped.
-  return e > 127 ? std::nanf("") : std::ldexp(1.0f, e);
+  return std::isinf(s) ? std::numeric_limits<float>::quiet_NaN() : s;
 }
 
 void DecodeTable(FourBitFormat format, float scale, float table[16]) {
@@ -293,9 +413,17 @@ void Encode(FourBitFormat format, const float* x, size_t count, float scale, uin
   }
   size_t start = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (format == FourBitFormat::kFp4 && scale >= 0x1p-100f && UseAvx2()) {
-    start = count / 16 * 16;
-    Fp4EncodeAvx2(x, start, scale, seed, static_cast<uint32_t>(index0), packed);
+  if (format == FourBitFormat::kFp4 && scale >= 0x1p-100f) {
+    if (UseAvx512()) {
+      start = count / 32 * 32;
+      Fp4EncodeAvx512(x, start, scale, seed, static_cast<uint32_t>(index0), packed);
+    }
+    if (UseAvx2()) {
+      const size_t end = count / 16 * 16;
+      Fp4EncodeAvx2(x + start, end - start, scale, seed, static_cast<uint32_t>(index0 + start),
+                    packed + start / 2);
+      start = end;
+    }
   }
 #endif
   uint8_t codes[kBlock];

@@ -24,8 +24,13 @@
 // the concatenation of the bucket's tensors (memory kept per tensor, so a tensor may land in
 // another bucket next step). granularity=tensor: k_j = ceil(N_j / ratio) per tensor, selected
 // per tensor; the bucket still sends one broadcast and one all-reduce. Fusion depends on
-// timing, so a bucket-granularity result can differ between two runs of the same job;
-// granularity=tensor (or BRAID_FUSION_THRESHOLD=0) repeats bit for bit. The leader step t is
+// timing, so a bucket-granularity result can differ between two runs of the same job, unless
+// the tensors are enqueued as a group (Runtime::BeginGroup: one bucket; braid.torch's
+// DistributedOptimizer sends a step's gradients as one group for these methods);
+// granularity=tensor (or BRAID_FUSION_THRESHOLD=0) repeats bit for bit. Which tensors share
+// the selection matters: per tensor (or per small bucket) each keeps ratio-th of its
+// elements, while over a whole model's gradient the layers with the largest elements (often
+// the small first and last ones) get many times their share (BENCHMARKS.md, section 9). The leader step t is
 // the compressed-step count of the bucket's first tensor (StepContext::steps[0]).
 //
 // Wire. Indices are int32 (int64 when a bucket holds 2^31 elements or more), global in the

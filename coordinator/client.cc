@@ -99,6 +99,7 @@ class GrpcClient final : public CoordinatorClient {
     stream_ = stub_->Negotiate(stream_ctx_.get());
     proto::RequestList hello;
     hello.set_rank(rank);
+    hello.set_report_ages(opts_.report_ages);
     if (!stream_->Write(hello)) {
       return absl::UnavailableError("could not open the negotiation stream to " + opts_.address);
     }
@@ -236,6 +237,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectCoordinator(const Clie
   // The server's limits (common/limits.h): a fused response list of many long names fits.
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
+  if (o.dedicated_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   auto channel = grpc::CreateCustomChannel(o.address, grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(Deadline(o.connect_timeout))) {
     return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", o.address,

@@ -15,6 +15,12 @@ namespace braid::coordinator {
 struct ClientOptions {
   std::string address;  // host:port
   absl::Duration connect_timeout = absl::Seconds(60);
+  // gRPC shares one connection among the channels of a process that name the same address;
+  // true gives this client a connection of its own (a load generator simulating many ranks
+  // in one process, each as its own connection, as separate processes would be).
+  bool dedicated_connection = false;
+  // Ask for every response's report_age_us (RequestList.report_ages): for a timeline.
+  bool report_ages = false;
   // Until registration returns the job's heartbeat timeout T; then HeartbeatInterval(T).
   absl::Duration heartbeat_interval = absl::Seconds(2);
   // Adds what this rank reports to the coordinator (its per-method compression totals) to

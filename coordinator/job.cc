@@ -84,6 +84,7 @@ void Job::Form(absl::Time now, Completions* out) {
   settings_ = (*formed)[0].settings();
   table_ = std::make_unique<NegotiationTable>(world_size_, settings_.fusion_threshold_bytes(),
                                               settings_.cache_capacity());
+  table_->set_report_ages(false);  // until a rank asks for them (OpenStream)
   ranks_.assign(world_size_, Rank{});
   for (size_t i = 0; i < pending.size(); ++i) {
     Rank& r = ranks_[(*formed)[i].rank()];
@@ -109,7 +110,8 @@ bool Job::RemoveRegistration(int64_t call_id, const absl::Status& why, Completio
   return true;
 }
 
-absl::Status Job::OpenStream(int rank, std::shared_ptr<StreamSink> sink, absl::Time now) {
+absl::Status Job::OpenStream(int rank, std::shared_ptr<StreamSink> sink, absl::Time now,
+                             bool report_ages) {
   if (phase_ == proto::JOB_FORMING || rank < 0 || rank >= static_cast<int>(ranks_.size())) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank, " opened negotiation before job ", id(), " formed"));
@@ -122,6 +124,8 @@ absl::Status Job::OpenStream(int rank, std::shared_ptr<StreamSink> sink, absl::T
   }
   if (r.stream) r.stream->Close();  // a second stream replaces the first
   r.stream = std::move(sink);
+  r.report_ages = report_ages;
+  if (report_ages) table_->set_report_ages(true);
   r.state = RankState::kNegotiating;
   r.last_seen = now;
   if (!abort_.ok()) r.stream->Send(AbortMessage(abort_));
@@ -133,10 +137,33 @@ absl::Status Job::OpenStream(int rank, std::shared_ptr<StreamSink> sink, absl::T
 }
 
 void Job::Broadcast(proto::ResponseList rl) {
-  // Called under the service's lock: every stream receives the same sequence.
+  // Called under the service's lock: every stream receives the same sequence. One shared
+  // message per kind, not a copy per stream; the ranks that did not ask for report ages
+  // (N of them per tensor) get a message without them, so a step's responses cost the
+  // coordinator O(N·T), not O(N²·T).
   if (rl.sequence() == 0) rl.set_sequence(++sequence_);
+  auto full = std::make_shared<const proto::ResponseList>(std::move(rl));
+  std::shared_ptr<const proto::ResponseList> lean;
   for (Rank& r : ranks_) {
-    if (r.stream) r.stream->Send(rl);
+    if (!r.stream) continue;
+    if (r.report_ages) {
+      r.stream->SendShared(full);
+      continue;
+    }
+    if (lean == nullptr) {
+      bool has_ages = false;
+      for (const proto::Response& resp : full->responses()) {
+        has_ages |= resp.report_age_us_size() > 0;
+      }
+      if (has_ages) {
+        auto copy = std::make_shared<proto::ResponseList>(*full);
+        for (proto::Response& resp : *copy->mutable_responses()) resp.clear_report_age_us();
+        lean = std::move(copy);
+      } else {
+        lean = full;
+      }
+    }
+    r.stream->SendShared(lean);
   }
 }
 
@@ -206,7 +233,8 @@ void Job::Goodbye(int rank, absl::Time now) {
   // Work the others still wait on from this rank can never complete: fail it now.
   proto::ResponseList rl;
   for (auto& resp : table_->FailTensorsWaitingFor(clean_)) *rl.add_responses() = std::move(resp);
-  if (rl.responses_size() > 0) Broadcast(rl);
+  rl.add_ranks_left(rank);
+  Broadcast(std::move(rl));
   MaybeEnd(now);
 }
 
@@ -248,6 +276,10 @@ void Job::Heartbeat(const proto::HeartbeatRequest& req, absl::Time now) {
   };
   if (total(req.compression()) >= total(r.compression)) {
     r.compression.assign(req.compression().begin(), req.compression().end());
+  }
+  if (req.fast_path_buckets() >= r.fast_path_buckets) {  // cumulative too: keep the newer
+    r.fast_path.assign(req.fast_path().begin(), req.fast_path().end());
+    r.fast_path_buckets = req.fast_path_buckets();
   }
 }
 
@@ -342,8 +374,7 @@ void Job::InspectStalls(absl::Time now) {
   if (!abort_.ok()) return;
   const absl::Duration check = absl::Milliseconds(settings_.stall_check_ms());
   const absl::Duration shutdown = absl::Milliseconds(settings_.stall_shutdown_ms());
-  for (const auto& p : table_->PendingTensors(now)) {
-    if (p.waiting < check) continue;
+  for (const auto& p : table_->PendingTensors(now, check)) {
     std::string what = absl::StrCat(
         "tensor '", p.name, "' was submitted by rank", p.ready_ranks.size() > 1 ? "s " : " ",
         absl::StrJoin(p.ready_ranks, ", "), " but not by rank",

@@ -35,6 +35,9 @@ class StreamSink {
   virtual ~StreamSink() = default;
   // Queues `msg`; never blocks. Messages arrive in the order Send was called.
   virtual void Send(const proto::ResponseList& msg) = 0;
+  // The same, for a message sent to many streams: a sink that can keep `msg` itself instead
+  // of a copy overrides it (with N ranks, a copy per stream costs N times the message).
+  virtual void SendShared(std::shared_ptr<const proto::ResponseList> msg) { Send(*msg); }
   // Ends the stream once every queued message is written; later Sends are dropped.
   virtual void Close() = 0;
 };
@@ -78,7 +81,8 @@ class Job {
   // ---- Negotiation streams ----
   // Attaches `sink` as `rank`'s stream. FailedPrecondition before the job formed, after it
   // ended, or for a rank that already left it.
-  absl::Status OpenStream(int rank, std::shared_ptr<StreamSink> sink, absl::Time now);
+  absl::Status OpenStream(int rank, std::shared_ptr<StreamSink> sink, absl::Time now,
+                          bool report_ages = false);
   // A RequestList from `rank`'s stream `sink` (ignored when that is no longer its stream).
   void OnRequests(int rank, const StreamSink* sink, const proto::RequestList& msg,
                   absl::Time now);
@@ -120,9 +124,13 @@ class Job {
     absl::Time last_seen = absl::InfinitePast();
     // The rank's latest per-method byte counters (from its heartbeats), cumulative.
     std::vector<proto::MethodBytes> compression;
+    // What it ran that the ranks agreed without the coordinator (BRAID_FAST_PATH), cumulative.
+    std::vector<proto::MethodNegotiated> fast_path;
+    int64_t fast_path_buckets = 0;
     std::shared_ptr<StreamSink> stream;  // null unless negotiating
     int64_t applied_sequence = 0;        // RequestList.applied_sequence, once it sent one
     bool reports_applied = false;        // whether it ever did
+    bool report_ages = false;            // wants Response.report_age_us
   };
 
   void Form(absl::Time now, Completions* out);
@@ -143,6 +151,8 @@ class Job {
   void InspectNegotiationDeadline(absl::Time now);
   void MaybeEnd(absl::Time now);
   std::vector<proto::CompressionStat> CompressionStats() const;
+  // Per method: the largest of the ranks' fast-path reports (every rank runs the same work).
+  std::map<std::string, proto::MethodNegotiated> FastPathByMethod() const;
   std::string JobState() const;
   absl::Duration heartbeat_timeout() const {
     return absl::Milliseconds(settings_.heartbeat_timeout_ms());

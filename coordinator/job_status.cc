@@ -1,4 +1,5 @@
 // Job::FillStatus: what braidctl status shows of one job.
+#include <algorithm>
 #include <map>
 #include <string>
 #include <utility>
@@ -17,6 +18,17 @@ std::string Job::JobState() const {
   return absl::StrCat(phase_ == proto::JOB_ENDED ? "ended, " : "", "aborted: ", abort_.message());
 }
 
+std::map<std::string, proto::MethodNegotiated> Job::FastPathByMethod() const {
+  std::map<std::string, proto::MethodNegotiated> out;
+  for (const Rank& r : ranks_) {
+    for (const proto::MethodNegotiated& m : r.fast_path) {
+      proto::MethodNegotiated& best = out[m.method()];
+      if (m.tensors() > best.tensors()) best = m;
+    }
+  }
+  return out;
+}
+
 // One row per method, by method: what was negotiated (one rank's share) merged with what the
 // ranks reported (summed over them). See CompressionStat in proto/braid.proto.
 std::vector<proto::CompressionStat> Job::CompressionStats() const {
@@ -27,6 +39,11 @@ std::vector<proto::CompressionStat> Job::CompressionStats() const {
       c.set_tensors(counts.first);
       c.set_bytes_before(counts.second);
     }
+  }
+  for (const auto& [method, m] : FastPathByMethod()) {
+    proto::CompressionStat& c = by_method[method];
+    c.set_tensors(c.tensors() + m.tensors());
+    c.set_bytes_before(c.bytes_before() + m.bytes());
   }
   for (const Rank& r : ranks_) {
     for (const proto::MethodBytes& m : r.compression) {
@@ -69,7 +86,14 @@ void Job::FillStatus(absl::Time now, proto::StatusResponse* resp) const {
   resp->set_register_rpcs(register_rpcs_);
   resp->set_kv_rpcs(kv_rpcs_);
   resp->set_cycles(cycles_);
-  resp->set_responses_sent(responses_sent_);
+  // Work the ranks agreed among themselves (BRAID_FAST_PATH) counts as if negotiated here.
+  int64_t fast_buckets = 0, fast_tensors = 0, fast_bytes = 0;
+  for (const Rank& r : ranks_) fast_buckets = std::max(fast_buckets, r.fast_path_buckets);
+  for (const auto& [method, m] : FastPathByMethod()) {
+    fast_tensors += m.tensors();
+    fast_bytes += m.bytes();
+  }
+  resp->set_responses_sent(responses_sent_ + fast_buckets);
   resp->set_job_elapsed_ms(first_registration_ == absl::InfinitePast()
                                ? 0
                                : absl::ToInt64Milliseconds(now - first_registration_));
@@ -86,8 +110,8 @@ void Job::FillStatus(absl::Time now, proto::StatusResponse* resp) const {
   }
   for (proto::CompressionStat& c : CompressionStats()) *resp->add_compression() = std::move(c);
   if (!table_) return;
-  resp->set_tensors_negotiated(table_->tensors_negotiated());
-  resp->set_bytes_negotiated(table_->bytes_negotiated());
+  resp->set_tensors_negotiated(table_->tensors_negotiated() + fast_tensors);
+  resp->set_bytes_negotiated(table_->bytes_negotiated() + fast_bytes);
   const absl::Duration check = absl::Milliseconds(settings_.stall_check_ms());
   auto pending = table_->PendingTensors(now);
   resp->set_tensors_pending(static_cast<int64_t>(pending.size()));

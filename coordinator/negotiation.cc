@@ -20,6 +20,7 @@ std::string CollectiveName(proto::Collective c) {
     case proto::REDUCESCATTER: return "reducescatter";
     case proto::ALLTOALL: return "alltoall";
     case proto::BARRIER: return "barrier";
+    case proto::JOIN: return "join";
     default: return absl::StrCat("collective#", static_cast<int>(c));
   }
 }
@@ -54,6 +55,35 @@ proto::Response Error(const std::string& name, absl::StatusCode code, std::strin
 // "rank 2" / "ranks 0, 3".
 std::string Ranks(const std::vector<int>& ranks) {
   return absl::StrCat("rank", ranks.size() == 1 ? " " : "s ", absl::StrJoin(ranks, ", "));
+}
+
+// Whether `b` agrees with `a` on every field Validate compares for a's collective. Exact:
+// when it says no, Validate's per-field texts find the field and name the ranks.
+bool Agrees(const proto::Request& a, const proto::Request& b) {
+  const auto compression = [](const proto::Request& r) -> const std::string& {
+    static const std::string kNone = "none";
+    return r.compression().empty() ? kNone : r.compression();
+  };
+  if (a.collective() != b.collective() || a.dtype() != b.dtype() || a.device() != b.device() ||
+      a.process_set_id() != b.process_set_id() || compression(a) != compression(b)) {
+    return false;
+  }
+  const proto::Collective c = a.collective();
+  if ((c == proto::ALLREDUCE || c == proto::REDUCESCATTER) && a.reduce_op() != b.reduce_op()) {
+    return false;
+  }
+  if (a.shape_size() != b.shape_size()) return false;
+  if (c == proto::ALLREDUCE || c == proto::BROADCAST || c == proto::REDUCESCATTER) {
+    for (int i = 0; i < a.shape_size(); ++i) {
+      if (a.shape(i) != b.shape(i)) return false;
+    }
+  }
+  if (c == proto::ALLGATHER || c == proto::ALLTOALL) {
+    for (int i = 1; i < a.shape_size(); ++i) {
+      if (a.shape(i) != b.shape(i)) return false;
+    }
+  }
+  return c != proto::BROADCAST || a.root_rank() == b.root_rank();
 }
 
 }  // namespace
@@ -142,17 +172,19 @@ std::map<int, std::vector<proto::Response>> NegotiationTable::TakeReplies() {
   return out;
 }
 
-int32_t NegotiationTable::CacheInsert(const proto::Request& agreed) {
-  const proto::Collective c = agreed.collective();
+int32_t NegotiationTable::CacheInsert(const RequestPtr& agreed) {
+  const proto::Collective c = agreed->collective();
   if (cache_capacity_ <= 0 || (c != proto::ALLREDUCE && c != proto::BROADCAST &&
                                c != proto::REDUCESCATTER && c != proto::BARRIER)) {
     return 0;
   }
-  std::string bytes = agreed.SerializeAsString();
+  std::string bytes;
   ++use_clock_;
-  if (auto it = cache_by_name_.find(agreed.name()); it != cache_by_name_.end()) {
+  if (auto it = cache_by_name_.find(agreed->name()); it != cache_by_name_.end()) {
     CacheEntry& e = cache_[it->second];
-    if (e.bytes == bytes) {
+    // The cache's own request (every rank sent its id): no need to serialize to compare.
+    if (e.request != agreed) bytes = agreed->SerializeAsString();
+    if (e.request == agreed || e.bytes == bytes) {
       e.last_use = use_clock_;
       return it->second;
     }
@@ -168,12 +200,13 @@ int32_t NegotiationTable::CacheInsert(const proto::Request& agreed) {
     });
     retired_[lru->first] = Retired{lru->second.request, 0};
     evictions_.push_back(lru->first);
-    cache_by_name_.erase(lru->second.request.name());
+    cache_by_name_.erase(lru->second.request->name());
     cache_.erase(lru);
   }
+  if (bytes.empty()) bytes = agreed->SerializeAsString();
   const int32_t id = next_cache_id_++;
   cache_[id] = CacheEntry{agreed, std::move(bytes), use_clock_};
-  cache_by_name_[agreed.name()] = id;
+  cache_by_name_[agreed->name()] = id;
   return id;
 }
 
@@ -182,8 +215,10 @@ std::vector<proto::Response> NegotiationTable::Fuse(std::vector<proto::Response>
   for (const proto::Response& r : ready) {
     FusionItem item;
     if (r.type() == proto::Response::OK && r.collective() == proto::ALLREDUCE) {
+      // Tensors fuse only with others that the same joined ranks fill in (Note [Join]).
       item.key = absl::StrCat(r.collective(), "/", r.dtype(), "/", r.reduce_op(), "/",
-                              r.process_set_id(), "/", r.compression());
+                              r.process_set_id(), "/", r.compression(), "/",
+                              absl::StrJoin(r.joined_ranks(), ","));
       int v = static_cast<int>(r.dtype());
       item.bytes = r.tensor_sizes(0) *
                    static_cast<int64_t>(IsValidDataType(v) ? DataTypeSize(static_cast<DataType>(v)) : 1);
@@ -199,6 +234,7 @@ std::vector<proto::Response> NegotiationTable::Fuse(std::vector<proto::Response>
       merged.add_tensor_sizes(r.tensor_sizes(0));
       for (int64_t age : r.report_age_us()) merged.add_report_age_us(age);
       merged.add_cache_ids(r.cache_ids_size() > 0 ? r.cache_ids(0) : 0);
+      for (const proto::TensorShape& shape : r.shapes()) *merged.add_shapes() = shape;
     }
     merged.set_bucket_id(next_bucket_id_++);
     out.push_back(std::move(merged));
@@ -207,7 +243,9 @@ std::vector<proto::Response> NegotiationTable::Fuse(std::vector<proto::Response>
 }
 
 proto::Response NegotiationTable::Validate(const std::string& name, const Entry& e) const {
-  const proto::Request& first = e.by_rank.begin()->second;
+  // Every rank submitted it, or has joined (Note [Join]: a joined rank's entry is null and
+  // is left out of every comparison).
+  const proto::Request& first = *FirstOf(e);
   // Each check: a field's text per rank; the first field that differs is reported.
   using Getter = std::string (*)(const proto::Request&);
   struct Check {
@@ -225,34 +263,47 @@ proto::Response NegotiationTable::Validate(const std::string& name, const Entry&
     std::map<int, std::string> values;
     bool diff = false;
     const std::string ref = get(first);
-    for (const auto& [rank, r] : e.by_rank) {
-      values[rank] = get(r);
+    for (int rank = 0; rank < world_size_; ++rank) {
+      if (e.by_rank[rank] == nullptr) continue;
+      values[rank] = get(*e.by_rank[rank]);
       diff = diff || values[rank] != ref;
     }
     if (!diff) return std::nullopt;
     return Error(name, absl::StatusCode::kInvalidArgument, MismatchMessage(name, field, values));
   };
+  // The usual case, every rank sent the same: one cheap comparison per rank, no text.
+  bool agree = true;
+  for (const RequestPtr& r : e.by_rank) {
+    agree = agree && (r == nullptr || r.get() == &first || Agrees(first, *r));
+  }
   for (const Check& c : kChecks) {
+    if (agree) break;
     if (auto err = differs(c.field, c.get)) return *err;
   }
   const proto::Collective coll = first.collective();
-  if (coll == proto::ALLREDUCE || coll == proto::REDUCESCATTER) {
+  if (!agree && (coll == proto::ALLREDUCE || coll == proto::REDUCESCATTER)) {
     if (auto err = differs("reduce op", [](const proto::Request& r) { return OpName(r.reduce_op()); })) return *err;
   }
-  if (coll == proto::ALLREDUCE || coll == proto::BROADCAST || coll == proto::REDUCESCATTER) {
+  if (!agree && (coll == proto::ALLREDUCE || coll == proto::BROADCAST || coll == proto::REDUCESCATTER)) {
     if (auto err = differs("shape", [](const proto::Request& r) { return ShapeString(r); })) return *err;
   }
   if (coll == proto::ALLGATHER || coll == proto::ALLTOALL) {
-    if (auto err = differs("rank of the shape", [](const proto::Request& r) { return absl::StrCat(r.shape_size()); })) return *err;
+    if (!agree) {
+      if (auto err = differs("rank of the shape", [](const proto::Request& r) { return absl::StrCat(r.shape_size()); })) return *err;
+    }
     if (first.shape_size() == 0) {
       return Error(name, absl::StatusCode::kInvalidArgument,
                    absl::StrCat("tensor '", name, "': ", CollectiveName(coll),
                                 " needs at least one dimension, got a scalar"));
     }
-    if (auto err = differs("trailing shape", TrailingShape)) return *err;
+    if (!agree) {
+      if (auto err = differs("trailing shape", TrailingShape)) return *err;
+    }
   }
   if (coll == proto::BROADCAST) {
-    if (auto err = differs("root rank", [](const proto::Request& r) { return absl::StrCat(r.root_rank()); })) return *err;
+    if (!agree) {
+      if (auto err = differs("root rank", [](const proto::Request& r) { return absl::StrCat(r.root_rank()); })) return *err;
+    }
     if (first.root_rank() < 0 || first.root_rank() >= world_size_) {
       return Error(name, absl::StatusCode::kInvalidArgument,
                    absl::StrCat("tensor '", name, "': broadcast root rank ", first.root_rank(),
@@ -284,7 +335,7 @@ proto::Response NegotiationTable::Validate(const std::string& name, const Entry&
   ok.set_compression(first.compression());
   if (coll == proto::ALLGATHER) {
     std::vector<int64_t> dims;
-    for (const auto& [rank, r] : e.by_rank) dims.push_back(r.shape(0));
+    for (const RequestPtr& r : e.by_rank) dims.push_back(r != nullptr ? r->shape(0) : 0);
     // The gathered tensor's size, overflow-checked: every rank's rows, then the row's size.
     std::vector<int64_t> gathered(first.shape().begin(), first.shape().end());
     auto rows = CheckedSum("the ranks' first dimensions", dims, kMaxTensorBytes);
@@ -314,22 +365,21 @@ std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::Req
                                                       absl::Time now) {
   std::vector<proto::Response> ready;
   for (int32_t id : list.cached_ids()) {
-    const proto::Request* req = nullptr;
-    if (auto it = cache_.find(id); it != cache_.end()) req = &it->second.request;
-    if (auto it = retired_.find(id); req == nullptr && it != retired_.end()) {
-      req = &it->second.request;
-    }
+    RequestPtr req;
+    if (auto it = cache_.find(id); it != cache_.end()) req = it->second.request;
+    if (auto it = retired_.find(id); req == nullptr && it != retired_.end()) req = it->second.request;
     if (req == nullptr) {
       ready.push_back(Error(absl::StrCat("cache id ", id), absl::StatusCode::kInternal,
                             absl::StrCat("rank ", rank, " sent response-cache id ", id,
                                          ", which the coordinator no longer knows")));
       continue;
     }
-    // A copy: SubmitOne may evict this very cache entry (changed metadata) while using it.
-    const proto::Request resolved = *req;
-    SubmitOne(rank, resolved, now, &ready);
+    // Shared: SubmitOne may evict this very cache entry (changed metadata) while using it.
+    SubmitOne(rank, std::move(req), now, &ready);
   }
-  for (const proto::Request& req : list.requests()) SubmitOne(rank, req, now, &ready);
+  for (const proto::Request& req : list.requests()) {
+    SubmitOne(rank, std::make_shared<const proto::Request>(req), now, &ready);
+  }
   for (const proto::FailureReport& f : list.failures()) {
     if (f.in_collective()) continue;  // the job is aborted instead (Job::OnRequests)
     // The instance already failed elsewhere: settled, and nothing to answer (no handle).
@@ -362,14 +412,17 @@ void NegotiationTable::FailEverywhere(const std::string& name, proto::Response e
                                       int reporter) {
   std::set<int> submitted;
   if (auto it = table_.find(name); it != table_.end()) {
-    for (const auto& [r, req] : it->second.by_rank) submitted.insert(r);
+    for (int r = 0; r < world_size_; ++r) {
+      if (it->second.by_rank[r] != nullptr) submitted.insert(r);
+    }
     table_.erase(it);
   }
   for (int r : submitted) replies_[r].push_back(error);
   Tombstone& t = tombstones_[name];
   t.error = std::move(error);
   for (int r = 0; r < world_size_; ++r) {
-    if (r != reporter && submitted.count(r) == 0) ++t.owed[r];
+    // A joined rank (Note [Join]) submits no instance of it in this round.
+    if (r != reporter && submitted.count(r) == 0 && joined_.count(r) == 0) ++t.owed[r];
   }
   if (t.owed.empty()) tombstones_.erase(name);
 }
@@ -394,52 +447,168 @@ std::vector<std::string> NegotiationTable::ExpireOlderThan(absl::Duration timeou
   return messages;
 }
 
-void NegotiationTable::SubmitOne(int rank, const proto::Request& req, absl::Time now,
+void NegotiationTable::SubmitOne(int rank, RequestPtr req, absl::Time now,
                                  std::vector<proto::Response>* ready) {
   // The failed instance: answered at once.
-  if (SettleTombstone(rank, req.name(), /*reply=*/true)) return;
-  if (absl::Status bad = ValidateRequest(rank, req); !bad.ok()) {
+  if (SettleTombstone(rank, req->name(), /*reply=*/true)) return;
+  if (absl::Status bad = ValidateRequest(rank, *req); !bad.ok()) {
     // The sender holds a handle for it: it is answered like the ranks that submitted before.
-    replies_[rank].push_back(Error(req.name(), bad.code(), std::string(bad.message())));
-    FailEverywhere(req.name(), Error(req.name(), bad.code(), std::string(bad.message())), rank);
+    replies_[rank].push_back(Error(req->name(), bad.code(), std::string(bad.message())));
+    FailEverywhere(req->name(), Error(req->name(), bad.code(), std::string(bad.message())), rank);
     return;
   }
-  Entry& e = table_[req.name()];
-  if (e.by_rank.empty()) e.first_seen = now;
-  if (e.by_rank.count(rank) != 0) {
-    ready->push_back(Error(req.name(), absl::StatusCode::kAlreadyExists,
-                           absl::StrCat("tensor '", req.name(), "': rank ", rank,
+  if (req->collective() == proto::JOIN) return SubmitJoin(rank, *req, now, ready);
+  auto [it, inserted] = table_.try_emplace(req->name());
+  Entry& e = it->second;
+  if (inserted) {
+    e.by_rank.resize(world_size_);
+    e.arrived.resize(world_size_);
+    e.first_seen = now;
+  }
+  if (rank < 0 || rank >= world_size_ || e.by_rank[rank] != nullptr) {
+    ready->push_back(Error(req->name(), absl::StatusCode::kAlreadyExists,
+                           absl::StrCat("tensor '", req->name(), "': rank ", rank,
                                         " submitted it twice before it was negotiated")));
-    table_.erase(req.name());
+    table_.erase(it);
     return;
   }
-  e.by_rank[rank] = req;
   e.arrived[rank] = now;
-  if (static_cast<int>(e.by_rank.size()) < world_size_) return;
-  ready->push_back(Validate(req.name(), e));
+  e.by_rank[rank] = std::move(req);
+  ++e.submitted;
+  if (Ready(e)) Respond(it->first, now, ready);
+}
+
+const NegotiationTable::RequestPtr& NegotiationTable::FirstOf(const Entry& e) {
+  for (const RequestPtr& r : e.by_rank) {
+    if (r != nullptr) return r;
+  }
+  return e.by_rank[0];  // unreachable: an entry exists because some rank submitted it
+}
+
+bool NegotiationTable::Ready(const Entry& e) const {
+  int count = e.submitted;
+  for (const auto& [rank, name] : joined_) count += e.by_rank[rank] != nullptr ? 0 : 1;
+  return count >= world_size_;
+}
+
+void NegotiationTable::Respond(const std::string& name_ref, absl::Time now,
+                               std::vector<proto::Response>* ready) {
+  const std::string name = name_ref;  // the table's key: erased below
+  const Entry& e = table_.at(name);
+  const RequestPtr first_ptr = FirstOf(e);
+  const proto::Request& first = *first_ptr;
+  ready->push_back(Validate(name, e));
   proto::Response& resp = ready->back();
-  for (const auto& [r, t] : e.arrived) resp.add_report_age_us(absl::ToInt64Microseconds(now - t));
+  // Note [Join]: the joined ranks that did not submit it take part with the op's identity.
+  std::vector<int> fill;
+  for (const auto& [rank, join_name] : joined_) {
+    if (e.by_rank[rank] == nullptr) fill.push_back(rank);
+  }
+  if (!fill.empty() && resp.type() == proto::Response::OK) {
+    if (first.collective() == proto::ALLREDUCE || first.collective() == proto::BARRIER) {
+      for (int rank : fill) resp.add_joined_ranks(rank);
+      *resp.add_shapes()->mutable_dims() = first.shape();
+    } else {
+      resp = Error(name, absl::StatusCode::kFailedPrecondition,
+                   absl::StrCat("tensor '", name, "': ", CollectiveName(first.collective()),
+                                " is not supported while rank", fill.size() > 1 ? "s " : " ",
+                                absl::StrJoin(fill, ", "), fill.size() > 1 ? " have" : " has",
+                                " joined (join() for uneven inputs covers allreduce and barrier "
+                                "only: a joined rank has no data to contribute)"));
+    }
+  }
+  if (report_ages_) {
+    // Per rank, in rank order; a joined rank that never submitted it reports 0.
+    for (int r = 0; r < world_size_; ++r) {
+      resp.add_report_age_us(
+          e.by_rank[r] != nullptr ? absl::ToInt64Microseconds(now - e.arrived[r]) : 0);
+    }
+  }
   ++negotiated_;
   if (resp.type() == proto::Response::OK) {
-    if (IsValidDataType(req.dtype())) {
+    if (IsValidDataType(first.dtype())) {
       const int64_t bytes = resp.tensor_sizes(0) *
-                            static_cast<int64_t>(DataTypeSize(static_cast<DataType>(req.dtype())));
+                            static_cast<int64_t>(DataTypeSize(static_cast<DataType>(first.dtype())));
       bytes_negotiated_ += bytes;
-      auto& [tensors, total] = by_compression_[req.compression().empty() ? "none" : req.compression()];
+      auto& [tensors, total] =
+          by_compression_[first.compression().empty() ? "none" : first.compression()];
       ++tensors;
       total += bytes;
     }
-    resp.add_cache_ids(CacheInsert(e.by_rank.begin()->second));
+    // A response a joined rank takes part in is not cached: the joined rank holds no request
+    // to cache, and every rank's cache must stay the same (Note [Fast path] in the runtime).
+    resp.add_cache_ids(fill.empty() ? CacheInsert(first_ptr) : 0);
   }
-  table_.erase(req.name());
+  table_.erase(name);
+}
+
+void NegotiationTable::SubmitJoin(int rank, const proto::Request& req, absl::Time now,
+                                  std::vector<proto::Response>* ready) {
+  if (joined_.count(rank)) {
+    ready->push_back(Error(req.name(), absl::StatusCode::kAlreadyExists,
+                           absl::StrCat("join '", req.name(), "': rank ", rank,
+                                        " joined twice before every rank had joined")));
+    return;
+  }
+  joined_[rank] = req.name();
+  last_joined_ = rank;
+  // Tensors that were waiting only for this rank are ready now, in the table's (name) order:
+  // every rank receives the same list.
+  std::vector<std::string> now_ready;
+  for (const auto& [name, e] : table_) {
+    if (Ready(e)) now_ready.push_back(name);
+  }
+  for (const std::string& name : now_ready) Respond(name, now, ready);
+  if (static_cast<int>(joined_.size()) < world_size_) return;
+  std::map<int, std::string> names;
+  names.swap(joined_);
+  proto::Response resp;
+  const std::string& agreed = names.begin()->second;
+  if (std::all_of(names.begin(), names.end(), [&](const auto& kv) { return kv.second == agreed; })) {
+    resp.set_type(proto::Response::OK);
+    resp.add_names(agreed);
+    resp.set_collective(proto::JOIN);
+    resp.set_last_joined_rank(last_joined_);
+  } else {
+    resp = Error(agreed, absl::StatusCode::kInvalidArgument,
+                 MismatchMessage(agreed, "join name", names));
+    for (const auto& [r, n] : names) {
+      if (n != agreed) resp.add_names(n);
+    }
+  }
+  ready->push_back(std::move(resp));
+}
+
+std::vector<int> NegotiationTable::joined_ranks() const {
+  std::vector<int> out;
+  for (const auto& [rank, name] : joined_) out.push_back(rank);
+  return out;
 }
 
 std::vector<proto::Response> NegotiationTable::FailTensorsWaitingFor(const std::set<int>& gone) {
   std::vector<proto::Response> out;
+  if (gone.empty()) return out;  // the common case, on every RequestList: no table walk
+  // Note [Join]: the joined ranks wait for every rank to join, which a rank gone before it
+  // joined never will.
+  std::vector<int> never;
+  for (int r : gone) {
+    if (!joined_.empty() && !joined_.count(r)) never.push_back(r);
+  }
+  if (!never.empty()) {
+    std::set<std::string> names;
+    for (const auto& [rank, name] : joined_) names.insert(name);
+    for (const std::string& name : names) {
+      out.push_back(Error(name, absl::StatusCode::kFailedPrecondition,
+                          absl::StrCat("join '", name, "' can never complete: rank",
+                                       never.size() > 1 ? "s " : " ", absl::StrJoin(never, ", "),
+                                       " shut down without joining")));
+    }
+    joined_.clear();
+  }
   for (auto it = table_.begin(); it != table_.end();) {
     std::vector<int> missing;
     for (int r : gone) {
-      if (!it->second.by_rank.count(r)) missing.push_back(r);
+      if (r >= 0 && r < world_size_ && it->second.by_rank[r] == nullptr) missing.push_back(r);
     }
     if (missing.empty()) {
       ++it;
@@ -458,12 +627,15 @@ std::vector<proto::Response> NegotiationTable::FailTensorsWaitingFor(const std::
   return out;
 }
 
-std::vector<NegotiationTable::Pending> NegotiationTable::PendingTensors(absl::Time now) const {
+std::vector<NegotiationTable::Pending> NegotiationTable::PendingTensors(
+    absl::Time now, absl::Duration min_waiting) const {
   std::vector<Pending> out;
   for (const auto& [name, e] : table_) {
+    if (now - e.first_seen < min_waiting) continue;
     Pending p{name, {}, {}, now - e.first_seen};
     for (int r = 0; r < world_size_; ++r) {
-      (e.by_rank.count(r) ? p.ready_ranks : p.missing_ranks).push_back(r);
+      // A joined rank is ready for every tensor (Note [Join]).
+      (e.by_rank[r] != nullptr || joined_.count(r) ? p.ready_ranks : p.missing_ranks).push_back(r);
     }
     out.push_back(std::move(p));
   }

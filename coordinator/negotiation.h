@@ -11,7 +11,8 @@
 // compression error), (2) a rank's request is malformed (ValidateRequest: sizes that
 // overflow, a name or spec over its limit, unknown enum values), or (3) it is still not
 // negotiated after the job's negotiation timeout (ranks submitted different names, or one
-// never calls the collective; ranks joined through a later `join` will be exempt). The
+// never calls the collective; a rank that has joined counts as having submitted every
+// tensor, and a JOIN request itself never expires: Note [Join]). The
 // error goes to the ranks that submitted the tensor (they hold its handle) as a reply to
 // each alone, not in the common order: an ERROR runs no collective, and a rank that has not
 // submitted the tensor must not receive it, since by then it may hold another instance of
@@ -19,11 +20,29 @@
 // table keeps a tombstone owed by every rank that has not submitted that instance yet; the
 // next request of that name from such a rank is the failed instance, and is answered with
 // the same error at once. Tombstones are per name, so they are bounded by the job's names.
+//
+// Note [Join]
+// join() for uneven inputs, with Horovod's semantics. A rank that ran out of data sends a
+// JOIN request. From then on it counts as ready for every tensor: a tensor is ready once
+// every rank that has not joined submitted it, and its response lists the joined ranks that
+// did not submit it (Response.joined_ranks) with each tensor's shape (Response.shapes), so
+// they can build a buffer of the negotiated shape and dtype. For an all-reduce they
+// contribute the op's identity: zeros for sum and average (an average still divides by the
+// whole world size, as Horovod and DDP's divide_by_initial_world_size do), the dtype's
+// largest value for min, its lowest for max, one for product. A barrier takes them too. The
+// other collectives (all-gather, broadcast, reduce-scatter, all-to-all) fail with
+// FailedPrecondition naming the joined ranks, as Horovod refuses them: they have no
+// identity to contribute. A joined rank therefore never makes a tensor wait (it is never a
+// missing rank of a pending tensor, so never a stall), and its own JOIN request is not a
+// pending tensor either: it waits as long as the others train. Once every rank has joined,
+// one JOIN response (last_joined_rank: the rank that joined last) goes to all, and the next
+// round starts with no rank joined.
 #ifndef BRAID_COORDINATOR_NEGOTIATION_H_
 #define BRAID_COORDINATOR_NEGOTIATION_H_
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -78,12 +97,17 @@ class NegotiationTable {
     std::vector<int> missing_ranks;
     absl::Duration waiting;
   };
-  std::vector<Pending> PendingTensors(absl::Time now = absl::Now()) const;
+  // Only those waiting at least `min_waiting` (the stall inspector asks for the old ones).
+  std::vector<Pending> PendingTensors(absl::Time now = absl::Now(),
+                                      absl::Duration min_waiting = absl::ZeroDuration()) const;
 
   // Fails every pending tensor still missing one of `gone` (ranks that left the job): one
   // ERROR response each (FailedPrecondition), to send to every rank. Without it such a
   // tensor would wait forever.
   std::vector<proto::Response> FailTensorsWaitingFor(const std::set<int>& gone);
+
+  // Ranks that have joined (Note [Join]) and are waiting for the others, in rank order.
+  std::vector<int> joined_ranks() const;
 
   // Cache ids evicted since the last call; the server sends them in the ResponseList whose
   // sequence number is `sequence`.
@@ -94,6 +118,10 @@ class NegotiationTable {
   size_t retired_entries() const { return retired_.size(); }
   size_t tombstones() const { return tombstones_.size(); }
 
+  // Whether responses carry report_age_us (default true). The coordinator turns it off until
+  // a rank asks for them (RequestList.report_ages): N numbers per tensor.
+  void set_report_ages(bool on) { report_ages_ = on; }
+
   int world_size() const { return world_size_; }
   int64_t tensors_negotiated() const { return negotiated_; }
   int64_t bytes_negotiated() const { return bytes_negotiated_; }
@@ -103,9 +131,15 @@ class NegotiationTable {
   }
 
  private:
+  // Requests are shared, not copied: a response-cache hit on N ranks is N pointers to the
+  // cache's one request (and N equal pointers agree without comparing a field).
+  using RequestPtr = std::shared_ptr<const proto::Request>;
+  // One tensor in negotiation. Indexed by rank: with N ranks and T tensors a step makes N·T
+  // submissions, so each must cost O(1), not a tree insert and a copy.
   struct Entry {
-    std::map<int, proto::Request> by_rank;
-    std::map<int, absl::Time> arrived;
+    std::vector<RequestPtr> by_rank;   // null: that rank has not submitted it
+    std::vector<absl::Time> arrived;
+    int submitted = 0;
     absl::Time first_seen;
   };
   // A tensor that can never complete on every rank (Note [Failure reports]).
@@ -114,9 +148,17 @@ class NegotiationTable {
     std::map<int, int> owed;  // rank -> instances of the name it has yet to submit
   };
   proto::Response Validate(const std::string& name, const Entry& e) const;
+  // The request of the lowest rank that submitted `e` (some rank did: it is in the table).
+  static const RequestPtr& FirstOf(const Entry& e);
+  // Every rank either submitted `e` or has joined (Note [Join]).
+  bool Ready(const Entry& e) const;
+  // Validates the ready tensor `name`, books it, appends its response and erases it.
+  void Respond(const std::string& name, absl::Time now, std::vector<proto::Response>* ready);
+  void SubmitJoin(int rank, const proto::Request& req, absl::Time now,
+                  std::vector<proto::Response>* ready);
 
   std::vector<proto::Response> Fuse(std::vector<proto::Response> ready);
-  void SubmitOne(int rank, const proto::Request& req, absl::Time now,
+  void SubmitOne(int rank, RequestPtr req, absl::Time now,
                  std::vector<proto::Response>* ready);
   // Fails `name` on every rank with `error` (Note [Failure reports]): replies to the ranks
   // that submitted it, a tombstone owed by the others, `reporter` excepted.
@@ -125,11 +167,11 @@ class NegotiationTable {
   // `reply`, answered with its error).
   bool SettleTombstone(int rank, const std::string& name, bool reply);
   // Id of `agreed` in the cache (inserted or refreshed), or 0 when it is not cacheable.
-  int32_t CacheInsert(const proto::Request& agreed);
+  int32_t CacheInsert(const RequestPtr& agreed);
 
   struct CacheEntry {
-    proto::Request request;
-    std::string bytes;  // request.SerializeAsString()
+    RequestPtr request;
+    std::string bytes;  // request->SerializeAsString()
     uint64_t last_use = 0;
   };
   int cache_capacity_;
@@ -138,7 +180,7 @@ class NegotiationTable {
   std::map<int32_t, CacheEntry> cache_;             // live entries
   std::map<std::string, int32_t> cache_by_name_;
   struct Retired {
-    proto::Request request;
+    RequestPtr request;
     int64_t sequence = 0;  // of the list that carried its eviction (0: not sent yet)
   };
   std::map<int32_t, Retired> retired_;              // evicted, still resolvable
@@ -147,9 +189,13 @@ class NegotiationTable {
   std::map<int, std::vector<proto::Response>> replies_;
 
   int world_size_;
+  bool report_ages_ = true;
   int64_t fusion_threshold_;
   int64_t next_bucket_id_ = 0;
   std::map<std::string, Entry> table_;
+  // Note [Join]: rank -> the name of its JOIN request, while not every rank has joined.
+  std::map<int, std::string> joined_;
+  int last_joined_ = -1;
   int64_t negotiated_ = 0;
   int64_t bytes_negotiated_ = 0;
   std::map<std::string, std::pair<int64_t, int64_t>> by_compression_;

@@ -115,6 +115,9 @@ const SettingField kSettingFields[] = {
     {"BRAID_NEGOTIATION_TIMEOUT_S", &proto::JobSettings::has_negotiation_timeout_ms,
      [](const proto::JobSettings& s) { return s.negotiation_timeout_ms(); },
      [](proto::JobSettings* s, int64_t v) { s->set_negotiation_timeout_ms(v); }, true},
+    {"BRAID_FAST_PATH", &proto::JobSettings::has_fast_path,
+     [](const proto::JobSettings& s) { return s.fast_path(); },
+     [](proto::JobSettings* s, int64_t v) { s->set_fast_path(v); }, false},
 };
 
 // A value as its variable spells it: bytes and entries as integers, durations in seconds
@@ -137,6 +140,7 @@ proto::JobSettings DefaultJobSettings() {
   s.set_heartbeat_timeout_ms(10 * 1000);
   // Long: a checkpoint or an evaluation on one rank while the others wait is normal.
   s.set_negotiation_timeout_ms(1800 * 1000);
+  s.set_fast_path(kDefaultFastPath);
   return s;
 }
 

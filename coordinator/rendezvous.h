@@ -3,6 +3,7 @@
 #ifndef BRAID_COORDINATOR_RENDEZVOUS_H_
 #define BRAID_COORDINATOR_RENDEZVOUS_H_
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -35,6 +36,9 @@ absl::StatusOr<std::vector<proto::RegisterResponse>> AssignRanks(
 absl::StatusOr<proto::JobSettings> ResolveJobSettings(
     const proto::JobSettings& coordinator, const std::vector<proto::RegisterRequest>& requests,
     const std::vector<proto::RegisterResponse>& assigned);
+
+// BRAID_FAST_PATH when no rank and not the coordinator set it.
+inline constexpr int64_t kDefaultFastPath = 1;
 
 // The defaults, every field present.
 proto::JobSettings DefaultJobSettings();

@@ -7,6 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -35,9 +36,12 @@ class GrpcStream final : public StreamSink {
       : reactor_(r) {}
 
   void Send(const proto::ResponseList& msg) override {
+    SendShared(std::make_shared<const proto::ResponseList>(msg));
+  }
+  void SendShared(std::shared_ptr<const proto::ResponseList> msg) override {
     absl::MutexLock lock(&mu_);
     if (closed_ || reactor_ == nullptr) return;
-    queue_.push_back(msg);  // deque: the message being written keeps its address
+    queue_.push_back(std::move(msg));  // the message being written stays alive in the queue
     MaybeWriteLocked();
   }
   void Close() override {
@@ -75,8 +79,28 @@ class GrpcStream final : public StreamSink {
   // reaction inside StartWrite/Finish, so calling them under mu_ cannot deadlock.
   void MaybeWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ || finished_ || queue_.empty() || reactor_ == nullptr) return;
+    if (queue_.size() > 1) CoalesceLocked();
     writing_ = true;
-    reactor_->StartWrite(&queue_.front());
+    reactor_->StartWrite(queue_.front().get());
+  }
+  // Note [Coalesced writes]: what queued up while a write was in flight goes out as one
+  // ResponseList, so a busy coordinator (hundreds of ranks, a response per tensor) pays
+  // gRPC's per-message cost once per backlog instead of once per response, and an idle one
+  // still sends each list at once. Concatenating is what applying the lists one by one does:
+  // responses in order, then evictions (cache ids are never reused, so an eviction applied
+  // after a later list's responses drops the same entries). A list that ends the stream
+  // (shutdown or abort) is never merged.
+  void CoalesceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto plain = [](const proto::ResponseList& m) {
+      return !m.shutdown() && m.abort_message().empty();
+    };
+    size_t n = 0;
+    while (n < queue_.size() && plain(*queue_[n])) ++n;
+    if (n < 2) return;
+    auto merged = std::make_shared<proto::ResponseList>();
+    for (size_t i = 0; i < n; ++i) merged->MergeFrom(*queue_[i]);
+    queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
+    queue_.push_front(std::move(merged));
   }
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!closed_ || writing_ || !queue_.empty() || finished_ || reactor_ == nullptr) return;
@@ -86,7 +110,7 @@ class GrpcStream final : public StreamSink {
 
   absl::Mutex mu_;
   grpc::ServerBidiReactor<proto::RequestList, proto::ResponseList>* reactor_ ABSL_GUARDED_BY(mu_);
-  std::deque<proto::ResponseList> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<const proto::ResponseList>> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -273,6 +297,25 @@ class GrpcCoordinatorServer final : public CoordinatorServer {
   }
 
   void Wait() override { done_.WaitForNotification(); }
+
+  bool WaitForJobEnd(absl::Duration timeout) override {
+    // The service's own wait for a job's end (as braidctl status --once uses): no polling.
+    auto ended = std::make_shared<absl::Notification>();
+    auto result = std::make_shared<bool>(false);
+    proto::StatusRequest req;
+    req.set_wait_for_end_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
+    service_.Status(service_.NewCallId(), req,
+                    [ended, result](absl::StatusOr<proto::StatusResponse> r) {
+                      *result = r.ok() && r->phase() == proto::JOB_ENDED;
+                      ended->Notify();
+                    });
+    // The service answers by its own deadline; the margin covers the monitor's period.
+    if (!ended->WaitForNotificationWithTimeout(timeout + opts_.monitor_period * 2 +
+                                               absl::Seconds(1))) {
+      return false;
+    }
+    return *result;
+  }
 
  private:
   // Called by Shutdown() or, after a Shutdown RPC, by the monitor.

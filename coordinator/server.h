@@ -45,6 +45,10 @@ class CoordinatorServer {
   virtual void Shutdown(absl::Duration grace = absl::Seconds(1)) = 0;
   // Blocks until Shutdown() (or a Shutdown RPC) stopped the server.
   virtual void Wait() = 0;
+  // Blocks until the current job has ended (every rank said goodbye or was lost) or
+  // `timeout` passed; true when it ended. A rank hosting the coordinator calls it before
+  // Shutdown, so the ranks still finishing their last collectives are not cancelled.
+  virtual bool WaitForJobEnd(absl::Duration timeout) = 0;
 };
 
 // Starts the server. Errors: Unavailable when the address cannot be bound (the port is in

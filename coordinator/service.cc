@@ -193,7 +193,7 @@ absl::StatusOr<StreamKey> CoordinatorService::OpenStream(const proto::RequestLis
                                                          std::shared_ptr<StreamSink> sink) {
   absl::MutexLock lock(&mu_);
   StreamKey key{job_->id(), hello.rank(), sink.get()};
-  absl::Status s = job_->OpenStream(hello.rank(), std::move(sink), Now());
+  absl::Status s = job_->OpenStream(hello.rank(), std::move(sink), Now(), hello.report_ages());
   if (!s.ok()) return s;
   return key;
 }

@@ -91,6 +91,9 @@ def main(argv=None):
     args = parse_args(argv)
     braid.init()
     rank, size = braid.rank(), braid.size()
+    if rank == 0 and not args.quiet:
+        # What the gradients travel over: shared memory within a host, tcp between hosts.
+        print(f"{size} ranks; rank 0's data plane: {braid.transport_description()}", flush=True)
 
     digits = load_digits()
     x = (digits.data / 16.0).astype(np.float32)
@@ -152,6 +155,7 @@ def main(argv=None):
                            "loss": loss, "wall_time_s": wall,
                            "gradient_bytes_reduced_per_rank": bytes_reduced,
                            "compression": args.compression or "default",
+                           "transports": braid.transport_description(),
                            # Rank 0's byte counters per method (the gradients' method and
                            # "none" for the loss): check_convergence.py reads the ratios.
                            "compression_stats": braid.compression_stats()["methods"]},

@@ -17,7 +17,8 @@ job uses 12,000). Test: the 10,000 test images, split over ranks, after every ep
 Output: a progress bar per epoch on rank 0 (tqdm; a line every 10 s when the output is not a
 terminal, e.g. under braidrun), the test accuracy after each epoch, and at the end the wall
 time, the time to ``--target-accuracy``, the gradient bytes on the wire (summed over ranks)
-and the achieved compression ratio; ``--json PATH`` writes the same from rank 0.
+and the achieved compression ratio; ``--json PATH`` writes the same from rank 0, with rank 0's
+uncompressed and payload bytes per gradient tensor.
 
 Reproducible: ``--seed`` fixes the initial weights and the shuffling, so every
 ``--compression`` method starts from the same weights and sees the same batches (4-bit
@@ -130,6 +131,14 @@ def wire_bytes():
     return [int(v) for v in hvd.allreduce(mine, name="bytes", op=hvd.Sum, compression="none")]
 
 
+def rank0_tensor_bytes():
+    """This rank's byte counters per gradient: {name: {uncompressed_bytes, payload_bytes}}
+    (how much of each tensor a compression method sent)."""
+    return {n[len("grad."):]: {k: t[k] for k in ("uncompressed_bytes", "payload_bytes")}
+            for n, t in sorted(hvd.compression_stats()["tensors"].items())
+            if n.startswith("grad.")}
+
+
 def steps_per_epoch(n, args, size):
     return (n // size) // args.batch_size
 
@@ -213,7 +222,7 @@ def main(argv=None):
                            "time_to_target_s": time_to_target, "wall_time_s": wall,
                            "transport_bytes": transport, "uncompressed_bytes": uncompressed,
                            "payload_bytes": payload, "compression_ratio": ratio,
-                           "history": history}, f, indent=2)
+                           "tensors": rank0_tensor_bytes(), "history": history}, f, indent=2)
     hvd.shutdown()
     return 0
 

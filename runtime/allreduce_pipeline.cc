@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/half.h"
 #include "compression/half_convert.h"
 #include "glog/logging.h"
 
@@ -65,6 +67,44 @@ void FromFloat32(const float* in, DataType dtype, size_t n, void* out) {
   }
 }
 
+// Fills `n` elements of `dtype` at `out` with the identity of `op` (Note [Join]): what a
+// joined rank contributes, so the others' result is theirs alone. Zeros for sum and average
+// (an average still divides by the whole world size), the largest value for min (+inf for
+// floating point), the lowest for max (-inf), one for product.
+void FillIdentity(void* out, DataType dtype, ReduceOp op, size_t n) {
+  if (n == 0) return;
+  if (op == ReduceOp::kSum || op == ReduceOp::kAverage) {
+    std::memset(out, 0, n * DataTypeSize(dtype));
+    return;
+  }
+  auto fill = [&](auto value) {
+    auto* p = static_cast<decltype(value)*>(out);
+    std::fill(p, p + n, value);
+  };
+  auto pick = [&](auto lowest, auto highest, auto one) {
+    fill(op == ReduceOp::kMin ? highest : op == ReduceOp::kMax ? lowest : one);
+  };
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  switch (dtype) {
+    case DataType::kFloat32: return pick(-kInf, kInf, 1.0f);
+    case DataType::kFloat64:
+      return pick(-std::numeric_limits<double>::infinity(),
+                  std::numeric_limits<double>::infinity(), 1.0);
+    case DataType::kFloat16:
+      return pick(FloatToFloat16(-kInf), FloatToFloat16(kInf), FloatToFloat16(1.0f));
+    case DataType::kBFloat16:
+      return pick(FloatToBFloat16(-kInf), FloatToBFloat16(kInf), FloatToBFloat16(1.0f));
+    case DataType::kInt32:
+      return pick(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(),
+                  int32_t{1});
+    case DataType::kInt64:
+      return pick(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+                  int64_t{1});
+    case DataType::kUInt8:
+      return pick(uint8_t{0}, std::numeric_limits<uint8_t>::max(), uint8_t{1});
+  }
+}
+
 }  // namespace
 
 char* FusionBuffer::Reserve(size_t bytes) {
@@ -86,6 +126,7 @@ absl::Status AllReducePipeline::Run(int64_t bucket_id, const compression::Compre
                                     absl::Span<const AllReduceTensor> tensors,
                                     transport::Communicator& comm) {
   dtype_ = dtype;
+  op_ = op;
   tensors_ = tensors;
   packed_ = reducing_ = false;
   bucket_.clear();
@@ -130,7 +171,7 @@ absl::StatusOr<absl::Span<const TensorView>> AllReducePipeline::Pack(
     v.count = bucket_[i].count;
     v.dtype = plans[i].work_dtype;
   }
-  if (tensors_.size() == 1 && plans[0].work_dtype == dtype_) {
+  if (tensors_.size() == 1 && plans[0].work_dtype == dtype_ && !tensors_[0].joined) {
     // A lone tensor is reduced in its output (Note [One pipeline]).
     const AllReduceTensor& t = tensors_[0];
     views_[0].data = t.output;
@@ -161,7 +202,9 @@ absl::StatusOr<absl::Span<const TensorView>> AllReducePipeline::Pack(
     TensorView& v = views_[i];
     v.data = base + offsets[i];
     if (v.count == 0) continue;
-    if (v.dtype == dtype_) {
+    if (tensors_[i].joined) {
+      FillIdentity(v.data, v.dtype, op_, v.count);
+    } else if (v.dtype == dtype_) {
       std::memcpy(v.data, tensors_[i].input, v.bytes());
     } else {
       ToFloat32(tensors_[i].input, dtype_, v.count, v.f32());
@@ -174,7 +217,7 @@ absl::StatusOr<absl::Span<const TensorView>> AllReducePipeline::Pack(
 void AllReducePipeline::Unpack() {
   for (size_t i = 0; i < views_.size(); ++i) {
     const TensorView& v = views_[i];
-    if (v.count == 0) continue;
+    if (v.count == 0 || tensors_[i].joined) continue;
     if (v.dtype == dtype_) {
       std::memcpy(tensors_[i].output, v.data, v.bytes());
     } else {

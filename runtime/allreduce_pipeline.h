@@ -11,7 +11,8 @@
 //           there first. Every other bucket is packed into the fusion buffer, one grow-only
 //           allocation reused by every bucket: copied as it is, or converted to float32, so
 //           each tensor is converted at most once each way (an fp16 tensor under fp16
-//           compression not at all: the cast compressor takes it natively).
+//           compression not at all: the cast compressor takes it natively). A joined
+//           rank's tensor (Note [Join]) is always packed, as the op's identity.
 //   Reduce  Compressor::Reduce over the views, through the stage (warm-up, step counts).
 //   Unpack  copies (or converts back) each result into its output; then the bucket's bytes
 //           go to the statistics ledger.
@@ -45,6 +46,10 @@ struct AllReduceTensor {
   absl::Span<const int64_t> shape;
   const void* input = nullptr;  // NumElements(shape) elements of the bucket's dtype
   void* output = nullptr;       // the same size; may equal input
+  // Note [Join]: a tensor of a rank that has joined: no input or output; the pack step
+  // fills its place in the fusion buffer with the op's identity (zeros for sum and average)
+  // and its result is dropped.
+  bool joined = false;
 };
 
 // The fusion buffer: 64-byte aligned, grown (at least doubling) when a bucket needs more and
@@ -99,6 +104,7 @@ class AllReducePipeline {
   FusionBuffer buffer_;
   // The bucket being run.
   DataType dtype_ = DataType::kFloat32;
+  ReduceOp op_ = ReduceOp::kSum;
   absl::Span<const AllReduceTensor> tensors_;
   bool packed_ = false;  // the views lie in the fusion buffer (else: a lone tensor in place)
   bool reducing_ = false;  // packed, the collectives started

@@ -79,6 +79,7 @@ struct JobSettings {
   std::optional<absl::Duration> stall_shutdown;     // BRAID_STALL_SHUTDOWN_S
   std::optional<absl::Duration> heartbeat_timeout;  // BRAID_HEARTBEAT_TIMEOUT_S
   std::optional<absl::Duration> negotiation_timeout;  // BRAID_NEGOTIATION_TIMEOUT_S
+  std::optional<bool> fast_path;                    // BRAID_FAST_PATH
 };
 // The wire form: the fields that are set, durations in milliseconds.
 proto::JobSettings ToProto(const JobSettings& settings);
@@ -88,8 +89,12 @@ proto::JobSettings ToProto(const JobSettings& settings);
 struct RuntimeConfig {
   LaunchInfo launch;
   std::string coordinator;               // BRAID_COORDINATOR host:port; "" = rank 0 hosts it
-  std::string coordinator_host = "127.0.0.1";  // MASTER_ADDR when rank 0 hosts
-  int coordinator_port = 29600;          // BRAID_COORDINATOR_PORT
+  // Where rank 0 hosts the coordinator when `coordinator` is empty, and what said so
+  // ("MASTER_ADDR", ...: Note [Coordinator address]).
+  std::string coordinator_host = "127.0.0.1";
+  std::string coordinator_host_from = "the default";
+  int coordinator_port = 29600;
+  std::string coordinator_port_from = "the default";
   std::string job_secret;                // BRAID_JOB_SECRET
   absl::Duration cycle_time = absl::Milliseconds(1);  // BRAID_CYCLE_TIME_MS
   std::string timeline_path;             // BRAID_TIMELINE
@@ -109,7 +114,34 @@ struct RuntimeConfig {
 // What an error calls a variable: the variable itself, or the flag that set it.
 using NameOf = std::function<std::string(absl::string_view variable)>;
 
-// Every variable above, launch info included. InvalidArgument names the variable and value.
+// Note [Coordinator address]
+// Without braidrun (BRAID_COORDINATOR unset), rank 0 hosts the coordinator and every rank
+// must find it from what its launcher set, with nothing shared between hosts:
+//   host  MASTER_ADDR (torchrun sets it; pass it to mpirun with -x); else, when the job
+//         spans several nodes, the first node of SLURM_STEP_NODELIST under Slurm (srun
+//         starts task 0 there), or the first address mpirun itself listens on under Open MPI
+//         (OMPI_MCA_orte_hnp_uri: rank 0 runs on mpirun's host when that host comes first in
+//         -H, Open MPI's default mapping); else 127.0.0.1.
+//   port  BRAID_COORDINATOR_PORT; else, when MASTER_PORT is set, DerivedCoordinatorPort of it
+//         (torch's own store may listen on MASTER_PORT itself, and two jobs with different
+//         MASTER_PORTs must not meet); else 29600.
+// Rank 0 binds that host name or address, so it must name one of rank 0's own interfaces.
+
+// The coordinator port for MASTER_PORT `p`: 1024 + (p - 1024 + 16384) mod 64512, a
+// one-to-one map of 1024-65535 onto itself that never gives p back (29500 -> 45884). An
+// offset rather than p + 1: jobs started side by side often take neighbouring MASTER_PORTs.
+int DerivedCoordinatorPort(int master_port);
+
+// The first host of a Slurm node list: "node[003-010,12],gpu1" -> "node003". InvalidArgument
+// (naming `what`) on unbalanced brackets or an empty list.
+absl::StatusOr<std::string> FirstHostOfNodeList(absl::string_view what, absl::string_view list);
+
+// The first IPv4 address of Open MPI's "JOBID;tcp://ADDR[,ADDR...]:PORT;tcp6://..." URI;
+// InvalidArgument (naming `what`) when it has none.
+absl::StatusOr<std::string> FirstAddressOfOmpiUri(absl::string_view what, absl::string_view uri);
+
+// Every variable above, launch info included, and the coordinator's address when rank 0
+// hosts it (Note [Coordinator address]). InvalidArgument names the variable and value.
 absl::StatusOr<RuntimeConfig> ConfigFromEnv(const Getenv& getenv);
 // Same, from the process environment.
 absl::StatusOr<RuntimeConfig> ConfigFromProcessEnv();

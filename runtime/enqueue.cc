@@ -54,6 +54,7 @@ absl::string_view CollectiveName(Collective c) {
     case Collective::kReduceScatter: return "reducescatter";
     case Collective::kAllToAll: return "alltoall";
     case Collective::kBarrier: return "barrier";
+    case Collective::kJoin: return "join";
   }
   return "unknown";
 }
@@ -119,7 +120,10 @@ absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r) const {
     return bad(absl::StrCat("compression is ", r.compression.size(),
                             " bytes long, more than the limit of ", kMaxCompressionSpecBytes));
   }
-  if (r.collective != Collective::kBarrier && n > 0 && r.input == nullptr) {
+  if (r.collective == Collective::kBarrier || r.collective == Collective::kJoin) {
+    return absl::OkStatus();  // no buffers
+  }
+  if (n > 0 && r.input == nullptr) {
     return bad("input buffer is null");
   }
   if ((r.collective == Collective::kAllReduce || r.collective == Collective::kBroadcast) &&
@@ -232,8 +236,23 @@ absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest
                      absl::StrCat("\"collective\": \"", CollectiveName(req.collective), "\""));
   }
   std::string name = req.name;
-  table_.emplace(std::move(name), Entry{std::move(req), handle, method, std::move(request_bytes)});
+  table_.emplace(std::move(name), Entry{std::move(req), handle, method, std::move(request_bytes),
+                                       /*fast=*/false, absl::InfinitePast()});
   return handle;
+}
+
+void Runtime::Impl::BeginGroup() {
+  absl::MutexLock lock(&mu_);
+  ++group_depth_;
+}
+
+absl::Status Runtime::Impl::EndGroup() {
+  absl::MutexLock lock(&mu_);
+  if (group_depth_ == 0) {
+    return absl::FailedPreconditionError("EndGroup() without a matching BeginGroup()");
+  }
+  --group_depth_;  // at 0 the loop sends what the group held (Note [Cycle])
+  return CheckRunningLocked();
 }
 
 }  // namespace braid

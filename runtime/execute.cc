@@ -1,6 +1,7 @@
 // One agreed bucket (Note [Execution step]), on braid-loop: all-reduces through the
 // pipeline (allreduce_pipeline.h), every other collective straight on the communicator, and
 // each handle completed exactly once.
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 
@@ -52,6 +53,10 @@ void Runtime::Impl::Execute(const Bucket& bucket) {
       auto it = table_.find(name);
       if (it != table_.end()) e = &it->second;  // stays put: only this thread erases
     }
+    if (e == nullptr && JoinedIn(bucket)) {
+      entries.push_back(nullptr);  // this rank takes part with the identity (Note [Join])
+      continue;
+    }
     if (e == nullptr) {
       LOG(ERROR) << "rank " << rank_ << ": coordinator scheduled '" << name
                  << "', which this rank did not submit";
@@ -64,13 +69,17 @@ void Runtime::Impl::Execute(const Bucket& bucket) {
   // One timeline for the whole bucket, even if StartTimeline / StopTimeline swap it meanwhile.
   const std::shared_ptr<Timeline> timeline = this->timeline();
   if (timeline) {
-    for (const std::string& name : bucket.names) timeline->End(name, "QUEUE");
+    for (const Entry* e : entries) {
+      if (e != nullptr) timeline->End(e->req.name, "QUEUE");
+    }
   }
   absl::Status s;
   if (bucket.collective == Collective::kAllReduce) {
     pipeline_->set_timeline(timeline.get());
     s = RunAllReduce(bucket, entries);
     pipeline_->set_timeline(nullptr);
+  } else if (entries[0] == nullptr) {
+    s = RunJoined(bucket);
   } else {
     const std::string phase = Upper(CollectiveName(bucket.collective));
     const CollectiveRequest& r = entries[0]->req;
@@ -85,20 +94,60 @@ void Runtime::Impl::Execute(const Bucket& bucket) {
   FinishBucket(bucket.names, s);
 }
 
+bool Runtime::Impl::JoinedIn(const Bucket& bucket) const {
+  return std::find(bucket.joined_ranks.begin(), bucket.joined_ranks.end(), rank_) !=
+         bucket.joined_ranks.end();
+}
+
 absl::Status Runtime::Impl::RunAllReduce(const Bucket& bucket,
                                          const std::vector<Entry*>& entries) {
-  const CollectiveRequest& first = entries[0]->req;
+  // The bucket's kind: from this rank's own requests, else (this rank joined and submitted
+  // none of them, Note [Join]) from the response.
+  const compression::CompressionMethod* method = nullptr;
+  DataType dtype = bucket.dtype;
+  ReduceOp op = bucket.op;
+  const Entry* own = nullptr;
+  for (const Entry* e : entries) own = own != nullptr ? own : e;
+  if (own != nullptr) {
+    method = own->method;
+    dtype = own->req.dtype;
+    op = own->req.op;
+  } else {
+    auto resolved = stage_->Resolve(bucket.compression.empty() ? "none" : bucket.compression);
+    if (!resolved.ok()) return resolved.status();
+    method = *resolved;
+  }
   std::vector<AllReduceTensor> tensors;
   tensors.reserve(entries.size());
-  for (const Entry* e : entries) {
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Entry* e = entries[i];
+    if (e == nullptr) {
+      if (i >= bucket.shapes.size()) {
+        return absl::InternalError(absl::StrCat("bucket ", bucket.id, ": no shape for '",
+                                                bucket.names[i], "', which rank ", rank_,
+                                                " joined without submitting"));
+      }
+      AllReduceTensor t{bucket.names[i], bucket.shapes[i], nullptr, nullptr};
+      t.joined = true;  // the pipeline packs the op's identity
+      tensors.push_back(t);
+      continue;
+    }
     // The coordinator fuses only requests that agree on these; anything else is a bug there.
-    if (e->method != entries[0]->method || e->req.dtype != first.dtype || e->req.op != first.op) {
-      return absl::InternalError(absl::StrCat("bucket ", bucket.id, " mixes '", first.name,
+    if (e->method != method || e->req.dtype != dtype || e->req.op != op) {
+      return absl::InternalError(absl::StrCat("bucket ", bucket.id, " mixes '", own->req.name,
                                               "' and '", e->req.name, "', which do not fuse"));
     }
     tensors.push_back({e->req.name, e->req.shape, e->req.input, e->req.output});
   }
-  return pipeline_->Run(bucket.id, *entries[0]->method, first.dtype, first.op, tensors, *comm_);
+  return pipeline_->Run(bucket.id, *method, dtype, op, tensors, *comm_);
+}
+
+absl::Status Runtime::Impl::RunJoined(const Bucket& bucket) {
+  // The coordinator gives a joined rank only all-reduces and barriers (Note [Join]).
+  if (bucket.collective == Collective::kBarrier) return comm_->Barrier();
+  return absl::InternalError(absl::StrCat("rank ", rank_, " has joined and was told to run ",
+                                          CollectiveName(bucket.collective), " '",
+                                          bucket.names[0], "', which it never submitted"));
 }
 
 absl::Status Runtime::Impl::RunCollective(Entry& e, const Bucket& bucket) {
@@ -123,6 +172,14 @@ absl::Status Runtime::Impl::RunCollective(Entry& e, const Bucket& bucket) {
       return comm_->Broadcast(r.output, n * elem, bucket.root_rank);
     case Collective::kBarrier:
       return comm_->Barrier();
+    case Collective::kJoin: {
+      // Every rank has joined (Note [Join]): the result is the rank that joined last.
+      const int32_t last = bucket.last_joined_rank;
+      h.set_output_shape({});
+      h.mutable_output().resize(sizeof(last));
+      std::memcpy(h.mutable_output().data(), &last, sizeof(last));
+      return absl::OkStatus();
+    }
     case Collective::kAllGather: {
       std::vector<size_t> bytes(size_);
       shape[0] = 0;

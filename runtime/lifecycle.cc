@@ -36,6 +36,12 @@ absl::StatusOr<transport::TransportStats> Runtime::Impl::transport_stats() const
   return stats_;
 }
 
+absl::StatusOr<std::string> Runtime::Impl::transport_description() const {
+  absl::MutexLock lock(&mu_);
+  BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+  return transport_description_;
+}
+
 absl::StatusOr<CompressionReport> Runtime::Impl::compression_report() const {
   {
     absl::MutexLock lock(&mu_);
@@ -83,6 +89,7 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   CoordinatorClientSetup setup;
   setup.fill_heartbeat = [this](proto::HeartbeatRequest* hb) {
     AddCompressionTotals(*ledger_, hb);
+    AddFastPathTotals(hb);
   };
   LaunchInfo launch = config.launch;
   BRAID_ASSIGN_OR_RETURN(client_, deps.coordinator
@@ -98,6 +105,12 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   local_rank_ = registered.local_rank();
   local_size_ = registered.local_size();
   comm_ = std::move(joined.comm);
+  const proto::JobSettings& job = registered.settings();
+  // Note [Fast path]: job-wide, so every rank votes or none does.
+  fast_path_ = job.fast_path() != 0 && job.cache_capacity() > 0;
+  fusion_threshold_ = job.fusion_threshold_bytes();
+  // Well before the stall check, so a tensor a rank stopped sending is reported in time.
+  fallback_after_ = std::min(absl::Seconds(1), absl::Milliseconds(job.stall_check_ms()) / 2);
   timeline_max_bytes_ = config.timeline_max_bytes;
   BRAID_RETURN_IF_ERROR(OpenTimeline(config.timeline_path));
   pipeline_ = std::make_unique<AllReducePipeline>(stage_.get(), ledger_.get());
@@ -143,6 +156,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Runtime::Impl::ConnectDefault
     co.heartbeat_interval = coordinator::HeartbeatInterval(*config.job.heartbeat_timeout);
   }
   co.fill_heartbeat = setup.fill_heartbeat;
+  // The timeline marks when each rank reported. Asked once, as the stream opens: a timeline
+  // begun later by StartTimeline has no per-rank "ready" marks.
+  co.report_ages = !config.timeline_path.empty();
   return coordinator::ConnectCoordinator(co);
 }
 
@@ -194,10 +210,19 @@ absl::Status Runtime::Impl::StartLoop() {
     stop_ = false;
     abort_ = absl::OkStatus();
     stats_ = transport::TransportStats{};
+    transport_description_ = comm_->Describe();
     negotiating_ = 0;
+    group_depth_ = 0;
     cache_.clear();
     outgoing_.clear();
     ready_.clear();
+    received_.clear();
+    received_count_ = 0;
+    fast_active_ = fast_path_;
+    peer_left_ = absl::OkStatus();
+    last_round_ = absl::InfinitePast();
+    round_progressed_ = false;
+    idle_rounds_ = 0;
     state_ = State::kRunning;
   }
   absl::Status s = client_->StartNegotiation(
@@ -207,6 +232,14 @@ absl::Status Runtime::Impl::StartLoop() {
     absl::MutexLock lock(&mu_);
     state_ = State::kUninitialized;
     return s;
+  }
+  fast_cache_.Clear();
+  applied_ = 0;
+  invalidate_next_.clear();
+  {
+    absl::MutexLock lock(&fast_stats_mu_);
+    fast_by_method_.clear();
+    fast_buckets_ = 0;
   }
   loop_ = std::thread([this] { Loop(); });
   // Named by its creator, so the name is there by the time Init returns.
@@ -246,7 +279,17 @@ absl::Status Runtime::Impl::Shutdown() {
     state_ = State::kShutDown;
   }
   client_->Close(absl::Milliseconds(500));
-  if (hosted_) hosted_->Shutdown(absl::Milliseconds(500));
+  if (hosted_) {
+    // The other ranks may still be finishing their last collectives: stopping the
+    // coordinator now would cancel them ("the coordinator ended the job"). Wait for every
+    // rank's goodbye (or its loss, which fails what waited on it), as long as any wait.
+    if (!hosted_->WaitForJobEnd(config_.timeout)) {
+      LOG(WARNING) << "braid: rank " << rank_ << " stops the coordinator it hosts although "
+                   << "not every rank shut down within " << config_.timeout
+                   << " (BRAID_TIMEOUT_S)";
+    }
+    hosted_->Shutdown(absl::Milliseconds(500));
+  }
   ReleaseParts();
   return absl::OkStatus();
 }
@@ -275,8 +318,13 @@ absl::Status Runtime::ReportFailure(const std::string& name, const absl::Status&
 absl::StatusOr<std::shared_ptr<Handle>> Runtime::Enqueue(CollectiveRequest request) {
   return impl_->Enqueue(std::move(request));
 }
+void Runtime::BeginGroup() { impl_->BeginGroup(); }
+absl::Status Runtime::EndGroup() { return impl_->EndGroup(); }
 absl::StatusOr<transport::TransportStats> Runtime::transport_stats() const {
   return impl_->transport_stats();
+}
+absl::StatusOr<std::string> Runtime::transport_description() const {
+  return impl_->transport_description();
 }
 absl::StatusOr<CompressionReport> Runtime::compression_report() const {
   return impl_->compression_report();

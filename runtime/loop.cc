@@ -19,11 +19,39 @@ Bucket BucketFromResponse(const proto::Response& r) {
   }
   b.root_rank = r.root_rank();
   b.first_dims.assign(r.first_dims().begin(), r.first_dims().end());
+  b.joined_ranks.assign(r.joined_ranks().begin(), r.joined_ranks().end());
+  for (const proto::TensorShape& s : r.shapes()) b.shapes.emplace_back(s.dims().begin(), s.dims().end());
+  b.dtype = static_cast<DataType>(r.dtype());
+  b.op = static_cast<ReduceOp>(r.reduce_op());
+  b.compression = r.compression();
+  b.last_joined_rank = r.last_joined_rank();
   return b;
 }
 
+namespace {
+
+// A list the coordinator sent to this rank alone (sequence 0, Note [Failure reports] in
+// coordinator/negotiation.h): errors for tensors only it still waited for.
+bool IsReplyToThisRank(const proto::ResponseList& msg) {
+  if (msg.sequence() != 0 || msg.responses_size() == 0 || msg.shutdown() ||
+      !msg.abort_message().empty() || msg.ranks_left_size() > 0 ||
+      msg.evicted_cache_ids_size() > 0) {
+    return false;
+  }
+  for (const proto::Response& r : msg.responses()) {
+    if (r.type() != proto::Response::ERROR) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 void Runtime::Impl::Loop() {
   while (true) {
+    if (fast_path_) {
+      if (!FastCycle()) return;
+      continue;
+    }
     proto::RequestList out;
     std::deque<Bucket> todo;
     if (!NextCycle(&out, &todo)) return;
@@ -43,13 +71,14 @@ bool Runtime::Impl::NextCycle(proto::RequestList* out, std::deque<Bucket>* todo)
   // arrive. New requests go out at once when nothing is being negotiated (the first tensor
   // after an idle period pays no cycle latency); while earlier requests are still
   // negotiating, new ones are batched for up to BRAID_CYCLE_TIME_MS after the last send, so
-  // a burst of tensors costs one message per rank.
+  // a burst of tensors costs one message per rank. While a group is open (BeginGroup) new
+  // requests are held, and go out together when it closes.
   // Failure reports are urgent: peers may be waiting for the tensor (Note [Local failures]).
   auto urgent = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) -> bool {
     return stop_ || !ready_.empty() || (!abort_.ok() && !table_.empty()) || !failures_.empty();
   };
   auto anything = [this, &urgent]() ABSL_SHARED_LOCKS_REQUIRED(mu_) -> bool {
-    return urgent() || !outgoing_.empty();
+    return urgent() || (!outgoing_.empty() && group_depth_ == 0);
   };
   while (true) {
     mu_.Await(absl::Condition(&anything));
@@ -69,7 +98,9 @@ bool Runtime::Impl::NextCycle(proto::RequestList* out, std::deque<Bucket>* todo)
   out->set_applied_sequence(applied_sequence_);
   for (auto& f : failures_) *out->add_failures() = std::move(f);
   failures_.clear();
-  for (auto& r : outgoing_) {
+  std::vector<proto::Request> sending;
+  if (group_depth_ == 0) sending.swap(outgoing_);
+  for (auto& r : sending) {
     // A request identical to a cached one travels as its id (Note [Response cache]).
     auto it = cache_.find(r.name());
     auto entry = table_.find(r.name());
@@ -80,9 +111,8 @@ bool Runtime::Impl::NextCycle(proto::RequestList* out, std::deque<Bucket>* todo)
       *out->add_requests() = std::move(r);
     }
   }
-  negotiating_ += static_cast<int64_t>(outgoing_.size());
-  if (!outgoing_.empty()) last_send_ = absl::Now();
-  outgoing_.clear();
+  negotiating_ += static_cast<int64_t>(sending.size());
+  if (!sending.empty()) last_send_ = absl::Now();
   todo->swap(ready_);
   executing_ = !todo->empty();
   return true;
@@ -105,13 +135,39 @@ void Runtime::Impl::OnMessage(const proto::ResponseList& msg) {
     AbortJob(absl::CancelledError("the coordinator ended the job"));
   }
   if (std::shared_ptr<Timeline> timeline = this->timeline()) MarkNegotiated(msg, *timeline);
+  {
+    absl::MutexLock lock(&mu_);
+    if (fast_active_ && IsReplyToThisRank(msg)) {
+      // Errors for this rank alone (Note [Failure reports]): they run no collective and the
+      // other ranks never receive them, so they are not counted in the vote's messages; the
+      // loop fails their handles at its next round (FastCycle).
+      for (const proto::Response& r : msg.responses()) ready_.push_back(BucketFromResponse(r));
+      return;
+    }
+    if (fast_active_) {
+      // Applied (run, and its cache changes made) at a round every rank agrees on.
+      received_.push_back(msg);
+      ++received_count_;
+      if (!peer_left_.ok() || msg.ranks_left_size() == 0) return;
+      peer_left_ = absl::FailedPreconditionError(
+          absl::StrCat("rank ", msg.ranks_left(0), " already shut down"));
+      // No vote can complete without it: wake the loop from the one it waits in (it then
+      // goes back to the coordinator for everything, FastCycle). Under mu_, so that the
+      // vote cannot end and a collective the rank did finish its part of begin meanwhile.
+      if (voting_) comm_->Abort(peer_left_);
+      return;
+    }
+  }
   std::vector<Bucket> buckets;
   buckets.reserve(msg.responses_size());
   for (const auto& r : msg.responses()) buckets.push_back(BucketFromResponse(r));
   absl::MutexLock lock(&mu_);
   for (int k = 0; k < msg.responses_size(); ++k) {
     const proto::Response& r = msg.responses(k);
-    negotiating_ -= r.names_size();
+    for (const std::string& name : r.names()) {
+      // A joined rank also runs others' tensors (Note [Join]): only its own were negotiating.
+      if (table_.count(name)) --negotiating_;
+    }
     for (int i = 0; i < r.cache_ids_size() && i < r.names_size(); ++i) {
       auto entry = table_.find(r.names(i));
       if (r.cache_ids(i) != 0 && entry != table_.end()) {

@@ -36,6 +36,13 @@ enum class Collective : int32_t {
   kReduceScatter = 3,
   kAllToAll = 4,
   kBarrier = 5,
+  // Note [Join] (coordinator/negotiation.h): join() for uneven inputs, as Horovod's. Needs
+  // only a name, the same on every rank. Until every rank has joined, this rank takes part
+  // in the others' all-reduces with the op's identity (zeros for sum and average; an
+  // average still divides by the whole world size) and in their barriers; their other
+  // collectives fail with FailedPrecondition naming the joined ranks. Completes once every
+  // rank has joined; Handle::output() then holds the rank that joined last (one int32).
+  kJoin = 6,
 };
 
 // One collective call. Shapes are in elements; buffers are host memory, contiguous,
@@ -135,9 +142,28 @@ class Runtime {
   // initialised or while `name` is in flight on this rank.
   absl::Status ReportFailure(const std::string& name, const absl::Status& cause);
 
+  // Groups (Horovod's grouped all-reduce): the collectives this rank enqueues between
+  // BeginGroup() and the matching EndGroup() are held back and sent to the coordinator in
+  // one message, so on every rank that does the same they become ready at the same moment,
+  // and the all-reduces among them that may fuse (same dtype, op and compression) travel in
+  // one bucket when they fit under BRAID_FUSION_THRESHOLD. What a bucket holds matters to
+  // compressors that select over a whole bucket (scalecomp, topk and randomk with
+  // granularity=bucket): grouped, the selection covers the group whatever the timing.
+  // Groups nest (the outermost EndGroup sends); while one is open, what other threads
+  // enqueue is held too. EndGroup: FailedPrecondition when no group is open or the runtime
+  // is not running.
+  void BeginGroup();
+  absl::Status EndGroup();
+
   // Transport bytes this rank has put on the data plane since Init (updated as each
   // collective completes). FailedPrecondition when not initialised.
   absl::StatusOr<transport::TransportStats> transport_stats() const;
+
+  // The transports this rank's data-plane endpoints use, as Communicator::Describe() says
+  // at Init: every transport to any peer, e.g. "ucx tcp/eth0" (peers on other hosts) or
+  // "ucx cma/memory sysv/memory" (shared memory on one host). FailedPrecondition when not
+  // initialised.
+  absl::StatusOr<std::string> transport_description() const;
 
   // Byte counters of every all-reduce since Init, per tensor and per compression method
   // (payload vs transport bytes against the uncompressed ones; see runtime/statistics.h).

@@ -24,13 +24,18 @@
 // the caller's Wait returns. Entries stay put in table_ until braid-loop erases
 // them, so it reads them without mu_ while running their bucket (a node_hash_map: its entries
 // never move; a hash map, so an enqueue costs O(1) however many handles are in flight).
+// Under the fast path (Note [Fast path], fast_path.h), a cached tensor takes one hand-off:
+// Enqueue -> braid-loop votes and runs it (fast_loop.cc); coordinator messages wait in
+// received_ for a round.
 //
 // Lock order (a thread holding one may take those to its right, never the reverse):
 //   lifecycle_mu_ -> mu_ -> { Handle::mu_, Timeline's, stage's methods_mu_ (Resolve) }
 //   stage's state_mu_ (held by braid-loop for a bucket; SaveState / LoadState) -> methods_mu_
-//   StatisticsLedger's mutex and timeline_mu_: leaves.
+//   StatisticsLedger's mutex, timeline_mu_ and fast_stats_mu_: leaves.
 // No runtime lock is held while calling the coordinator client (Send, Close) or the
-// communicator (collectives, Abort): those have locks of their own and may block.
+// communicator (collectives, Abort): those have locks of their own and may block. One
+// exception: OnMessage calls the communicator's Abort (thread-safe, it never waits on
+// braid-loop) under mu_ when a rank left during a vote (Note [Fast path]).
 #ifndef BRAID_RUNTIME_RUNTIME_IMPL_H_
 #define BRAID_RUNTIME_RUNTIME_IMPL_H_
 
@@ -51,6 +56,7 @@
 #include "compression/stage.h"
 #include "proto/braid.pb.h"
 #include "runtime/allreduce_pipeline.h"
+#include "runtime/fast_path.h"
 #include "runtime/runtime.h"
 #include "runtime/statistics.h"
 #include "runtime/timeline.h"
@@ -73,6 +79,15 @@ struct Bucket {
   absl::Status error;              // not OK: every named tensor fails with it
   int root_rank = 0;               // broadcast
   std::vector<int64_t> first_dims;  // all-gather: every rank's dim 0
+  // Note [Join]: ranks that joined and did not submit these tensors, and for them each
+  // name's shape and the bucket's dtype, op and compression (a joined rank has no request
+  // of its own to take them from).
+  std::vector<int> joined_ranks;
+  std::vector<std::vector<int64_t>> shapes;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  std::string compression;
+  int last_joined_rank = -1;  // join
 };
 Bucket BucketFromResponse(const proto::Response& response);
 
@@ -90,7 +105,10 @@ class Runtime::Impl {
   absl::StatusOr<int> Get(int Impl::*field) const;
   absl::StatusOr<std::shared_ptr<Handle>> Enqueue(CollectiveRequest req);
   absl::Status ReportFailure(const std::string& name, const absl::Status& cause);
+  void BeginGroup();
+  absl::Status EndGroup();
   absl::StatusOr<transport::TransportStats> transport_stats() const;
+  absl::StatusOr<std::string> transport_description() const;
   absl::StatusOr<CompressionReport> compression_report() const;
   absl::StatusOr<std::string> compression_state() const;
   absl::Status LoadCompressionState(absl::string_view state);
@@ -107,6 +125,9 @@ class Runtime::Impl {
     // All-reduce: its compression, resolved once at enqueue (never null); else null.
     const compression::CompressionMethod* method = nullptr;
     std::string request_bytes;  // the proto::Request sent, serialized (response cache key)
+    // Note [Fast path]: held for the ranks' vote instead of sent to the coordinator, since.
+    bool fast = false;
+    absl::Time fast_since;
   };
 
   // ---- lifecycle.cc ----
@@ -147,10 +168,31 @@ class Runtime::Impl {
   void OnClosed(const absl::Status& s);
   void AbortJob(const absl::Status& s);
 
+  // ---- fast_loop.cc (Note [Fast path], fast_path.h) ----
+  // One round of the fast path; false when the loop must stop.
+  bool FastCycle();
+  // Routes new requests (cached: held for the vote, else to `out`) and fills this rank's vote.
+  void RouteAndVoteLocked(absl::Time now, proto::RequestList* out, Vote* vote)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs what the round agreed: cached buckets, invalidations, then the coordinator's
+  // messages every rank received. Fills `resend` with requests that leave the fast path.
+  void ApplyAgreement(const Agreement& a, proto::RequestList* resend);
+  void ApplyCoordinatorMessage(const proto::ResponseList& msg, proto::RequestList* resend);
+  // A tensor whose cache slot went: its full request goes to the coordinator after all.
+  void LeaveFastPath(const std::string& name, proto::RequestList* resend);
+  void CountFastBucket(const std::vector<int32_t>& ids);
+  void AddFastPathTotals(proto::HeartbeatRequest* hb) const;
+  // Back to the coordinator for good (a rank left): what waits for a round goes the slow
+  // way, so the coordinator fails what can no longer complete, as on the slow path.
+  void StopFastPathLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // ---- execute.cc ----
   void Execute(const Bucket& bucket);
   absl::Status RunAllReduce(const Bucket& bucket, const std::vector<Entry*>& entries);
   absl::Status RunCollective(Entry& e, const Bucket& bucket);
+  // Note [Join]: this rank has joined and takes part in `bucket` without entries of its own.
+  bool JoinedIn(const Bucket& bucket) const;
+  absl::Status RunJoined(const Bucket& bucket);
   void FinishBucket(const std::vector<std::string>& names, const absl::Status& s);
 
   mutable absl::Mutex mu_;
@@ -171,12 +213,15 @@ class Runtime::Impl {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool executing_ ABSL_GUARDED_BY(mu_) = false;  // the loop is running collectives
   int64_t negotiating_ ABSL_GUARDED_BY(mu_) = 0;  // requests sent, not yet answered
+  int group_depth_ ABSL_GUARDED_BY(mu_) = 0;  // open BeginGroup()s: outgoing_ is held
   // This rank's mirror of the coordinator's response cache: name -> (id, request bytes).
   std::map<std::string, std::pair<int32_t, std::string>> cache_ ABSL_GUARDED_BY(mu_);
   absl::Time last_send_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Held for the whole of Init and Shutdown: they may be called from any thread.
   absl::Mutex lifecycle_mu_;
   transport::TransportStats stats_ ABSL_GUARDED_BY(mu_);  // snapshot of comm_->stats()
+  // comm_->Describe(), taken in Init before the background thread owns comm_.
+  std::string transport_description_ ABSL_GUARDED_BY(mu_);
   // Created by Init (per job: compressor state and counters start fresh) before the client
   // (its heartbeats read the ledger) and replaced only by the next Init, after the client
   // closed; the stage resolves specs for enqueueing threads, the loop reduces with it.
@@ -191,6 +236,29 @@ class Runtime::Impl {
   std::unique_ptr<AllReducePipeline> pipeline_;  // the loop's
   int64_t timeline_max_bytes_ = 0;  // BRAID_TIMELINE_MAX_BYTES
   std::thread loop_;
+
+  // Note [Fast path] (the job's BRAID_FAST_PATH, from registration). The cache, the count of
+  // applied messages and the pending invalidations are braid-loop's alone.
+  bool fast_path_ = false;
+  int64_t fusion_threshold_ = 0;
+  absl::Duration fallback_after_ = absl::Seconds(1);
+  FastPathCache fast_cache_;
+  uint64_t applied_ = 0;
+  std::vector<int32_t> invalidate_next_;
+  int64_t next_fast_bucket_id_ = -1;  // negative: agreed by the ranks (timeline only)
+  std::deque<proto::ResponseList> received_ ABSL_GUARDED_BY(mu_);  // not yet applied
+  uint64_t received_count_ ABSL_GUARDED_BY(mu_) = 0;
+  bool fast_active_ ABSL_GUARDED_BY(mu_) = false;  // fast_path_, as OnMessage reads it
+  absl::Status peer_left_ ABSL_GUARDED_BY(mu_);    // a rank shut down: rounds are over
+  bool voting_ ABSL_GUARDED_BY(mu_) = false;       // braid-loop is in a vote's all-gather
+  absl::Time last_round_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool round_progressed_ ABSL_GUARDED_BY(mu_) = false;  // the last round ran something
+  int idle_rounds_ ABSL_GUARDED_BY(mu_) = 0;  // rounds in a row with nothing to run
+  // What this rank ran through the fast path, for its heartbeats (a leaf lock).
+  mutable absl::Mutex fast_stats_mu_;
+  std::map<std::string, std::pair<int64_t, int64_t>> fast_by_method_
+      ABSL_GUARDED_BY(fast_stats_mu_);  // method -> (tensors, bytes)
+  int64_t fast_buckets_ ABSL_GUARDED_BY(fast_stats_mu_) = 0;
 };
 
 }  // namespace braid

@@ -14,6 +14,7 @@ PACKAGES=(
   python3 python3-dev pybind11-dev python3-numpy python3-pytest python3-sklearn python3-torch
   python3-tqdm dataset-fashion-mnist
   libopenmpi-dev openmpi-bin
+  iproute2 openssh-client openssh-server slurm-wlm munge python3-matplotlib dpkg-dev
   bazel-bootstrap bazel-rules-java
 )
 

@@ -7,7 +7,7 @@
 // caller exchanges PeerAddresses (the runtime through the coordinator's registration); then
 // ConnectUcx connects to every peer. CreateUcxCommunicator does all three through a Store.
 //
-// Progress: the calling thread owns the UCP worker. A wait spins for `spin` and then blocks on
+// Progress: the calling thread owns the UCP worker. A wait spins (adaptively, up to `spin`), then blocks on
 // the worker's event fd (ucp_worker_arm + poll), so idle ranks cost no CPU. Failure: endpoints
 // to other hosts use UCX peer error handling (with the shared-memory transports kept on);
 // peers on this host are watched through /proc (see UcxOptions::peer_error_handling), so a
@@ -47,8 +47,9 @@ struct UcxOptions : CollectiveOptions {
   // disables the single-copy CMA rendezvous, and braid watches local peers' processes itself.
   // Remote peers always use it.
   bool peer_error_handling = false;
-  // Busy-poll this long before blocking on the event fd. Negative: choose by
-  // over-subscription (spin only when ranks on this host <= cores).
+  // Busy-poll at most this long before blocking on the event fd; the spin adapts below it to
+  // how long waits take (Note [Adaptive spin] in ucx_p2p.cc). Negative: choose by
+  // over-subscription (50 us when ranks on this host <= cores, else none).
   absl::Duration spin = absl::Microseconds(-1);
   // The pair field of the tags (Note [Tag layout]) on messages from `source` to
   // `destination`; unset: the source rank. Every rank must use the same function, and no

@@ -22,6 +22,9 @@ namespace {
 constexpr absl::Duration kPeerCheckInterval = absl::Milliseconds(500);
 // The longest a wait sleeps on the event fd before it looks again.
 constexpr absl::Duration kMaxSleep = absl::Milliseconds(200);
+// The adaptive spin's floor (Note [Adaptive spin]): even a rank that blocks at once polls this
+// long first, as arming the event fd and polling costs about as much.
+constexpr absl::Duration kMinSpin = absl::Microseconds(2);
 
 class UcxPointToPoint final : public PointToPoint {
  public:
@@ -68,6 +71,10 @@ class UcxPointToPoint final : public PointToPoint {
   std::vector<std::pair<UcxPointToPoint*, int>> ep_args_;  // err-handler argument per peer
   std::vector<uint32_t> send_pair_, recv_pair_;              // tag pair fields per peer
   std::vector<int> pending_;                                 // requests pending per peer
+  // Note [Adaptive spin]. spin_limit_ is the most a wait spins (UcxOptions::spin, or chosen
+  // by over-subscription); spin_ is the current budget, within [kMinSpin, spin_limit_].
+  void AdaptSpin(absl::Duration waited);
+  absl::Duration spin_limit_;
   absl::Duration spin_;
   absl::Time next_peer_check_;
   bool failed_ = false;  // a request failed or the group was aborted: close endpoints hard
@@ -116,10 +123,12 @@ absl::Status UcxPointToPoint::Connect() {
     for (const PeerAddress& p : peers_) local += p.host == self.host ? 1 : 0;
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     // More ranks than cores on this host: a spinning rank would burn the core a peer needs.
-    spin_ = static_cast<unsigned>(local) <= cores ? absl::Microseconds(50) : absl::ZeroDuration();
+    spin_limit_ =
+        static_cast<unsigned>(local) <= cores ? absl::Microseconds(50) : absl::ZeroDuration();
   } else {
-    spin_ = o.spin;
+    spin_limit_ = o.spin;
   }
+  spin_ = spin_limit_;
   next_peer_check_ = absl::Now() + kPeerCheckInterval;
   return absl::OkStatus();
 }
@@ -290,7 +299,10 @@ absl::Status UcxPointToPoint::Wait(absl::Time idle_since, absl::Time until) {
     bool progressed = false;
     while (ucp_worker_progress(worker_) != 0) progressed = true;
     BRAID_RETURN_IF_ERROR(Health());
-    if (progressed) return absl::OkStatus();  // the caller tests its requests
+    if (progressed) {  // the caller tests its requests
+      AdaptSpin(absl::Now() - idle_since);
+      return absl::OkStatus();
+    }
     BRAID_RETURN_IF_ERROR(LostPeers(/*check_processes=*/false));
     const absl::Time now = absl::Now();
     if (now >= until) return absl::OkStatus();
@@ -309,6 +321,27 @@ absl::Status UcxPointToPoint::Wait(absl::Time idle_since, absl::Time until) {
     poll(&pfd, 1, static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(sleep))));
     if (pfd.revents != 0) continue;  // woken: progress what arrived
     return absl::OkStatus();         // slept its fill: let the caller look at the time
+  }
+}
+
+// Note [Adaptive spin]: a wait busy-polls for spin_ before it blocks on the event fd. A fixed
+// spin pays on an idle machine (a small message's answer comes within microseconds, and
+// blocking adds a wake-up) but costs on a loaded one: a rank that spins while its peer waits
+// for a core delays the very answer it waits for. So the budget follows how long waits take,
+// as an adaptive mutex's spin count does: a wait that ended within the budget leaves it; one
+// that ended later but within the limit (a longer spin would have caught it) raises it to
+// twice that wait; one longer than the limit (the peer is busy or descheduled: spinning
+// cannot help) halves it, down to kMinSpin. Ping-pong of small messages settles at about
+// twice their round trip; a loaded machine's long waits bring it down to blocking at once.
+void UcxPointToPoint::AdaptSpin(absl::Duration waited) {
+  if (spin_limit_ <= kMinSpin) {
+    spin_ = spin_limit_;
+  } else if (waited <= spin_) {
+    // Caught by the spin: keep the budget.
+  } else if (waited <= spin_limit_) {
+    spin_ = std::min(spin_limit_, 2 * waited);
+  } else {
+    spin_ = std::max(kMinSpin, spin_ / 2);
   }
 }
 

@@ -223,7 +223,7 @@ void RequireContiguous(const py::array& a, const char* what, bool writeable) {
 braid::CollectiveRequest NewRequest(int collective, const std::string& name, int op,
                                     int root_rank, const std::vector<int64_t>& splits,
                                     const std::string& compression) {
-  if (collective < 0 || collective > static_cast<int>(braid::Collective::kBarrier)) {
+  if (collective < 0 || collective > static_cast<int>(braid::Collective::kJoin)) {
     Raise(absl::InvalidArgumentError("unknown collective code " + std::to_string(collective)));
   }
   if (!braid::IsValidReduceOp(op)) {
@@ -430,6 +430,8 @@ PYBIND11_MODULE(_braid, m) {
   m.def("size", []() { return Value(braid::GlobalRuntime().size()); });
   m.def("local_rank", []() { return Value(braid::GlobalRuntime().local_rank()); });
   m.def("local_size", []() { return Value(braid::GlobalRuntime().local_size()); });
+  m.def("transport_description",
+        []() { return Value(braid::GlobalRuntime().transport_description()); });
 
   m.def("enqueue", &Enqueue, py::arg("collective"), py::arg("name"), py::arg("dtype"),
         py::arg("input"), py::arg("output"), py::arg("op"), py::arg("root_rank"),
@@ -471,6 +473,24 @@ PYBIND11_MODULE(_braid, m) {
       py::arg("name"), py::arg("code"), py::arg("message"),
       "Reports that this rank's call of collective `name` failed before enqueue: the "
       "coordinator fails the tensor on every rank, naming this rank and the message.");
+  m.def(
+      "begin_group",
+      []() {
+        py::gil_scoped_release release;
+        braid::GlobalRuntime().BeginGroup();
+      },
+      "Holds this rank's new collectives until the matching end_group (Runtime::BeginGroup).");
+  m.def(
+      "end_group",
+      []() {
+        absl::Status s;
+        {
+          py::gil_scoped_release release;
+          s = braid::GlobalRuntime().EndGroup();
+        }
+        Check(s);
+      },
+      "Sends the collectives held since begin_group together (Runtime::EndGroup).");
   m.def("compression_methods", &CompressionMethods, py::arg("test_methods") = false,
         "The compression methods the registry knows, in its order.");
   m.def("canonical_compression", &CanonicalCompression, py::arg("spec"),
@@ -508,6 +528,7 @@ PYBIND11_MODULE(_braid, m) {
   collectives["reducescatter"] = static_cast<int>(braid::Collective::kReduceScatter);
   collectives["alltoall"] = static_cast<int>(braid::Collective::kAllToAll);
   collectives["barrier"] = static_cast<int>(braid::Collective::kBarrier);
+  collectives["join"] = static_cast<int>(braid::Collective::kJoin);
   m.attr("COLLECTIVES") = collectives;
   py::dict ops;
   for (int o = 0; o < braid::kNumReduceOps; ++o) {

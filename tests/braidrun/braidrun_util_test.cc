@@ -1,5 +1,9 @@
-// Unit tests of braidrun's pure parts: host lists, rank environments, line prefixing.
+// Unit tests of braidrun's pure parts: host lists and files, rank placement, rank
+// environments, the ssh command and script of remote ranks, line prefixing.
+#include <signal.h>
+
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -8,7 +12,9 @@
 #include "runtime/config.h"
 #include "tools/braidrun/host_list.h"
 #include "tools/braidrun/line_prefixer.h"
+#include "tools/braidrun/network.h"
 #include "tools/braidrun/rank_env.h"
+#include "tools/braidrun/remote.h"
 
 namespace braid::braidrun {
 namespace {
@@ -73,33 +79,147 @@ TEST(LocalHostNames, IncludesHostnameAndShortName) {
   EXPECT_THAT(LocalHostNames(""), ElementsAre("localhost", "127.0.0.1", "::1"));
 }
 
-TEST(CheckHostsForLocalLaunch, LocalHostsWithEnoughSlots) {
+TEST(IsLocalHost, NamesOfThisMachineInAnyCase) {
   auto names = LocalHostNames("box");
-  EXPECT_TRUE(CheckHostsForLocalLaunch({{"localhost", 4}}, 4, names).ok());
-  EXPECT_TRUE(CheckHostsForLocalLaunch({{"LOCALHOST", 2}, {"box", 2}}, 3, names).ok());
-  EXPECT_TRUE(CheckHostsForLocalLaunch({{"127.0.0.1", 8}}, 1, names).ok());
+  EXPECT_TRUE(IsLocalHost("localhost", names));
+  EXPECT_TRUE(IsLocalHost("LOCALHOST", names));
+  EXPECT_TRUE(IsLocalHost("Box", names));
+  EXPECT_TRUE(IsLocalHost("127.0.0.1", names));
+  EXPECT_FALSE(IsLocalHost("node7", names));
+  EXPECT_FALSE(IsLocalHost("root@box", names));  // a login on another account goes over ssh
 }
 
-TEST(CheckHostsForLocalLaunch, TooFewSlots) {
-  absl::Status s = CheckHostsForLocalLaunch({{"localhost", 1}, {"box", 2}}, 4,
-                                            LocalHostNames("box"));
+TEST(PlaceRanks, FillsEachHostsSlotsInOrder) {
+  auto placed = PlaceRanks({{"a", 2}, {"b", 3}, {"c", 4}}, 4);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  ASSERT_EQ(placed->size(), 4u);
+  const std::vector<std::tuple<std::string, int, int, int>> want = {
+      {"a", 0, 0, 2}, {"a", 0, 1, 2}, {"b", 1, 0, 2}, {"b", 1, 1, 2}};
+  for (size_t r = 0; r < want.size(); ++r) {
+    const RankPlacement& p = (*placed)[r];
+    EXPECT_EQ(std::make_tuple(p.host, p.host_index, p.local_rank, p.local_size), want[r]) << r;
+  }
+  // Host c got no rank; a single host takes every rank.
+  placed = PlaceRanks({{"localhost", 3}}, 3);
+  ASSERT_TRUE(placed.ok());
+  EXPECT_EQ((*placed)[2].local_rank, 2);
+  EXPECT_EQ((*placed)[2].local_size, 3);
+}
+
+TEST(PlaceRanks, TooFewSlots) {
+  absl::Status s = PlaceRanks({{"localhost", 1}, {"box", 2}}, 4).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(), "-H: the hosts have 3 slots in all, fewer than -np 4");
-  s = CheckHostsForLocalLaunch({{"localhost", 1}}, 2, LocalHostNames("box"));
-  EXPECT_EQ(s.message(), "-H: the hosts have 1 slot in all, fewer than -np 2");
+  EXPECT_EQ(s.message(), "the hosts have 3 slots in all, fewer than -np 4");
+  EXPECT_EQ(PlaceRanks({{"localhost", 1}}, 2).status().message(),
+            "the hosts have 1 slot in all, fewer than -np 2");
 }
 
-TEST(CheckHostsForLocalLaunch, RemoteHostIsNotImplemented) {
-  absl::Status s = CheckHostsForLocalLaunch({{"localhost", 2}, {"node7", 2}}, 4,
-                                            LocalHostNames("box"));
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_EQ(s.message(),
-            "-H: host node7 is not this machine; multi-host launching (over ssh) is not "
-            "implemented yet: run braidrun on one host, or start the ranks with another "
-            "launcher (torchrun, srun, mpirun) and a braid-coordinator");
-  s = CheckHostsForLocalLaunch({{"n1", 2}, {"n2", 2}}, 4, LocalHostNames("box"));
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(s.message()), ::testing::StartsWith("-H: hosts n1, n2 are not this machine;"));
+TEST(ParseHostfile, EveryFormAndComments) {
+  auto hosts = ParseHostfile(
+      "# cluster\n"
+      "n1 slots=4\n"
+      "\n"
+      "  n2:2   # two GPUs\n"
+      "n3\n"
+      "10.0.0.9 slots=1\n",
+      "hosts.txt");
+  ASSERT_TRUE(hosts.ok()) << hosts.status();
+  ASSERT_EQ(hosts->size(), 4u);
+  EXPECT_EQ((*hosts)[0].host, "n1");
+  EXPECT_EQ((*hosts)[0].slots, 4);
+  EXPECT_EQ((*hosts)[1].host, "n2");
+  EXPECT_EQ((*hosts)[1].slots, 2);
+  EXPECT_EQ((*hosts)[2].host, "n3");
+  EXPECT_EQ((*hosts)[2].slots, 1);
+  EXPECT_EQ((*hosts)[3].host, "10.0.0.9");
+}
+
+TEST(ParseHostfile, ErrorsNameTheFileAndLine) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"n1\nn2 slots=0\n",
+       "f:2: 'n2 slots=0': slots must be a positive integer, got '0' (expected 'host', "
+       "'host slots=N' or 'host:N')"},
+      {"n1 cpus=4\n",
+       "f:1: 'n1 cpus=4': unexpected words after the host name (expected 'host', "
+       "'host slots=N' or 'host:N')"},
+      {"n1\nn1:2\n",
+       "f:2: 'n1:2': the host is listed twice (expected 'host', 'host slots=N' or 'host:N')"},
+      {"-oProxyCommand=x\n",
+       "f:1: '-oProxyCommand=x': a host name cannot start with '-' (expected 'host', "
+       "'host slots=N' or 'host:N')"},
+      {"# nothing\n\n", "f: no hosts"},
+  };
+  for (const auto& [text, want] : cases) {
+    absl::Status s = ParseHostfile(text, "f").status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_EQ(s.message(), want);
+  }
+}
+
+// ---- the coordinator's address ----
+
+TEST(Network, InterfaceAndRouteAddresses) {
+  auto lo = InterfaceAddress("lo");
+  ASSERT_TRUE(lo.ok()) << lo.status();
+  EXPECT_EQ(*lo, "127.0.0.1");
+  absl::Status s = InterfaceAddress("nosuch0").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::ContainsRegex("^network interface 'nosuch0' has no IPv4 address "
+                                       "\\(interfaces with one: .*lo.*\\)$"));
+  auto self = SourceAddressFor("127.0.0.1");
+  ASSERT_TRUE(self.ok()) << self.status();
+  EXPECT_EQ(*self, "127.0.0.1");
+  EXPECT_EQ(SourceAddressFor("localhost").value_or(""), "127.0.0.1");
+  EXPECT_EQ(SourceAddressFor("no-such-host.invalid").status().code(), absl::StatusCode::kNotFound);
+}
+
+// ---- remote ranks ----
+
+TEST(SplitRemoteEnv, PrivateNamesTravelOverStdinAndHostVariablesStayHome) {
+  RemoteEnv env = SplitRemoteEnv(
+      {"PATH=/usr/bin", "HOME=/root", "HOSTNAME=h0", "BRAID_RANK=1", "BRAID_JOB_SECRET=abc",
+       "SSH_AUTH_SOCK=/tmp/a", "XDG_RUNTIME_DIR=/run/u", "BASH_FUNC_f%%=() { :; }",
+       "HF_TOKEN=t", "MULTI_SECRET=a\nb", "A=x y'z", "_=/usr/bin/braidrun", "PWD=/w"});
+  EXPECT_THAT(env.public_vars, ElementsAre("PATH=/usr/bin", "BRAID_RANK=1", "A=x y'z"));
+  EXPECT_THAT(env.private_vars, ElementsAre("BRAID_JOB_SECRET=abc", "HF_TOKEN=t"));
+  EXPECT_THAT(env.dropped, ElementsAre("MULTI_SECRET"));
+}
+
+TEST(ShellQuote, SingleQuotesAreEscaped) {
+  EXPECT_EQ(ShellQuote("plain"), "'plain'");
+  EXPECT_EQ(ShellQuote("it's $HOME"), R"('it'\''s $HOME')");
+  EXPECT_EQ(ShellQuote(""), "''");
+}
+
+TEST(SshArgv, UserOptionsComeFirstSoTheyWin) {
+  SshOptions o;
+  o.port = 2222;
+  o.identity_file = "/k/id";
+  o.options = {"StrictHostKeyChecking=no"};
+  EXPECT_THAT(SshArgv(o, "h1", "echo 'hi'"),
+              ElementsAre("ssh", "-T", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes",
+                          "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-p",
+                          "2222", "-i", "/k/id", "h1", R"(exec /bin/sh -c 'echo '\''hi'\''')"));
+  EXPECT_THAT(SshArgv(SshOptions{}, "h1", "true"),
+              ElementsAre("ssh", "-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o",
+                          "ServerAliveCountMax=3", "h1", "exec /bin/sh -c 'true'"));
+}
+
+TEST(RemoteStdin, PreambleThenSignalLines) {
+  EXPECT_EQ(RemoteStdinPreamble({"BRAID_JOB_SECRET=abc", "T=1"}), "BRAID_JOB_SECRET=abc\nT=1\n\n");
+  EXPECT_EQ(RemoteStdinPreamble({}), "\n");
+  EXPECT_EQ(RemoteSignalLine(SIGINT), "INT\n");
+  EXPECT_EQ(RemoteSignalLine(SIGKILL), "KILL\n");
+}
+
+TEST(RemoteScript, QuotesEveryWordAndStartsTheRankInItsOwnSession) {
+  const std::string script = RemoteScript("/w d", {"A=it's"}, {"python3", "-c", "print(1)"});
+  EXPECT_THAT(script, ::testing::StartsWith("cd '/w d' 2>/dev/null || "));
+  EXPECT_THAT(script, ::testing::HasSubstr(
+                          R"(setsid env --default-signal -- 'A=it'\''s' 'python3' '-c' )"
+                          "'print(1)' </dev/null &\n"));
+  EXPECT_THAT(script, ::testing::EndsWith("exit \"$braidrun_rc\"\n"));
 }
 
 // ---- rank environments ----
@@ -141,7 +261,8 @@ TEST(BuildRankEnv, FlagsBecomeVariables) {
       {"--cycle-time-ms", "5"},     {"--cache-capacity", "0"},
       {"--timeline-filename", "/tmp/tl.json"}, {"--stall-check-seconds", "0.5"},
       {"--stall-shutdown-seconds", "0"},       {"--heartbeat-timeout", "4"},
-      {"--negotiation-timeout", "90"},         {"--compression", "powersgd:rank=2"}};
+      {"--negotiation-timeout", "90"},         {"--fast-path", "0"},
+      {"--compression", "powersgd:rank=2"}};
   for (const auto& [flag, text] : given) {
     const braid::SettingFlag* f = braid::FindSettingFlag(flag);
     ASSERT_NE(f, nullptr) << flag;
@@ -149,7 +270,7 @@ TEST(BuildRankEnv, FlagsBecomeVariables) {
     ASSERT_TRUE(value.ok()) << value.status();
     job.settings.emplace_back(f->variable, *value);
   }
-  job.single_host = false;
+  job.ucx_net_devices = "";
   std::vector<std::string> env = BuildRankEnv({}, job, 1, 0, 2);
   EXPECT_THAT(env,
               ElementsAre("BRAID_COORDINATOR=127.0.0.1:4242", "BRAID_RANK=1", "BRAID_SIZE=4",
@@ -159,7 +280,7 @@ TEST(BuildRankEnv, FlagsBecomeVariables) {
                           "BRAID_CACHE_CAPACITY=0", "BRAID_TIMELINE=/tmp/tl.json",
                           "BRAID_STALL_CHECK_S=0.5", "BRAID_STALL_SHUTDOWN_S=0",
                           "BRAID_HEARTBEAT_TIMEOUT_S=4", "BRAID_NEGOTIATION_TIMEOUT_S=90",
-                          "BRAID_COMPRESSION=powersgd:rank=2",
+                          "BRAID_FAST_PATH=0", "BRAID_COMPRESSION=powersgd:rank=2",
                           "OMP_NUM_THREADS=1"));
   // The order braidrun sets them in is the table's.
   std::vector<std::string> flags;
@@ -178,6 +299,9 @@ TEST(BuildRankEnv, PythonPathIsPrepended) {
   EXPECT_EQ(env[0], "PYTHONPATH=/src/build/python");
   env = BuildRankEnv({}, job, 0, 0, 1);
   EXPECT_EQ(env.back(), "PYTHONPATH=/src/build/python");
+  // Already there (a launcher above braidrun set it): not added twice.
+  env = BuildRankEnv({"PYTHONPATH=/opt/lib:/src/build/python"}, job, 0, 0, 1);
+  EXPECT_EQ(env[0], "PYTHONPATH=/opt/lib:/src/build/python");
   job.python_path.clear();
   env = BuildRankEnv({"PYTHONPATH=/opt/lib"}, job, 0, 0, 1);
   EXPECT_EQ(env[0], "PYTHONPATH=/opt/lib");

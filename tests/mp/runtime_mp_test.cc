@@ -1,9 +1,12 @@
 // Multi-process tests of braid::Runtime: a real gRPC coordinator process on 127.0.0.1
 // (port 0), real rank processes, real UCX between them. Results are checked against
 // references computed here; errors against their exact text.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -257,6 +260,61 @@ TEST(RuntimeTest, DuplicateInFlightNameIsAlreadyExists) {
     c.Ok(WaitFor(first), "first 'dup'");
     // Once complete, the name may be used again.
     c.Ok(WaitFor(rt.Enqueue(AllReduceOf("dup", a.data(), b.data(), 4, ReduceOp::kSum))), "reuse");
+  });
+}
+
+// BeginGroup/EndGroup: all-reduces enqueued inside a group, 20 ms apart (long enough for the
+// background loop to have sent each alone), travel in one bucket. The witness is scalecomp's
+// selection, which runs over the whole bucket: four 25-element tensors at ratio 100 keep
+// k = ceil(100 / 100) = 1 element in all when fused, but 1 each (4 payload floats) when not,
+// as the same tensors give when each is waited for before the next. EndGroup without
+// BeginGroup fails.
+TEST(RuntimeTest, GroupTravelsAsOneBucket) {
+  RunJob(2, [](int rank, Runtime& rt, Checker& c) {
+    const std::string spec = "scalecomp:ratio=100";
+    for (bool grouped : {true, false}) {
+      std::vector<std::vector<float>> in(4, std::vector<float>(25));
+      std::vector<absl::StatusOr<std::shared_ptr<Handle>>> hs;
+      if (grouped) rt.BeginGroup();
+      for (int t = 0; t < 4; ++t) {
+        for (int i = 0; i < 25; ++i) in[t][i] = static_cast<float>(1 + t * 25 + i + rank);
+        CollectiveRequest r = AllReduceOf(absl::StrCat(grouped ? "g." : "u.", t), in[t].data(),
+                                          in[t].data(), 25, ReduceOp::kSum);
+        r.compression = spec;
+        hs.push_back(rt.Enqueue(std::move(r)));
+        if (grouped) {
+          absl::SleepFor(absl::Milliseconds(20));
+        } else {
+          c.Ok(WaitFor(hs.back()), absl::StrCat("ungrouped tensor ", t));
+        }
+      }
+      if (grouped) c.Ok(rt.EndGroup(), "EndGroup");
+      int nonzero = 0;
+      for (int t = 0; t < 4; ++t) {
+        c.Ok(WaitFor(hs[t]), absl::StrCat("tensor ", t));
+        for (float v : in[t]) nonzero += v != 0.0f;
+      }
+      // The largest |g + m| of the leader (rank 0 at step 0) is the last element of tensor 3:
+      // sum over the two ranks 100 + 101.
+      if (grouped) {
+        c.Expect(nonzero == 1 && in[3][24] == 201.0f,
+                 absl::StrCat("grouped: ", nonzero, " non-zero results, last ", in[3][24]));
+      } else {
+        c.Expect(nonzero == 4, absl::StrCat("ungrouped: ", nonzero, " non-zero results"));
+      }
+      auto report = rt.compression_report();
+      c.Ok(report.status(), "compression_report");
+      uint64_t payload = 0;
+      for (const auto& ts : report->tensors) {
+        if (absl::StartsWith(ts.name, grouped ? "g." : "u.")) payload += ts.bytes.payload_bytes;
+      }
+      c.Expect(payload == (grouped ? 4u : 16u),
+               absl::StrCat(grouped ? "grouped" : "ungrouped", " payload bytes ", payload));
+    }
+    absl::Status s = rt.EndGroup();
+    c.Expect(s.code() == absl::StatusCode::kFailedPrecondition &&
+                 s.message() == "EndGroup() without a matching BeginGroup()",
+             "EndGroup without BeginGroup: " + s.ToString());
   });
 }
 
@@ -700,6 +758,64 @@ TEST(RuntimeTest, TensorWaitingForARankThatShutDownFails) {
                  s.message() == "tensor 'x' can never complete: rank 1 already shut down",
              "got " + s.ToString());
   });
+}
+
+// A port nothing listens on now (bound to port 0, read back, closed).
+int UnusedPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// Rank 0 hosts the coordinator and leaves first: its Shutdown waits for the others' goodbyes
+// (Runtime::Shutdown), so rank 1, still working, gets the agreed error for a tensor rank 0
+// can never join, not a coordinator that vanished under it ("the coordinator ended the
+// job", Cancelled), and rank 0's Shutdown returns once rank 1 left.
+TEST(RuntimeTest, HostingRankLeavingFirstLetsTheOthersFinish) {
+  const int port = UnusedPort();
+  ASSERT_GT(port, 0);
+  RunRanksOptions o;
+  o.ranks = 2;
+  o.deadline = absl::Seconds(60);
+  auto exits = RunRanks(o, [&](int rank) {
+    SetRankEnv("", rank, 2);
+    unsetenv("BRAID_COORDINATOR");
+    setenv("BRAID_COORDINATOR_PORT", std::to_string(port).c_str(), 1);
+    Checker c{rank};
+    Runtime rt;
+    if (!c.Ok(InitRuntime(rt), "init")) return 1;
+    std::vector<float> a(4, 1.0f), b(4);
+    c.Ok(WaitFor(rt.Enqueue(AllReduceOf("both", a.data(), b.data(), 4, ReduceOp::kSum))), "both");
+    const absl::Time t0 = absl::Now();
+    if (rank == 1) {
+      absl::SleepFor(absl::Milliseconds(500));
+      absl::Status s = WaitFor(
+          rt.Enqueue(AllReduceOf("x", a.data(), b.data(), 4, ReduceOp::kSum)), absl::Seconds(10));
+      c.Expect(s.code() == absl::StatusCode::kFailedPrecondition &&
+                   s.message() == "tensor 'x' can never complete: rank 0 already shut down",
+               "got " + s.ToString());
+    }
+    c.Ok(rt.Shutdown(), "shutdown");
+    if (rank == 0) {
+      c.Expect(absl::Now() - t0 >= absl::Milliseconds(450),
+               absl::StrCat("rank 0's Shutdown returned after ",
+                            absl::FormatDuration(absl::Now() - t0), ", before rank 1 left"));
+    }
+    return c.failures == 0 ? 0 : 1;
+  });
+  for (const RankExit& e : exits) {
+    EXPECT_FALSE(e.timed_out) << "rank " << e.rank << " hung";
+    EXPECT_EQ(e.exit_code, 0) << "rank " << e.rank << " failed (see its stderr)";
+  }
 }
 
 }  // namespace

@@ -1,11 +1,23 @@
 """The PyTorch examples as users run them, through braidrun, on Fashion-MNIST.
 
 - examples/train_fashion_mnist.py, the main job cut down for CI: 1 epoch on the first 12,000
-  training images, 2 ranks, with none, fp16 and fp4 (same seed: same initial weights and
-  batches). fp16 and fp4 must end within 1.5 points of none's test accuracy (10,000 test
-  images; doing better passes, as in tools/convergence), and their byte counters must show
-  the compression. Measured (loaded 2-core machine, seed 0): none 79.44%, fp16 79.38%,
-  fp4 80.53%; about 12 s per job.
+  training images (187 steps), 2 ranks, with none, fp16, fp4, powersgd:rank=2 and
+  scalecomp:ratio=100 (same seed: same initial weights and batches; every job is bit-for-bit
+  repeatable on one machine). Each method's byte counters must show the compression it
+  exists for: fp16 2x, fp4 7x, and exactly the payload ratio of PowerSGD at rank 2
+  (215,370 gradient floats a step, of which PowerSGD sends 4,800) and of ScaleComp at ratio
+  100 over the whole model (k = 2,154 a step: the optimizer sends a step's gradients as one
+  group, so one bucket; any other split would round k up per bucket), so a warm-up as long
+  as the run cannot pass.
+  fp16 and fp4 must end within 1.5 points of none's test accuracy (10,000 test images; doing
+  better passes, as in tools/convergence). PowerSGD at rank 2 and ScaleComp at ratio 100 do
+  not reach that in this 187-step run, and the test does not pretend they do: measured
+  (seeds 0/1/2) PowerSGD -2.59/-1.32/-1.55 points and ScaleComp -2.54/-2.20/-2.38, the same
+  gap as PyTorch DDP's own powerSGD_hook and as a plain-torch ScaleComp, closing with longer
+  training (BENCHMARKS.md, section 9, has the figures and the analysis). For them the test
+  asserts a regression bound of 3.5 points, which a broken error feedback or selection
+  would far exceed. Measured (seed 0): none 79.44%, fp16 79.38%, fp4 80.53%,
+  powersgd:rank=2 76.85%, scalecomp:ratio=100 76.90%; about 12 s per job.
 - examples/horovod_pytorch_mnist.py, Horovod's PyTorch MNIST example call for call: braid
   appears on its import line only, and it trains with Compression.fp16.
 """
@@ -21,6 +33,15 @@ from braid_launch import PYTHON, REPO, build_dir
 pytest.importorskip("torch")
 DATA = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
 TOLERANCE_POINTS = 1.5
+# Gradient floats per step of the example's CNN, and what PowerSGD at rank 2 sends of them:
+# (rows + cols) x 2 for conv1 (16 x 25), conv2 (32 x 400), fc1 (128 x 1568), fc2 (10 x 128),
+# plus the 186 bias floats sent as they are.
+GRADIENT_FLOATS = 215370
+POWERSGD_RANK2_FLOATS = (41 + 432 + 1696 + 138) * 2 + 186
+SCALECOMP_RATIO100_K = 2154  # ceil(215370 / 100)
+# Not the acceptance bar (see the docstring): how far below none the two may end before the
+# test calls it a regression. Measured worst of seeds 0-2: -2.59 points.
+REGRESSION_POINTS = 3.5
 
 
 def braidrun():
@@ -44,8 +65,9 @@ def run_job(np_, args, timeout=300):
 
 def test_fashion_mnist_compression_keeps_accuracy(tmp_path):
     results = {}
-    for method in ("none", "fp16", "fp4"):
-        report = tmp_path / f"{method}.json"
+    methods = ("none", "fp16", "fp4", "powersgd:rank=2", "scalecomp:ratio=100")
+    for method in methods:
+        report = tmp_path / f"{method.replace(':', '_')}.json"
         run_job(2, [str(REPO / "examples" / "train_fashion_mnist.py"), "--epochs", "1",
                     "--train-subset", "12000", "--seed", "0", "--compression", method,
                     "--no-progress", "--json", str(report)])
@@ -55,13 +77,23 @@ def test_fashion_mnist_compression_keeps_accuracy(tmp_path):
     base = results["none"]
     assert base["train_images"] == 12000 and base["test_images"] == 10000, base
     assert base["test_accuracy"] > 0.70, base  # it learned: chance is 10%
-    for method, ratio in (("fp16", 2.0), ("fp4", 7.0)):
+    assert abs(base["compression_ratio"] - 1.0) < 1e-9, base
+    exact = {"powersgd:rank=2": GRADIENT_FLOATS / POWERSGD_RANK2_FLOATS,
+             "scalecomp:ratio=100": GRADIENT_FLOATS / SCALECOMP_RATIO100_K}
+    # (method, payload ratio at least, wire ratio vs none at least, accuracy bound). Wire
+    # bytes add what a payload does not count: scalecomp's leader broadcasts its int32
+    # indices (wire about 2/3 of the payload ratio), PowerSGD's status words.
+    for method, ratio, wire, bound in (("fp16", 2.0, 1.8, TOLERANCE_POINTS),
+                                       ("fp4", 7.0, 6.3, TOLERANCE_POINTS),
+                                       ("powersgd:rank=2", 44.0, 40.0, REGRESSION_POINTS),
+                                       ("scalecomp:ratio=100", 99.0, 60.0, REGRESSION_POINTS)):
         r = results[method]
         delta = 100 * (r["test_accuracy"] - base["test_accuracy"])
-        assert delta >= -TOLERANCE_POINTS, f"{method}: {delta:+.2f} points vs none ({summary})"
+        assert delta >= -bound, f"{method}: {delta:+.2f} points vs none ({summary})"
         assert r["compression_ratio"] >= ratio * 0.99, (method, r["compression_ratio"])
-        assert r["transport_bytes"] < base["transport_bytes"] / (ratio * 0.9), (method, r)
-    assert abs(base["compression_ratio"] - 1.0) < 1e-9, base
+        if method in exact:
+            assert abs(r["compression_ratio"] - exact[method]) < 1e-9, (method, r)
+        assert r["transport_bytes"] * wire < base["transport_bytes"], (method, r)
 
 
 def test_horovod_style_example_runs_with_only_the_import_changed():

@@ -39,6 +39,14 @@ def test_distributed_optimizer(np_):
     run("torch_optimizer.py", np_)
 
 
+@pytest.mark.parametrize("np_", [2, 3])
+def test_sparsifier_matches_torch_reference(np_):
+    """scalecomp through grouped_allreduce_ and DistributedOptimizer equals a plain-torch
+    implementation of ScaleCom for 6 steps (a group, and by default an optimizer's whole
+    step, travels as one bucket); DistributedOptimizer's groups train correctly."""
+    run("torch_sparse_reference.py", np_)
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,6 +1,8 @@
 // Rank assignment from each launcher's variables, and the configuration parser.
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -91,7 +93,7 @@ TEST(ConfigTest, DefaultsAndOverrides) {
   EXPECT_FALSE(d->job.stall_shutdown.has_value());
   EXPECT_EQ(ToProto(d->job).ByteSizeLong(), 0u);
   Env set{{{"BRAID_TIMEOUT_S", "2.5"}, {"BRAID_FUSION_THRESHOLD", "0"}, {"BRAID_COORDINATOR", "h:1"},
-           {"BRAID_COMPRESSION", "fp16"}, {"BRAID_COORDINATOR_PORT", "29700"}, {"MASTER_ADDR", "10.0.0.1"},
+           {"BRAID_COMPRESSION", "fp16"}, {"BRAID_COORDINATOR_PORT", "29700"},
            {"BRAID_STALL_CHECK_S", "1.5"}, {"BRAID_STALL_SHUTDOWN_S", "0"},
            {"BRAID_CACHE_CAPACITY", "5"}, {"BRAID_HEARTBEAT_TIMEOUT_S", "2"},
            {"BRAID_CYCLE_TIME_MS", "3"}, {"BRAID_UCX_PEER_ERROR_HANDLING", "1"}}};
@@ -101,7 +103,6 @@ TEST(ConfigTest, DefaultsAndOverrides) {
   EXPECT_EQ(s->coordinator, "h:1");
   EXPECT_EQ(s->compression, "fp16");
   EXPECT_EQ(s->coordinator_port, 29700);
-  EXPECT_EQ(s->coordinator_host, "10.0.0.1");
   EXPECT_EQ(s->cycle_time, absl::Milliseconds(3));
   EXPECT_TRUE(s->ucx_peer_error_handling);
   EXPECT_EQ(s->job.fusion_threshold_bytes, 0);
@@ -188,6 +189,112 @@ TEST(ConfigTest, BadValuesAreNamedErrors) {
 
 // braidrun's and braid-coordinator's flags: each maps onto its variable, in the flag's
 // unit, and errors name the flag.
+// Note [Coordinator address]: where rank 0 hosts the coordinator under each launcher.
+TEST(CoordinatorAddressTest, EachLauncher) {
+  struct Case {
+    const char* what;
+    std::map<std::string, std::string> vars;
+    std::string host, host_from;
+    int port;
+    std::string port_from;
+  };
+  const std::string hnp = "1785462784.0;tcp://198.18.0.1,10.0.0.1:45685;tcp6://[fd00::2]:41297";
+  const Case cases[] = {
+      {"nothing", {}, "127.0.0.1", "the default", 29600, "the default"},
+      {"torchrun",
+       {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h0"}, {"MASTER_PORT", "29500"}},
+       "h0", "MASTER_ADDR", 45884, "MASTER_PORT"},
+      {"BRAID_COORDINATOR_PORT wins over MASTER_PORT",
+       {{"MASTER_PORT", "29500"}, {"BRAID_COORDINATOR_PORT", "29700"}},
+       "127.0.0.1", "the default", 29700, "BRAID_COORDINATOR_PORT"},
+      {"slurm across nodes",
+       {{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_STEP_NUM_NODES", "9"},
+        {"SLURM_STEP_NODELIST", "node[003-010,12],gpu1"}},
+       "node003", "SLURM_STEP_NODELIST", 29600, "the default"},
+      {"slurm on one node",
+       {{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_STEP_NUM_NODES", "1"},
+        {"SLURM_STEP_NODELIST", "vm"}},
+       "127.0.0.1", "the default", 29600, "the default"},
+      {"MASTER_ADDR wins over slurm",
+       {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_NNODES", "2"},
+        {"SLURM_STEP_NODELIST", "n[1-2]"}, {"MASTER_ADDR", "10.1.1.1"}},
+       "10.1.1.1", "MASTER_ADDR", 29600, "the default"},
+      {"open mpi across nodes",
+       {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+        {"OMPI_MCA_orte_num_nodes", "2"}, {"OMPI_MCA_orte_hnp_uri", hnp}},
+       "198.18.0.1", "OMPI_MCA_orte_hnp_uri", 29600, "the default"},
+      {"open mpi on one node",
+       {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+        {"OMPI_MCA_orte_num_nodes", "1"}, {"OMPI_MCA_orte_hnp_uri", hnp}},
+       "127.0.0.1", "the default", 29600, "the default"},
+      {"a launcher's node list is not read under another launcher",
+       {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"SLURM_NNODES", "2"}, {"SLURM_STEP_NODELIST", "n[1-2]"}},
+       "127.0.0.1", "the default", 29600, "the default"},
+  };
+  for (const Case& c : cases) {
+    Env env{c.vars};
+    auto got = ConfigFromEnv(env.fn());
+    ASSERT_TRUE(got.ok()) << c.what << ": " << got.status();
+    EXPECT_EQ(got->coordinator_host, c.host) << c.what;
+    EXPECT_EQ(got->coordinator_host_from, c.host_from) << c.what;
+    EXPECT_EQ(got->coordinator_port, c.port) << c.what;
+    EXPECT_EQ(got->coordinator_port_from, c.port_from) << c.what;
+  }
+}
+
+TEST(CoordinatorAddressTest, BadValuesAreNamedOnlyWhenUsed) {
+  Env bad_port{{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}};
+  EXPECT_EQ(std::string(ConfigFromEnv(bad_port.fn()).status().message()),
+            "MASTER_PORT must be in [1, 65535], got 70000");
+  Env bad_list{{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NNODES", "2"},
+                {"SLURM_STEP_NODELIST", "n[1-2"}}};
+  EXPECT_EQ(std::string(ConfigFromEnv(bad_list.fn()).status().message()),
+            "SLURM_STEP_NODELIST 'n[1-2': unbalanced brackets");
+  // Under braidrun (BRAID_COORDINATOR set) neither is read.
+  Env braidrun{{{"BRAID_COORDINATOR", "h:1"}, {"MASTER_PORT", "x"}, {"SLURM_PROCID", "0"},
+                {"SLURM_NNODES", "2"}, {"SLURM_STEP_NODELIST", "n[1-2"}}};
+  EXPECT_TRUE(ConfigFromEnv(braidrun.fn()).ok());
+}
+
+TEST(CoordinatorAddressTest, DerivedPortIsOneToOneAndNeverTheSame) {
+  std::vector<bool> taken(65536, false);
+  for (int p = 1024; p <= 65535; ++p) {
+    const int d = DerivedCoordinatorPort(p);
+    ASSERT_GE(d, 1024) << p;
+    ASSERT_LE(d, 65535) << p;
+    ASSERT_NE(d, p);
+    ASSERT_FALSE(taken[d]) << p << " -> " << d << " twice";
+    taken[d] = true;
+  }
+  EXPECT_EQ(DerivedCoordinatorPort(29500), 45884);
+  EXPECT_EQ(DerivedCoordinatorPort(49152), 1024);
+  EXPECT_EQ(DerivedCoordinatorPort(65535), 17407);
+}
+
+TEST(CoordinatorAddressTest, FirstHostOfNodeList) {
+  const std::pair<const char*, const char*> good[] = {
+      {"h0", "h0"},           {"h[0-3]", "h0"},       {"a,b", "a"},
+      {"node[003-010,12],gpu1", "node003"}, {"h[2,5-6]", "h2"}, {"rack[1-2]-n[3-4]", "rack1-n3"},
+      {" vm ", "vm"},
+  };
+  for (const auto& [list, want] : good) {
+    auto got = FirstHostOfNodeList("L", list);
+    ASSERT_TRUE(got.ok()) << list << ": " << got.status();
+    EXPECT_EQ(*got, want) << list;
+  }
+  for (const char* list : {"h[0-3", "", "h[]", "h]0[", ","}) {
+    EXPECT_EQ(FirstHostOfNodeList("L", list).status().code(), absl::StatusCode::kInvalidArgument)
+        << list;
+  }
+}
+
+TEST(CoordinatorAddressTest, FirstAddressOfOmpiUri) {
+  EXPECT_EQ(*FirstAddressOfOmpiUri("U", "1.0;tcp://10.0.0.1:5"), "10.0.0.1");
+  EXPECT_EQ(*FirstAddressOfOmpiUri("U", "1.0;tcp6://[::1]:5;tcp://a,b:5"), "a");
+  EXPECT_EQ(FirstAddressOfOmpiUri("U", "1.0;tcp6://[::1]:5").status().message(),
+            "U '1.0;tcp6://[::1]:5' has no tcp:// address");
+}
+
 TEST(SettingFlagsTest, FlagsMapOntoVariablesAndErrorsNameTheFlag) {
   const SettingFlag* mb = FindSettingFlag("--fusion-threshold-mb");
   ASSERT_NE(mb, nullptr);

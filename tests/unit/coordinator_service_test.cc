@@ -107,6 +107,44 @@ class ServiceTest : public ::testing::Test {
   std::map<int64_t, absl::StatusOr<proto::RegisterResponse>> results_;
 };
 
+// ---- Report ages: only to the ranks that asked ----
+
+// A rank that asked (its timeline marks when every rank reported) gets one age per rank per
+// tensor; the others get none, so their responses do not grow with the world size.
+TEST_F(ServiceTest, ReportAgesOnlyToRanksThatAskedForThem) {
+  const int n = 3;
+  std::vector<int64_t> ids;
+  for (int r = 0; r < n; ++r) ids.push_back(Register(Reg(r, n)));
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  std::vector<StreamKey> keys;
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(results_.at(ids[r]).ok());
+    sinks.push_back(std::make_shared<RecordingSink>());
+    proto::RequestList hello;
+    hello.set_rank(r);
+    hello.set_report_ages(r == 1);
+    keys.push_back(*service_->OpenStream(hello, sinks.back()));
+  }
+  for (int r = 0; r < n; ++r) {
+    now_ += absl::Microseconds(250);
+    service_->OnRequests(keys[r], Allreduce(r, "w"));
+  }
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(sinks[r]->sent.size(), 1u) << "rank " << r;
+    const proto::Response& resp = sinks[r]->sent[0].responses(0);
+    EXPECT_EQ(resp.type(), proto::Response::OK);
+    EXPECT_EQ(resp.names(0), "w");
+    if (r == 1) {
+      ASSERT_EQ(resp.report_age_us_size(), n);
+      EXPECT_EQ(resp.report_age_us(0), 500);  // rank 0 reported two steps of 250 us earlier
+      EXPECT_EQ(resp.report_age_us(1), 250);
+      EXPECT_EQ(resp.report_age_us(2), 0);
+    } else {
+      EXPECT_EQ(resp.report_age_us_size(), 0) << "rank " << r;
+    }
+  }
+}
+
 // ---- Registration: one call per rank, every peer in the answer ----
 
 TEST_F(ServiceTest, RegistrationIsOneCallPerRankAndReturnsEveryPeer) {

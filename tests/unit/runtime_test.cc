@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "runtime/runtime.h"
@@ -28,6 +29,7 @@ namespace braid {
 namespace {
 
 using testing::RuntimeWorld;
+using testing::RuntimeWorldOptions;
 using testing::WorldOf;
 
 CollectiveRequest AllReduce(const std::string& name, const float* in, float* out, int64_t n,
@@ -277,6 +279,79 @@ TEST(RuntimeTest, ARefusalOnOneRankFailsItsPeersAtOnce) {
     std::vector<float> x(4, static_cast<float>(rank + 1)), y(4);
     ASSERT_TRUE(WaitFor(rt.Enqueue(AllReduce("after", x.data(), y.data(), 4))).ok());
     EXPECT_EQ(y, std::vector<float>(4, 3.0f));
+  });
+}
+
+// Under the fast path a tensor every rank has cached is agreed among the ranks, not by the
+// coordinator. A refusal of it on one rank still fails it on its peers at once (its slot
+// leaves every rank's cache, so the peers ask the coordinator, which holds the failure), and
+// that error, sent to one rank alone, leaves the ranks' agreement in step: the same cached
+// tensors go on giving the right sums.
+TEST(RuntimeTest, ARefusalOfACachedTensorFailsItsPeersUnderTheFastPath) {
+  RuntimeWorldOptions o = WorldOf(2);
+  o.settings.set_fast_path(1);
+  RuntimeWorld world(o);
+  ASSERT_TRUE(world.InitOk());
+  const std::string cause = "allreduce 'w' on rank 1: input buffer is null";
+  world.Run([&](int rank, Runtime& rt) {
+    std::vector<float> x(4), y(4);
+    auto step = [&](int k) {
+      for (const char* name : {"w", "v"}) {
+        std::fill(x.begin(), x.end(), static_cast<float>(rank + k));
+        EXPECT_TRUE(WaitFor(rt.Enqueue(AllReduce(name, x.data(), y.data(), 4))).ok())
+            << name << " at step " << k;
+        EXPECT_EQ(y, std::vector<float>(4, static_cast<float>(1 + 2 * k))) << name;
+      }
+    };
+    for (int k = 0; k < 3; ++k) step(k);
+    if (rank == 1) {
+      EXPECT_EQ(rt.Enqueue(AllReduce("w", nullptr, y.data(), 4)).status(),
+                absl::InvalidArgumentError(cause));
+    } else {
+      auto h = rt.Enqueue(AllReduce("w", x.data(), y.data(), 4));
+      ASSERT_TRUE(h.ok()) << h.status();
+      EXPECT_EQ((*h)->Wait(absl::Seconds(2)),
+                absl::InvalidArgumentError(absl::StrCat("tensor 'w' failed on rank 1: ", cause)));
+    }
+    for (int k = 3; k < 8; ++k) step(k);
+  });
+}
+
+// A cached tensor one rank never calls: held for the ranks' vote, it falls back to the
+// coordinator (after min(1 s, stall check / 2)), whose negotiation deadline fails it on the
+// rank that called it, naming both sides; the job goes on.
+TEST(RuntimeTest, TheNegotiationDeadlineFailsACachedTensorOneRankNeverCalls) {
+  RuntimeWorldOptions o = WorldOf(2);
+  o.settings.set_fast_path(1);
+  o.settings.set_stall_check_ms(1000);
+  o.settings.set_negotiation_timeout_ms(2000);
+  RuntimeWorld world(o);
+  ASSERT_TRUE(world.InitOk());
+  absl::Notification failed;  // rank 1 waits for it: a tensor it submitted would expire too
+  world.Run([&](int rank, Runtime& rt) {
+    std::vector<float> x(4, static_cast<float>(rank + 1)), y(4);
+    for (int k = 0; k < 3; ++k) {
+      for (const char* name : {"w", "v"}) {
+        EXPECT_TRUE(WaitFor(rt.Enqueue(AllReduce(name, x.data(), y.data(), 4))).ok()) << name;
+        EXPECT_EQ(y, std::vector<float>(4, 3.0f));
+      }
+    }
+    if (rank == 0) {
+      const absl::Time start = absl::Now();
+      auto h = rt.Enqueue(AllReduce("w", x.data(), y.data(), 4));
+      ASSERT_TRUE(h.ok()) << h.status();
+      absl::Status s = (*h)->Wait(absl::Seconds(10));
+      EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+      EXPECT_TRUE(absl::StrContains(s.message(), "submitted by rank 0 but not by rank 1")) << s;
+      EXPECT_GE(absl::Now() - start, absl::Seconds(2));
+      failed.Notify();
+    } else {
+      EXPECT_TRUE(failed.WaitForNotificationWithTimeout(absl::Seconds(15)));
+    }
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_TRUE(WaitFor(rt.Enqueue(AllReduce("v", x.data(), y.data(), 4))).ok());
+      EXPECT_EQ(y, std::vector<float>(4, 3.0f));
+    }
   });
 }
 

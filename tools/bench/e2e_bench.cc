@@ -1,7 +1,8 @@
-// braid-e2e-bench: all-reduce through the whole runtime (enqueue -> gRPC negotiation ->
-// UCX collective -> handle) against the bare Communicator, side by side in one run.
+// braid-e2e-bench: all-reduce through the whole runtime (enqueue -> negotiation, by the
+// coordinator or the ranks' fast path -> UCX collective -> handle) against the bare
+// Communicator, side by side in one run.
 //
-//   braid-e2e-bench -b 4 -e 64M -f 4 -n 50 -w 10 --ranks 2 [--json PATH]
+//   braid-e2e-bench -b 4 -e 64M -f 4 -n 50 -w 10 --ranks 2 [--compare-fast-path] [--json PATH]
 //
 // Starts a coordinator process and N rank processes on this host. Every rank times each size
 // both ways (bare first, then end to end) with per-iteration timings; the table shows, per
@@ -46,7 +47,16 @@ struct Options {
   std::string json_path;
   int step_tensors = 0;  // > 0: also time a training-like step of this many tensors
   int step_iters = 5;
+  // Runs every size and the step twice, with BRAID_FAST_PATH=1 then =0, in one run.
+  bool compare_fast_path = false;
 };
+
+// The value at fraction q (0..1) of the sorted values (nearest rank); 0 for none.
+double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * (v.size() - 1) + 0.5)];
+}
 
 // One rank: returns 0 on success. Rank 0 writes the rows to `out_path` as JSON.
 int RunRank(int rank, const Options& o, const std::vector<size_t>& sizes,
@@ -69,12 +79,17 @@ int RunRank(int rank, const Options& o, const std::vector<size_t>& sizes,
   setenv("BRAID_SIZE", std::to_string(o.ranks).c_str(), 1);
   braid::Runtime rt;
   auto cfg = braid::ConfigFromProcessEnv();
-  absl::Status s = cfg.ok() ? rt.Init(*cfg) : cfg.status();
+  absl::Status s = !cfg.ok() ? cfg.status() : o.compare_fast_path ? absl::OkStatus() : rt.Init(*cfg);
   if (!s.ok()) {
     fprintf(stderr, "[rank %d] init: %s\n", rank, s.ToString().c_str());
     return 1;
   }
-  nlohmann::json rows = nlohmann::json::array();
+  // Every size, bare then end to end through `rt`; appends one row per size (or, on a
+  // second pass, the pass's figures under `suffix` to the rows already there).
+  auto sweep = [&](braid::Runtime& rt, nlohmann::json& rows, const std::string& suffix) -> int {
+  const bool first = rows.empty();
+  size_t row = 0;
+  absl::Status s;
   for (size_t bytes : sizes) {
     const size_t count = std::max<size_t>(1, bytes / sizeof(float));
     std::vector<float> in(count, 1.0f), out(count, 0.0f);
@@ -113,15 +128,25 @@ int RunRank(int rank, const Options& o, const std::vector<size_t>& sizes,
     s = comm.AllReduce(both.data(), both.data(), both.size(), braid::DataType::kFloat64,
                        braid::ReduceOp::kMax);
     if (!s.ok()) return 1;
-    double b = Median({both.begin(), both.begin() + o.iters});
-    double e = Median({both.begin() + o.iters, both.end()});
-    rows.push_back({{"bytes", count * sizeof(float)},
-                    {"bare_us_median", b},
-                    {"e2e_us_median", e},
-                    {"ratio", e / b}});
+    const std::vector<double> b_all(both.begin(), both.begin() + o.iters);
+    const std::vector<double> e_all(both.begin() + o.iters, both.end());
+    const double b = Median(b_all), e = Median(e_all);
+    if (first) rows.push_back({{"bytes", count * sizeof(float)}});
+    nlohmann::json& r = rows[row++];
+    r["bare_us_median" + suffix] = b;
+    r["bare_us_p25" + suffix] = Quantile(b_all, 0.25);
+    r["bare_us_p75" + suffix] = Quantile(b_all, 0.75);
+    r["e2e_us_median" + suffix] = e;
+    r["e2e_us_p25" + suffix] = Quantile(e_all, 0.25);
+    r["e2e_us_p75" + suffix] = Quantile(e_all, 0.75);
+    r["ratio" + suffix] = e / b;
   }
-  nlohmann::json step;
-  if (o.step_tensors > 0) {
+  return 0;
+  };
+  // The training-like step, fused (and, on the last pass, with fusion off).
+  auto time_step = [&](nlohmann::json& step, const std::string& suffix, bool last) -> int {
+  absl::Status s;
+  {
     // Mixed sizes from 1 KiB to 4 MiB, log-uniform, the same on every rank.
     std::vector<size_t> counts;
     size_t total = 0;
@@ -177,13 +202,18 @@ int RunRank(int rank, const Options& o, const std::vector<size_t>& sizes,
     if (s.ok()) s = time_it(run_single, &single);
     if (s.ok() && outs.back()[0] != static_cast<float>(o.ranks)) s = absl::InternalError("wrong step result");
     // The same step with fusion off: rejoin with BRAID_FUSION_THRESHOLD=0.
-    if (s.ok()) s = rt.Shutdown();
-    setenv("BRAID_FUSION_THRESHOLD", "0", 1);
-    if (s.ok()) {
-      auto cfg2 = braid::ConfigFromProcessEnv();
-      s = cfg2.ok() ? rt.Init(*cfg2) : cfg2.status();
+    if (last) {
+      if (s.ok()) s = rt.Shutdown();
+      setenv("BRAID_FUSION_THRESHOLD", "0", 1);
+      if (s.ok()) {
+        auto cfg2 = braid::ConfigFromProcessEnv();
+        s = cfg2.ok() ? rt.Init(*cfg2) : cfg2.status();
+      }
+      if (s.ok()) s = time_it(run_step, &unfused_step);
+      unsetenv("BRAID_FUSION_THRESHOLD");
+    } else {
+      unfused_step = fused_step;  // not measured on this pass
     }
-    if (s.ok()) s = time_it(run_step, &unfused_step);
     if (!s.ok()) {
       fprintf(stderr, "[rank %d] step: %s\n", rank, s.ToString().c_str());
       return 1;
@@ -199,10 +229,37 @@ int RunRank(int rank, const Options& o, const std::vector<size_t>& sizes,
     double f = Median({all.begin(), all.begin() + k});
     double one = Median({all.begin() + k, all.begin() + 2 * k});
     double u = Median({all.begin() + 2 * k, all.end()});
-    step = {{"tensors", o.step_tensors}, {"bytes", total * sizeof(float)},
-            {"fused_step_us_median", f}, {"single_buffer_us_median", one},
-            {"unfused_step_us_median", u}, {"fused_over_single", f / one},
-            {"unfused_over_single", u / one}};
+    step["tensors"] = o.step_tensors;
+    step["bytes"] = total * sizeof(float);
+    step["fused_step_us_median" + suffix] = f;
+    step["fused_step_us_p25" + suffix] = Quantile({all.begin(), all.begin() + k}, 0.25);
+    step["fused_step_us_p75" + suffix] = Quantile({all.begin(), all.begin() + k}, 0.75);
+    step["single_buffer_us_median" + suffix] = one;
+    step["fused_over_single" + suffix] = f / one;
+    if (last) {
+      step["unfused_step_us_median"] = u;
+      step["unfused_over_single"] = u / one;
+    }
+  }
+  return 0;
+  };
+  nlohmann::json rows = nlohmann::json::array(), step;
+  const std::vector<std::string> passes =
+      o.compare_fast_path ? std::vector<std::string>{"", "_slow"} : std::vector<std::string>{""};
+  for (size_t p = 0; p < passes.size(); ++p) {
+    if (o.compare_fast_path) {
+      // Each pass is its own job at the coordinator, with the fast path on, then off.
+      if (rt.initialized()) s = rt.Shutdown();
+      setenv("BRAID_FAST_PATH", p == 0 ? "1" : "0", 1);
+      auto cfg_pass = braid::ConfigFromProcessEnv();
+      if (s.ok()) s = cfg_pass.ok() ? rt.Init(*cfg_pass) : cfg_pass.status();
+      if (!s.ok()) {
+        fprintf(stderr, "[rank %d] init: %s\n", rank, s.ToString().c_str());
+        return 1;
+      }
+    }
+    if (sweep(rt, rows, passes[p]) != 0) return 1;
+    if (o.step_tensors > 0 && time_step(step, passes[p], p + 1 == passes.size()) != 0) return 1;
   }
   rt.Shutdown().IgnoreError();
   if (rank == 0) std::ofstream(out_path) << nlohmann::json{{"rows", rows}, {"step", step}}.dump(2);
@@ -225,6 +282,8 @@ int main(int argc, char** argv) {
                  "also time a step of this many float32 tensors (1 KiB..4 MiB) with fusion and "
                  "cache on, one pre-fused buffer of the same bytes, and the step with fusion off");
   app.add_option("--step-iters", o.step_iters)->capture_default_str();
+  app.add_flag("--compare-fast-path", o.compare_fast_path,
+               "run every size and the step with BRAID_FAST_PATH=1, then =0, in this one run");
   BRAID_CLI_PARSE(app, argc, argv);
 
   std::vector<size_t> sizes;
@@ -283,10 +342,27 @@ int main(int argc, char** argv) {
   const nlohmann::json& rows = result["rows"];
   printf("# braid-e2e-bench: float32 sum all-reduce, %d ranks, %d iterations (+%d warm-up)\n",
          o.ranks, o.iters, o.warmup);
-  printf("# %12s %16s %16s %8s\n", "size (B)", "bare (us, med)", "e2e (us, med)", "e2e/bare");
-  for (const auto& r : rows) {
-    printf("  %12zu %16.2f %16.2f %8.3f\n", r["bytes"].get<size_t>(), r["bare_us_median"].get<double>(),
-           r["e2e_us_median"].get<double>(), r["ratio"].get<double>());
+  if (o.compare_fast_path) {
+    // Medians, with the 25th-75th percentiles in brackets; e2e minus bare in microseconds.
+    printf("# fast path on (BRAID_FAST_PATH=1) vs off (=0), each against bare in its own pass\n");
+    printf("# %10s | %9s %24s %9s %9s | %9s %24s %9s %9s\n", "size (B)", "bare (us)",
+           "fast e2e (us) [p25-p75]", "fast/bare", "fast-bare", "bare (us)",
+           "slow e2e (us) [p25-p75]", "slow/bare", "slow-bare");
+    for (const auto& r : rows) {
+      auto med = [&](const char* k) { return r[k].get<double>(); };
+      printf("  %10zu | %9.1f %9.1f [%6.1f-%6.1f] %9.3f %9.1f | %9.1f %9.1f [%6.1f-%6.1f] %9.3f %9.1f\n",
+             r["bytes"].get<size_t>(), med("bare_us_median"), med("e2e_us_median"),
+             med("e2e_us_p25"), med("e2e_us_p75"), med("ratio"),
+             med("e2e_us_median") - med("bare_us_median"), med("bare_us_median_slow"),
+             med("e2e_us_median_slow"), med("e2e_us_p25_slow"), med("e2e_us_p75_slow"),
+             med("ratio_slow"), med("e2e_us_median_slow") - med("bare_us_median_slow"));
+    }
+  } else {
+    printf("# %12s %16s %16s %8s\n", "size (B)", "bare (us, med)", "e2e (us, med)", "e2e/bare");
+    for (const auto& r : rows) {
+      printf("  %12zu %16.2f %16.2f %8.3f\n", r["bytes"].get<size_t>(), r["bare_us_median"].get<double>(),
+             r["e2e_us_median"].get<double>(), r["ratio"].get<double>());
+    }
   }
   const nlohmann::json& step = result["step"];
   if (!step.is_null()) {
@@ -296,6 +372,17 @@ int main(int argc, char** argv) {
            step["fused_step_us_median"].get<double>(), step["single_buffer_us_median"].get<double>(),
            step["unfused_step_us_median"].get<double>(), step["fused_over_single"].get<double>(),
            step["unfused_over_single"].get<double>());
+    if (o.compare_fast_path) {
+      printf("# step with the fast path on: %.0f us [p25-p75 %.0f-%.0f], fused/single %.3f; "
+             "off: %.0f us [%.0f-%.0f], fused/single %.3f (single buffer %.0f us in that pass)\n",
+             step["fused_step_us_median"].get<double>(), step["fused_step_us_p25"].get<double>(),
+             step["fused_step_us_p75"].get<double>(), step["fused_over_single"].get<double>(),
+             step["fused_step_us_median_slow"].get<double>(),
+             step["fused_step_us_p25_slow"].get<double>(),
+             step["fused_step_us_p75_slow"].get<double>(),
+             step["fused_over_single_slow"].get<double>(),
+             step["single_buffer_us_median_slow"].get<double>());
+    }
   }
   if (!o.json_path.empty()) {
     std::ofstream(o.json_path) << nlohmann::json{{"ranks", o.ranks}, {"iters", o.iters}, {"rows", rows}, {"step", step}}.dump(2);

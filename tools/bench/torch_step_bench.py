@@ -2,7 +2,7 @@
 """torch_step_bench.py: one training step of the Fashion-MNIST CNN, braid vs PyTorch DDP.
 
     /usr/bin/python3 tools/bench/torch_step_bench.py --ranks 2 --steps 60 --warmup 10 \\
-        --runs 3 [--compression none] [--json step.json]
+        --runs 3 [--compression none] [--ddp-hook auto] [--json step.json]
 
 Trains examples/train_fashion_mnist.py's CNN (215k float32 parameters: 861 KB of gradients
 per step) on real Fashion-MNIST batches (--batch-size per rank), with braid.torch's
@@ -12,6 +12,17 @@ see the same machine. Each rank times every step (zero_grad + forward, backward,
 the gradients' all-reduces, the optimizer's update); a step's time is the slowest rank's; a
 run's figure is the median over its --steps timed steps; the table shows the median over runs
 and the ratio braid / DDP (< 1: braid faster).
+
+Compression: braid runs --compression (a spec; default none). DDP runs the communication
+hook --ddp-hook names: `none` (plain all-reduce), `fp16` (fp16_compress_hook) or
+`powersgd` (powerSGD_hook with the rank, min_compression_rate, error feedback, warm start
+and orthogonalization epsilon of braid's powersgd spec, or rank 1 and the hook's defaults
+otherwise); `auto` (default) picks the hook matching --compression (powersgd -> powersgd,
+fp16 -> fp16, anything else -> none). The hook's start_powerSGD_iter is 2, the least DDP
+allows with error feedback or warm start (its first two steps are plain all-reduces), so
+--warmup must be at least 2 and every timed step compresses on both sides. The table adds
+each side's payload ratio over the whole run (braid: its byte counters; DDP: the hook's
+own element counts, from its first compressed step).
 
 Breakdown: "backward" is loss.backward(); for braid it only queues the all-reduces (the hooks),
 which then run on braid's background thread, and "comm wait" is what optimizer.synchronize()
@@ -56,6 +67,7 @@ def worker(args):
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = Net()
+    hook_state = None
     if args.worker == "braid":
         import braid.torch as hvd
         hvd.init()
@@ -70,6 +82,7 @@ def worker(args):
         dist.init_process_group("gloo")
         rank, size = dist.get_rank(), dist.get_world_size()
         net = torch.nn.parallel.DistributedDataParallel(model)
+        hook_state = register_ddp_hook(net, args)
         opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     total = args.warmup + args.steps
     images, labels = fmnist.load("train")
@@ -102,11 +115,20 @@ def worker(args):
             opt.step()
         t4 = time.time()
         steps.append([t0, t1, t2, t3, t4])
+    if args.worker == "braid":
+        grads = [t for n, t in hvd.compression_stats()["tensors"].items()
+                 if n.startswith("grad.")]
+        payload = sum(t["payload_bytes"] for t in grads)
+        ratio = sum(t["uncompressed_bytes"] for t in grads) / payload if payload else 0.0
+    elif hook_state is not None:
+        ratio = hook_state.compression_stats()[0]
+    else:
+        ratio = 2.0 if args.ddp_hook == "fp16" else 1.0
     with open(f"{args.out}.rank{rank}.json", "w") as f:
         if args.worker == "braid":  # gradients are contiguous: none may be staged
             copies = hvd.staging_copies() - copies
         json.dump({"rank": rank, "size": size, "clock": clock, "warmup": args.warmup,
-                   "staging_copies": copies,
+                   "staging_copies": copies, "payload_ratio": ratio,
                    "steps": steps, "parameters": sum(p.numel() for p in model.parameters())},
                   f)
     sys.stdout.flush()
@@ -115,6 +137,43 @@ def worker(args):
         return 0
     # Debian's torch 1.13 gloo backend sometimes aborts or hangs at interpreter exit.
     os._exit(0)
+
+
+def powersgd_options(spec):
+    """braid's powersgd spec as powerSGD_hook's arguments (the hook's defaults otherwise)."""
+    opts = {"rank": "1", "min_compression_rate": "2", "ef": "1", "warm_start": "1",
+            "orthogonalization_epsilon": "0"}
+    method, _, rest = (spec or "").partition(":")
+    if method.strip() == "powersgd" and rest:
+        for item in rest.split(","):
+            k, _, v = item.partition("=")
+            opts[k.strip()] = v.strip()
+    return {"matrix_approximation_rank": int(opts["rank"]),
+            "min_compression_rate": float(opts["min_compression_rate"]),
+            "use_error_feedback": opts["ef"] in ("1", "true"),
+            "warm_start": opts["warm_start"] in ("1", "true"),
+            "orthogonalization_epsilon": float(opts["orthogonalization_epsilon"])}
+
+
+def resolve_ddp_hook(hook, compression):
+    if hook != "auto":
+        return hook
+    method = (compression or "none").partition(":")[0].strip()
+    return method if method in ("powersgd", "fp16") else "none"
+
+
+def register_ddp_hook(net, args):
+    """Registers --ddp-hook on the DDP model; returns powerSGD_hook's state (else None)."""
+    if args.ddp_hook == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        net.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif args.ddp_hook == "powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+        state = psgd.PowerSGDState(process_group=None, start_powerSGD_iter=2, random_seed=0,
+                                   **powersgd_options(args.compression))
+        net.register_comm_hook(state, psgd.powerSGD_hook)
+        return state
+    return None
 
 
 # --- the timeline ---------------------------------------------------------------------------
@@ -202,9 +261,11 @@ def launch(framework, args, workdir, run):
     py = os.path.join(args.build_dir, "python")
     env["PYTHONPATH"] = py + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     log = open(os.path.join(workdir, f"{framework}{run}.log"), "w")
+    if args.compression:
+        cmd += ["--compression", args.compression]
+    if framework == "ddp":
+        cmd += ["--ddp-hook", args.ddp_hook]
     if framework == "braid":
-        if args.compression:
-            cmd += ["--compression", args.compression]
         env["BRAID_TIMELINE"] = out + ".timeline.json"
         braidrun = os.path.join(args.build_dir, "tools", "braidrun", "braidrun")
         procs = [subprocess.Popen([braidrun, "-np", str(args.ranks)] + cmd, env=env, stdout=log,
@@ -250,7 +311,9 @@ def summarize(ranks, timeline=None):
             row["negotiation"] = tl["negotiated"] - tl["start"]
             row["allreduce"] = tl["allreduce"]
         rows.append(row)
-    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    out = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    out["payload_ratio"] = ranks[0]["payload_ratio"]
+    return out
 
 
 def main(argv=None):
@@ -262,6 +325,8 @@ def main(argv=None):
     p.add_argument("--runs", type=int, default=3, help="runs per framework, interleaved")
     p.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
     p.add_argument("--compression", default=None, help="braid's gradient compression spec")
+    p.add_argument("--ddp-hook", choices=("auto", "none", "fp16", "powersgd"), default="auto",
+                   help="DDP's communication hook (auto: the one matching --compression)")
     p.add_argument("--build-dir", default=os.environ.get("BRAID_BUILD_DIR",
                                                          os.path.join(REPO, "build")))
     p.add_argument("--timeout", type=float, default=300)
@@ -271,6 +336,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
+    args.ddp_hook = resolve_ddp_hook(args.ddp_hook, args.compression)
+    if args.ddp_hook == "powersgd" and args.warmup < 2:
+        p.error("--ddp-hook powersgd needs --warmup >= 2 (DDP's first two steps are not "
+                "compressed)")
 
     results = {"braid": [], "ddp": []}
     busy = []
@@ -286,24 +355,30 @@ def main(argv=None):
                 s["busy_before"] = b
                 s["staging_copies"] = sum(r["staging_copies"] for r in ranks)
                 results[fw].append(s)
-                print(f"# run {run} {fw:5s}: step {1e3 * s['step']:.2f} ms  (CPUs "
+                print(f"# run {run} {fw:5s}: step {1e3 * s['step']:.2f} ms  payload ratio "
+                      f"{s['payload_ratio']:.2f}x  (CPUs "
                       f"{0 if b is None else b:.0%} busy before)", flush=True)
     params = ranks[0]["parameters"]
     med = {fw: {k: statistics.median(r[k] for r in rs) for k in rs[0]
                 if k not in ("busy_before", "staging_copies")}
            for fw, rs in results.items()}
     label = f"braid-{args.compression or 'none'}"
+    ddp_label = "ddp-gloo" + ("" if args.ddp_hook == "none" else f"+{args.ddp_hook}_hook")
+    if args.ddp_hook == "powersgd":
+        ddp_label += f"(rank={powersgd_options(args.compression)['matrix_approximation_rank']})"
     print(f"# one training step of the Fashion-MNIST CNN ({params} float32 parameters, "
           f"{4 * params / 1e3:.0f} KB of gradients), {args.batch_size} images per rank, "
           f"{args.ranks} ranks; median over {args.runs} interleaved runs of the median over "
           f"{args.steps} steps (after {args.warmup}); times in ms")
-    print(f"# {'framework':12s} {'step':>8s} {'fwd':>8s} {'backward':>9s} {'comm wait':>10s} "
-          f"{'optimizer':>10s} {'vs ddp':>8s}")
-    for fw, name in (("braid", label), ("ddp", "ddp-gloo")):
+    w = max(12, len(label), len(ddp_label))
+    print(f"# {'framework':{w}s} {'step':>8s} {'fwd':>8s} {'backward':>9s} {'comm wait':>10s} "
+          f"{'optimizer':>10s} {'vs ddp':>8s} {'payload ratio':>14s}")
+    for fw, name in (("braid", label), ("ddp", ddp_label)):
         m = med[fw]
-        print(f"  {name:12s} {1e3 * m['step']:8.2f} {1e3 * m['forward']:8.2f} "
+        print(f"  {name:{w}s} {1e3 * m['step']:8.2f} {1e3 * m['forward']:8.2f} "
               f"{1e3 * m['backward']:9.2f} {1e3 * m['comm_wait']:10.2f} "
-              f"{1e3 * m['optimizer']:10.2f} {m['step'] / med['ddp']['step']:7.2f}x")
+              f"{1e3 * m['optimizer']:10.2f} {m['step'] / med['ddp']['step']:7.2f}x "
+              f"{m['payload_ratio']:13.2f}x")
     m = med["braid"]
     print(f"# braid timeline, per step (rank 0): gradients' communication {1e3 * m['comm']:.2f} "
           f"ms from the first negotiation to the last completion, {1e3 * m['overlap']:.2f} ms "
@@ -322,7 +397,8 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"ranks": args.ranks, "batch_size": args.batch_size,
                        "parameters": params, "steps": args.steps, "runs": args.runs,
-                       "compression": args.compression or "none", "median": med,
+                       "compression": args.compression or "none", "ddp_hook": args.ddp_hook,
+                       "median": med,
                        "runs_detail": results, "busy_before": busy}, f, indent=2)
     return 0
 

@@ -1,6 +1,7 @@
 #include "tools/braidrun/host_list.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -8,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace braid::braidrun {
 
@@ -39,6 +41,10 @@ absl::StatusOr<std::vector<HostSlots>> ParseHostList(const std::string& spec) {
     if (name.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("-H: '", entry, "': empty host name"));
     }
+    if (name[0] == '-') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("-H: '", entry, "': a host name cannot start with '-'"));
+    }
     h.host = std::string(name);
     if (!seen.insert(h.host).second) {
       return absl::InvalidArgumentError(
@@ -49,32 +55,71 @@ absl::StatusOr<std::vector<HostSlots>> ParseHostList(const std::string& spec) {
   return hosts;
 }
 
-absl::Status CheckHostsForLocalLaunch(const std::vector<HostSlots>& hosts, int np,
-                                      const std::vector<std::string>& local_names) {
+absl::StatusOr<std::vector<HostSlots>> ParseHostfile(const std::string& text,
+                                                     const std::string& source) {
+  std::vector<HostSlots> hosts;
+  std::set<std::string> seen;
+  int line_no = 0;
+  for (absl::string_view raw : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    absl::string_view line = raw.substr(0, raw.find('#'));
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty()) continue;
+    auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ":", line_no, ": '", line, "': ", why,
+                       " (expected 'host', 'host slots=N' or 'host:N')"));
+    };
+    std::vector<absl::string_view> words = absl::StrSplit(line, ' ', absl::SkipWhitespace());
+    HostSlots h;
+    absl::string_view name = words[0];
+    std::optional<absl::string_view> slots;
+    if (words.size() > 2) return bad("unexpected words after the host name");
+    if (words.size() == 2) {
+      absl::string_view w = words[1];
+      if (!absl::ConsumePrefix(&w, "slots=")) return bad("unexpected words after the host name");
+      slots = w;
+    } else if (size_t colon = name.rfind(':'); colon != absl::string_view::npos) {
+      slots = name.substr(colon + 1);
+      name = name.substr(0, colon);
+    }
+    if (slots && (!absl::SimpleAtoi(*slots, &h.slots) || h.slots < 1)) {
+      return bad(absl::StrCat("slots must be a positive integer, got '", *slots, "'"));
+    }
+    if (name.empty()) return bad("empty host name");
+    if (name[0] == '-') return bad("a host name cannot start with '-'");
+    h.host = std::string(name);
+    if (!seen.insert(h.host).second) return bad("the host is listed twice");
+    hosts.push_back(std::move(h));
+  }
+  if (hosts.empty()) return absl::InvalidArgumentError(absl::StrCat(source, ": no hosts"));
+  return hosts;
+}
+
+absl::StatusOr<std::vector<RankPlacement>> PlaceRanks(const std::vector<HostSlots>& hosts,
+                                                      int np) {
   int64_t total = 0;
   for (const HostSlots& h : hosts) total += h.slots;
   if (total < np) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "-H: the hosts have ", total, " slot", total == 1 ? "" : "s", " in all, fewer than -np ",
+        "the hosts have ", total, " slot", total == 1 ? "" : "s", " in all, fewer than -np ",
         np));
   }
-  std::vector<std::string> remote;
-  for (const HostSlots& h : hosts) {
-    const std::string lower = absl::AsciiStrToLower(h.host);
-    bool local = std::any_of(local_names.begin(), local_names.end(), [&](const std::string& n) {
-      return absl::AsciiStrToLower(n) == lower;
-    });
-    if (!local) remote.push_back(h.host);
+  std::vector<RankPlacement> ranks;
+  for (size_t i = 0; i < hosts.size() && static_cast<int>(ranks.size()) < np; ++i) {
+    const int n = std::min<int64_t>(hosts[i].slots, np - static_cast<int>(ranks.size()));
+    for (int l = 0; l < n; ++l) {
+      ranks.push_back({hosts[i].host, static_cast<int>(i), l, n});
+    }
   }
-  if (!remote.empty()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "-H: ", remote.size() == 1 ? "host " : "hosts ", absl::StrJoin(remote, ", "),
-        remote.size() == 1 ? " is" : " are",
-        " not this machine; multi-host launching (over ssh) is not implemented yet: "
-        "run braidrun on one host, or start the ranks with another launcher (torchrun, srun, "
-        "mpirun) and a braid-coordinator"));
-  }
-  return absl::OkStatus();
+  return ranks;
+}
+
+bool IsLocalHost(const std::string& host, const std::vector<std::string>& local_names) {
+  const std::string lower = absl::AsciiStrToLower(host);
+  return std::any_of(local_names.begin(), local_names.end(), [&](const std::string& n) {
+    return absl::AsciiStrToLower(n) == lower;
+  });
 }
 
 std::vector<std::string> LocalHostNames(const std::string& hostname) {

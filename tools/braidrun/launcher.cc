@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tools/braidrun/line_prefixer.h"
+#include "tools/braidrun/remote.h"
 
 namespace braid::braidrun {
 namespace {
@@ -81,19 +82,50 @@ struct Stream {
 
 struct Rank {
   int index = 0;
-  pid_t pid = -1;  // also its process group: each rank leads its own group
+  const RankSpec* spec = nullptr;
+  pid_t pid = -1;  // also its process group: each rank (or its ssh) leads its own group
   bool running = false;
   int status = 0;
+  int control = -1;  // remote ranks: the write end of ssh's stdin (Note [Remote ranks])
   Stream out, err;
-  explicit Rank(int r) : index(r), out(r, STDOUT_FILENO), err(r, STDERR_FILENO) {}
+  Rank(int r, const RankSpec* s)
+      : index(r), spec(s), out(r, STDOUT_FILENO), err(r, STDERR_FILENO) {}
+  bool remote() const { return !spec->remote_host.empty(); }
+  // "rank 3" or "rank 3 (on node7)", for messages.
+  std::string Name() const {
+    return remote() ? absl::StrCat("rank ", index, " (on ", spec->remote_host, ")")
+                    : absl::StrCat("rank ", index);
+  }
 };
+
+// How a rank ended, for braidrun's report. A remote rank's status is its ssh's: the remote
+// script exits with the rank's code (128+N for a death by signal N), ssh with 255 when the
+// connection failed or broke.
+std::string DescribeRankStatus(const Rank& r) {
+  const int status = r.status;
+  if (!r.remote()) return absl::StrCat(r.Name(), " ", DescribeStatus(status));
+  if (WIFSIGNALED(status)) {
+    return absl::StrCat(r.Name(), ": its ssh ", DescribeStatus(status));
+  }
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (code == 255) {
+    return absl::StrCat(r.Name(), ": lost host ", r.spec->remote_host,
+                        ": ssh exited with code 255 (the connection failed or broke; a rank "
+                        "that exits with 255 looks the same)");
+  }
+  if (code > 128 && code < 128 + NSIG) {
+    return absl::StrCat(r.Name(), " exited with code ", code, " (128+", code - 128, ": ",
+                        SignalName(code - 128), ")");
+  }
+  return absl::StrCat(r.Name(), " ", DescribeStatus(status));
+}
 
 class Supervisor {
  public:
   Supervisor(const LaunchSpec& spec, const SignalSetup& signals)
       : spec_(spec), signals_(signals) {
-    for (size_t r = 0; r < spec.rank_envs.size(); ++r) {
-      ranks_.emplace_back(static_cast<int>(r));
+    for (size_t r = 0; r < spec.ranks.size(); ++r) {
+      ranks_.emplace_back(static_cast<int>(r), &spec.ranks[r]);
     }
   }
 
@@ -105,23 +137,29 @@ class Supervisor {
     for (Rank& rank : ranks_) {
       CloseStream(rank.out);
       CloseStream(rank.err);
+      CloseControl(rank);
     }
     return exit_code_;
   }
 
  private:
   bool Spawn(Rank& rank) {
-    int out[2], err[2];
+    int out[2], err[2], in[2] = {-1, -1};
     if (pipe2(out, O_CLOEXEC) != 0) return SpawnFailed(rank, errno, "pipe2");
-    if (pipe2(err, O_CLOEXEC) != 0) {
+    if (pipe2(err, O_CLOEXEC) != 0 || (rank.remote() && pipe2(in, O_CLOEXEC) != 0)) {
       int e = errno;
-      close(out[0]);
-      close(out[1]);
+      for (int fd : {out[0], out[1], err[0], err[1]}) {
+        if (fd >= 0) close(fd);
+      }
       return SpawnFailed(rank, e, "pipe2");
     }
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+    if (rank.remote()) {
+      posix_spawn_file_actions_adddup2(&fa, in[0], STDIN_FILENO);
+    } else {
+      posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+    }
     posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
     posix_spawn_file_actions_adddup2(&fa, err[1], STDERR_FILENO);
     // Nothing but stdio reaches a rank: not the coordinator's sockets, not the other ranks'
@@ -143,12 +181,10 @@ class Supervisor {
                                         POSIX_SPAWN_SETPGROUP);
 
     std::vector<char*> argv;
-    for (const std::string& a : spec_.command) argv.push_back(const_cast<char*>(a.c_str()));
+    for (const std::string& a : rank.spec->argv) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     std::vector<char*> envp;
-    for (const std::string& e : spec_.rank_envs[rank.index]) {
-      envp.push_back(const_cast<char*>(e.c_str()));
-    }
+    for (const std::string& e : rank.spec->env) envp.push_back(const_cast<char*>(e.c_str()));
     envp.push_back(nullptr);
 
     pid_t pid = -1;
@@ -157,10 +193,21 @@ class Supervisor {
     posix_spawnattr_destroy(&attr);
     close(out[1]);
     close(err[1]);
+    if (in[0] >= 0) close(in[0]);
     if (rc != 0) {
       close(out[0]);
       close(err[0]);
-      return SpawnFailed(rank, rc, absl::StrCat("cannot start '", spec_.command[0], "'"));
+      if (in[1] >= 0) close(in[1]);
+      return SpawnFailed(rank, rc, absl::StrCat("cannot start '", rank.spec->argv[0], "'"));
+    }
+    if (in[1] >= 0) {
+      // The preamble is small (a pipe holds 64 KiB); control lines follow later.
+      rank.control = in[1];
+      fcntl(rank.control, F_SETFL, fcntl(rank.control, F_GETFL) | O_NONBLOCK);
+      if (!WriteAll(rank.control, rank.spec->stdin_preamble.data(),
+                    rank.spec->stdin_preamble.size())) {
+        CloseControl(rank);
+      }
     }
     fcntl(out[0], F_SETFL, fcntl(out[0], F_GETFL) | O_NONBLOCK);
     fcntl(err[0], F_SETFL, fcntl(err[0], F_GETFL) | O_NONBLOCK);
@@ -169,8 +216,14 @@ class Supervisor {
     if (spec_.group_started) spec_.group_started(pid);  // the rank leads its own group
     rank.out.fd = out[0];
     rank.err.fd = err[0];
-    if (spec_.verbose) Say(absl::StrCat("rank ", rank.index, " started, pid ", pid));
+    if (spec_.verbose) Say(absl::StrCat(rank.Name(), " started, pid ", pid));
     return true;
+  }
+
+  void CloseControl(Rank& rank) {
+    if (rank.control < 0) return;
+    close(rank.control);
+    rank.control = -1;
   }
 
   // The job cannot start: the ranks already running are stopped like after a rank failure.
@@ -188,10 +241,17 @@ class Supervisor {
                                           [](const Rank& r) { return r.running; }));
   }
 
-  // Signals the process group of every running rank.
+  // Signals the process group of every running rank. A remote rank gets the signal as a
+  // control line; SIGKILL also kills its ssh, which ends the remote side too (end of file on
+  // the remote script's stdin kills the rank's group).
   void SignalAll(int sig) {
     for (Rank& r : ranks_) {
-      if (r.running) kill(-r.pid, sig);
+      if (!r.running) continue;
+      if (!r.remote() || sig == SIGKILL) kill(-r.pid, sig);
+      if (r.remote() && r.control >= 0) {
+        const std::string line = RemoteSignalLine(sig);
+        if (!WriteAll(r.control, line.data(), line.size())) CloseControl(r);
+      }
     }
   }
 
@@ -216,6 +276,7 @@ class Supervisor {
       if (p < 0 && errno == EINTR) continue;
       r.running = false;
       r.status = (p == r.pid) ? status : (1 << 8);  // ECHILD: cannot happen; count as failure
+      CloseControl(r);
       // Its group number can be reused once nothing is left in it.
       if (spec_.group_gone && kill(-r.pid, 0) != 0 && errno == ESRCH) spec_.group_gone(r.pid);
       OnExit(r);
@@ -227,10 +288,10 @@ class Supervisor {
     if (failed && !exit_code_) {
       // The first failure is the job's: report it and stop the others.
       exit_code_ = ExitCodeOf(r.status);
-      Say(absl::StrCat("rank ", r.index, " ", DescribeStatus(r.status)));
+      Say(DescribeRankStatus(r));
       Escalate(SIGTERM, spec_.failure_grace, absl::StrCat("rank ", r.index, " failed"));
     } else if (spec_.verbose) {
-      Say(absl::StrCat("rank ", r.index, " (pid ", r.pid, ") ", DescribeStatus(r.status)));
+      Say(absl::StrCat(DescribeRankStatus(r), " (pid ", r.pid, ")"));
     }
   }
 
@@ -315,7 +376,7 @@ class Supervisor {
       if (killed_at_ && now >= *killed_at_ + spec_.kill_wait && LiveCount() > 0) {
         for (const Rank& r : ranks_) {
           if (r.running) {
-            Say(absl::StrCat("rank ", r.index, " (pid ", r.pid,
+            Say(absl::StrCat(r.Name(), " (pid ", r.pid,
                              ") did not exit after SIGKILL; giving up on it"));
           }
         }
@@ -403,7 +464,10 @@ SignalSetup BlockSignals() {
 }
 
 int RunRanks(const LaunchSpec& spec, const SignalSetup& signals) {
-  if (spec.command.empty() || spec.rank_envs.empty()) return 2;
+  if (spec.ranks.empty()) return 2;
+  for (const RankSpec& r : spec.ranks) {
+    if (r.argv.empty()) return 2;
+  }
   Supervisor sup(spec, signals);
   return sup.Run();
 }

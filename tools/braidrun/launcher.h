@@ -1,5 +1,6 @@
-// Starts the ranks of one job on this host and supervises them: prefixed output, signal
-// forwarding, failure propagation, bounded teardown. Used by braidrun's main.cc.
+// Starts the ranks of one job, on this host or over ssh on others, and supervises them:
+// prefixed output, signal forwarding, failure propagation, bounded teardown. Used by
+// braidrun's main.cc.
 #ifndef BRAID_TOOLS_BRAIDRUN_LAUNCHER_H_
 #define BRAID_TOOLS_BRAIDRUN_LAUNCHER_H_
 
@@ -14,11 +15,21 @@
 
 namespace braid::braidrun {
 
+// One rank: the process braidrun starts for it.
+struct RankSpec {
+  // argv[0] is looked up in PATH (posix_spawnp). For a remote rank: ssh's argv (SshArgv).
+  std::vector<std::string> argv;
+  // Its environment ("NAME=value" entries). For a remote rank: ssh's own.
+  std::vector<std::string> env;
+  // Empty: this host (stdin is /dev/null). Else the host the rank runs on, through ssh,
+  // whose stdin is a pipe from braidrun: `stdin_preamble` first, then one control line per
+  // signal sent to the rank (Note [Remote ranks] in tools/braidrun/remote.h).
+  std::string remote_host;
+  std::string stdin_preamble;
+};
+
 struct LaunchSpec {
-  // argv of every rank; argv[0] is looked up in PATH (posix_spawnp).
-  std::vector<std::string> command;
-  // One environment ("NAME=value" entries) per rank; its size is the number of ranks.
-  std::vector<std::vector<std::string>> rank_envs;
+  std::vector<RankSpec> ranks;
   // After a rank fails: SIGTERM to the others, SIGKILL after this long.
   absl::Duration failure_grace = absl::Seconds(3);
   // After SIGINT/SIGTERM/SIGHUP to braidrun: SIGINT to the ranks, SIGKILL after this long.
@@ -46,8 +57,9 @@ struct SignalSetup {
 SignalSetup BlockSignals();
 
 // Runs the job to its end and returns braidrun's exit code: 0 when every rank exited 0;
-// else the code of the first rank that failed (128+N when it died of signal N), 127/126
-// when the command cannot be started, 128+N when braidrun itself got signal N.
+// else the code of the first rank that failed (128+N when it died of signal N; for a remote
+// rank its ssh's code: the rank's status, or 255 when the connection failed or was lost),
+// 127/126 when the command cannot be started, 128+N when braidrun itself got signal N.
 int RunRanks(const LaunchSpec& spec, const SignalSetup& signals);
 
 }  // namespace braid::braidrun

@@ -1,8 +1,10 @@
-// braidrun: starts a braid job on this host. It hosts the coordinator in-process, starts N
-// rank processes with the BRAID_* environment, prefixes their output with "[rank] ",
-// forwards SIGINT/SIGTERM, and tears the whole job down when any rank fails.
+// braidrun: starts a braid job on this host or across hosts (over ssh). It hosts the
+// coordinator in-process, starts N rank processes with the BRAID_* environment, prefixes
+// their output with "[rank] ", forwards SIGINT/SIGTERM, and tears the whole job down when
+// any rank fails.
 //
 //   braidrun -np 4 python3 train.py --epochs 3
+//   braidrun -np 4 -H node1:2,node2:2 python3 train.py
 //
 // See tools/braidrun/README.md.
 #include <fcntl.h>
@@ -12,8 +14,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -23,13 +29,16 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "coordinator/server.h"
 #include "glog/logging.h"
 #include "runtime/config.h"
 #include "tools/braidrun/host_list.h"
 #include "tools/braidrun/launcher.h"
+#include "tools/braidrun/network.h"
 #include "tools/braidrun/rank_env.h"
 #include "tools/braidrun/watchdog.h"
+#include "tools/braidrun/remote.h"
 
 extern char** environ;
 
@@ -68,20 +77,36 @@ std::string RandomSecret() {
   return hex;
 }
 
-// <dir of this executable>/../../python (build/tools/braidrun/braidrun -> build/python),
-// when it exists: the build tree's braid package, so ranks can `import braid` uninstalled.
-std::string BuildTreePythonDir() {
+// An existing directory holding braid's Python package (braid/__init__.py), resolved; "".
+std::string PackageDir(const std::string& candidate) {
+  char resolved[PATH_MAX];
+  if (realpath(candidate.c_str(), resolved) == nullptr) return "";
+  struct stat st;
+  const std::string init = std::string(resolved) + "/braid/__init__.py";
+  if (stat(init.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  return resolved;
+}
+
+// Where braid's Python package is, for the ranks' PYTHONPATH ("" when Python finds it
+// anyway): <dir of this executable>/../../python in a build tree (build/tools/braidrun/
+// braidrun -> build/python), so ranks can `import braid` uninstalled; P/<python dir> when
+// installed under a prefix P (P/bin/braidrun) other than /usr and /usr/local, whose
+// dist-packages Debian's Python searches already (and whose order must not change).
+std::string PythonPackageDir() {
   char exe[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   if (n <= 0) return "";
   std::string path(exe, static_cast<size_t>(n));
   std::string dir = path.substr(0, path.rfind('/'));
-  std::string candidate = dir + "/../../python";
-  char resolved[PATH_MAX];
-  if (realpath(candidate.c_str(), resolved) == nullptr) return "";
-  struct stat st;
-  if (stat(resolved, &st) != 0 || !S_ISDIR(st.st_mode)) return "";
-  return resolved;
+  if (std::string build = PackageDir(dir + "/../../python"); !build.empty()) return build;
+#ifdef BRAIDRUN_PYTHON_RELDIR
+  std::string installed = PackageDir(dir + "/../" BRAIDRUN_PYTHON_RELDIR);
+  if (!installed.empty() && installed.rfind("/usr/lib/", 0) != 0 &&
+      installed.rfind("/usr/local/lib/", 0) != 0) {
+    return installed;
+  }
+#endif
+  return "";
 }
 
 std::string Hostname() {
@@ -102,6 +127,10 @@ struct Args {
   int np = 0;
   int port = 0;
   std::string hosts_spec;
+  std::string hostfile;
+  std::string network_interface;
+  braid::braidrun::SshOptions ssh;
+  std::string ssh_port = "0";
   bool verbose = false;
   std::vector<std::string> command;
   // Variables of the setting flags given, in SettingFlags() order.
@@ -147,6 +176,12 @@ absl::Status CheckArgs(const std::string& np, const std::string& port,
   auto p = braid::ParsePort("--coordinator-port", port, /*zero_allowed=*/true);
   if (!p.ok()) return p.status();
   args->port = *p;
+  auto ssh_port = braid::ParsePort("--ssh-port", args->ssh_port, /*zero_allowed=*/true);
+  if (!ssh_port.ok()) return ssh_port.status();
+  args->ssh.port = *ssh_port;
+  if (!args->hosts_spec.empty() && !args->hostfile.empty()) {
+    return absl::InvalidArgumentError("give -H or --hostfile, not both");
+  }
   std::map<std::string, std::string> flag_of;  // variable -> flag, for messages
   for (const braid::SettingFlag& f : braid::SettingFlags()) {
     auto it = flag_text.find(f.flag);
@@ -177,13 +212,14 @@ absl::Status CheckArgs(const std::string& np, const std::string& port,
 // Parses and checks the command line; nullopt with *exit_code set when braidrun must exit.
 std::optional<Args> ParseArgs(int argc, char** argv, int* exit_code) {
   CLI::App app{
-      "braidrun: start a braid job of N ranks on this host\n"
-      "  braidrun -np N [OPTIONS] COMMAND [ARGS...]"};
+      "braidrun: start a braid job of N ranks, on this host or across hosts over ssh\n"
+      "  braidrun -np N [-H host:slots,...] [OPTIONS] COMMAND [ARGS...]"};
   app.footer(
       "COMMAND runs once per rank (rank r of N) with BRAID_RANK, BRAID_SIZE, BRAID_LOCAL_RANK,\n"
       "BRAID_LOCAL_SIZE, BRAID_COORDINATOR (the coordinator braidrun hosts), BRAID_JOB_SECRET,\n"
-      "PYTHONUNBUFFERED=1, OMP_NUM_THREADS=1 and UCX_NET_DEVICES=lo (unless set) and the\n"
-      "variables of the flags above. Each line a rank prints is prefixed with \"[r] \".\n"
+      "PYTHONUNBUFFERED=1, OMP_NUM_THREADS=1, UCX_NET_DEVICES=lo on one host (unless set), the\n"
+      "variables of the flags above (ranks on other hosts get braidrun's environment, less\n"
+      "what describes this host). Each line a rank prints is prefixed with \"[r] \".\n"
       "Options end at COMMAND (or at \"--\"). When a rank fails the others are stopped and\n"
       "braidrun exits with its code. See tools/braidrun/README.md.\n");
   Args args;
@@ -191,9 +227,21 @@ std::optional<Args> ParseArgs(int argc, char** argv, int* exit_code) {
   // Values stay text for CLI11: the configuration parser reads them (one grammar).
   std::map<std::string, std::string> flag_text;
   app.add_option("-n,--np", np, "number of ranks (also -np)")->required();
-  app.add_option("--coordinator-port", port, "coordinator port on 127.0.0.1 (0: any free port)")
+  app.add_option("--coordinator-port", port, "coordinator port (0: any free port)")
       ->capture_default_str();
-  app.add_option("-H,--hosts", args.hosts_spec, "host:slots,... (only this host is supported yet)");
+  app.add_option("-H,--hosts", args.hosts_spec,
+                 "host:slots,... ranks fill the hosts in order (default: all on this host)");
+  app.add_option("--hostfile", args.hostfile,
+                 "file with one 'host slots=N' (or 'host:N') per line, instead of -H");
+  app.add_option("--network-interface", args.network_interface,
+                 "interface whose address the coordinator binds and the ranks reach it at "
+                 "(also UCX_NET_DEVICES, unless set); default across hosts: the one routing "
+                 "to the first other host");
+  app.add_option("--ssh-port", args.ssh_port, "port of the other hosts' sshd (0: ssh's default)");
+  app.add_option("--ssh-identity-file", args.ssh.identity_file, "private key for ssh (ssh -i)");
+  app.add_option("--ssh-option", args.ssh.options,
+                 "an ssh option, as ssh -o takes it (repeatable): StrictHostKeyChecking=no")
+      ->allow_extra_args(false);
   for (const braid::SettingFlag& f : braid::SettingFlags()) {
     app.add_option(f.flag, flag_text[f.flag], absl::StrCat(f.help, " (", f.variable, ")"));
   }
@@ -224,16 +272,100 @@ std::optional<Args> ParseArgs(int argc, char** argv, int* exit_code) {
   return args;
 }
 
-// Hosts: the flag parses and validates; only this host can be used yet.
-absl::Status CheckHosts(const Args& args) {
+// The hosts of -H or --hostfile (default: this host with -np slots), and where each rank
+// runs.
+absl::StatusOr<std::vector<braid::braidrun::RankPlacement>> PlaceJob(const Args& args) {
   std::vector<braid::braidrun::HostSlots> hosts = {{"localhost", args.np}};
   if (!args.hosts_spec.empty()) {
     auto parsed = braid::braidrun::ParseHostList(args.hosts_spec);
     if (!parsed.ok()) return parsed.status();
     hosts = *std::move(parsed);
+  } else if (!args.hostfile.empty()) {
+    std::ifstream in(args.hostfile);
+    if (!in) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--hostfile: cannot read '", args.hostfile, "': ", std::strerror(errno)));
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    auto parsed = braid::braidrun::ParseHostfile(text.str(), args.hostfile);
+    if (!parsed.ok()) return parsed.status();
+    hosts = *std::move(parsed);
   }
-  return braid::braidrun::CheckHostsForLocalLaunch(hosts, args.np,
-                                                  braid::braidrun::LocalHostNames(Hostname()));
+  auto placed = braid::braidrun::PlaceRanks(hosts, args.np);
+  if (!placed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(args.hostfile.empty() ? "-H" : "--hostfile", ": ", placed.status().message()));
+  }
+  return placed;
+}
+
+// The address the coordinator binds and the ranks reach it at: --network-interface's, else
+// (ranks on other hosts) the one this host uses to reach the first of them, else loopback.
+absl::StatusOr<std::string> CoordinatorHost(const Args& args,
+                                            const std::vector<std::string>& remote_hosts) {
+  if (!args.network_interface.empty()) {
+    auto a = braid::braidrun::InterfaceAddress(args.network_interface);
+    if (!a.ok()) return absl::InvalidArgumentError(absl::StrCat("--network-interface: ", a.status().message()));
+    return a;
+  }
+  if (remote_hosts.empty()) return std::string("127.0.0.1");
+  auto a = braid::braidrun::SourceAddressFor(remote_hosts.front());
+  if (!a.ok()) {
+    return absl::Status(a.status().code(),
+                        absl::StrCat(a.status().message(), ", which chooses the coordinator's "
+                                     "address: give --network-interface"));
+  }
+  return a;
+}
+
+// One RankSpec per rank: COMMAND itself on this host, ssh (Note [Remote ranks]) elsewhere.
+braid::braidrun::LaunchSpec BuildLaunch(const Args& args, const JobEnv& job,
+                                        const std::vector<braid::braidrun::RankPlacement>& places,
+                                        const std::vector<bool>& remote) {
+  braid::braidrun::LaunchSpec spec;
+  spec.verbose = args.verbose;
+  const std::vector<std::string> base = CurrentEnvironment();
+  char cwd[PATH_MAX] = "/";
+  if (getcwd(cwd, sizeof(cwd)) == nullptr) cwd[0] = '/';
+  for (size_t r = 0; r < places.size(); ++r) {
+    const auto& p = places[r];
+    std::vector<std::string> env =
+        braid::braidrun::BuildRankEnv(base, job, static_cast<int>(r), p.local_rank, p.local_size);
+    braid::braidrun::RankSpec rank;
+    if (!remote[r]) {
+      rank.argv = args.command;
+      rank.env = std::move(env);
+    } else {
+      braid::braidrun::RemoteEnv split = braid::braidrun::SplitRemoteEnv(env);
+      if (args.verbose && r == 0 && !split.dropped.empty()) {
+        Fail(absl::StrCat("not forwarded (a newline in a private value): ",
+                          absl::StrJoin(split.dropped, ", ")));
+      }
+      rank.argv = braid::braidrun::SshArgv(
+          args.ssh, p.host, braid::braidrun::RemoteScript(cwd, split.public_vars, args.command));
+      rank.env = base;  // ssh's own (SSH_AUTH_SOCK, HOME for its config and keys)
+      rank.remote_host = p.host;
+      rank.stdin_preamble = braid::braidrun::RemoteStdinPreamble(split.private_vars);
+    }
+    spec.ranks.push_back(std::move(rank));
+  }
+  return spec;
+}
+
+// "braidrun: ranks 0-1 on h0 (this host), 2-3 on h1 (ssh)"
+std::string DescribePlacement(const std::vector<braid::braidrun::RankPlacement>& places,
+                              const std::vector<bool>& remote) {
+  std::vector<std::string> parts;
+  for (size_t r = 0; r < places.size();) {
+    size_t end = r;
+    while (end + 1 < places.size() && places[end + 1].host_index == places[r].host_index) ++end;
+    parts.push_back(absl::StrCat(r == end ? "rank " : "ranks ", r,
+                                 r == end ? "" : absl::StrCat("-", end), " on ", places[r].host,
+                                 remote[r] ? " (ssh)" : " (this host)"));
+    r = end + 1;
+  }
+  return absl::StrJoin(parts, ", ");
 }
 
 }  // namespace
@@ -243,8 +375,23 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   std::optional<Args> args = ParseArgs(argc, argv, &exit_code);
   if (!args) return exit_code;
-  if (absl::Status s = CheckHosts(*args); !s.ok()) {
-    Fail(std::string(s.message()));
+  auto places = PlaceJob(*args);
+  if (!places.ok()) {
+    Fail(std::string(places.status().message()));
+    return kUsageError;
+  }
+  const std::vector<std::string> local_names = braid::braidrun::LocalHostNames(Hostname());
+  std::vector<bool> remote;
+  std::vector<std::string> remote_hosts;
+  for (const auto& p : *places) {
+    remote.push_back(!braid::braidrun::IsLocalHost(p.host, local_names));
+    if (remote.back() && (remote_hosts.empty() || remote_hosts.back() != p.host)) {
+      remote_hosts.push_back(p.host);
+    }
+  }
+  auto coordinator_host = CoordinatorHost(*args, remote_hosts);
+  if (!coordinator_host.ok()) {
+    Fail(std::string(coordinator_host.status().message()));
     return kUsageError;
   }
 
@@ -269,7 +416,7 @@ int main(int argc, char** argv) {
   }
 
   braid::coordinator::ServerOptions so;
-  so.bind_address = "127.0.0.1";
+  so.bind_address = *coordinator_host;
   so.port = args->port;
   so.world_size = args->np;
   so.job_secret = RandomSecret();
@@ -290,27 +437,23 @@ int main(int argc, char** argv) {
   job.coordinator = address;
   job.job_secret = so.job_secret;
   job.settings = args->settings;
-  job.python_path = BuildTreePythonDir();
-  job.single_host = true;
-
-  braid::braidrun::LaunchSpec spec;
-  spec.command = args->command;
-  spec.verbose = args->verbose;
+  job.python_path = PythonPackageDir();
+  job.ucx_net_devices = !args->network_interface.empty() ? args->network_interface
+                        : remote_hosts.empty()           ? "lo"
+                                                         : "";
+  braid::braidrun::LaunchSpec spec = BuildLaunch(*args, job, *places, remote);
   if (watchdog.ok()) {
     spec.group_started = [&](pid_t group) { watchdog->Watch(group); };
     spec.group_gone = [&](pid_t group) { watchdog->Forget(group); };
     if (args->verbose) std::cerr << "braidrun: watchdog pid " << watchdog->pid() << std::endl;
-  }
-  const std::vector<std::string> base = CurrentEnvironment();
-  for (int r = 0; r < args->np; ++r) {
-    spec.rank_envs.push_back(braid::braidrun::BuildRankEnv(base, job, r, r, args->np));
   }
   if (args->verbose) {
     if (!job.python_path.empty()) {
       std::cerr << "braidrun: PYTHONPATH starts with " << job.python_path << std::endl;
     }
     std::cerr << "braidrun: starting " << args->np << " rank" << (args->np == 1 ? "" : "s")
-              << ": " << args->command[0] << std::endl;
+              << ": " << args->command[0] << "; " << DescribePlacement(*places, remote)
+              << std::endl;
   }
 
   int rc = braid::braidrun::RunRanks(spec, signals);

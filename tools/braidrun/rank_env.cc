@@ -1,8 +1,10 @@
 #include "tools/braidrun/rank_env.h"
 
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace braid::braidrun {
 namespace {
@@ -59,12 +61,14 @@ std::vector<std::string> BuildRankEnv(const std::vector<std::string>& base, cons
   env.Set("PYTHONUNBUFFERED", "1");
   for (const auto& [name, value] : job.settings) env.Set(name, value);
   env.SetDefault("OMP_NUM_THREADS", "1");
-  if (job.single_host) env.SetDefault("UCX_NET_DEVICES", "lo");
+  if (!job.ucx_net_devices.empty()) env.SetDefault("UCX_NET_DEVICES", job.ucx_net_devices);
   if (!job.python_path.empty()) {
-    if (env.Has("PYTHONPATH") && !env.Get("PYTHONPATH").empty()) {
-      env.Set("PYTHONPATH", absl::StrCat(job.python_path, ":", env.Get("PYTHONPATH")));
-    } else {
+    const std::string inherited = env.Has("PYTHONPATH") ? env.Get("PYTHONPATH") : "";
+    const std::vector<absl::string_view> entries = absl::StrSplit(inherited, ':');
+    if (inherited.empty()) {
       env.Set("PYTHONPATH", job.python_path);
+    } else if (std::find(entries.begin(), entries.end(), job.python_path) == entries.end()) {
+      env.Set("PYTHONPATH", absl::StrCat(job.python_path, ":", inherited));
     }
   }
   return env.Build();

@@ -22,16 +22,19 @@ struct JobEnv {
   std::vector<std::pair<std::string, std::string>> settings;
   // Prepended to PYTHONPATH when not empty (the build tree's braid package).
   std::string python_path;
-  // All ranks run on this one host: UCX_NET_DEVICES defaults to the loopback device.
-  bool single_host = true;
+  // UCX_NET_DEVICES for ranks that did not inherit one ("" leaves it unset): "lo" when every
+  // rank runs on this host (UCX's tcp would otherwise also use eth0), --network-interface's
+  // device across hosts, else unset (UCX picks what reaches each peer).
+  std::string ucx_net_devices = "lo";
 };
 
 // Rank r's environment: `base` ("NAME=value" entries, in order) with
 //   - set (replacing inherited values): BRAID_COORDINATOR, BRAID_RANK, BRAID_SIZE,
 //     BRAID_LOCAL_RANK, BRAID_LOCAL_SIZE, BRAID_JOB_SECRET, PYTHONUNBUFFERED=1, and the
 //     variables of the flags that were given;
-//   - set only when not inherited: OMP_NUM_THREADS=1, UCX_NET_DEVICES=lo (single host);
-//   - PYTHONPATH=<python_path>[:<inherited PYTHONPATH>] when python_path is not empty.
+//   - set only when not inherited: OMP_NUM_THREADS=1, UCX_NET_DEVICES (when not empty);
+//   - PYTHONPATH=<python_path>[:<inherited PYTHONPATH>] when python_path is not empty and
+//     not already one of the inherited entries.
 // Inherited entries keep their position (a replaced one keeps its slot); new ones are
 // appended in the order listed above. Entries of `base` without '=' are dropped.
 std::vector<std::string> BuildRankEnv(const std::vector<std::string>& base, const JobEnv& job,

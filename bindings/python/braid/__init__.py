@@ -72,6 +72,7 @@ from ._ops import (  # noqa: F401
     compression_stats,
     init,
     is_initialized,
+    join,
     load_compression_state,
     local_rank,
     local_size,
@@ -84,6 +85,7 @@ from ._ops import (  # noqa: F401
     start_timeline,
     stop_timeline,
     synchronize,
+    transport_description,
 )
 
 from ._objects import allgather_object, broadcast_object  # noqa: F401
@@ -95,9 +97,9 @@ __all__ = [
     "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async",
     "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_",
     "broadcast_async", "broadcast_async_", "broadcast_object", "compression_state",
-    "compression_stats", "init", "is_initialized", "load_compression_state", "local_rank",
+    "compression_stats", "init", "is_initialized", "join", "load_compression_state", "local_rank",
     "local_size", "poll", "rank", "reducescatter", "reducescatter_async", "shutdown", "size",
-    "start_timeline", "stop_timeline", "synchronize",
+    "start_timeline", "stop_timeline", "synchronize", "transport_description",
 ]
 
 __version__ = "0.1.0"

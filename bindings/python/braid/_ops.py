@@ -11,6 +11,7 @@ its background thread, without the GIL).
 """
 
 import atexit
+import contextlib
 import enum
 import functools
 import inspect
@@ -210,6 +211,14 @@ def local_size():
 
 
 # --- statistics -----------------------------------------------------------------------------
+
+def transport_description():
+    """The transports this rank's data plane uses to reach its peers (str), as UCX reports
+    them at ``init()``: every transport/device pair to any peer after "ucx", e.g.
+    ``"ucx tcp/eth0"`` when every peer is on another host, ``"ucx cma/memory sysv/memory"``
+    (shared memory) when all are on this one. FailedPreconditionError before ``init()``."""
+    return _braid.transport_description()
+
 
 _BYTE_FIELDS = ("reductions", "uncompressed_bytes", "payload_bytes", "transport_bytes",
                 "reference_transport_bytes")
@@ -525,6 +534,8 @@ class Handle:
             self._native.check()
             if self._collective == "barrier":
                 result = None
+            elif self._collective == "join":
+                result = int(self._native.output(np.dtype(np.int32)))
             elif self._output is not None:
                 result = self._output
             else:
@@ -586,6 +597,24 @@ def _enqueue(collective, name, arr, code, output=None, op=ReduceOp.Average, root
     h = Handle(native, collective, (arr, output, target), output, target, arr.dtype)
     _keep_alive(h)  # the arrays of a running collective outlive a dropped Handle
     return h
+
+
+@contextlib.contextmanager
+def group():
+    """Within it, the collectives this process starts are held back and sent to the
+    coordinator together when the outermost ``group()`` exits: on ranks that start the same
+    collectives inside a group, they become ready together, and the all-reduces among them of
+    one dtype, op and compression travel in one fusion bucket (up to
+    BRAID_FUSION_THRESHOLD), as Horovod's grouped all-reduces do. Groups nest. What other
+    threads start meanwhile is held too. Internal (grouped all-reduces and
+    DistributedOptimizer's groups use it): a group only starts collectives, it never waits
+    for one of its own, which could not finish before the group ends."""
+    _check_process("group")
+    _braid.begin_group()
+    try:
+        yield
+    finally:
+        _braid.end_group()
 
 
 def poll(handle):
@@ -794,4 +823,40 @@ def barrier(name=None):
     name = _next_name("barrier") if name is None else name
     arr = np.empty((0,), dtype=np.uint8)
     synchronize(_enqueue("barrier", name, arr, _braid.DTYPES["uint8"], op=ReduceOp.Sum))
+
+
+# --- join -----------------------------------------------------------------------------------
+
+_JOIN_NAME = "braid.join"  # the same on every rank: one join() round at a time
+
+
+def join():
+    """Uneven inputs (Horovod's ``join``): call it on a rank that has run out of data.
+
+    Blocks until every rank has called ``join()`` and returns, on every rank, the rank that
+    joined last (an int). Meanwhile this rank takes part in the other ranks' collectives
+    without data of its own:
+
+    - ``allreduce`` (every form): it contributes the op's identity in a buffer of the
+      negotiated shape and dtype: zeros for ``Sum`` and ``Average``, the dtype's largest
+      value for ``Min``, its lowest for ``Max``, one for ``Product``. An ``Average`` still
+      divides by the whole world size ``size()``, not by the ranks that had data (as
+      Horovod, and DDP's ``divide_by_initial_world_size``, do): with 3 ranks of which one
+      joined, the result is ``(x0 + x1 + 0) / 3``.
+    - ``barrier``: it takes part.
+    - ``allgather``, ``broadcast``, ``reducescatter``, ``alltoall``: they fail on the ranks
+      that called them with FailedPreconditionError naming the joined ranks (a joined rank
+      has no data to contribute to them), as Horovod refuses them.
+
+    A rank waiting in ``join()`` is never a stalled rank: it may wait as long as the others
+    train. After every rank has joined, collectives work as before, and ``join()`` may be
+    called again for the next epoch.
+
+    Raises FailedPreconditionError (not initialized, or a rank shut down without joining),
+    AlreadyExistsError (this rank is already in ``join()`` on another thread), and the errors
+    of ``synchronize``.
+    """
+    arr = np.empty((0,), dtype=np.uint8)
+    return synchronize(_enqueue("join", _JOIN_NAME, arr, _braid.DTYPES["uint8"],
+                                op=ReduceOp.Sum))
 

@@ -24,7 +24,9 @@ Contents:
   ``local_size``, ``local_rank``, ``cross_size``, ``cross_rank``;
 - collectives on CPU tensors (mpi_ops.py): ``allreduce[_][_async]``,
   ``grouped_allreduce[_][_async]``, ``allgather[_async]``, ``broadcast[_][_async]``,
-  ``alltoall[_async]``, ``reducescatter[_async]``, ``barrier``, ``synchronize``, ``poll``;
+  ``alltoall[_async]``, ``reducescatter[_async]``, ``barrier``, ``join`` (uneven inputs:
+  a joined rank contributes zeros to the others' all-reduces, and an ``Average`` divides by
+  the whole world size), ``synchronize``, ``poll``;
   ops ``Average`` (default), ``Sum``, ``Min``, ``Max``, ``Product`` (``Adasum`` exists and
   raises InvalidArgumentError: not implemented);
 - ``Compression`` (compression.py): the runtime's compression methods;
@@ -32,8 +34,7 @@ Contents:
 - ``broadcast_parameters``, ``broadcast_optimizer_state``, ``broadcast_object``,
   ``allgather_object`` (functions.py).
 
-Not yet: ``join()`` (uneven inputs) needs support in the runtime and the coordinator;
-process sets other than the global one; GPU tensors.
+Not yet: process sets other than the global one; GPU tensors.
 
 Errors are the ``braid.BraidError`` subclasses (InvalidArgumentError, FailedPreconditionError,
 ...), whose messages name the tensor and the ranks involved.
@@ -90,12 +91,14 @@ from .mpi_ops import (  # noqa: F401
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
+    join,
     reducescatter,
     reducescatter_async,
 )
 from .optimizer import DistributedOptimizer  # noqa: F401
 
 compression_stats = _ops.compression_stats
+transport_description = _ops.transport_description
 
 
 def cross_size():
@@ -146,9 +149,10 @@ __all__ = [
     "cross_rank", "cross_size", "cuda_built", "DeadlineExceededError", "DistributedOptimizer",
     "FailedPreconditionError", "gloo_built", "global_process_set", "grouped_allreduce",
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "Handle",
-    "init", "InternalError", "InvalidArgumentError", "is_initialized", "local_rank",
+    "init", "InternalError", "InvalidArgumentError", "is_initialized", "join", "local_rank",
     "local_size", "Max", "Min", "mpi_built", "nccl_built", "poll", "Product", "rank",
     "reducescatter", "reducescatter_async", "ReduceOp", "rocm_built", "shutdown", "size",
+    "transport_description",
     "staging_copies", "start_timeline", "stop_timeline", "Sum", "SUPPORTED_DTYPES",
     "synchronize", "UnavailableError",
 ]

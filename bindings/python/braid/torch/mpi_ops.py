@@ -65,8 +65,8 @@ __all__ = [
     "barrier", "BraidError", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "CancelledError", "DeadlineExceededError", "FailedPreconditionError", "global_process_set",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-    "grouped_allreduce_async_", "Handle", "InternalError", "InvalidArgumentError", "Max", "Min",
-    "poll", "Product", "reducescatter", "reducescatter_async", "ReduceOp", "staging_copies",
+    "grouped_allreduce_async_", "Handle", "InternalError", "InvalidArgumentError", "join", "Max",
+    "Min", "poll", "Product", "reducescatter", "reducescatter_async", "ReduceOp", "staging_copies",
     "Sum", "SUPPORTED_DTYPES", "synchronize", "UnavailableError",
 ]
 
@@ -211,13 +211,15 @@ def _group_names(name, n):
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None, compression=None):
     """Starts an all-reduce of every tensor of ``tensors`` (a list); ``synchronize`` returns
-    the list of new tensors. Tensor i travels as ``NAME.i`` (the runtime fuses them into
-    buckets as it does any tensors submitted together). See allreduce_async."""
+    the list of new tensors. Tensor i travels as ``NAME.i``. As in Horovod, the group goes
+    to the coordinator at once, so the tensors travel fused in one bucket (when they share a
+    dtype and fit under BRAID_FUSION_THRESHOLD; braid._ops.group). See allreduce_async."""
     _check_process_set("grouped_allreduce_async", process_set)
     op = _check_op("grouped_allreduce_async", name, op, average)
-    hs = [_allreduce_async("grouped_allreduce_async", t, n, op, prescale_factor,
-                           postscale_factor, compression, inplace=False)
-          for t, n in zip(tensors, _group_names(name, len(tensors)))]
+    with _ops.group():
+        hs = [_allreduce_async("grouped_allreduce_async", t, n, op, prescale_factor,
+                               postscale_factor, compression, inplace=False)
+              for t, n in zip(tensors, _group_names(name, len(tensors)))]
     return _MultiHandle(hs, list, "grouped_allreduce")
 
 
@@ -230,12 +232,14 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None, compression=None):
-    """In-place grouped all-reduce; ``synchronize`` returns ``tensors``."""
+    """In-place grouped all-reduce (fused as grouped_allreduce_async); ``synchronize``
+    returns ``tensors``."""
     _check_process_set("grouped_allreduce_async_", process_set)
     op = _check_op("grouped_allreduce_async_", name, op, average)
-    hs = [_allreduce_async("grouped_allreduce_async_", t, n, op, prescale_factor,
-                           postscale_factor, compression, inplace=True)
-          for t, n in zip(tensors, _group_names(name, len(tensors)))]
+    with _ops.group():
+        hs = [_allreduce_async("grouped_allreduce_async_", t, n, op, prescale_factor,
+                               postscale_factor, compression, inplace=True)
+              for t, n in zip(tensors, _group_names(name, len(tensors)))]
     return _MultiHandle(hs, list, "grouped_allreduce")
 
 
@@ -534,3 +538,26 @@ def barrier(process_set=None, name=None):
     """Returns once every rank has called barrier()."""
     _check_process_set("barrier", process_set)
     _ops.barrier(name)
+
+
+# --- join -----------------------------------------------------------------------------------
+
+def join(device=-1):
+    """Uneven inputs, as Horovod's ``hvd.join()``: call it on a rank that has run out of
+    data. Blocks until every rank has called it and returns the rank that joined last (an
+    int, the same on every rank).
+
+    Until then this rank takes part in the other ranks' all-reduces (``allreduce`` in every
+    form, ``grouped_allreduce``, and so ``DistributedOptimizer``'s gradient all-reduces) with
+    zeros in the negotiated shape and dtype (the op's identity for ``Min``, ``Max``,
+    ``Product``), and an ``Average`` divides by the whole world size ``size()`` (as Horovod
+    and DDP's ``divide_by_initial_world_size`` do): with 3 ranks of which one joined, an
+    averaged gradient is ``(g0 + g1) / 3``. Barriers take it too; ``allgather``,
+    ``broadcast``, ``alltoall`` and ``reducescatter`` raise FailedPreconditionError on the
+    ranks that call them, naming the joined rank. After every rank joined, everything works
+    as before (call ``join()`` again at the end of the next epoch).
+
+    ``device`` is accepted for Horovod's signature and ignored (CPU tensors only).
+    """
+    del device
+    return _ops.join()

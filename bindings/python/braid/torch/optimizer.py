@@ -10,6 +10,7 @@ the wrapped optimizer's update on the averaged gradients.
 import contextlib
 import math
 import numbers
+import os
 import warnings
 import weakref
 
@@ -25,7 +26,8 @@ class _DistributedMixin:
     """Put in front of the wrapped optimizer's class (see DistributedOptimizer)."""
 
     def __init__(self, param_groups, state, named_parameters, compression,
-                 backward_passes_per_step, op, gradient_predivide_factor, sparse_as_dense):
+                 backward_passes_per_step, op, gradient_predivide_factor, sparse_as_dense,
+                 groups):
         super().__init__(param_groups)
         self.state.update(state)  # keep what the wrapped optimizer had (a loaded checkpoint)
         spec, self._framework_compressor = resolve(compression, "DistributedOptimizer")
@@ -39,6 +41,8 @@ class _DistributedMixin:
         self._handles = {}   # parameter -> (kind, handle(s), context) of its running reduction
         self._requires_update = [p for g in self.param_groups for p in g["params"]
                                  if p.requires_grad]
+        self._group_of = self._plan_groups(groups, spec)  # parameter -> its group's list
+        self._waiting = set()  # grouped parameters whose gradient waits for the rest
         self._grad_accs = []
         self._synchronized = False
         self._should_synchronize = True
@@ -77,6 +81,48 @@ class _DistributedMixin:
                 "model.named_parameters() of the model the optimizer trains")
         return {p: by_id[id(p)] for p in params}
 
+    def _plan_groups(self, groups, spec):
+        """{parameter: the list of parameters whose all-reduces start together} (Horovod's
+        ``groups``): a group's gradients go to the runtime as one group (braid._ops.group),
+        so they travel fused in one bucket. None: one group of every parameter for a
+        sparsifier that selects over whole buckets, none otherwise."""
+        params = self._requires_update
+        if groups is None:
+            if spec is None and self._framework_compressor is None:
+                spec = _job_default_compression()
+            groups = 1 if _selects_over_buckets(spec) else 0
+        if isinstance(groups, bool) or not isinstance(groups, (int, list, tuple)):
+            raise InvalidArgumentError("DistributedOptimizer: groups must be None, an integer "
+                                       f">= 0 or a list of lists of parameters, got {groups!r}")
+        if isinstance(groups, int):
+            if groups < 0:
+                raise InvalidArgumentError(f"DistributedOptimizer: groups must be >= 0, got "
+                                           f"{groups}")
+            k = min(groups, len(params))
+            lists = [params[i * len(params) // k:(i + 1) * len(params) // k]
+                     for i in range(k)] if k else []
+        else:
+            known = {id(p): p for p in params}
+            position = {id(p): i for i, p in enumerate(params)}
+            lists, seen = [], set()
+            for g in groups:
+                members = list(g)
+                for p in members:
+                    if id(p) not in known:
+                        raise InvalidArgumentError(
+                            "DistributedOptimizer: groups name a tensor that is not a "
+                            f"parameter (with requires_grad) of the optimizer, shape "
+                            f"{tuple(getattr(p, 'shape', ()))}")
+                    if id(p) in seen:
+                        raise InvalidArgumentError(
+                            f"DistributedOptimizer: parameter '{self._names[known[id(p)]]}' "
+                            "is in more than one group")
+                    seen.add(id(p))
+                # Start order follows the optimizer's order, identical on every rank.
+                lists.append([known[i] for i in sorted((id(p) for p in members),
+                                                       key=position.get)])
+        return {p: lst for lst in lists if len(lst) > 1 for p in lst}
+
     def _register_hooks(self):
         for p in self._requires_update:
             # The gradient accumulator of p (an AccumulateGrad node): its hooks run once the
@@ -113,8 +159,23 @@ class _DistributedMixin:
                 f"DistributedOptimizer: the gradient of '{self._names[p]}' requires grad "
                 "(backward(create_graph=True)), which DistributedOptimizer does not support")
         self._passes[p] = passes
-        if passes == self.backward_passes_per_step:
+        if passes < self.backward_passes_per_step:
+            return
+        group = self._group_of.get(p)
+        if group is None:
             self._handles[p] = self._start(p)
+            return
+        self._waiting.add(p)
+        if all(q in self._waiting for q in group):
+            self._start_group(group)
+
+    def _start_group(self, members):
+        """Starts the all-reduces of `members` not started yet, as one group."""
+        with _ops.group():
+            for q in members:
+                if q not in self._handles:
+                    self._waiting.discard(q)
+                    self._handles[q] = self._start(q)
 
     def _start(self, p):
         """Starts the reduction of p.grad (zeros when this rank has none: a parameter unused
@@ -181,7 +242,11 @@ class _DistributedMixin:
             return
         for p in self._requires_update:
             if p not in self._handles:
-                self._handles[p] = self._start(p)
+                group = self._group_of.get(p)
+                if group is None:
+                    self._handles[p] = self._start(p)
+                else:
+                    self._start_group(group)
         error = None
         for p, (kind, handle, ctx) in list(self._handles.items()):
             try:
@@ -189,6 +254,7 @@ class _DistributedMixin:
             except _ops.BraidError as e:
                 error = error or e
         self._handles.clear()
+        self._waiting.clear()
         for p in self._passes:
             self._passes[p] = 0
         if error is not None:
@@ -285,8 +351,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
       sparse_as_dense: sparse gradients (``nn.Embedding(sparse=True)``) are densified and
         all-reduced; otherwise their indices and values are all-gathered and summed
         (Average divides the values by the world size).
-      num_groups, groups: accepted for compatibility with Horovod scripts; braid's runtime
-        fuses the gradients that are ready together into buckets by itself.
+      groups: which gradients' all-reduces start together, as in Horovod: an integer k
+        splits the parameters (in the optimizer's order) into k groups of consecutive ones
+        (0: no groups); a list of lists of parameters makes each list a group (parameters in
+        no list start on their own). A group's all-reduces start once backward has produced
+        every gradient of the group, and travel fused in one bucket (when they fit under
+        BRAID_FUSION_THRESHOLD), whatever the timing. None (default): one group of all
+        parameters when the compression is a sparsifier that selects over whole buckets
+        (scalecomp, topk or randomk with granularity=bucket, the default), so its top-k
+        covers the whole model's gradient, as ScaleCom selects over the fused gradient,
+        and the run repeats bit for bit; no groups otherwise (each all-reduce starts as soon
+        as its gradient is ready, overlapping the rest of backward). num_groups: Horovod's
+        older name for an integer ``groups`` (used when ``groups`` is None).
       process_set: only the global one (None).
 
     Errors during training: ``zero_grad()`` between ``backward()`` and ``step()``
@@ -316,5 +392,23 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                                    f"{type(optimizer).__name__}")
     cls = type(optimizer.__class__.__name__, (_DistributedMixin, optimizer.__class__),
                {"__doc__": _DistributedMixin.__doc__, "__module__": __name__})
+    if groups is None and num_groups:
+        groups = int(num_groups)
     return cls(optimizer.param_groups, optimizer.state, named_parameters, compression,
-               backward_passes_per_step, op, gradient_predivide_factor, sparse_as_dense)
+               backward_passes_per_step, op, gradient_predivide_factor, sparse_as_dense,
+               groups)
+
+
+def _job_default_compression():
+    """The canonical BRAID_COMPRESSION, "" when unset or invalid (init reports the latter)."""
+    try:
+        return _ops._braid.canonical_compression(os.environ.get("BRAID_COMPRESSION", ""))
+    except _ops.BraidError:
+        return ""
+
+
+def _selects_over_buckets(spec):
+    """True for a canonical spec of a sparsifier with granularity=bucket (its default)."""
+    spec = spec or ""
+    method = spec.split(":", 1)[0].strip()
+    return method in ("scalecomp", "topk", "randomk") and "granularity=tensor" not in spec
