@@ -125,6 +125,7 @@ absl::Status Job::OpenStream(int rank, std::shared_ptr<StreamSink> sink, absl::T
   if (r.stream) r.stream->Close();  // a second stream replaces the first
   r.stream = std::move(sink);
   r.report_ages = report_ages;
+  r.stream->set_coalesce(settings_.fast_path() == 0);
   if (report_ages) table_->set_report_ages(true);
   r.state = RankState::kNegotiating;
   r.last_seen = now;

@@ -40,6 +40,11 @@ class StreamSink {
   virtual void SendShared(std::shared_ptr<const proto::ResponseList> msg) { Send(*msg); }
   // Ends the stream once every queued message is written; later Sends are dropped.
   virtual void Close() = 0;
+  // Whether lists queued while a write is in flight may go out merged into one (Note
+  // [Coalesced writes] in server.cc). Off in a job with the fast path: its ranks count the
+  // lists they received to agree where to apply them, so every rank must receive the same
+  // lists (Note [Fast path] in runtime/fast_path.h).
+  virtual void set_coalesce(bool on) {}
 };
 
 enum class RankState {
