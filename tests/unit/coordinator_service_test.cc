@@ -25,8 +25,10 @@ class RecordingSink : public StreamSink {
     if (!closed) sent.push_back(msg);
   }
   void Close() override { closed = true; }
+  void set_coalesce(bool on) override { coalesce = on; }
   std::vector<proto::ResponseList> sent;
   bool closed = false;
+  std::optional<bool> coalesce;  // unset: never told
 };
 
 proto::RegisterRequest Reg(int rank, int size, const std::string& address = "") {
@@ -142,6 +144,40 @@ TEST_F(ServiceTest, ReportAgesOnlyToRanksThatAskedForThem) {
     } else {
       EXPECT_EQ(resp.report_age_us_size(), 0) << "rank " << r;
     }
+  }
+}
+
+// ---- Coalesced writes: never in a fast-path job ----
+
+// Note [Coalesced writes] in server.cc: the ranks of a job with the fast path count the lists
+// they receive to agree where to apply them, so their streams must not merge lists (each
+// broadcast list is numbered); without the fast path they may.
+std::vector<std::shared_ptr<RecordingSink>> OpenStreams(CoordinatorService& service, int n) {
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (int r = 0; r < n; ++r) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    proto::RequestList hello;
+    hello.set_rank(r);
+    EXPECT_TRUE(service.OpenStream(hello, sinks.back()).ok());
+  }
+  return sinks;
+}
+
+TEST_F(ServiceTest, StreamsOfAFastPathJobAreNeverCoalesced) {
+  for (int r = 0; r < 2; ++r) Register(Reg(r, 2));  // the default: BRAID_FAST_PATH=1
+  for (const auto& sink : OpenStreams(*service_, 2)) {
+    EXPECT_EQ(sink->coalesce, std::optional<bool>(false));
+  }
+}
+
+TEST_F(ServiceTest, StreamsOfAJobWithoutTheFastPathMayBeCoalesced) {
+  for (int r = 0; r < 2; ++r) {
+    proto::RegisterRequest req = Reg(r, 2);
+    req.mutable_settings()->set_fast_path(0);
+    Register(req);
+  }
+  for (const auto& sink : OpenStreams(*service_, 2)) {
+    EXPECT_EQ(sink->coalesce, std::optional<bool>(true));
   }
 }
 
