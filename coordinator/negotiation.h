@@ -12,14 +12,14 @@
 // overflow, a name or spec over its limit, unknown enum values), or (3) it is still not
 // negotiated after the job's negotiation timeout (ranks submitted different names, or one
 // never calls the collective; a rank that has joined counts as having submitted every
-// tensor, and a JOIN request itself never expires: Note [Join]). The
-// error goes to the ranks that submitted the tensor (they hold its handle) as a reply to
-// each alone, not in the common order: an ERROR runs no collective, and a rank that has not
-// submitted the tensor must not receive it, since by then it may hold another instance of
-// the same name (a rank that failed locally goes on to its next step at once). Instead the
-// table keeps a tombstone owed by every rank that has not submitted that instance yet; the
-// next request of that name from such a rank is the failed instance, and is answered with
-// the same error at once. Tombstones are per name, so they are bounded by the job's names.
+// tensor, and a JOIN request itself never expires: Note [Join]). The error goes to the ranks
+// that submitted the tensor (they hold its handle) as a reply to each alone, not in the
+// common order: an ERROR runs no collective, and a rank that has not submitted the tensor
+// must not receive it, since by then it may hold another instance of the same name (a rank
+// that failed locally goes on to its next step at once). Instead the table keeps a
+// tombstone owed by every rank that has not submitted that instance yet; the next request of
+// that name from such a rank is the failed instance, and is answered with the same error at
+// once. Tombstones are per name, so they are bounded by the job's names.
 //
 // Note [Join]
 // join() for uneven inputs, with Horovod's semantics. A rank that ran out of data sends a
