@@ -37,8 +37,10 @@ absl::StatusOr<proto::JobSettings> ResolveJobSettings(
     const proto::JobSettings& coordinator, const std::vector<proto::RegisterRequest>& requests,
     const std::vector<proto::RegisterResponse>& assigned);
 
-// BRAID_FAST_PATH when no rank and not the coordinator set it.
-inline constexpr int64_t kDefaultFastPath = 1;
+// BRAID_FAST_PATH when no rank and not the coordinator set it. Off by default for now: a
+// run of the Python suite's every-collective test saw ranks run different collectives
+// under it once (an ordering bug not yet found); its own tests pass.
+inline constexpr int64_t kDefaultFastPath = 0;
 
 // The defaults, every field present.
 proto::JobSettings DefaultJobSettings();

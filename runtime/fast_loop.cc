@@ -133,7 +133,8 @@ void Runtime::Impl::StopFastPathLocked() {
   }
   negotiating_ = 0;
   executing_ = false;
-  LOG(INFO) << "braid: rank " << rank_ << ": " << peer_left_.message()
+  // Routine at the end of every job (a peer shut down first): not worth a line on stderr.
+  VLOG(1) << "braid: rank " << rank_ << ": " << peer_left_.message()
             << "; what is left goes to the coordinator";
 }
 
