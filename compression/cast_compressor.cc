@@ -1,10 +1,17 @@
 // fp16 / bf16: cast the bucket to 16 bits, one all-reduce, cast back.
 //
-// Averaging divides by the world size *before* the cast, so a sum over many ranks cannot
-// overflow fp16 (max 65504) when the mean itself fits. Error bound, element-wise, for n ranks
-// and unit roundoff u (2^-11 fp16, 2^-8 bf16): |result - mean| <= (n + 1)·u·(1/n)·Σ_r|x_r|,
-// plus fp16's underflow (2^-25 per rounding) for values below 2^-14: one rounding of each
-// input, n - 1 rounded additions in the all-reduce, the float32 conversions exact.
+// Averaging divides by the world size *before* the cast, so no x/n overflows fp16 (max
+// 65504) when x fits in float32 below 65504·n, and the all-reduce keeps its partial sums in
+// float32 (Note [16-bit arithmetic] in transport/canonical_reduce.h), so the mean is returned
+// whenever it fits. Error bound, element-wise, for n ranks and unit roundoff u (2^-11 fp16,
+// 2^-8 bf16): |result - mean| <= (2·u + (n - 1)·2^-24)·(1/n)·Σ_r|x_r|, plus fp16's underflow
+// (2^-25 per rounding) for values below 2^-14: one rounding of each input, the float32 sum,
+// one rounding of the result; the float32 conversions are exact.
+//
+// Non-finite input and overflow (README: Non-finite values): NaN stays NaN and ±inf stays
+// ±inf (inf - inf is NaN); a finite x with |x/n| (average) or |x| (sum) beyond the format's
+// largest value (65504 fp16; about 3.39e38 bf16) becomes ±inf on the wire, so the result is
+// ±inf (or NaN) on every rank: never a silently clipped finite value.
 #include <cstring>
 #include <vector>
 

@@ -382,7 +382,10 @@ float ChunkScale(FourBitFormat format, const float* x, size_t count) {
   if (nonfinite) return std::numeric_limits<float>::quiet_NaN();
   if (m == 0.0f) return 0.0f;
   if (format == FourBitFormat::kInt4) return m / 7.0f;
-  return PowerOfTwoCeil(m);
+  const float s = PowerOfTwoCeil(m);
+  // Above 2^127 the next power of two is beyond float32: no scale holds the chunk, which
+  // is then broken like a non-finite one (NaN), never silently clipped.
+  return std::isinf(s) ? std::numeric_limits<float>::quiet_NaN() : s;
 }
 
 void DecodeTable(FourBitFormat format, float scale, float table[16]) {

@@ -10,7 +10,8 @@
 // Scale rule (GradScale): s = 2^ceil(log2(max|x|)), the smallest power of two >= the chunk's
 // largest magnitude, so max|x| lies in (s/2, s] — inside the top interval (s/4, s]. A chunk
 // of zeros has s = 0; a chunk holding a NaN or an infinity has s = NaN and decodes to NaN
-// (a broken gradient stays visibly broken, never silently finite).
+// (a broken gradient stays visibly broken, never silently finite), and so does a chunk whose
+// largest magnitude exceeds 2^127, for which no power-of-two scale exists in float32.
 //
 // INT4 code c: the two's complement nibble of q in -7..7 (code 8 = -8 is never produced); the
 // value is q·s with s = max|x| / 7 (float32), the same non-finite rule.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/limits.h"
 #include "common/secret.h"
 #include "coordinator/rendezvous.h"
 #include "glog/logging.h"
@@ -145,6 +146,7 @@ absl::Status Job::OpenStream(int rank, absl::string_view token, std::shared_ptr<
   if (r.stream) r.stream->Close();  // a second stream replaces the first
   r.stream = std::move(sink);
   r.report_ages = report_ages;
+  r.stream->set_coalesce(settings_.fast_path() == 0);
   if (report_ages) table_->set_report_ages(true);
   r.state = RankState::kNegotiating;
   r.last_seen = now;
@@ -161,6 +163,7 @@ void Job::Broadcast(proto::ResponseList rl) {
   // message per kind, not a copy per stream; the ranks that did not ask for report ages
   // (N of them per tensor) get a message without them, so a step's responses cost the
   // coordinator O(N·T), not O(N²·T).
+  if (rl.sequence() == 0) rl.set_sequence(++sequence_);
   auto full = std::make_shared<const proto::ResponseList>(std::move(rl));
   std::shared_ptr<const proto::ResponseList> lean;
   for (Rank& r : ranks_) {
@@ -186,6 +189,38 @@ void Job::Broadcast(proto::ResponseList rl) {
   }
 }
 
+void Job::SendReplies() {
+  for (auto& [rank, responses] : table_->TakeReplies()) {
+    if (rank < 0 || rank >= static_cast<int>(ranks_.size()) || !ranks_[rank].stream) continue;
+    proto::ResponseList rl;  // sequence 0: this rank's alone
+    for (proto::Response& r : responses) *rl.add_responses() = std::move(r);
+    ranks_[rank].stream->Send(rl);
+  }
+}
+
+void Job::AbortForFailure(int rank, const proto::FailureReport& f) {
+  absl::StatusCode code = static_cast<absl::StatusCode>(f.error_code());
+  if (code == absl::StatusCode::kOk) code = absl::StatusCode::kUnknown;
+  Abort(absl::Status(code, absl::StrCat("tensor '", Truncated(f.name(), kMaxNameBytes),
+                                        "' failed on rank ", rank,
+                                        " inside its collective: ",
+                                        Truncated(f.message(), kMaxErrorMessageBytes))));
+}
+
+void Job::NoteApplied(int rank, const proto::RequestList& msg) {
+  if (!msg.has_applied_sequence()) return;
+  Rank& me = ranks_[rank];
+  me.applied_sequence = std::max(me.applied_sequence, msg.applied_sequence());
+  me.reports_applied = true;
+  int64_t applied = sequence_;
+  for (const Rank& r : ranks_) {
+    if (r.state == RankState::kShutDown || r.state == RankState::kLost) continue;
+    if (!r.reports_applied) return;  // an older client: keep every retired entry
+    applied = std::min(applied, r.applied_sequence);
+  }
+  table_->ReleaseRetired(applied);
+}
+
 void Job::OnRequests(int rank, const StreamSink* sink, const proto::RequestList& msg,
                      absl::Time now) {
   if (rank < 0 || rank >= static_cast<int>(ranks_.size()) || ranks_[rank].stream.get() != sink) {
@@ -194,12 +229,18 @@ void Job::OnRequests(int rank, const StreamSink* sink, const proto::RequestList&
   if (msg.shutdown()) return Goodbye(rank, now);
   ranks_[rank].last_seen = now;
   ++cycles_;
+  NoteApplied(rank, msg);
+  for (const proto::FailureReport& f : msg.failures()) {
+    if (f.in_collective()) AbortForFailure(rank, f);
+  }
   std::vector<proto::Response> ready = table_->Submit(rank, msg, now);
   for (auto& r : table_->FailTensorsWaitingFor(clean_)) ready.push_back(std::move(r));
+  SendReplies();
   if (ready.empty()) return;
   proto::ResponseList rl;
   for (auto& r : ready) *rl.add_responses() = std::move(r);
-  for (int32_t id : table_->TakeEvictions()) rl.add_evicted_cache_ids(id);
+  rl.set_sequence(++sequence_);
+  for (int32_t id : table_->TakeEvictions(rl.sequence())) rl.add_evicted_cache_ids(id);
   responses_sent_ += rl.responses_size();
   Broadcast(std::move(rl));
 }
@@ -305,20 +346,58 @@ void Job::Abort(const absl::Status& s) {
 }
 
 void Job::Inspect(absl::Time now, Completions* out) {
-  for (size_t i = 0; i < pending_.size();) {
-    if (now < pending_[i].deadline) {
-      ++i;
-      continue;
-    }
-    const int64_t call_id = pending_[i].id;
-    RemoveRegistration(call_id, absl::DeadlineExceededError(absl::StrCat(
-        "only ", pending_.size(), " of ", world_size_, " ranks registered within ",
-        absl::FormatDuration(opts_.register_timeout))), out);
+  // Once one registration has waited its register timeout the world cannot form with it:
+  // every registration waiting fails with the same message, naming the missing ranks.
+  const bool expired = std::any_of(pending_.begin(), pending_.end(),
+                                   [&](const Pending& p) { return now >= p.deadline; });
+  if (expired) {
+    const absl::Status why = absl::DeadlineExceededError(MissingRegistrations());
+    while (!pending_.empty()) RemoveRegistration(pending_.front().id, why, out);
   }
   if (phase_ != proto::JOB_RUNNING) return;
   InspectLiveness(now);
   InspectStalls(now);
+  InspectNegotiationDeadline(now);
   MaybeEnd(now);
+}
+
+std::string Job::MissingRegistrations() const {
+  // Who came, and which ranks did not: the ranks AssignRanks would give the registrations
+  // without a rank of their own are the lowest free ones, in registration order.
+  std::set<int> claimed;
+  int unassigned = 0;
+  std::vector<std::string> came;
+  for (const Pending& p : pending_) {
+    const proto::RegisterRequest& r = p.request;
+    if (r.rank() >= 0) claimed.insert(r.rank());
+    else ++unassigned;
+    came.push_back(absl::StrCat(r.rank() >= 0 ? absl::StrCat("rank ", r.rank(), " (") : "(",
+                                "pid ", r.pid(), " on ", r.host(), ")"));
+  }
+  std::vector<int> missing;
+  for (int r = 0; r < world_size_; ++r) {
+    if (claimed.count(r)) continue;
+    if (unassigned > 0) {
+      --unassigned;
+      continue;
+    }
+    missing.push_back(r);
+  }
+  return absl::StrCat("only ", pending_.size(), " of ", world_size_,
+                      " ranks registered within ", absl::FormatDuration(opts_.register_timeout),
+                      ": missing rank", missing.size() == 1 ? " " : "s ",
+                      absl::StrJoin(missing, ", "), "; registered: ", absl::StrJoin(came, ", "));
+}
+
+// Note [Failure reports] in negotiation.h: a tensor not negotiated within the job's
+// negotiation timeout fails on the ranks that submitted it, naming those that did not.
+void Job::InspectNegotiationDeadline(absl::Time now) {
+  if (!abort_.ok() || settings_.negotiation_timeout_ms() <= 0) return;
+  for (const std::string& msg : table_->ExpireOlderThan(
+           absl::Milliseconds(settings_.negotiation_timeout_ms()), now)) {
+    LOG(WARNING) << "coordinator: " << msg;
+  }
+  SendReplies();
 }
 
 void Job::InspectLiveness(absl::Time now) {

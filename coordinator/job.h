@@ -40,6 +40,11 @@ class StreamSink {
   virtual void SendShared(std::shared_ptr<const proto::ResponseList> msg) { Send(*msg); }
   // Ends the stream once every queued message is written; later Sends are dropped.
   virtual void Close() = 0;
+  // Whether lists queued while a write is in flight may go out merged into one (Note
+  // [Coalesced writes] in server.cc). Off in a job with the fast path: its ranks count the
+  // lists they received to agree where to apply them, so every rank must receive the same
+  // lists (Note [Fast path] in runtime/fast_path.h).
+  virtual void set_coalesce(bool on) {}
 };
 
 enum class RankState {
@@ -115,8 +120,11 @@ class Job {
   absl::Status KeyValueSet(const std::string& key, const std::string& value);
   const std::string* KeyValueGet(const std::string& key) const;
 
-  // The monitor's work: registrations past their deadline, ranks silent past the heartbeat
-  // timeout (lost: the job is aborted), stalled tensors (Note [Stall inspector]).
+  // The monitor's work: registrations past their deadline (every waiting one fails with the
+  // first, naming the missing ranks), ranks
+  // silent past the heartbeat timeout (lost: the job is aborted), stalled tensors (Note
+  // [Stall inspector]) and tensors past the negotiation timeout (Note [Failure reports] in
+  // negotiation.h).
   void Inspect(absl::Time now, Completions* out);
   // Fails every pending and later operation on every rank with `s` (first abort wins).
   void Abort(const absl::Status& s);
@@ -145,17 +153,29 @@ class Job {
     int64_t fast_path_buckets = 0;
     std::shared_ptr<StreamSink> stream;  // null unless negotiating
     std::string token;                   // RegisterResponse.rank_token (Note [Who may join])
+    int64_t applied_sequence = 0;        // RequestList.applied_sequence, once it sent one
+    bool reports_applied = false;        // whether it ever did
     bool report_ages = false;            // wants Response.report_age_us
   };
 
   void Form(absl::Time now, Completions* out);
   void Goodbye(int rank, absl::Time now);
   void Lose(int rank, const std::string& why);
+  // Sends `rl` to every rank's stream, numbered (ResponseList.sequence).
   void Broadcast(proto::ResponseList rl);
+  // Sends the negotiation table's replies for single ranks, each to its rank alone.
+  void SendReplies();
+  // A failure report of a rank that failed inside a collective: the job is aborted.
+  void AbortForFailure(int rank, const proto::FailureReport& f);
+  // Records the rank's applied sequence and forgets what every rank has seen evicted.
+  void NoteApplied(int rank, const proto::RequestList& msg);
+  // "only 2 of 4 ranks registered within 2m: ...; missing: ranks 1, 3".
+  std::string MissingRegistrations() const;
   void InspectLiveness(absl::Time now);
   void InspectStalls(absl::Time now);
   // OK when `token` is `rank`'s (`rank` in range); PermissionDenied naming `what` else.
   absl::Status CheckToken(int rank, absl::string_view token, absl::string_view what) const;
+  void InspectNegotiationDeadline(absl::Time now);
   void MaybeEnd(absl::Time now);
   std::vector<proto::CompressionStat> CompressionStats() const;
   // Per method: the largest of the ranks' fast-path reports (every rank runs the same work).
@@ -184,6 +204,7 @@ class Job {
   int64_t kv_rpcs_ = 0;
   int64_t cycles_ = 0;
   int64_t responses_sent_ = 0;
+  int64_t sequence_ = 0;  // of the last list broadcast
 };
 
 }  // namespace braid::coordinator

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
+#include "common/limits.h"
 #include "coordinator/fusion.h"
 
 namespace braid::coordinator {
@@ -51,6 +52,11 @@ proto::Response Error(const std::string& name, absl::StatusCode code, std::strin
   return resp;
 }
 
+// "rank 2" / "ranks 0, 3".
+std::string Ranks(const std::vector<int>& ranks) {
+  return absl::StrCat("rank", ranks.size() == 1 ? " " : "s ", absl::StrJoin(ranks, ", "));
+}
+
 // Whether `b` agrees with `a` on every field Validate compares for a's collective. Exact:
 // when it says no, Validate's per-field texts find the field and name the ranks.
 bool Agrees(const proto::Request& a, const proto::Request& b) {
@@ -81,6 +87,39 @@ bool Agrees(const proto::Request& a, const proto::Request& b) {
 }
 
 }  // namespace
+
+absl::Status ValidateRequest(int rank, const proto::Request& req) {
+  const std::string what = absl::StrCat("rank ", rank, "'s request for tensor '",
+                                        Truncated(req.name(), 64), "': ");
+  auto bad = [&](const absl::Status& s) {
+    return absl::InvalidArgumentError(absl::StrCat(what, s.message()));
+  };
+  if (absl::Status s = CheckName("the name", req.name()); !s.ok()) return bad(s);
+  if (!proto::Collective_IsValid(req.collective())) {
+    return bad(absl::InvalidArgumentError(absl::StrCat("unknown collective ", req.collective())));
+  }
+  if (!IsValidDataType(req.dtype())) {
+    return bad(absl::InvalidArgumentError(absl::StrCat("unknown dtype ", req.dtype())));
+  }
+  if (!proto::Device_IsValid(req.device())) {
+    return bad(absl::InvalidArgumentError(absl::StrCat("unknown device ", req.device())));
+  }
+  if ((req.collective() == proto::ALLREDUCE || req.collective() == proto::REDUCESCATTER) &&
+      !IsValidReduceOp(req.reduce_op())) {
+    return bad(absl::InvalidArgumentError(absl::StrCat("unknown reduce op ", req.reduce_op())));
+  }
+  auto elements = ShapeElements("the shape", req.shape());
+  if (!elements.ok()) return bad(elements.status());
+  auto bytes = TensorBytes("the shape", *elements,
+                           DataTypeSize(static_cast<DataType>(req.dtype())));
+  if (!bytes.ok()) return bad(bytes.status());
+  if (req.compression().size() > kMaxCompressionSpecBytes) {
+    return bad(absl::InvalidArgumentError(absl::StrCat(
+        "the compression spec is ", req.compression().size(),
+        " bytes long, more than the limit of ", kMaxCompressionSpecBytes)));
+  }
+  return absl::OkStatus();
+}
 
 std::string ShapeString(const proto::Request& r) {
   return absl::StrCat("[", absl::StrJoin(r.shape(), ", "), "]");
@@ -113,9 +152,25 @@ NegotiationTable::NegotiationTable(int world_size, int64_t fusion_threshold_byte
       world_size_(world_size),
       fusion_threshold_(fusion_threshold_bytes) {}
 
-std::vector<int32_t> NegotiationTable::TakeEvictions() {
+std::vector<int32_t> NegotiationTable::TakeEvictions(int64_t sequence) {
   std::vector<int32_t> out;
   out.swap(evictions_);
+  for (int32_t id : out) {
+    if (auto it = retired_.find(id); it != retired_.end()) it->second.sequence = sequence;
+  }
+  return out;
+}
+
+void NegotiationTable::ReleaseRetired(int64_t applied) {
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    const int64_t seq = it->second.sequence;
+    it = seq > 0 && seq <= applied ? retired_.erase(it) : std::next(it);
+  }
+}
+
+std::map<int, std::vector<proto::Response>> NegotiationTable::TakeReplies() {
+  std::map<int, std::vector<proto::Response>> out;
+  out.swap(replies_);
   return out;
 }
 
@@ -136,7 +191,7 @@ int32_t NegotiationTable::CacheInsert(const RequestPtr& agreed) {
       return it->second;
     }
     // Changed metadata under a cached name: the old entry goes, a new one is made.
-    retired_[it->second] = e.request;
+    retired_[it->second] = Retired{e.request, 0};
     evictions_.push_back(it->second);
     cache_.erase(it->second);
     cache_by_name_.erase(it);
@@ -145,7 +200,7 @@ int32_t NegotiationTable::CacheInsert(const RequestPtr& agreed) {
     auto lru = std::min_element(cache_.begin(), cache_.end(), [](const auto& a, const auto& b) {
       return a.second.last_use < b.second.last_use;
     });
-    retired_[lru->first] = lru->second.request;
+    retired_[lru->first] = Retired{lru->second.request, 0};
     evictions_.push_back(lru->first);
     cache_by_name_.erase(lru->second.request->name());
     cache_.erase(lru);
@@ -281,11 +336,30 @@ proto::Response NegotiationTable::Validate(const std::string& name, const Entry&
   ok.set_process_set_id(first.process_set_id());
   ok.set_compression(first.compression());
   if (coll == proto::ALLGATHER) {
-    for (const RequestPtr& r : e.by_rank) ok.add_first_dims(r != nullptr ? r->shape(0) : 0);
+    std::vector<int64_t> dims;
+    for (const RequestPtr& r : e.by_rank) dims.push_back(r != nullptr ? r->shape(0) : 0);
+    // The gathered tensor's size, overflow-checked: every rank's rows, then the row's size.
+    std::vector<int64_t> gathered(first.shape().begin(), first.shape().end());
+    auto rows = CheckedSum("the ranks' first dimensions", dims, kMaxTensorBytes);
+    absl::Status s = rows.status();
+    if (s.ok()) {
+      gathered[0] = *rows;
+      auto elements = ShapeElements("the gathered shape", gathered);
+      s = elements.status();
+      if (s.ok()) {
+        s = TensorBytes("the gathered tensor", *elements,
+                        DataTypeSize(static_cast<DataType>(first.dtype())))
+                .status();
+      }
+    }
+    if (!s.ok()) {
+      return Error(name, absl::StatusCode::kInvalidArgument,
+                   absl::StrCat("tensor '", name, "': allgather: ", s.message()));
+    }
+    for (int64_t d : dims) ok.add_first_dims(d);
   }
-  int64_t elements = 1;
-  for (int64_t d : first.shape()) elements *= d;
-  ok.add_tensor_sizes(elements);
+  // ValidateRequest checked every shape as it arrived.
+  ok.add_tensor_sizes(*ShapeElements("the shape", first.shape()));
   return ok;
 }
 
@@ -295,7 +369,7 @@ std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::Req
   for (int32_t id : list.cached_ids()) {
     RequestPtr req;
     if (auto it = cache_.find(id); it != cache_.end()) req = it->second.request;
-    if (auto it = retired_.find(id); req == nullptr && it != retired_.end()) req = it->second;
+    if (auto it = retired_.find(id); req == nullptr && it != retired_.end()) req = it->second.request;
     if (req == nullptr) {
       ready.push_back(Error(absl::StrCat("cache id ", id), absl::StatusCode::kInternal,
                             absl::StrCat("rank ", rank, " sent response-cache id ", id,
@@ -308,11 +382,83 @@ std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::Req
   for (const proto::Request& req : list.requests()) {
     SubmitOne(rank, std::make_shared<const proto::Request>(req), now, &ready);
   }
+  for (const proto::FailureReport& f : list.failures()) {
+    if (f.in_collective()) continue;  // the job is aborted instead (Job::OnRequests)
+    // The instance already failed elsewhere: settled, and nothing to answer (no handle).
+    if (SettleTombstone(rank, f.name(), /*reply=*/false)) continue;
+    const std::string cause = Truncated(f.message(), kMaxErrorMessageBytes);
+    absl::StatusCode code = static_cast<absl::StatusCode>(f.error_code());
+    if (code == absl::StatusCode::kOk) code = absl::StatusCode::kUnknown;
+    FailEverywhere(f.name(),
+                   Error(f.name(), code,
+                         absl::StrCat("tensor '", Truncated(f.name(), kMaxNameBytes),
+                                      "' failed on rank ", rank, ": ", cause)),
+                   rank);
+  }
   return Fuse(std::move(ready));
+}
+
+bool NegotiationTable::SettleTombstone(int rank, const std::string& name, bool reply) {
+  auto t = tombstones_.find(name);
+  if (t == tombstones_.end()) return false;
+  auto owed = t->second.owed.find(rank);
+  if (owed == t->second.owed.end()) return false;
+  if (--owed->second == 0) t->second.owed.erase(owed);
+  proto::Response error = t->second.error;
+  if (t->second.owed.empty()) tombstones_.erase(t);
+  if (reply) replies_[rank].push_back(std::move(error));
+  return true;
+}
+
+void NegotiationTable::FailEverywhere(const std::string& name, proto::Response error,
+                                      int reporter) {
+  std::set<int> submitted;
+  if (auto it = table_.find(name); it != table_.end()) {
+    for (int r = 0; r < world_size_; ++r) {
+      if (it->second.by_rank[r] != nullptr) submitted.insert(r);
+    }
+    table_.erase(it);
+  }
+  for (int r : submitted) replies_[r].push_back(error);
+  Tombstone& t = tombstones_[name];
+  t.error = std::move(error);
+  for (int r = 0; r < world_size_; ++r) {
+    // A joined rank (Note [Join]) submits no instance of it in this round.
+    if (r != reporter && submitted.count(r) == 0 && joined_.count(r) == 0) ++t.owed[r];
+  }
+  if (t.owed.empty()) tombstones_.erase(name);
+}
+
+std::vector<std::string> NegotiationTable::ExpireOlderThan(absl::Duration timeout,
+                                                           absl::Time now) {
+  std::vector<std::string> messages;
+  std::vector<Pending> expired;
+  for (Pending& p : PendingTensors(now)) {
+    if (p.waiting >= timeout) expired.push_back(std::move(p));
+  }
+  for (const Pending& p : expired) {
+    std::string msg = absl::StrCat(
+        "tensor '", p.name, "' was not negotiated within ",
+        absl::FormatDuration(timeout), " (BRAID_NEGOTIATION_TIMEOUT_S): submitted by ",
+        Ranks(p.ready_ranks), " but not by ", Ranks(p.missing_ranks),
+        " (ranks calling collectives under different names, or a rank that never calls it)");
+    FailEverywhere(p.name, Error(p.name, absl::StatusCode::kDeadlineExceeded, msg),
+                   /*reporter=*/-1);
+    messages.push_back(std::move(msg));
+  }
+  return messages;
 }
 
 void NegotiationTable::SubmitOne(int rank, RequestPtr req, absl::Time now,
                                  std::vector<proto::Response>* ready) {
+  // The failed instance: answered at once.
+  if (SettleTombstone(rank, req->name(), /*reply=*/true)) return;
+  if (absl::Status bad = ValidateRequest(rank, *req); !bad.ok()) {
+    // The sender holds a handle for it: it is answered like the ranks that submitted before.
+    replies_[rank].push_back(Error(req->name(), bad.code(), std::string(bad.message())));
+    FailEverywhere(req->name(), Error(req->name(), bad.code(), std::string(bad.message())), rank);
+    return;
+  }
   if (req->collective() == proto::JOIN) return SubmitJoin(rank, *req, now, ready);
   auto [it, inserted] = table_.try_emplace(req->name());
   Entry& e = it->second;
@@ -475,6 +621,10 @@ std::vector<proto::Response> NegotiationTable::FailTensorsWaitingFor(const std::
                                      missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "),
                                      " already shut down")));
     it = table_.erase(it);
+  }
+  for (auto t = tombstones_.begin(); t != tombstones_.end();) {
+    for (int r : gone) t->second.owed.erase(r);  // a rank that left settles nothing
+    t = t->second.owed.empty() ? tombstones_.erase(t) : std::next(t);
   }
   return out;
 }

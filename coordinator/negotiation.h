@@ -4,6 +4,23 @@
 // order that every rank receives identically. Mismatches become one ERROR response, sent to
 // every rank, naming the tensor and what each rank sent.
 //
+// Note [Failure reports]
+// What one rank cannot do, the others must hear of at once, or they wait for it forever. A
+// tensor fails on every rank, with one message naming the tensor, the rank and the cause,
+// when (1) a rank reports that its call failed locally (a FailureReport: bad arguments, a
+// compression error), (2) a rank's request is malformed (ValidateRequest: sizes that
+// overflow, a name or spec over its limit, unknown enum values), or (3) it is still not
+// negotiated after the job's negotiation timeout (ranks submitted different names, or one
+// never calls the collective; a rank that has joined counts as having submitted every
+// tensor, and a JOIN request itself never expires: Note [Join]). The error goes to the ranks
+// that submitted the tensor (they hold its handle) as a reply to each alone, not in the
+// common order: an ERROR runs no collective, and a rank that has not submitted the tensor
+// must not receive it, since by then it may hold another instance of the same name (a rank
+// that failed locally goes on to its next step at once). Instead the table keeps a
+// tombstone owed by every rank that has not submitted that instance yet; the next request of
+// that name from such a rank is the failed instance, and is answered with the same error at
+// once. Tombstones are per name, so they are bounded by the job's names.
+//
 // Note [Join]
 // join() for uneven inputs, with Horovod's semantics. A rank that ran out of data sends a
 // JOIN request. From then on it counts as ready for every tensor: a tensor is ready once
@@ -47,16 +64,30 @@ class NegotiationTable {
   // the capacity, and the eviction travels in the same ResponseList stream, so every rank's
   // cache holds the same entries. Ids are never reused: an id a rank sent before it saw the
   // eviction still resolves, because evicted entries are kept as retired (their request
-  // only: ~100 bytes each, growing with the job's distinct tensor signatures). Bounding them
-  // exactly needs each rank to report how many response lists it has applied; a rank's
-  // request can be sent several evictions late (its requests of a step go out in batches).
+  // only). Each rank reports the sequence number of the last ResponseList it applied
+  // (RequestList.applied_sequence), and a rank's requests travel in order after it, so once
+  // every rank still in the job has applied the list that carried an eviction, no request
+  // can name that id any more and the retired entry is dropped (ReleaseRetired): memory stays
+  // bounded by the capacity however often tensors change shape. A rank that never reports
+  // keeps them (a request can be sent several evictions late: a step's requests go out in
+  // batches).
   NegotiationTable(int world_size, int64_t fusion_threshold_bytes = 0, int cache_capacity = 0);
 
-  // Records `rank`'s requests and returns the responses that became ready because of them,
-  // in the order every rank must execute them. A rank asking twice for a name still in
-  // negotiation gets an ERROR response (AlreadyExists) addressed to the whole world.
+  // Records `rank`'s requests and failure reports (Note [Failure reports]) and returns the
+  // responses that became ready because of them, in the order every rank must execute them.
+  // A rank asking twice for a name still in negotiation gets an ERROR response
+  // (AlreadyExists) addressed to the whole world. Replies to single ranks wait in
+  // TakeReplies().
   std::vector<proto::Response> Submit(int rank, const proto::RequestList& list,
                                       absl::Time now = absl::Now());
+
+  // Fails every tensor some ranks submitted more than `timeout` ago (Note [Failure
+  // reports]): DeadlineExceeded naming the ranks that did and did not submit it. Returns the
+  // messages (for the log); the errors wait in TakeReplies().
+  std::vector<std::string> ExpireOlderThan(absl::Duration timeout, absl::Time now);
+
+  // ERROR responses for single ranks, by rank, since the last call: to send to each alone.
+  std::map<int, std::vector<proto::Response>> TakeReplies();
 
   // Names some ranks submitted and others did not, with the ranks each is waiting for and
   // how long it has waited.
@@ -78,8 +109,14 @@ class NegotiationTable {
   // Ranks that have joined (Note [Join]) and are waiting for the others, in rank order.
   std::vector<int> joined_ranks() const;
 
-  // Cache ids evicted since the last call (the server sends them with the responses).
-  std::vector<int32_t> TakeEvictions();
+  // Cache ids evicted since the last call; the server sends them in the ResponseList whose
+  // sequence number is `sequence`.
+  std::vector<int32_t> TakeEvictions(int64_t sequence = 0);
+  // Drops the retired entries whose eviction travelled in a list numbered <= `applied`
+  // (every rank still in the job has applied it).
+  void ReleaseRetired(int64_t applied);
+  size_t retired_entries() const { return retired_.size(); }
+  size_t tombstones() const { return tombstones_.size(); }
 
   // Whether responses carry report_age_us (default true). The coordinator turns it off until
   // a rank asks for them (RequestList.report_ages): N numbers per tensor.
@@ -105,6 +142,11 @@ class NegotiationTable {
     int submitted = 0;
     absl::Time first_seen;
   };
+  // A tensor that can never complete on every rank (Note [Failure reports]).
+  struct Tombstone {
+    proto::Response error;
+    std::map<int, int> owed;  // rank -> instances of the name it has yet to submit
+  };
   proto::Response Validate(const std::string& name, const Entry& e) const;
   // The request of the lowest rank that submitted `e` (some rank did: it is in the table).
   static const RequestPtr& FirstOf(const Entry& e);
@@ -118,6 +160,12 @@ class NegotiationTable {
   std::vector<proto::Response> Fuse(std::vector<proto::Response> ready);
   void SubmitOne(int rank, RequestPtr req, absl::Time now,
                  std::vector<proto::Response>* ready);
+  // Fails `name` on every rank with `error` (Note [Failure reports]): replies to the ranks
+  // that submitted it, a tombstone owed by the others, `reporter` excepted.
+  void FailEverywhere(const std::string& name, proto::Response error, int reporter);
+  // True when `rank` owed an instance of `name` to a tombstone, now settled (and, with
+  // `reply`, answered with its error).
+  bool SettleTombstone(int rank, const std::string& name, bool reply);
   // Id of `agreed` in the cache (inserted or refreshed), or 0 when it is not cacheable.
   int32_t CacheInsert(const RequestPtr& agreed);
 
@@ -131,8 +179,14 @@ class NegotiationTable {
   uint64_t use_clock_ = 0;
   std::map<int32_t, CacheEntry> cache_;             // live entries
   std::map<std::string, int32_t> cache_by_name_;
-  std::map<int32_t, RequestPtr> retired_;           // evicted, still resolvable (unbounded)
+  struct Retired {
+    RequestPtr request;
+    int64_t sequence = 0;  // of the list that carried its eviction (0: not sent yet)
+  };
+  std::map<int32_t, Retired> retired_;              // evicted, still resolvable
   std::vector<int32_t> evictions_;
+  std::map<std::string, Tombstone> tombstones_;
+  std::map<int, std::vector<proto::Response>> replies_;
 
   int world_size_;
   bool report_ages_ = true;
@@ -154,6 +208,11 @@ std::string MismatchMessage(const std::string& name, const std::string& field,
 
 // "[2, 3]" for a shape.
 std::string ShapeString(const proto::Request& r);
+
+// Checks one request as it arrives from `rank`, before anything is computed from it: the
+// name, enum values, the shape (dimensions, product, bytes: overflow-checked against
+// common/limits.h) and the compression spec's length. InvalidArgument names the field.
+absl::Status ValidateRequest(int rank, const proto::Request& req);
 
 }  // namespace braid::coordinator
 

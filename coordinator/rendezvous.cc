@@ -112,6 +112,9 @@ const SettingField kSettingFields[] = {
     {"BRAID_HEARTBEAT_TIMEOUT_S", &proto::JobSettings::has_heartbeat_timeout_ms,
      [](const proto::JobSettings& s) { return s.heartbeat_timeout_ms(); },
      [](proto::JobSettings* s, int64_t v) { s->set_heartbeat_timeout_ms(v); }, true},
+    {"BRAID_NEGOTIATION_TIMEOUT_S", &proto::JobSettings::has_negotiation_timeout_ms,
+     [](const proto::JobSettings& s) { return s.negotiation_timeout_ms(); },
+     [](proto::JobSettings* s, int64_t v) { s->set_negotiation_timeout_ms(v); }, true},
     {"BRAID_FAST_PATH", &proto::JobSettings::has_fast_path,
      [](const proto::JobSettings& s) { return s.fast_path(); },
      [](proto::JobSettings* s, int64_t v) { s->set_fast_path(v); }, false},
@@ -135,6 +138,8 @@ proto::JobSettings DefaultJobSettings() {
   s.set_stall_check_ms(60 * 1000);
   s.set_stall_shutdown_ms(0);
   s.set_heartbeat_timeout_ms(10 * 1000);
+  // Long: a checkpoint or an evaluation on one rank while the others wait is normal.
+  s.set_negotiation_timeout_ms(1800 * 1000);
   s.set_fast_path(kDefaultFastPath);
   return s;
 }

@@ -21,8 +21,8 @@ absl::StatusOr<std::vector<proto::RegisterResponse>> AssignRanks(
     const std::vector<proto::RegisterRequest>& requests, int world_size);
 
 // Note [Job settings]
-// The fusion threshold, the response cache's capacity, the stall check and shutdown and the
-// heartbeat timeout must be the same for the whole job, so the coordinator decides each once,
+// The fusion threshold, the response cache's capacity, the stall check and shutdown, the
+// heartbeat timeout and the negotiation timeout must be the same for the whole job, so the coordinator decides each once,
 // when the whole world has registered:
 //   1. the coordinator's own value when it was given one (braidrun's flags and environment,
 //      braid-coordinator's flags and environment);
@@ -37,8 +37,10 @@ absl::StatusOr<proto::JobSettings> ResolveJobSettings(
     const proto::JobSettings& coordinator, const std::vector<proto::RegisterRequest>& requests,
     const std::vector<proto::RegisterResponse>& assigned);
 
-// BRAID_FAST_PATH when no rank and not the coordinator set it.
-inline constexpr int64_t kDefaultFastPath = 1;
+// BRAID_FAST_PATH when no rank and not the coordinator set it. Off by default for now: a
+// run of the Python suite's every-collective test saw ranks run different collectives
+// under it once (an ordering bug not yet found); its own tests pass.
+inline constexpr int64_t kDefaultFastPath = 0;
 
 // The defaults, every field present.
 proto::JobSettings DefaultJobSettings();

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/limits.h"
 #include "coordinator/admission.h"
 #include "coordinator/credentials.h"
 #include "coordinator/grpc_status.h"
@@ -59,6 +60,10 @@ class GrpcStream final : public StreamSink {
     queue_.push_back(std::move(msg));  // the message being written stays alive in the queue
     MaybeWriteLocked();
   }
+  void set_coalesce(bool on) override {
+    absl::MutexLock lock(&mu_);
+    coalesce_ = on;
+  }
   void Close() override {
     absl::MutexLock lock(&mu_);
     closed_ = true;
@@ -94,7 +99,7 @@ class GrpcStream final : public StreamSink {
   // reaction inside StartWrite/Finish, so calling them under mu_ cannot deadlock.
   void MaybeWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ || finished_ || queue_.empty() || reactor_ == nullptr) return;
-    if (queue_.size() > 1) CoalesceLocked();
+    if (coalesce_ && queue_.size() > 1) CoalesceLocked();
     writing_ = true;
     reactor_->StartWrite(queue_.front().get());
   }
@@ -104,7 +109,8 @@ class GrpcStream final : public StreamSink {
   // still sends each list at once. Concatenating is what applying the lists one by one does:
   // responses in order, then evictions (cache ids are never reused, so an eviction applied
   // after a later list's responses drops the same entries). A list that ends the stream
-  // (shutdown or abort) is never merged.
+  // (shutdown or abort) is never merged. Not in a job with the fast path (set_coalesce):
+  // there every rank must receive the same lists.
   void CoalesceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto plain = [](const proto::ResponseList& m) {
       return !m.shutdown() && m.abort_message().empty();
@@ -127,6 +133,7 @@ class GrpcStream final : public StreamSink {
   grpc::ServerBidiReactor<proto::RequestList, proto::ResponseList>* reactor_ ABSL_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<const proto::ResponseList>> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool coalesce_ ABSL_GUARDED_BY(mu_) = true;  // set_coalesce
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_) = grpc::Status::OK;
@@ -302,6 +309,10 @@ class GrpcCoordinatorServer final : public CoordinatorServer {
     builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
     builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    // Above gRPC's 4 MiB default, so a large job's lists are never refused by closing the
+    // stream; ranks split theirs far below it (common/limits.h).
+    builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    builder.SetMaxSendMessageSize(kMaxMessageBytes);
     builder.RegisterService(&grpc_service_);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port_ == 0) {

@@ -72,10 +72,13 @@ class FusionBuffer {
 
 class AllReducePipeline {
  public:
-  // `timeline` may be null. All three outlive the pipeline.
-  AllReducePipeline(compression::CompressionStage* stage, StatisticsLedger* ledger,
-                    Timeline* timeline)
-      : stage_(stage), ledger_(ledger), timeline_(timeline) {}
+  // Both outlive the pipeline.
+  AllReducePipeline(compression::CompressionStage* stage, StatisticsLedger* ledger)
+      : stage_(stage), ledger_(ledger) {}
+
+  // Where the next Runs record their phases; null (the default): nowhere. The caller keeps
+  // it alive while it is set.
+  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
 
   // Reduces one bucket: `tensors` of `dtype`, all-reduced with `op` under `method`, in the
   // order every rank uses. On success every output holds the result and the bucket's bytes
@@ -97,7 +100,7 @@ class AllReducePipeline {
 
   compression::CompressionStage* stage_;
   StatisticsLedger* ledger_;
-  Timeline* timeline_;
+  Timeline* timeline_ = nullptr;
   FusionBuffer buffer_;
   // The bucket being run.
   DataType dtype_ = DataType::kFloat32;

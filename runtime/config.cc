@@ -18,6 +18,8 @@ namespace {
 
 constexpr int64_t kMaxSeconds = 365 * 24 * 3600;  // one year
 constexpr int64_t kMaxFusionThreshold = int64_t{1} << 40;
+const absl::Duration kMinHeartbeatTimeout = absl::Milliseconds(400);
+constexpr int64_t kMinTimelineBytes = 65536;
 
 bool AllDigits(absl::string_view s) {
   if (s.empty()) return false;
@@ -111,6 +113,16 @@ const Variable kVariables[] = {
        c->timeline_path = std::string(t);
        return absl::OkStatus();
      }},
+    {"BRAID_TIMELINE_MAX_BYTES",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       auto v = ParseInteger(w, t, 0, int64_t{1} << 50);
+       // A file must hold at least a few events besides the rows' names.
+       if (v.ok() && *v != 0 && *v < kMinTimelineBytes) {
+         return absl::InvalidArgumentError(absl::StrCat(
+             w, " must be 0 (no limit) or at least ", kMinTimelineBytes, " bytes, got ", t));
+       }
+       return Assign(std::move(v), &c->timeline_max_bytes);
+     }},
     {"BRAID_CYCLE_TIME_MS",
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        auto ms = ParseInteger(w, t, 0, 60000);
@@ -154,8 +166,20 @@ const Variable kVariables[] = {
      }},
     {"BRAID_HEARTBEAT_TIMEOUT_S",
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       auto v = ParseSeconds(w, t, /*zero_allowed=*/false);
+       // Ranks beat every timeout / 4, but at most ten times a second: a shorter timeout
+       // would be shorter than four heartbeat intervals (coordinator/client.h).
+       if (v.ok() && *v < kMinHeartbeatTimeout) {
+         return absl::InvalidArgumentError(absl::StrCat(
+             w, " must be at least ", absl::FormatDuration(kMinHeartbeatTimeout),
+             " (four heartbeats, which ranks send at most every 100ms), got '", t, "'"));
+       }
+       return AssignOptional(std::move(v), &c->job.heartbeat_timeout);
+     }},
+    {"BRAID_NEGOTIATION_TIMEOUT_S",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        return AssignOptional(ParseSeconds(w, t, /*zero_allowed=*/false),
-                             &c->job.heartbeat_timeout);
+                             &c->job.negotiation_timeout);
      }},
     {"BRAID_FAST_PATH",
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
@@ -383,6 +407,9 @@ proto::JobSettings ToProto(const JobSettings& s) {
   if (s.heartbeat_timeout) {
     p.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(*s.heartbeat_timeout));
   }
+  if (s.negotiation_timeout) {
+    p.set_negotiation_timeout_ms(absl::ToInt64Milliseconds(*s.negotiation_timeout));
+  }
   if (s.fast_path) p.set_fast_path(*s.fast_path ? 1 : 0);
   return p;
 }
@@ -518,6 +545,8 @@ const std::vector<SettingFlag>& SettingFlags() {
        "seconds before such a stall aborts the job (0: never)"},
       {"--heartbeat-timeout", "BRAID_HEARTBEAT_TIMEOUT_S",
        "seconds of silence before a rank is declared lost"},
+      {"--negotiation-timeout", "BRAID_NEGOTIATION_TIMEOUT_S",
+       "seconds before a tensor some ranks submitted and others did not fails on every rank"},
       {"--fast-path", "BRAID_FAST_PATH",
        "1: ranks agree on cached tensors over the data plane, 0: always ask the coordinator"},
       {"--compression", "BRAID_COMPRESSION",

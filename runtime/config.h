@@ -82,6 +82,7 @@ struct JobSettings {
   std::optional<absl::Duration> stall_check;        // BRAID_STALL_CHECK_S
   std::optional<absl::Duration> stall_shutdown;     // BRAID_STALL_SHUTDOWN_S
   std::optional<absl::Duration> heartbeat_timeout;  // BRAID_HEARTBEAT_TIMEOUT_S
+  std::optional<absl::Duration> negotiation_timeout;  // BRAID_NEGOTIATION_TIMEOUT_S
   std::optional<bool> fast_path;                    // BRAID_FAST_PATH
 };
 // The wire form: the fields that are set, durations in milliseconds.
@@ -112,6 +113,9 @@ struct RuntimeConfig {
   std::string tls_ca_file;
   absl::Duration cycle_time = absl::Milliseconds(1);  // BRAID_CYCLE_TIME_MS
   std::string timeline_path;             // BRAID_TIMELINE
+  // BRAID_TIMELINE_MAX_BYTES: the timeline file rotates beyond this (runtime/timeline.h);
+  // 0: no limit.
+  int64_t timeline_max_bytes = int64_t{1} << 30;
   // BRAID_COMPRESSION: the default for floating-point sum/average all-reduces that do not
   // name one (see compression/registry.h); validated, kept in canonical form.
   std::string compression = "none";

@@ -1,18 +1,13 @@
 // Enqueue: a request is checked locally, its compression resolved once into a canonical
 // method, and it joins the tensor table and the queue of requests to negotiate.
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "common/status_macros.h"
 #include "compression/registry.h"
 #include "runtime/runtime_impl.h"
 
 namespace braid {
 namespace {
-
-int64_t NumElements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
 
 absl::Status CheckSplits(const CollectiveRequest& r, int size,
                          const std::function<absl::Status(const std::string&)>& bad) {
@@ -26,12 +21,12 @@ absl::Status CheckSplits(const CollectiveRequest& r, int size,
   if (static_cast<int>(r.splits.size()) != size) {
     return bad(absl::StrCat("splits has ", r.splits.size(), " entries for ", size, " ranks"));
   }
-  int64_t sum = 0;
-  for (int64_t s : r.splits) {
-    if (s < 0) return bad("negative split");
-    sum += s;
+  // Overflow-checked: splits whose sum wraps around to dim 0 must not pass.
+  auto sum = CheckedSum("splits", r.splits, kMaxTensorBytes);
+  if (!sum.ok()) return bad(std::string(sum.status().message()));
+  if (*sum != r.shape[0]) {
+    return bad(absl::StrCat("splits sum to ", *sum, " but dim 0 is ", r.shape[0]));
   }
-  if (sum != r.shape[0]) return bad(absl::StrCat("splits sum to ", sum, " but dim 0 is ", r.shape[0]));
   return absl::OkStatus();
 }
 
@@ -109,11 +104,22 @@ absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r) const {
                                                    "' on rank ", rank_, ": ", why));
   };
   if (r.name.empty()) return bad("a name is required");
-  if (!IsValidDataType(static_cast<int32_t>(r.dtype))) return bad("unknown dtype");
-  for (int64_t d : r.shape) {
-    if (d < 0) return bad(absl::StrCat("negative dimension ", d));
+  if (r.name.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        CollectiveName(r.collective), " '", Truncated(r.name, 64), "' on rank ", rank_,
+        ": the name is ", r.name.size(), " bytes long, more than the limit of ", kMaxNameBytes));
   }
-  const int64_t n = NumElements(r.shape);
+  if (!IsValidDataType(static_cast<int32_t>(r.dtype))) return bad("unknown dtype");
+  // Overflow-checked against common/limits.h: no size computed from the shape later wraps.
+  auto elements = ShapeElements("shape", r.shape);
+  if (!elements.ok()) return bad(std::string(elements.status().message()));
+  const int64_t n = *elements;
+  auto bytes = TensorBytes("shape", n, DataTypeSize(r.dtype));
+  if (!bytes.ok()) return bad(std::string(bytes.status().message()));
+  if (r.compression.size() > kMaxCompressionSpecBytes) {
+    return bad(absl::StrCat("compression is ", r.compression.size(),
+                            " bytes long, more than the limit of ", kMaxCompressionSpecBytes));
+  }
   if (r.collective == Collective::kBarrier || r.collective == Collective::kJoin) {
     return absl::OkStatus();  // no buffers
   }
@@ -165,27 +171,68 @@ absl::StatusOr<const compression::CompressionMethod*> Runtime::Impl::ResolveComp
   return *method;
 }
 
+// Note [Local failures]
+// A collective this rank refuses (bad arguments, a compression spec it cannot use) fails
+// here, at once, and the caller goes on; but its peers, which asked for the same tensor,
+// would wait for this rank's request until the negotiation deadline. So the refusal is also
+// reported to the coordinator (a FailureReport, sent in the next cycle without waiting for
+// the cycle time), which fails the tensor on every rank that submitted it, naming this rank
+// and the cause, and answers the peers that submit it later with the same error (Note
+// [Failure reports] in coordinator/negotiation.h). Not reported: a name already in flight
+// here (AlreadyExists: the failure would hit the earlier, valid instance) and names that
+// cannot travel (empty, or beyond kMaxNameBytes).
+void Runtime::Impl::ReportFailureLocked(const std::string& name, const absl::Status& cause) {
+  if (state_ != State::kRunning || !CheckName("name", name).ok()) return;
+  proto::FailureReport f;
+  f.set_name(name);
+  f.set_error_code(static_cast<int32_t>(cause.code()));
+  f.set_message(Truncated(cause.message(), kMaxErrorMessageBytes));
+  failures_.push_back(std::move(f));
+}
+
+absl::Status Runtime::Impl::ReportFailure(const std::string& name, const absl::Status& cause) {
+  if (cause.ok()) return absl::InvalidArgumentError("a failure report needs an error");
+  BRAID_RETURN_IF_ERROR(CheckName("name", name));
+  absl::MutexLock lock(&mu_);
+  BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+  if (table_.count(name)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor '", name, "' is in flight on rank ", rank_, ": its own handle reports it"));
+  }
+  ReportFailureLocked(name, cause);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest req) {
   absl::MutexLock lock(&mu_);
   BRAID_RETURN_IF_ERROR(CheckRunningLocked());
-  BRAID_RETURN_IF_ERROR(CheckRequest(req));
   if (table_.count(req.name)) {
     return absl::AlreadyExistsError(absl::StrCat(
         "tensor '", req.name, "' is already in flight on rank ", rank_,
         ": wait for it to complete before reusing the name"));
+  }
+  absl::Status bad = CheckRequest(req);
+  const compression::CompressionMethod* method = nullptr;
+  if (bad.ok()) {
+    auto resolved = ResolveCompression(req);
+    if (resolved.ok()) method = *resolved;
+    bad = resolved.status();
+  }
+  if (!bad.ok()) {
+    ReportFailureLocked(req.name, bad);
+    return bad;
   }
   auto handle = std::make_shared<Handle>();
   if (!abort_.ok()) {
     handle->Complete(abort_);
     return handle;
   }
-  BRAID_ASSIGN_OR_RETURN(const compression::CompressionMethod* method, ResolveCompression(req));
   // The canonical spec travels (the coordinator compares it across ranks as it is).
   proto::Request p = ToProto(req, method != nullptr ? method->spec() : std::string());
   std::string request_bytes = p.SerializeAsString();
   outgoing_.push_back(std::move(p));
-  if (timeline_) {
-    timeline_->Begin(req.name, "NEGOTIATE",
+  if (std::shared_ptr<Timeline> timeline = this->timeline()) {
+    timeline->Begin(req.name, "NEGOTIATE",
                      absl::StrCat("\"collective\": \"", CollectiveName(req.collective), "\""));
   }
   std::string name = req.name;

@@ -66,26 +66,30 @@ void Runtime::Impl::Execute(const Bucket& bucket) {
     }
     entries.push_back(e);
   }
-  if (timeline_) {
+  // One timeline for the whole bucket, even if StartTimeline / StopTimeline swap it meanwhile.
+  const std::shared_ptr<Timeline> timeline = this->timeline();
+  if (timeline) {
     for (const Entry* e : entries) {
-      if (e != nullptr) timeline_->End(e->req.name, "QUEUE");
+      if (e != nullptr) timeline->End(e->req.name, "QUEUE");
     }
   }
   absl::Status s;
   if (bucket.collective == Collective::kAllReduce) {
+    pipeline_->set_timeline(timeline.get());
     s = RunAllReduce(bucket, entries);
+    pipeline_->set_timeline(nullptr);
   } else if (entries[0] == nullptr) {
     s = RunJoined(bucket);
   } else {
     const std::string phase = Upper(CollectiveName(bucket.collective));
     const CollectiveRequest& r = entries[0]->req;
-    if (timeline_) {
-      timeline_->Begin(r.name, phase,
+    if (timeline) {
+      timeline->Begin(r.name, phase,
                        absl::StrCat("\"bucket\": ", bucket.id, ", \"tensors\": 1, \"bytes\": ",
                                     NumElements(r.shape) * DataTypeSize(r.dtype)));
     }
     s = RunCollective(*entries[0], bucket);
-    if (timeline_) timeline_->End(r.name, phase);
+    if (timeline) timeline->End(r.name, phase);
   }
   FinishBucket(bucket.names, s);
 }

@@ -23,11 +23,13 @@ bool Runtime::Impl::FastCycle() {
   proto::RequestList out;
   out.set_rank(rank_);
   Vote vote;
+  std::deque<Bucket> replies;  // errors for this rank alone (OnMessage)
   {
     absl::MutexLock lock(&mu_);
     auto event = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
       return stop_ || !abort_.ok() || !peer_left_.ok() ||
-             (!outgoing_.empty() && group_depth_ == 0) || received_count_ > applied_;
+             (!outgoing_.empty() && group_depth_ == 0) || received_count_ > applied_ ||
+             !failures_.empty() || !ready_.empty();
     };
     // A round right away when the last one ran something and tensors still wait (a step's
     // next bucket); else on a new request or coordinator message, or after a cycle. A rank
@@ -55,13 +57,15 @@ bool Runtime::Impl::FastCycle() {
       return true;
     }
     RouteAndVoteLocked(absl::Now(), &out, &vote);
+    replies.swap(ready_);
     executing_ = true;
     voting_ = true;
   }
-  if (out.requests_size() > 0) {
+  if (out.requests_size() > 0 || out.failures_size() > 0) {
     absl::Status s = client_->Send(out);
     if (!s.ok()) AbortJob(s);
   }
+  for (const Bucket& b : replies) Execute(b);
   const std::vector<uint64_t> mine = EncodeVote(vote);
   std::vector<uint64_t> gathered(mine.size() * size_);
   std::vector<size_t> bytes(size_, mine.size() * sizeof(uint64_t));
@@ -95,6 +99,10 @@ bool Runtime::Impl::FastCycle() {
     if (!left) AbortJob(agreed.status());  // else the next cycle stops the fast path
   }
   if (resend.requests_size() > 0) {
+    {
+      absl::MutexLock lock(&mu_);
+      resend.set_applied_sequence(applied_sequence_);
+    }
     absl::Status sent = client_->Send(resend);
     if (!sent.ok()) AbortJob(sent);
   }
@@ -111,6 +119,9 @@ void Runtime::Impl::StopFastPathLocked() {
   fast_active_ = false;
   for (const proto::ResponseList& msg : received_) {
     for (const proto::Response& r : msg.responses()) ready_.push_back(BucketFromResponse(r));
+    // From here cache_ (empty: the fast path never fills it) is the only cache: no id from
+    // before can be sent any more.
+    applied_sequence_ = std::max(applied_sequence_, msg.sequence());
   }
   received_.clear();
   for (auto& [name, e] : table_) {
@@ -122,11 +133,21 @@ void Runtime::Impl::StopFastPathLocked() {
   }
   negotiating_ = 0;
   executing_ = false;
-  LOG(INFO) << "braid: rank " << rank_ << ": " << peer_left_.message()
+  // Routine at the end of every job (a peer shut down first): not worth a line on stderr.
+  VLOG(1) << "braid: rank " << rank_ << ": " << peer_left_.message()
             << "; what is left goes to the coordinator";
 }
 
 void Runtime::Impl::RouteAndVoteLocked(absl::Time now, proto::RequestList* out, Vote* vote) {
+  // Local failures go out at once (Note [Local failures]). A failed tensor's slot leaves
+  // every rank's cache at this round: the ranks holding it send it to the coordinator, which
+  // answers them with the failure, instead of waiting for the fallback.
+  out->set_applied_sequence(applied_sequence_);
+  for (proto::FailureReport& f : failures_) {
+    if (int32_t id = fast_cache_.IdOf(f.name()); id != 0) invalidate_next_.push_back(id);
+    *out->add_failures() = std::move(f);
+  }
+  failures_.clear();
   // An open group (BeginGroup) holds its requests until it closes, as on the slow path.
   std::vector<proto::Request> routing;
   if (group_depth_ == 0) routing.swap(outgoing_);
@@ -176,13 +197,13 @@ void Runtime::Impl::ApplyAgreement(const Agreement& a, proto::RequestList* resen
     b.collective = static_cast<Collective>(first.collective());
     b.root_rank = first.root_rank();
     for (int32_t id : ids) b.names.push_back(fast_cache_.Find(id)->name);
-    if (timeline_) {
+    if (std::shared_ptr<Timeline> timeline = this->timeline()) {
       const absl::Time now = absl::Now();
       for (const std::string& name : b.names) {
         // The vote says only that every rank was ready by this round.
-        for (int p = 0; p < size_; ++p) timeline_->Mark(name, absl::StrCat("rank ", p, " ready"), now);
-        timeline_->End(name, "NEGOTIATE", now);
-        timeline_->Begin(name, "QUEUE", "", now);
+        for (int p = 0; p < size_; ++p) timeline->Mark(name, absl::StrCat("rank ", p, " ready"), now);
+        timeline->End(name, "NEGOTIATE", now);
+        timeline->Begin(name, "QUEUE", "", now);
       }
     }
     CountFastBucket(ids);
@@ -228,6 +249,8 @@ void Runtime::Impl::ApplyCoordinatorMessage(const proto::ResponseList& msg,
     Execute(BucketFromResponse(r));
   }
   for (int32_t id : msg.evicted_cache_ids()) LeaveFastPath(fast_cache_.Evict(id), resend);
+  absl::MutexLock lock(&mu_);
+  applied_sequence_ = std::max(applied_sequence_, msg.sequence());  // its evictions are done
 }
 
 void Runtime::Impl::LeaveFastPath(const std::string& name, proto::RequestList* resend) {

@@ -24,7 +24,13 @@
 // sends what it holds to the coordinator (the vote's `joined` flag), until the join completes.
 // A rank invalidates a slot when its tensor changed (a new shape under a cached name), and
 // when its own cached tensor has waited longer than the fallback delay for another rank:
-// the tensor then waits at the coordinator, whose stall inspector names the missing ranks.
+// the tensor then waits at the coordinator, whose stall inspector names the missing ranks
+// and whose negotiation deadline fails it (Note [Failure reports] in negotiation.h). A rank
+// that refuses a cached tensor locally (Note [Local failures] in runtime/enqueue.cc)
+// invalidates its slot with its failure report, so its peers ask the coordinator at once and
+// get the failure. Errors the coordinator sends to one rank alone (sequence 0) run no
+// collective: they are not counted as coordinator messages (the other ranks never receive
+// them) and fail their handles at the rank's next round.
 // Why an all-gather and not an all-reduce: the communicator reduces numbers (sum, min, max),
 // not bits; gathering the votes (16 bytes per 64 cached tensors per rank) lets each rank
 // compute AND, OR and the minimum itself and check every rank's header.

@@ -125,8 +125,9 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   fusion_threshold_ = job.fusion_threshold_bytes();
   // Well before the stall check, so a tensor a rank stopped sending is reported in time.
   fallback_after_ = std::min(absl::Seconds(1), absl::Milliseconds(job.stall_check_ms()) / 2);
-  BRAID_RETURN_IF_ERROR(OpenTimeline(config));
-  pipeline_ = std::make_unique<AllReducePipeline>(stage_.get(), ledger_.get(), timeline_.get());
+  timeline_max_bytes_ = config.timeline_max_bytes;
+  BRAID_RETURN_IF_ERROR(OpenTimeline(config.timeline_path));
+  pipeline_ = std::make_unique<AllReducePipeline>(stage_.get(), ledger_.get());
   BRAID_RETURN_IF_ERROR(StartLoop());
   VLOG(1) << "braid: rank " << rank_ << " of " << size_ << " joined (" << comm_->Describe()
           << ")";
@@ -175,17 +176,52 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Runtime::Impl::ConnectDefault
     co.heartbeat_interval = coordinator::HeartbeatInterval(*config.job.heartbeat_timeout);
   }
   co.fill_heartbeat = setup.fill_heartbeat;
-  co.report_ages = !config.timeline_path.empty();  // the timeline marks when each rank reported
+  // The timeline marks when each rank reported. Asked once, as the stream opens: a timeline
+  // begun later by StartTimeline has no per-rank "ready" marks.
+  co.report_ages = !config.timeline_path.empty();
   return coordinator::ConnectCoordinator(co);
 }
 
-absl::Status Runtime::Impl::OpenTimeline(const RuntimeConfig& config) {
-  if (config.timeline_path.empty()) return absl::OkStatus();
-  // Rank 0 writes the path itself, rank r writes PATH.rank<r>.
-  std::string path = rank_ == 0 ? config.timeline_path
-                                : absl::StrCat(config.timeline_path, ".rank", rank_);
-  BRAID_ASSIGN_OR_RETURN(timeline_, Timeline::Open(path, rank_));
-  return absl::OkStatus();
+absl::Status Runtime::Impl::OpenTimeline(const std::string& path) {
+  std::shared_ptr<Timeline> opened;
+  if (!path.empty()) {
+    // Rank 0 writes the path itself, rank r writes PATH.rank<r>.
+    TimelineOptions options;
+    options.max_bytes = timeline_max_bytes_;
+    BRAID_ASSIGN_OR_RETURN(
+        opened, Timeline::Open(rank_ == 0 ? path : absl::StrCat(path, ".rank", rank_), rank_,
+                               options));
+  }
+  std::shared_ptr<Timeline> old;
+  {
+    absl::MutexLock lock(&timeline_mu_);
+    old = std::exchange(timeline_, std::move(opened));
+  }
+  return absl::OkStatus();  // `old` closes (flushed, valid JSON) when its last user is done
+}
+
+std::shared_ptr<Timeline> Runtime::Impl::timeline() const {
+  absl::MutexLock lock(&timeline_mu_);
+  return timeline_;
+}
+
+absl::Status Runtime::Impl::StartTimeline(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("start_timeline needs a file path");
+  absl::MutexLock lifecycle(&lifecycle_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+  }
+  return OpenTimeline(path);
+}
+
+absl::Status Runtime::Impl::StopTimeline() {
+  absl::MutexLock lifecycle(&lifecycle_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+  }
+  return OpenTimeline("");
 }
 
 absl::Status Runtime::Impl::StartLoop() {
@@ -233,7 +269,7 @@ absl::Status Runtime::Impl::StartLoop() {
 
 void Runtime::Impl::ReleaseParts() {
   pipeline_.reset();
-  timeline_.reset();  // flushes
+  OpenTimeline("").IgnoreError();  // flushes
   comm_.reset();
   client_.reset();
   if (hosted_) hosted_->Shutdown(absl::ZeroDuration());
@@ -292,6 +328,13 @@ absl::StatusOr<int> Runtime::rank() const { return impl_->Get(&Impl::rank_); }
 absl::StatusOr<int> Runtime::size() const { return impl_->Get(&Impl::size_); }
 absl::StatusOr<int> Runtime::local_rank() const { return impl_->Get(&Impl::local_rank_); }
 absl::StatusOr<int> Runtime::local_size() const { return impl_->Get(&Impl::local_size_); }
+absl::Status Runtime::StartTimeline(const std::string& path) {
+  return impl_->StartTimeline(path);
+}
+absl::Status Runtime::StopTimeline() { return impl_->StopTimeline(); }
+absl::Status Runtime::ReportFailure(const std::string& name, const absl::Status& cause) {
+  return impl_->ReportFailure(name, cause);
+}
 absl::StatusOr<std::shared_ptr<Handle>> Runtime::Enqueue(CollectiveRequest request) {
   return impl_->Enqueue(std::move(request));
 }

@@ -1,6 +1,8 @@
 // The background loop (braid-loop, Note [Threads and locks]): sends requests to the
 // coordinator, receives the buckets it agreed, runs them in order, and turns aborts into
 // errors on every pending handle.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "runtime/runtime_impl.h"
@@ -26,6 +28,24 @@ Bucket BucketFromResponse(const proto::Response& r) {
   return b;
 }
 
+namespace {
+
+// A list the coordinator sent to this rank alone (sequence 0, Note [Failure reports] in
+// coordinator/negotiation.h): errors for tensors only it still waited for.
+bool IsReplyToThisRank(const proto::ResponseList& msg) {
+  if (msg.sequence() != 0 || msg.responses_size() == 0 || msg.shutdown() ||
+      !msg.abort_message().empty() || msg.ranks_left_size() > 0 ||
+      msg.evicted_cache_ids_size() > 0) {
+    return false;
+  }
+  for (const proto::Response& r : msg.responses()) {
+    if (r.type() != proto::Response::ERROR) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 void Runtime::Impl::Loop() {
   while (true) {
     if (fast_path_) {
@@ -35,7 +55,7 @@ void Runtime::Impl::Loop() {
     proto::RequestList out;
     std::deque<Bucket> todo;
     if (!NextCycle(&out, &todo)) return;
-    if (out.requests_size() > 0 || out.cached_ids_size() > 0) {
+    if (out.requests_size() > 0 || out.cached_ids_size() > 0 || out.failures_size() > 0) {
       absl::Status s = client_->Send(out);
       if (!s.ok()) AbortJob(s);
     }
@@ -53,12 +73,12 @@ bool Runtime::Impl::NextCycle(proto::RequestList* out, std::deque<Bucket>* todo)
   // negotiating, new ones are batched for up to BRAID_CYCLE_TIME_MS after the last send, so
   // a burst of tensors costs one message per rank. While a group is open (BeginGroup) new
   // requests are held, and go out together when it closes.
-  auto urgent = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return stop_ || !ready_.empty() || (!abort_.ok() && !table_.empty());
+  // Failure reports are urgent: peers may be waiting for the tensor (Note [Local failures]).
+  auto urgent = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) -> bool {
+    return stop_ || !ready_.empty() || (!abort_.ok() && !table_.empty()) || !failures_.empty();
   };
-  auto anything = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return stop_ || !ready_.empty() || (!abort_.ok() && !table_.empty()) ||
-           (!outgoing_.empty() && group_depth_ == 0);
+  auto anything = [this, &urgent]() ABSL_SHARED_LOCKS_REQUIRED(mu_) -> bool {
+    return urgent() || (!outgoing_.empty() && group_depth_ == 0);
   };
   while (true) {
     mu_.Await(absl::Condition(&anything));
@@ -73,6 +93,11 @@ bool Runtime::Impl::NextCycle(proto::RequestList* out, std::deque<Bucket>* todo)
     return true;
   }
   out->set_rank(rank_);
+  // Read with the cache under one lock: the ids below never name an entry evicted by a list
+  // up to this sequence (Note [Response cache] in coordinator/negotiation.h).
+  out->set_applied_sequence(applied_sequence_);
+  for (auto& f : failures_) *out->add_failures() = std::move(f);
+  failures_.clear();
   std::vector<proto::Request> sending;
   if (group_depth_ == 0) sending.swap(outgoing_);
   for (auto& r : sending) {
@@ -97,6 +122,7 @@ void Runtime::Impl::FailEverythingLocked(const absl::Status& s) {
   for (auto& [name, e] : table_) e.handle->Complete(s);
   table_.clear();
   outgoing_.clear();
+  failures_.clear();
   ready_.clear();
   negotiating_ = 0;
 }
@@ -108,9 +134,16 @@ void Runtime::Impl::OnMessage(const proto::ResponseList& msg) {
   if (msg.shutdown()) {
     AbortJob(absl::CancelledError("the coordinator ended the job"));
   }
-  if (timeline_) MarkNegotiated(msg);
+  if (std::shared_ptr<Timeline> timeline = this->timeline()) MarkNegotiated(msg, *timeline);
   {
     absl::MutexLock lock(&mu_);
+    if (fast_active_ && IsReplyToThisRank(msg)) {
+      // Errors for this rank alone (Note [Failure reports]): they run no collective and the
+      // other ranks never receive them, so they are not counted in the vote's messages; the
+      // loop fails their handles at its next round (FastCycle).
+      for (const proto::Response& r : msg.responses()) ready_.push_back(BucketFromResponse(r));
+      return;
+    }
     if (fast_active_) {
       // Applied (run, and its cache changes made) at a round every rank agrees on.
       received_.push_back(msg);
@@ -152,9 +185,10 @@ void Runtime::Impl::OnMessage(const proto::ResponseList& msg) {
     }
   }
   if (negotiating_ < 0) negotiating_ = 0;
+  applied_sequence_ = std::max(applied_sequence_, msg.sequence());  // 0: this rank's alone
 }
 
-void Runtime::Impl::MarkNegotiated(const proto::ResponseList& msg) {
+void Runtime::Impl::MarkNegotiated(const proto::ResponseList& msg, Timeline& timeline) {
   const absl::Time now = absl::Now();
   for (const auto& r : msg.responses()) {
     for (int i = 0; i < r.names_size(); ++i) {
@@ -162,12 +196,12 @@ void Runtime::Impl::MarkNegotiated(const proto::ResponseList& msg) {
       for (int p = 0; p < size_; ++p) {
         size_t k = static_cast<size_t>(i) * size_ + p;
         if (k < static_cast<size_t>(r.report_age_us_size())) {
-          timeline_->Mark(name, absl::StrCat("rank ", p, " ready"),
+          timeline.Mark(name, absl::StrCat("rank ", p, " ready"),
                           now - absl::Microseconds(r.report_age_us(static_cast<int>(k))));
         }
       }
-      timeline_->End(name, "NEGOTIATE", now);
-      if (r.type() == proto::Response::OK) timeline_->Begin(name, "QUEUE", "", now);
+      timeline.End(name, "NEGOTIATE", now);
+      if (r.type() == proto::Response::OK) timeline.Begin(name, "QUEUE", "", now);
     }
   }
 }

@@ -135,6 +135,13 @@ class Runtime {
   // Errors agreed across ranks (mismatched shapes, ...) arrive through the handle.
   absl::StatusOr<std::shared_ptr<Handle>> Enqueue(CollectiveRequest request);
 
+  // Reports that this rank's call of collective `name` failed before it reached Enqueue
+  // (a binding refused its arguments): the coordinator fails the tensor on every rank that
+  // submitted it, naming this rank and `cause` (Enqueue reports its own refusals the same
+  // way). InvalidArgument for an OK cause or a bad name; FailedPrecondition when not
+  // initialised or while `name` is in flight on this rank.
+  absl::Status ReportFailure(const std::string& name, const absl::Status& cause);
+
   // Groups (Horovod's grouped all-reduce): the collectives this rank enqueues between
   // BeginGroup() and the matching EndGroup() are held back and sent to the coordinator in
   // one message, so on every rank that does the same they become ready at the same moment,
@@ -174,6 +181,17 @@ class Runtime {
   // step), so training continues bit-identically. FailedPrecondition as compression_state();
   // InvalidArgument, with nothing changed, when `state` is malformed.
   absl::Status LoadCompressionState(absl::string_view state);
+
+  // Starts recording the timeline (runtime/timeline.h) into `path` while the job runs, as
+  // Horovod's start_timeline: rank 0 writes `path`, rank r writes `path`.rank<r>, rotated
+  // beyond BRAID_TIMELINE_MAX_BYTES. A timeline already recording (BRAID_TIMELINE, or an
+  // earlier call) is closed first, as valid JSON. Each rank starts and stops its own.
+  // InvalidArgument for an empty path or one that cannot be written; FailedPrecondition when
+  // not initialised.
+  absl::Status StartTimeline(const std::string& path);
+  // Stops recording and closes the file (valid JSON). OK when none is recording;
+  // FailedPrecondition when not initialised.
+  absl::Status StopTimeline();
 
   class Impl;
 

@@ -21,15 +21,17 @@
 // Hand-offs of one collective: the caller's Enqueue puts its Entry in table_ and its request
 // on outgoing_ (under mu_) -> braid-loop sends it -> the coordinator agrees -> braid-coord-rx
 // queues the Bucket on ready_ (under mu_) -> braid-loop runs it and completes the Handle ->
-// the caller's Wait returns. Entries stay put in table_ (a std::map) until braid-loop erases
-// them, so it reads them without mu_ while running their bucket. Under the fast path (Note
-// [Fast path], fast_path.h), a cached tensor takes one hand-off: Enqueue -> braid-loop votes
-// and runs it (fast_loop.cc); coordinator messages wait in received_ for a round.
+// the caller's Wait returns. Entries stay put in table_ until braid-loop erases
+// them, so it reads them without mu_ while running their bucket (a node_hash_map: its entries
+// never move; a hash map, so an enqueue costs O(1) however many handles are in flight).
+// Under the fast path (Note [Fast path], fast_path.h), a cached tensor takes one hand-off:
+// Enqueue -> braid-loop votes and runs it (fast_loop.cc); coordinator messages wait in
+// received_ for a round.
 //
 // Lock order (a thread holding one may take those to its right, never the reverse):
 //   lifecycle_mu_ -> mu_ -> { Handle::mu_, Timeline's, stage's methods_mu_ (Resolve) }
 //   stage's state_mu_ (held by braid-loop for a bucket; SaveState / LoadState) -> methods_mu_
-//   StatisticsLedger's mutex: a leaf. fast_stats_mu_: a leaf.
+//   StatisticsLedger's mutex, timeline_mu_ and fast_stats_mu_: leaves.
 // No runtime lock is held while calling the coordinator client (Send, Close) or the
 // communicator (collectives, Abort): those have locks of their own and may block. One
 // exception: OnMessage calls the communicator's Abort (thread-safe, it never waits on
@@ -46,6 +48,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -102,6 +105,7 @@ class Runtime::Impl {
   bool initialized() const;
   absl::StatusOr<int> Get(int Impl::*field) const;
   absl::StatusOr<std::shared_ptr<Handle>> Enqueue(CollectiveRequest req);
+  absl::Status ReportFailure(const std::string& name, const absl::Status& cause);
   void BeginGroup();
   absl::Status EndGroup();
   absl::StatusOr<transport::TransportStats> transport_stats() const;
@@ -109,6 +113,8 @@ class Runtime::Impl {
   absl::StatusOr<CompressionReport> compression_report() const;
   absl::StatusOr<std::string> compression_state() const;
   absl::Status LoadCompressionState(absl::string_view state);
+  absl::Status StartTimeline(const std::string& path);
+  absl::Status StopTimeline();
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 
@@ -132,13 +138,20 @@ class Runtime::Impl {
   absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectDefaultCoordinator(
       const RuntimeConfig& config, const JobSecret& secret, LaunchInfo* launch,
       const CoordinatorClientSetup& setup);
-  absl::Status OpenTimeline(const RuntimeConfig& config);
+  // Opens the timeline of `path` for this rank (rank r > 0 writes PATH.rank<r>) and makes it
+  // the one events go to, closing the one before (valid JSON); "" closes it only.
+  absl::Status OpenTimeline(const std::string& path);
+  // The timeline events go to now, or null: kept alive by the caller while it writes.
+  std::shared_ptr<Timeline> timeline() const;
   absl::Status StartLoop();
   void ReleaseParts();  // after a failed Init or at the end of Shutdown
 
   // ---- enqueue.cc ----
   absl::Status CheckRunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckRequest(const CollectiveRequest& r) const;
+  // Queues a FailureReport of `name` for the next cycle (Note [Local failures]).
+  void ReportFailureLocked(const std::string& name, const absl::Status& cause)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The all-reduce's compression: its own spec, or the job's default where it applies.
   absl::StatusOr<const compression::CompressionMethod*> ResolveCompression(
       const CollectiveRequest& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -152,7 +165,8 @@ class Runtime::Impl {
   bool NextCycle(proto::RequestList* out, std::deque<Bucket>* todo);
   void FailEverythingLocked(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnMessage(const proto::ResponseList& msg);
-  void MarkNegotiated(const proto::ResponseList& msg);  // the timeline's view of it
+  // The timeline's view of it.
+  void MarkNegotiated(const proto::ResponseList& msg, Timeline& timeline);
   void OnClosed(const absl::Status& s);
   void AbortJob(const absl::Status& s);
 
@@ -189,8 +203,13 @@ class Runtime::Impl {
   std::unique_ptr<coordinator::CoordinatorServer> hosted_;
   std::unique_ptr<CoordinatorClient> client_;
   std::unique_ptr<transport::Communicator> comm_;
-  std::map<std::string, Entry> table_ ABSL_GUARDED_BY(mu_);  // in flight on this rank
+  absl::node_hash_map<std::string, Entry> table_ ABSL_GUARDED_BY(mu_);  // in flight here
   std::vector<proto::Request> outgoing_ ABSL_GUARDED_BY(mu_);
+  // Local failures to report (Note [Local failures]); they go out at once.
+  std::vector<proto::FailureReport> failures_ ABSL_GUARDED_BY(mu_);
+  // The highest ResponseList.sequence applied (its responses queued, its evictions done):
+  // sent with every RequestList so the coordinator can forget retired cache entries.
+  int64_t applied_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Bucket> ready_ ABSL_GUARDED_BY(mu_);  // agreed, not yet run
   absl::Status abort_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -211,8 +230,13 @@ class Runtime::Impl {
   std::unique_ptr<StatisticsLedger> ledger_;
   std::unique_ptr<compression::CompressionStage> stage_;
   const compression::CompressionMethod* default_method_ = nullptr;  // BRAID_COMPRESSION
-  std::unique_ptr<Timeline> timeline_;  // null when BRAID_TIMELINE is unset
+  // Null when not recording (BRAID_TIMELINE unset and no StartTimeline). Swapped by
+  // StartTimeline / StopTimeline from any thread: users copy it (timeline()) and write to
+  // their copy, so a timeline being replaced closes once its last writer is done.
+  mutable absl::Mutex timeline_mu_;  // a leaf
+  std::shared_ptr<Timeline> timeline_ ABSL_GUARDED_BY(timeline_mu_);
   std::unique_ptr<AllReducePipeline> pipeline_;  // the loop's
+  int64_t timeline_max_bytes_ = 0;  // BRAID_TIMELINE_MAX_BYTES
   std::thread loop_;
 
   // Note [Fast path] (the job's BRAID_FAST_PATH, from registration). The cache, the count of

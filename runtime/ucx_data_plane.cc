@@ -1,6 +1,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "runtime/data_plane.h"
 #include "runtime/registration.h"
 
@@ -27,7 +28,18 @@ class UcxDataPlane final : public DataPlane {
       int /*rank: ConnectUcx finds this worker in the list*/,
       std::vector<transport::PeerAddress> peers) override {
     if (worker_ == nullptr) return absl::FailedPreconditionError("UCX: Connect before Open");
-    return transport::ConnectUcx(std::move(worker_), std::move(peers));
+    auto comm = transport::ConnectUcx(std::move(worker_), std::move(peers));
+    if (!comm.ok()) return comm.status();
+    // No rank leaves Init before every rank has connected to it: a rank that returned and
+    // shut down at once would remove the shared memory a slower peer is still attaching to
+    // (UCX: "shmat ... Invalid argument", the slower peer's Init failing). The barrier's
+    // messages travel every endpoint, so each is connected when it completes.
+    absl::Status s = (*comm)->Barrier();
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("UCX: the ranks' first barrier after connecting: ",
+                                                 s.message()));
+    }
+    return comm;
   }
 
  private:

@@ -1,5 +1,6 @@
 #include "transport/canonical_reduce.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "glog/logging.h"
@@ -35,6 +36,26 @@ void CanonicalReduce(const Kernels& kernels, void* out, std::vector<const char*>
   auto idx = [&](int i) { return i < rem ? 2 * i : i + rem; };
   for (int width = 1; width < p2; width *= 2) {
     for (int i = 0; i + width < p2; i += 2 * width) combine(idx(i), idx(i + width));
+  }
+}
+
+void CanonicalReduceWide(const Kernels& kernels, void* out,
+                         const std::vector<const char*>& operands, size_t count, DataType dtype,
+                         ReduceOp op, int divisor, float* scratch) {
+  const size_t n = operands.size();
+  const size_t elem = DataTypeSize(dtype);
+  std::vector<const char*> wide(n);
+  for (size_t r = 0; r < n; ++r) wide[r] = reinterpret_cast<const char*>(scratch + r * kWideBlock);
+  for (size_t b = 0; b < count; b += kWideBlock) {
+    const size_t m = std::min(kWideBlock, count - b);
+    for (size_t r = 0; r < n; ++r) {
+      kernels.Widen(scratch + r * kWideBlock, operands[r] + b * elem, m, dtype, divisor);
+    }
+    // Every widened operand is scratch, so the tree may keep its values anywhere; its result
+    // lands in block 0.
+    CanonicalReduce(kernels, scratch, wide, std::vector<bool>(n, true), m, DataType::kFloat32,
+                    op);
+    kernels.Narrow(static_cast<char*>(out) + b * elem, scratch, m, dtype);
   }
 }
 

@@ -1,9 +1,12 @@
 #include "transport/collective_communicator.h"
 
+#include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "common/status_macros.h"
 #include "transport/collectives.h"
 #include "transport/ring_schedule.h"
@@ -18,6 +21,25 @@ absl::Status CheckCounts(absl::Span<const size_t> counts, int size, const char* 
   if (counts.size() == static_cast<size_t>(size)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(what, " needs one count per rank: got ",
                                                  counts.size(), " for ", size));
+}
+
+// The byte size of `counts` elements of `elem` bytes in all, overflow-checked against the
+// limit of a tensor (common/limits.h), so no offset or buffer size computed from them wraps.
+absl::Status CheckTotal(absl::Span<const size_t> counts, size_t elem, const char* what) {
+  size_t total = 0, bytes = 0;
+  for (size_t c : counts) {
+    if (__builtin_add_overflow(total, c, &total)) total = SIZE_MAX;
+  }
+  if (__builtin_mul_overflow(total, elem, &bytes) ||
+      bytes > static_cast<size_t>(kMaxTensorBytes)) {
+    if (total == SIZE_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": the sizes sum beyond 2^64"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", total, " elements of ", elem,
+        " bytes exceed the limit of a tensor, 2^48 bytes"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -54,6 +76,7 @@ absl::Status CollectiveCommunicator::AllReduce(const void* send, void* recv, siz
                                                DataType dtype, ReduceOp op) {
   if (!sticky_.ok()) return sticky_;
   BRAID_RETURN_IF_ERROR(CheckReduceOp(dtype, op));
+  BRAID_RETURN_IF_ERROR(CheckTotal({count}, DataTypeSize(dtype), "all-reduce"));
   const CollectiveOptions& o = ctx_.options();
   const size_t bytes = count * DataTypeSize(dtype);
   return Run([&]() {
@@ -75,6 +98,7 @@ absl::Status CollectiveCommunicator::ReduceScatter(const void* send, void* recv,
   if (!sticky_.ok()) return sticky_;
   BRAID_RETURN_IF_ERROR(CheckReduceOp(dtype, op));
   BRAID_RETURN_IF_ERROR(CheckCounts(recv_counts, size(), "reduce-scatter"));
+  BRAID_RETURN_IF_ERROR(CheckTotal(recv_counts, DataTypeSize(dtype), "reduce-scatter"));
   return Run([&]() {
     if (ChooseReduceScatterAlgorithm(size(), ctx_.options().direct_max_ranks) ==
         ReduceScatterAlgorithm::kDirect) {
@@ -92,6 +116,7 @@ absl::Status CollectiveCommunicator::AllGather(const void* send, size_t send_byt
         "all-gather needs one size per rank with recv_bytes[rank] == send_bytes: got ",
         recv_bytes.size(), " sizes for ", size(), " ranks"));
   }
+  BRAID_RETURN_IF_ERROR(CheckTotal(recv_bytes, 1, "all-gather"));
   return Run([&]() { return AllGatherRing(ctx_, send, send_bytes, recv, recv_bytes); });
 }
 
@@ -106,11 +131,14 @@ absl::Status CollectiveCommunicator::AllToAll(const void* send,
         absl::StrCat("all-to-all needs one send and one receive size per rank (", size(),
                      ") with send_bytes[rank] == recv_bytes[rank]"));
   }
+  BRAID_RETURN_IF_ERROR(CheckTotal(send_bytes, 1, "all-to-all (sent)"));
+  BRAID_RETURN_IF_ERROR(CheckTotal(recv_bytes, 1, "all-to-all (received)"));
   return Run([&]() { return AllToAllDirect(ctx_, send, send_bytes, recv, recv_bytes); });
 }
 
 absl::Status CollectiveCommunicator::Broadcast(void* buf, size_t bytes, int root) {
   if (!sticky_.ok()) return sticky_;
+  BRAID_RETURN_IF_ERROR(CheckTotal({bytes}, 1, "broadcast"));
   if (root < 0 || root >= size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast root ", root, " is not a rank of a world of size ", size()));

@@ -4,6 +4,7 @@
 
 #include "common/status_macros.h"
 #include "transport/pipeline.h"
+#include "transport/reduce.h"
 #include "transport/ring_schedule.h"
 
 namespace braid::transport {
@@ -34,12 +35,64 @@ ReduceOp BaseOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum 
 // Slots of recursive doubling: 0 the pre-step, 1 + round the butterfly, then the post-step.
 constexpr uint32_t kPostStepSlot = 64;
 
+// A float32 copy of a 16-bit input, each element divided by n for an average (Note [16-bit
+// arithmetic]): what recursive doubling and the ring reduce-scatter combine.
+float* WidenInput(Context& ctx, const void* send, size_t count, DataType dtype, ReduceOp op) {
+  float* wide = ctx.Wide(count);
+  ctx.kernels().Widen(wide, send, count, dtype, op == ReduceOp::kAverage ? ctx.size() : 1);
+  return wide;
+}
+
+// The ring reduce-scatter of a widened input: float32 partial sums along the ring, in a
+// float32 work buffer of the input's length, which it returns; this rank's result is at its
+// segment's offset there. `shift` as RingPipelineArgs::shift.
+absl::StatusOr<const float*> RingReduceScatterWide(Context& ctx, const float* wide,
+                                                   const std::vector<Span1D>& segments,
+                                                   ReduceOp op, int shift) {
+  RingPipelineArgs a;
+  a.segments = segments;
+  const size_t total = segments.back().offset + segments.back().count;
+  a.send = reinterpret_cast<const char*>(wide);
+  a.work = ctx.Work(total * sizeof(float));
+  a.elem = sizeof(float);
+  a.dtype = DataType::kFloat32;
+  a.op = BaseOp(op);
+  a.reduce_scatter = ReduceScatterKind::kRing;
+  a.all_gather = false;
+  a.shift = shift;
+  BRAID_RETURN_IF_ERROR(RunRingPipeline(ctx, a));
+  return reinterpret_cast<const float*>(a.work);
+}
+
+// AllReduceRing for 16-bit arithmetic: the reduce-scatter in float32, each owner rounds its
+// segment once, and the ring all-gather moves the 16-bit result.
+absl::Status AllReduceRingWide(Context& ctx, const void* send, void* recv, size_t count,
+                               DataType dtype, ReduceOp op) {
+  const size_t elem = DataTypeSize(dtype);
+  const std::vector<Span1D> segments = PartitionEven(count, ctx.size());
+  const float* wide = WidenInput(ctx, send, count, dtype, op);
+  BRAID_ASSIGN_OR_RETURN(const float* sums,
+                         RingReduceScatterWide(ctx, wide, segments, op, /*shift=*/0));
+  const Span1D& own = segments[RingOwnedSegment(ctx.rank(), ctx.size(), 0)];
+  ctx.kernels().Narrow(static_cast<char*>(recv) + own.offset * elem, sums + own.offset,
+                       own.count, dtype);
+  RingPipelineArgs a;
+  a.work = static_cast<char*>(recv);
+  a.segments = segments;
+  a.elem = elem;
+  a.shift = 0;  // the segment this rank owns after the reduce-scatter goes first
+  return RunRingPipeline(ctx, a);
+}
+
 absl::Status AllReducePipelined(Context& ctx, const void* send, void* recv, size_t count,
                                 DataType dtype, ReduceOp op, ReduceScatterKind kind) {
   const size_t elem = DataTypeSize(dtype);
   if (ctx.size() == 1) {
     ctx.kernels().Copy(recv, send, count * elem);  // the average of one rank is itself
     return absl::OkStatus();
+  }
+  if (kind == ReduceScatterKind::kRing && AccumulatesInFloat32(dtype, op)) {
+    return AllReduceRingWide(ctx, send, recv, count, dtype, op);
   }
   RingPipelineArgs a;
   a.send = static_cast<const char*>(send);
@@ -63,6 +116,15 @@ absl::Status ReduceScatterPipelined(Context& ctx, const void* send, void* recv,
   RingPipelineArgs a;
   a.segments = PartitionByCounts({recv_counts.begin(), recv_counts.end()});
   const size_t total = a.segments.back().offset + a.segments.back().count;
+  if (kind == ReduceScatterKind::kRing && AccumulatesInFloat32(dtype, op)) {
+    // Note [16-bit arithmetic]: float32 partial sums, this rank's segment rounded once.
+    const float* wide = WidenInput(ctx, send, total, dtype, op);
+    BRAID_ASSIGN_OR_RETURN(const float* sums,
+                           RingReduceScatterWide(ctx, wide, a.segments, op, ctx.size() - 1));
+    const Span1D& own = a.segments[ctx.rank()];
+    ctx.kernels().Narrow(recv, sums + own.offset, own.count, dtype);
+    return absl::OkStatus();
+  }
   a.send = static_cast<const char*>(send);
   // The ring keeps its partial sums in a work buffer, so `send` stays untouched; the direct
   // reduce-scatter writes its only result straight to `recv`.
@@ -79,14 +141,15 @@ absl::Status ReduceScatterPipelined(Context& ctx, const void* send, void* recv,
 
 }  // namespace
 
-absl::Status AllReduceRecursiveDoubling(Context& ctx, const void* send, void* recv_v,
-                                        size_t count, DataType dtype, ReduceOp op) {
+namespace {
+
+// Recursive doubling in place on `recv` (Note [Canonical reduction order]); an average
+// divides the sum at the end.
+absl::Status RecursiveDoublingInPlace(Context& ctx, char* recv, size_t count, DataType dtype,
+                                      ReduceOp op) {
   const int n = ctx.size(), rank = ctx.rank();
   const size_t bytes = count * DataTypeSize(dtype);
   const Kernels& k = ctx.kernels();
-  char* recv = static_cast<char*>(recv_v);
-  k.Copy(recv, send, bytes);
-  if (n == 1) return absl::OkStatus();
   const uint32_t seq = ctx.NextSeq();
   const ReduceOp base = BaseOp(op);
   char* tmp = ctx.Scratch(bytes);
@@ -123,6 +186,23 @@ absl::Status AllReduceRecursiveDoubling(Context& ctx, const void* send, void* re
     return SendRecv(ctx, Tag{seq, kPostStepSlot}, role.partner, recv, bytes, -1, nullptr, 0);
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status AllReduceRecursiveDoubling(Context& ctx, const void* send, void* recv,
+                                        size_t count, DataType dtype, ReduceOp op) {
+  if (ctx.size() > 1 && AccumulatesInFloat32(dtype, op)) {
+    // Note [16-bit arithmetic]: the doubling runs on a float32 copy, rounded once at the end.
+    float* wide = WidenInput(ctx, send, count, dtype, op);
+    BRAID_RETURN_IF_ERROR(RecursiveDoublingInPlace(ctx, reinterpret_cast<char*>(wide), count,
+                                                   DataType::kFloat32, BaseOp(op)));
+    ctx.kernels().Narrow(recv, wide, count, dtype);
+    return absl::OkStatus();
+  }
+  ctx.kernels().Copy(recv, send, count * DataTypeSize(dtype));
+  if (ctx.size() == 1) return absl::OkStatus();
+  return RecursiveDoublingInPlace(ctx, static_cast<char*>(recv), count, dtype, op);
 }
 
 absl::Status AllReduceDirect(Context& ctx, const void* send, void* recv, size_t count,

@@ -18,7 +18,10 @@
 // Summation order: recursive doubling and the direct reduce-scatter combine every element in
 // the canonical tree (Note [Canonical reduction order] in transport/canonical_reduce.h), so
 // their results do not depend on where an element sits, on the message size or on which of
-// them ran; the ring reduce-scatter adds one rank at a time along the ring.
+// them ran; the ring reduce-scatter adds one rank at a time along the ring. float16 and
+// bfloat16 sums, averages and products are computed in float32 and rounded once, an average
+// pre-divided (Note [16-bit arithmetic] in transport/canonical_reduce.h, which also says what
+// that costs on the wire); min and max propagate NaN from any rank (transport/reduce.h).
 #ifndef BRAID_TRANSPORT_COLLECTIVES_H_
 #define BRAID_TRANSPORT_COLLECTIVES_H_
 

@@ -21,6 +21,13 @@ class HostKernelsImpl final : public Kernels {
   void Divide(void* buf, size_t count, DataType dtype, int divisor) const override {
     DivideInPlace(buf, count, dtype, divisor);
   }
+  void Widen(float* dst, const void* src, size_t count, DataType dtype,
+             int divisor) const override {
+    WidenToFloat32(dst, src, count, dtype, divisor);
+  }
+  void Narrow(void* dst, const float* src, size_t count, DataType dtype) const override {
+    NarrowFromFloat32(dst, src, count, dtype);
+  }
   void Copy(void* dst, const void* src, size_t bytes) const override {
     if (bytes > 0 && dst != src) std::memmove(dst, src, bytes);
   }
@@ -64,6 +71,7 @@ Context::~Context() {
   p2p_.reset();
   if (scratch_.data != nullptr) kernels_->Free(scratch_.data);
   if (work_.data != nullptr) kernels_->Free(work_.data);
+  if (wide_.data != nullptr) kernels_->Free(wide_.data);
 }
 
 void Context::Count(const Request& r) {

@@ -48,6 +48,11 @@ class Kernels {
                       ReduceOp op) const = 0;
   // buf[i] /= divisor (floating-point dtypes): an average from a sum.
   virtual void Divide(void* buf, size_t count, DataType dtype, int divisor) const = 0;
+  // float16 / bfloat16 <-> float32 (Note [16-bit arithmetic] in canonical_reduce.h):
+  // dst[i] = src[i] / divisor widened, and dst[i] = src[i] rounded to nearest even.
+  virtual void Widen(float* dst, const void* src, size_t count, DataType dtype,
+                     int divisor) const = 0;
+  virtual void Narrow(void* dst, const float* src, size_t count, DataType dtype) const = 0;
   // memmove semantics.
   virtual void Copy(void* dst, const void* src, size_t bytes) const = 0;
   // Zero-filled (so its pages are touched once, when allocated), aligned to 64 bytes.
@@ -98,9 +103,14 @@ class Context {
   absl::Status Drive(absl::FunctionRef<absl::StatusOr<bool>()> step);
 
   // Grow-only buffers from kernels().Allocate: `Scratch` stages received pieces, `Work`
-  // holds partial sums. Valid until the next call of the same function.
+  // holds partial sums. Valid until the next call of the same function; sizes are checked
+  // by the Communicator (collective_communicator.cc), so they never overflow.
   char* Scratch(size_t bytes) { return scratch_.Get(*kernels_, bytes); }
   char* Work(size_t bytes) { return work_.Get(*kernels_, bytes); }
+  // A third such buffer: the float32 copies and blocks of 16-bit arithmetic.
+  float* Wide(size_t elements) {
+    return reinterpret_cast<float*>(wide_.Get(*kernels_, elements * sizeof(float)));
+  }
 
   // Messages (and their bytes) this rank completed since the context was made, whatever
   // became of their collectives. The Communicator turns these into TransportStats.
@@ -124,6 +134,7 @@ class Context {
   TransportStats completed_;
   Buffer scratch_;
   Buffer work_;
+  Buffer wide_;
 };
 
 }  // namespace braid::transport

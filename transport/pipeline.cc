@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "transport/canonical_reduce.h"
+#include "transport/reduce.h"
 #include "transport/tag.h"
 
 namespace braid::transport {
@@ -64,6 +65,7 @@ class RingPipeline {
   size_t stride_ = 0;                          // largest piece, in elements
   size_t slot_bytes_ = 0;
   char* scratch_ = nullptr;
+  float* wide_ = nullptr;  // CanonicalReduceWide's blocks (16-bit arithmetic only)
   uint32_t seq_ = 0;
   std::vector<Piece> ps_;
   std::vector<int> free_slots_;
@@ -101,6 +103,13 @@ RingPipeline::RingPipeline(Context& ctx, const RingPipelineArgs& a)
     slot_bytes_ = stride_ * a.elem;
   }
   if (slot_bytes_ > 0) scratch_ = ctx.Scratch(window_ * slot_bytes_);
+  // Note [16-bit arithmetic]: the direct reduce-scatter sums 16-bit operands in float32
+  // blocks; the ring one is handed float32 by its caller (collectives.cc).
+  CHECK(a.reduce_scatter != ReduceScatterKind::kRing || !AccumulatesInFloat32(a.dtype, a.op))
+      << "the ring reduce-scatter takes 16-bit arithmetic widened to float32";
+  if (a.reduce_scatter == ReduceScatterKind::kDirect && AccumulatesInFloat32(a.dtype, a.op)) {
+    wide_ = ctx.Wide(static_cast<size_t>(n_) * kWideBlock);
+  }
   seq_ = ctx.NextSeq();
   ps_.resize(pieces_);
   for (int w = window_ - 1; w >= 0; --w) free_slots_.push_back(w);
@@ -170,6 +179,11 @@ void RingPipeline::ReduceDirect(int j) {
     writable[p] = p != rank_;
   }
   char* out = OwnedOut(mine);
+  if (wide_ != nullptr) {  // rounded once, an average pre-divided (Note [16-bit arithmetic])
+    CanonicalReduceWide(ctx_.kernels(), out, operands, mine.count, a_.dtype, base_,
+                        a_.op == ReduceOp::kAverage ? n_ : 1, wide_);
+    return;
+  }
   CanonicalReduce(ctx_.kernels(), out, std::move(operands), std::move(writable), mine.count,
                   a_.dtype, base_);
   if (a_.op == ReduceOp::kAverage) ctx_.kernels().Divide(out, mine.count, a_.dtype, n_);

@@ -149,15 +149,17 @@ struct Product {
     return static_cast<T>(static_cast<Wide<T>>(a) * static_cast<Wide<T>>(b));
   }
 };
-// Plain comparisons (minps/maxps order): when either operand is NaN the second one is
-// returned. The tests' references use the same expressions.
+// NaN-propagating comparisons: a NaN in `a` is returned as is (a plain a < b ? a : b would
+// drop it and return b), a NaN in `b` falls out of the comparison (false: b is returned).
+// So the first NaN operand wins, which the canonical order makes the same on every rank.
+// `a != a` is false for integers and folds away.
 struct Min {
   template <typename T>
-  static BRAID_INLINE T Apply(T a, T b) { return a < b ? a : b; }
+  static BRAID_INLINE T Apply(T a, T b) { return a != a ? a : (a < b ? a : b); }
 };
 struct Max {
   template <typename T>
-  static BRAID_INLINE T Apply(T a, T b) { return a > b ? a : b; }
+  static BRAID_INLINE T Apply(T a, T b) { return a != a ? a : (a > b ? a : b); }
 };
 
 // ---- The hot loops. ----
@@ -204,14 +206,15 @@ BRAID_X86_64_V3 BRAID_INLINE void StoreHalf8(uint16_t* p, __m256 v) {
 
 // The operators on eight floats, spelled out in the x86-64-v3 target (the templates above
 // would be instantiated for the baseline ABI, which has no ymm arguments). vminps / vmaxps
-// return the second operand for NaNs and equal zeros, exactly like Min and Max.
+// return the second operand for NaNs and equal zeros; a NaN in `a` is blended back in, so
+// they agree exactly with Min and Max.
 BRAID_X86_64_V3 BRAID_INLINE __m256 Apply8(Sum, __m256 a, __m256 b) { return a + b; }
 BRAID_X86_64_V3 BRAID_INLINE __m256 Apply8(Product, __m256 a, __m256 b) { return a * b; }
 BRAID_X86_64_V3 BRAID_INLINE __m256 Apply8(Min, __m256 a, __m256 b) {
-  return _mm256_min_ps(a, b);
+  return _mm256_blendv_ps(_mm256_min_ps(a, b), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
 }
 BRAID_X86_64_V3 BRAID_INLINE __m256 Apply8(Max, __m256 a, __m256 b) {
-  return _mm256_max_ps(a, b);
+  return _mm256_blendv_ps(_mm256_max_ps(a, b), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
 }
 
 template <typename Op>
@@ -231,6 +234,19 @@ BRAID_X86_64_V3 void DivideF16c(uint16_t* buf, size_t count, float divisor) {
   size_t i = 0;
   for (; i + 8 <= count; i += 8) StoreHalf8(buf + i, LoadHalf8(buf + i) / d);
   for (; i < count; ++i) buf[i] = Float16::Store(Float16::Load(buf[i]) / divisor);
+}
+
+BRAID_X86_64_V3 void WidenF16c(float* dst, const uint16_t* src, size_t count, float divisor) {
+  const __m256 d = _mm256_set1_ps(divisor);
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) _mm256_storeu_ps(dst + i, LoadHalf8(src + i) / d);
+  for (; i < count; ++i) dst[i] = Float16::Load(src[i]) / divisor;
+}
+
+BRAID_X86_64_V3 void NarrowF16c(uint16_t* dst, const float* src, size_t count) {
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) StoreHalf8(dst + i, _mm256_loadu_ps(src + i));
+  for (; i < count; ++i) dst[i] = Float16::Store(src[i]);
 }
 #else
 bool HaveX86_64_V3() { return false; }
@@ -291,6 +307,18 @@ void DivideAs(void* buf, size_t count, int divisor) {
                 static_cast<typename Codec::Compute>(divisor));
 }
 
+template <typename Codec>
+BRAID_VECTOR_CLONES void Widen(float* __restrict dst, const typename Codec::Storage* __restrict src,
+                               size_t count, float divisor) {
+  for (size_t i = 0; i < count; ++i) dst[i] = Codec::Load(src[i]) / divisor;
+}
+
+template <typename Codec>
+BRAID_VECTOR_CLONES void Narrow(typename Codec::Storage* __restrict dst,
+                                const float* __restrict src, size_t count) {
+  for (size_t i = 0; i < count; ++i) dst[i] = Codec::Store(src[i]);
+}
+
 }  // namespace
 
 void ReduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op) {
@@ -315,6 +343,40 @@ void DivideInPlace(void* buf, size_t count, DataType dtype, int divisor) {
   }
   LOG(FATAL) << "DivideInPlace is defined for floating-point types only, got "
              << DataTypeName(dtype) << " (" << static_cast<int>(dtype) << ")";
+}
+
+bool AccumulatesInFloat32(DataType dtype, ReduceOp op) {
+  return (dtype == DataType::kFloat16 || dtype == DataType::kBFloat16) &&
+         (op == ReduceOp::kSum || op == ReduceOp::kAverage || op == ReduceOp::kProduct);
+}
+
+void WidenToFloat32(float* dst, const void* src, size_t count, DataType dtype, int divisor) {
+  const float d = static_cast<float>(divisor);
+  const auto* s = static_cast<const uint16_t*>(src);
+  switch (dtype) {
+    case DataType::kFloat16:
+#if defined(__x86_64__)
+      if (HaveX86_64_V3()) return WidenF16c(dst, s, count, d);
+#endif
+      return Widen<Float16>(dst, s, count, d);
+    case DataType::kBFloat16: return Widen<BFloat16>(dst, s, count, d);
+    default: break;
+  }
+  LOG(FATAL) << "WidenToFloat32 takes float16 or bfloat16, got " << DataTypeName(dtype);
+}
+
+void NarrowFromFloat32(void* dst, const float* src, size_t count, DataType dtype) {
+  auto* d = static_cast<uint16_t*>(dst);
+  switch (dtype) {
+    case DataType::kFloat16:
+#if defined(__x86_64__)
+      if (HaveX86_64_V3()) return NarrowF16c(d, src, count);
+#endif
+      return Narrow<Float16>(d, src, count);
+    case DataType::kBFloat16: return Narrow<BFloat16>(d, src, count);
+    default: break;
+  }
+  LOG(FATAL) << "NarrowFromFloat32 takes float16 or bfloat16, got " << DataTypeName(dtype);
 }
 
 }  // namespace braid::transport

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
+#include "common/limits.h"
 #include "runtime/config.h"
 #include "runtime/handle.h"
 #include "runtime/runtime.h"
@@ -191,13 +192,23 @@ absl::Status Dtype(int dtype, braid::DataType* out) {
   return absl::OkStatus();
 }
 
-absl::Status Shape(const int64_t* shape, int ndim, std::vector<int64_t>* out) {
+// The shape, checked before anything is computed from it: ndim within [0, kMaxDims],
+// non-negative dimensions whose product and byte size stay within the limits of
+// common/limits.h (overflow-checked), so no size derived from it can wrap.
+absl::Status Shape(const int64_t* shape, int ndim, braid::DataType dtype,
+                   std::vector<int64_t>* out) {
   if (ndim < 0) return absl::InvalidArgumentError(absl::StrCat("ndim is negative: ", ndim));
+  if (ndim > braid::kMaxDims) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ndim is ", ndim, ", more than the limit of ", braid::kMaxDims));
+  }
   if (ndim > 0 && shape == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("shape is NULL but ndim is ", ndim));
   }
   out->assign(shape, shape + ndim);
-  return absl::OkStatus();
+  auto elements = braid::ShapeElements("shape", *out);
+  if (!elements.ok()) return elements.status();
+  return braid::TensorBytes("shape", *elements, braid::DataTypeSize(dtype)).status();
 }
 
 // Fills the fields every collective has; `kind` names it in messages.
@@ -205,10 +216,12 @@ absl::Status CommonRequest(braid::Collective kind, const char* name, const int64
                            int ndim, int dtype, braid::CollectiveRequest* r) {
   r->collective = kind;
   r->name = name;
-  absl::Status s = Dtype(dtype, &r->dtype);
-  if (s.ok()) s = Shape(shape, ndim, &r->shape);
+  absl::Status s = braid::CheckName("name", r->name);
+  if (s.ok()) s = Dtype(dtype, &r->dtype);
+  if (s.ok()) s = Shape(shape, ndim, r->dtype, &r->shape);
   if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("'", r->name, "': ", s.message()));
+    return absl::Status(s.code(),
+                        absl::StrCat("'", braid::Truncated(r->name, 64), "': ", s.message()));
   }
   return absl::OkStatus();
 }
@@ -220,6 +233,16 @@ std::string AutoName(const char* name, const char* kind, std::atomic<uint64_t>* 
 }
 std::atomic<uint64_t> g_allreduce_count{0}, g_broadcast_count{0}, g_allgather_count{0},
     g_barrier_count{0};
+
+// A collective refused here, before the runtime saw it, is reported like the runtime's own
+// refusals (Runtime::ReportFailure), so peers that submitted it fail at once naming this
+// rank instead of waiting for it. Returns `s`.
+absl::Status Reported(const std::string& name, absl::Status s) {
+  if (!s.ok() && braid::GlobalRuntime().initialized()) {
+    braid::GlobalRuntime().ReportFailure(name, s).IgnoreError();  // a name that cannot travel
+  }
+  return s;
+}
 
 absl::Status Enqueue(braid::CollectiveRequest req, std::unique_ptr<braid_handle>* out) {
   auto h = std::make_unique<braid_handle>();
@@ -324,6 +347,11 @@ absl::Status AllReduceRequest(const char* fn, const std::string& name, const voi
   r->output = output;
   r->op = static_cast<braid::ReduceOp>(op);
   r->compression = o.compression != nullptr ? o.compression : "";
+  if (r->compression.size() > braid::kMaxCompressionSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fn, " '", braid::Truncated(name, 64), "': compression is ", r->compression.size(),
+        " bytes long, more than the limit of ", braid::kMaxCompressionSpecBytes));
+  }
   r->process_set_id = o.process_set_id;
   return absl::OkStatus();
 }
@@ -442,6 +470,18 @@ int braid_finalize(void) {
   });
 }
 
+int braid_start_timeline(const char* path) {
+  return Guard([&]() -> absl::Status {
+    absl::Status s = NotNull(path, "path", "braid_start_timeline");
+    if (!s.ok()) return s;
+    return braid::GlobalRuntime().StartTimeline(path);
+  });
+}
+
+int braid_stop_timeline(void) {
+  return Guard([] { return braid::GlobalRuntime().StopTimeline(); });
+}
+
 int braid_is_initialized(void) {
   try {
     return braid::GlobalRuntime().initialized() ? 1 : 0;
@@ -481,9 +521,10 @@ int braid_allreduce(const char* name, const void* input, void* output, const int
                     int ndim, braid_dtype dtype, const braid_allreduce_opts* opts) {
   return Guard([&]() -> absl::Status {
     braid::CollectiveRequest r;
-    absl::Status s = AllReduceRequest("allreduce", AutoName(name, "allreduce", &g_allreduce_count),
+    const std::string n = AutoName(name, "allreduce", &g_allreduce_count);
+    absl::Status s = AllReduceRequest("allreduce", n,
                                       input, output, shape, ndim, EnumBits(dtype), opts, &r);
-    if (!s.ok()) return s;
+    if (!s.ok()) return Reported(n, s);
     return RunBlocking(std::move(r));
   });
 }
@@ -497,7 +538,7 @@ int braid_allreduce_async(const char* name, const void* input, void* output,
     if (!s.ok()) return s;
     braid::CollectiveRequest r;
     s = AllReduceRequest("allreduce", name, input, output, shape, ndim, EnumBits(dtype), opts, &r);
-    if (!s.ok()) return s;
+    if (!s.ok()) return Reported(name, s);
     std::unique_ptr<braid_handle> h;
     s = Enqueue(std::move(r), &h);
     if (!s.ok()) return s;
@@ -509,9 +550,10 @@ int braid_broadcast(const char* name, void* buffer, const int64_t* shape, int nd
                     braid_dtype dtype, const braid_broadcast_opts* opts) {
   return Guard([&]() -> absl::Status {
     braid::CollectiveRequest r;
-    absl::Status s = BroadcastRequest(AutoName(name, "broadcast", &g_broadcast_count), buffer,
+    const std::string n = AutoName(name, "broadcast", &g_broadcast_count);
+    absl::Status s = BroadcastRequest(n, buffer,
                                       shape, ndim, EnumBits(dtype), opts, &r);
-    if (!s.ok()) return s;
+    if (!s.ok()) return Reported(n, s);
     return RunBlocking(std::move(r));
   });
 }
@@ -525,7 +567,7 @@ int braid_broadcast_async(const char* name, void* buffer, const int64_t* shape, 
     if (!s.ok()) return s;
     braid::CollectiveRequest r;
     s = BroadcastRequest(name, buffer, shape, ndim, EnumBits(dtype), opts, &r);
-    if (!s.ok()) return s;
+    if (!s.ok()) return Reported(name, s);
     std::unique_ptr<braid_handle> h;
     s = Enqueue(std::move(r), &h);
     if (!s.ok()) return s;
@@ -538,10 +580,11 @@ int braid_allgather(const char* name, const void* input, const int64_t* shape, i
                     int64_t* output_first_dim, const braid_allgather_opts* opts) {
   return Guard([&]() -> absl::Status {
     braid::CollectiveRequest r;
-    absl::Status s = AllGatherRequest(AutoName(name, "allgather", &g_allgather_count), input,
+    const std::string n = AutoName(name, "allgather", &g_allgather_count);
+    absl::Status s = AllGatherRequest(n, input,
                                       shape, ndim, EnumBits(dtype), output, output_capacity_bytes, opts,
                                       &r);
-    if (!s.ok()) return s;
+    if (!s.ok()) return Reported(n, s);
     return RunBlocking(std::move(r), output_first_dim);
   });
 }
@@ -557,7 +600,7 @@ int braid_allgather_async(const char* name, const void* input, const int64_t* sh
     braid::CollectiveRequest r;
     s = AllGatherRequest(name, input, shape, ndim, EnumBits(dtype), output, output_capacity_bytes, opts,
                          &r);
-    if (!s.ok()) return s;
+    if (!s.ok()) return Reported(name, s);
     std::unique_ptr<braid_handle> h;
     s = Enqueue(std::move(r), &h);
     if (!s.ok()) return s;

@@ -26,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
+#include "common/limits.h"
 #include "glog/logging.h"
 #include "runtime/config.h"
 #include "runtime/handle.h"
@@ -228,6 +229,9 @@ braid::CollectiveRequest NewRequest(int collective, const std::string& name, int
   if (!braid::IsValidReduceOp(op)) {
     Raise(absl::InvalidArgumentError("unknown reduce op code " + std::to_string(op)));
   }
+  // braid/_ops.py checks these first; here again so that no caller can hand the runtime a
+  // name or size beyond the limits (common/limits.h).
+  Check(braid::CheckName("the collective's name", name));
   braid::CollectiveRequest r;
   r.name = name;
   r.collective = static_cast<braid::Collective>(collective);
@@ -287,6 +291,9 @@ NativeHandle EnqueuePtr(int collective, const std::string& name, int dtype, uint
     Raise(absl::InvalidArgumentError("unknown braid dtype code " + std::to_string(dtype)));
   }
   r.dtype = static_cast<braid::DataType>(dtype);
+  auto elements = braid::ShapeElements("shape", shape);
+  if (!elements.ok()) Raise(elements.status());
+  Check(braid::TensorBytes("shape", *elements, braid::DataTypeSize(r.dtype)).status());
   r.shape = shape;
   r.input = reinterpret_cast<const void*>(input);
   r.output = reinterpret_cast<void*>(output);
@@ -432,6 +439,40 @@ PYBIND11_MODULE(_braid, m) {
   m.def("enqueue_ptr", &EnqueuePtr, py::arg("collective"), py::arg("name"), py::arg("dtype"),
         py::arg("input"), py::arg("shape"), py::arg("output"), py::arg("output_capacity"),
         py::arg("op"), py::arg("root_rank"), py::arg("splits"), py::arg("compression") = "");
+  m.def(
+      "start_timeline",
+      [](const std::string& path) {
+        absl::Status s;
+        {
+          py::gil_scoped_release release;
+          s = braid::GlobalRuntime().StartTimeline(path);
+        }
+        Check(s);
+      },
+      py::arg("file_path"), "Starts recording this rank's timeline into file_path.");
+  m.def(
+      "stop_timeline",
+      []() {
+        absl::Status s;
+        {
+          py::gil_scoped_release release;
+          s = braid::GlobalRuntime().StopTimeline();
+        }
+        Check(s);
+      },
+      "Stops recording the timeline and closes its file.");
+  m.def(
+      "report_failure",
+      [](const std::string& name, int code, const std::string& message) {
+        if (code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+          code = static_cast<int>(absl::StatusCode::kUnknown);
+        }
+        Check(braid::GlobalRuntime().ReportFailure(
+            name, absl::Status(static_cast<absl::StatusCode>(code), message)));
+      },
+      py::arg("name"), py::arg("code"), py::arg("message"),
+      "Reports that this rank's call of collective `name` failed before enqueue: the "
+      "coordinator fails the tensor on every rank, naming this rank and the message.");
   m.def(
       "begin_group",
       []() {

@@ -263,7 +263,8 @@ TEST(BuildRankEnv, FlagsBecomeVariables) {
       {"--cycle-time-ms", "5"},     {"--cache-capacity", "0"},
       {"--timeline-filename", "/tmp/tl.json"}, {"--stall-check-seconds", "0.5"},
       {"--stall-shutdown-seconds", "0"},       {"--heartbeat-timeout", "4"},
-      {"--fast-path", "0"},                    {"--compression", "powersgd:rank=2"}};
+      {"--negotiation-timeout", "90"},         {"--fast-path", "0"},
+      {"--compression", "powersgd:rank=2"}};
   for (const auto& [flag, text] : given) {
     const braid::SettingFlag* f = braid::FindSettingFlag(flag);
     ASSERT_NE(f, nullptr) << flag;
@@ -280,8 +281,8 @@ TEST(BuildRankEnv, FlagsBecomeVariables) {
                           "BRAID_FUSION_THRESHOLD=2097152", "BRAID_CYCLE_TIME_MS=5",
                           "BRAID_CACHE_CAPACITY=0", "BRAID_TIMELINE=/tmp/tl.json",
                           "BRAID_STALL_CHECK_S=0.5", "BRAID_STALL_SHUTDOWN_S=0",
-                          "BRAID_HEARTBEAT_TIMEOUT_S=4", "BRAID_FAST_PATH=0",
-                          "BRAID_COMPRESSION=powersgd:rank=2",
+                          "BRAID_HEARTBEAT_TIMEOUT_S=4", "BRAID_NEGOTIATION_TIMEOUT_S=90",
+                          "BRAID_FAST_PATH=0", "BRAID_COMPRESSION=powersgd:rank=2",
                           "OMP_NUM_THREADS=1"));
   // The order braidrun sets them in is the table's.
   std::vector<std::string> flags;

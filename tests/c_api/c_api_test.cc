@@ -6,8 +6,10 @@
 #include "braid/c_api.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -58,6 +60,8 @@ TEST(CApiNotInitialized, EveryCallFailsWithFailedPrecondition) {
   EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_size(&v));
   EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_local_rank(&v));
   EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_local_size(&v));
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_start_timeline("/tmp/braid-never.json"));
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_stop_timeline());
 
   float in[3] = {1, 2, 3}, out[3] = {0, 0, 0};
   EXPECT_CODE(BRAID_FAILED_PRECONDITION,
@@ -201,6 +205,29 @@ TEST_F(CApiTest, WorldOfOne) {
   EXPECT_EQ(local_size, 1);
 }
 
+// braid_start_timeline / braid_stop_timeline: the file holds what ran between them.
+TEST_F(CApiTest, TimelineStartsAndStops) {
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_start_timeline(nullptr));
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_start_timeline(""));
+  const std::string path = "/tmp/braid-c-timeline-" + std::to_string(getpid()) + ".json";
+  float in[3] = {1, 2, 3}, out[3] = {0, 0, 0};
+  EXPECT_CODE(BRAID_OK, braid_start_timeline(path.c_str()));
+  EXPECT_CODE(BRAID_OK, braid_allreduce("in.timeline", in, out, kShape3, 1, BRAID_FLOAT32,
+                                        nullptr));
+  EXPECT_CODE(BRAID_OK, braid_stop_timeline());
+  EXPECT_CODE(BRAID_OK, braid_allreduce("after.timeline", in, out, kShape3, 1, BRAID_FLOAT32,
+                                        nullptr));
+  std::string text;
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+    std::fclose(f);
+  }
+  std::remove(path.c_str());
+  EXPECT_TRUE(Contains(text.c_str(), "\"in.timeline\"")) << text;
+  EXPECT_FALSE(Contains(text.c_str(), "after.timeline")) << text;
+}
+
 TEST_F(CApiTest, BlockingCollectivesOnOneRank) {
   float in[3] = {1.5f, -2.0f, 3.0f}, out[3] = {0, 0, 0};
   EXPECT_CODE(BRAID_OK, braid_allreduce("avg", in, out, kShape3, 1, BRAID_FLOAT32, nullptr));
@@ -288,6 +315,48 @@ TEST_F(CApiTest, BadShapesAndBuffersAreInvalidArgument) {
               braid_allgather("s", in, nullptr, 0, BRAID_FLOAT32, out, sizeof(out), nullptr,
                               nullptr));
   EXPECT_TRUE(Contains(braid_last_error(), "dimension")) << braid_last_error();
+}
+
+// Sizes that overflow or exceed common/limits.h, names and specs over their limits: each an
+// INVALID_ARGUMENT naming the field, before anything is computed from it or sent anywhere;
+// the runtime keeps working after them.
+TEST_F(CApiTest, OverflowingSizesAndOverlongStringsAreInvalidArgument) {
+  float in[3] = {1, 2, 3}, out[3];
+  const int64_t overflow[2] = {int64_t{1} << 40, int64_t{1} << 40};
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("big", in, out, overflow, 2, BRAID_FLOAT32, nullptr));
+  EXPECT_STREQ(braid_last_error(),
+               "'big': the product of shape overflows: more than 281474976710656 elements (the "
+               "limit of a tensor is 2^48 bytes)");
+  const int64_t bytes[1] = {int64_t{1} << 46};  // 2^46 doubles: 2^49 bytes
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("bytes", in, out, bytes, 1, BRAID_FLOAT64, nullptr));
+  EXPECT_STREQ(braid_last_error(),
+               "'bytes': shape: 70368744177664 elements of 8 bytes exceed the limit of a "
+               "tensor, 2^48 bytes");
+  std::vector<int64_t> dims(65, 1);
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allgather("dims", in, dims.data(), 65, BRAID_FLOAT32, out, sizeof(out),
+                              nullptr, nullptr));
+  EXPECT_STREQ(braid_last_error(), "'dims': ndim is 65, more than the limit of 64");
+  const std::string name(2000, 'n');
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce(name.c_str(), in, out, kShape3, 1, BRAID_FLOAT32, nullptr));
+  EXPECT_TRUE(Contains(braid_last_error(), "name is 2000 bytes long, more than the limit of 1024"))
+      << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_broadcast("", in, kShape3, 1, BRAID_FLOAT32, nullptr));
+  EXPECT_STREQ(braid_last_error(), "'': name is empty");
+  const std::string spec = "fp4:" + std::string(1000, 'x');
+  braid_allreduce_opts o = BRAID_ALLREDUCE_OPTS_INIT;
+  o.compression = spec.c_str();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("spec", in, out, kShape3, 1, BRAID_FLOAT32, &o));
+  EXPECT_STREQ(braid_last_error(),
+               "allreduce 'spec': compression is 1004 bytes long, more than the limit of 256");
+  // Nothing is left behind: the same names work now.
+  EXPECT_CODE(BRAID_OK, braid_allreduce("big", in, out, kShape3, 1, BRAID_FLOAT32, nullptr));
+  EXPECT_EQ(out[2], 3.0f);
 }
 
 TEST_F(CApiTest, AsyncCallsNeedAName) {

@@ -19,6 +19,7 @@
 #include "tests/testing/coordinator_process.h"
 #include "tests/testing/fork_ranks.h"
 #include "tests/testing/runtime_job.h"
+#include "tests/testing/typed_values.h"
 
 namespace braid {
 namespace {
@@ -122,9 +123,7 @@ void MixedWorkload(int rank, int size, Runtime& rt, Checker& c, const std::strin
       out[t].resize(in[t].size());
       for (int64_t i = 0; i < n; ++i) {
         const double v = Value(rank, step, t, i);
-        if (dt == DataType::kInt32) reinterpret_cast<int32_t*>(in[t].data())[i] = static_cast<int32_t>(v * 16);
-        if (dt == DataType::kFloat32) reinterpret_cast<float*>(in[t].data())[i] = static_cast<float>(v);
-        if (dt == DataType::kFloat64) reinterpret_cast<double*>(in[t].data())[i] = v;
+        braid::testing::WriteValue(in[t].data(), i, dt, dt == DataType::kInt32 ? v * 16 : v);
       }
       CollectiveRequest q;
       q.name = absl::StrCat("grad.", t);

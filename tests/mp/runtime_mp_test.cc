@@ -30,6 +30,7 @@
 #include "tests/testing/coordinator_process.h"
 #include "tests/testing/fork_ranks.h"
 #include "tests/testing/runtime_job.h"
+#include "tests/testing/typed_values.h"
 #include "tests/testing/thread_count.h"
 
 namespace braid {
@@ -565,9 +566,7 @@ void MixedStep(int rank, Runtime& rt, Checker& c, const std::string& path) {
     out[t].resize(in[t].size());
     for (int64_t i = 0; i < n; ++i) {
       double v = std::uniform_real_distribution<double>(-1, 1)(rng);
-      if (dt == DataType::kInt32) reinterpret_cast<int32_t*>(in[t].data())[i] = static_cast<int32_t>(v * 1000);
-      if (dt == DataType::kFloat32) reinterpret_cast<float*>(in[t].data())[i] = static_cast<float>(v);
-      if (dt == DataType::kFloat64) reinterpret_cast<double*>(in[t].data())[i] = v;
+      braid::testing::WriteValue(in[t].data(), i, dt, dt == DataType::kInt32 ? v * 1000 : v);
     }
     CollectiveRequest q;
     q.name = absl::StrCat("mixed.", t);

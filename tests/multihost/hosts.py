@@ -147,9 +147,11 @@ class Hosts:
 def results(output):
     """The RESULT lines of tests/multihost/workers/job.py in braidrun's prefixed output."""
     out = {}
+    decoder = json.JSONDecoder()
     for line in output.splitlines():
-        head, _, rest = line.partition("RESULT ")
-        if rest:
-            r = json.loads(rest)
+        # mpirun forwards each rank's output as it comes: a line may hold one rank's result
+        # with another's output run on after it, so each document is read up to its own end.
+        for piece in line.split("RESULT ")[1:]:
+            r, _ = decoder.raw_decode(piece)
             out[r["rank"]] = r
     return out

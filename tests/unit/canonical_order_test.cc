@@ -69,45 +69,72 @@ Bits Store(double v, DataType dt) {
   }
 }
 
-// a op b in the dtype's arithmetic (float32 for the 16-bit types and float32, double for
-// float64), rounded back: what reduce.h documents. min/max are the plain comparisons that
-// return the second operand on ties and NaNs, so they return one operand's bits unchanged.
-Bits Combine(Bits x, Bits y, DataType dt, ReduceOp op) {
-  const double a = Load(x, dt), b = Load(y, dt);  // exact for every one of these dtypes
-  if (op == ReduceOp::kMin) return a < b ? x : y;
-  if (op == ReduceOp::kMax) return a > b ? x : y;
-  if (dt == DataType::kFloat64) return Store(op == ReduceOp::kProduct ? a * b : a + b, dt);
-  const float fa = static_cast<float>(a), fb = static_cast<float>(b);
-  return Store(op == ReduceOp::kProduct ? fa * fb : fa + fb, dt);
+// Note [16-bit arithmetic]: float16 / bfloat16 sums, averages and products are computed in
+// float32 and rounded once; an average pre-divides each rank's value.
+bool Wide(DataType dt, ReduceOp op) {
+  return (dt == DataType::kFloat16 || dt == DataType::kBFloat16) &&
+         (op == ReduceOp::kSum || op == ReduceOp::kAverage || op == ReduceOp::kProduct);
 }
 
-Bits Finish(Bits sum, int n, DataType dt, ReduceOp op) {
-  if (op != ReduceOp::kAverage) return sum;
-  if (dt == DataType::kFloat64) return Store(Load(sum, dt) / n, dt);
-  return Store(static_cast<float>(Load(sum, dt)) / static_cast<float>(n), dt);
+// The type the reduction computes in.
+DataType Arith(DataType dt, ReduceOp op) { return Wide(dt, op) ? DataType::kFloat32 : dt; }
+
+// What rank's element x enters the tree as: itself, or for 16-bit arithmetic its float32
+// value (divided by n for an average).
+Bits Leaf(Bits x, int n, DataType dt, ReduceOp op) {
+  if (!Wide(dt, op)) return x;
+  float f = static_cast<float>(Load(x, dt));
+  if (op == ReduceOp::kAverage) f /= static_cast<float>(n);
+  return Store(f, DataType::kFloat32);
+}
+
+// a op b in the arithmetic type `at` (float32 for float32 and 16-bit arithmetic, double for
+// float64, float32 rounded back for 16-bit min/max), as reduce.h documents. min/max return
+// the first NaN operand, else the plain comparison (the second operand on ties), so they
+// return one operand's bits unchanged.
+Bits Combine(Bits x, Bits y, DataType at, ReduceOp op) {
+  const double a = Load(x, at), b = Load(y, at);  // exact for every one of these dtypes
+  if (op == ReduceOp::kMin) return std::isnan(a) ? x : std::isnan(b) ? y : a < b ? x : y;
+  if (op == ReduceOp::kMax) return std::isnan(a) ? x : std::isnan(b) ? y : a > b ? x : y;
+  if (at == DataType::kFloat64) return Store(op == ReduceOp::kProduct ? a * b : a + b, at);
+  const float fa = static_cast<float>(a), fb = static_cast<float>(b);
+  return Store(op == ReduceOp::kProduct ? fa * fb : fa + fb, at);
+}
+
+// The result from the tree's value: 16-bit arithmetic rounded once (pre-divided already),
+// other averages divided.
+Bits Finish(Bits acc, int n, DataType dt, ReduceOp op) {
+  if (Wide(dt, op)) return Store(Load(acc, DataType::kFloat32), dt);
+  if (op != ReduceOp::kAverage) return acc;
+  if (dt == DataType::kFloat64) return Store(Load(acc, dt) / n, dt);
+  return Store(static_cast<float>(Load(acc, dt)) / static_cast<float>(n), dt);
 }
 
 // The canonical tree as Note [Canonical reduction order] words it: ranks 2i and 2i+1 first
 // for i < rem, then a balanced binary tree over what is left, lower operand first.
-Bits TreeReference(const std::vector<Bits>& v, DataType dt, ReduceOp op) {
-  const int n = static_cast<int>(v.size());
+Bits TreeReference(const std::vector<Bits>& in, DataType dt, ReduceOp op) {
+  const int n = static_cast<int>(in.size());
+  const DataType at = Arith(dt, op);
+  std::vector<Bits> v;
+  for (Bits x : in) v.push_back(Leaf(x, n, dt, op));
   int p2 = 1;
   while (p2 * 2 <= n) p2 *= 2;
   const int rem = n - p2;
   std::vector<Bits> t;
-  for (int i = 0; i < rem; ++i) t.push_back(Combine(v[2 * i], v[2 * i + 1], dt, op));
+  for (int i = 0; i < rem; ++i) t.push_back(Combine(v[2 * i], v[2 * i + 1], at, op));
   for (int i = 2 * rem; i < n; ++i) t.push_back(v[i]);
   for (int w = 1; w < p2; w *= 2) {
-    for (int i = 0; i + w < p2; i += 2 * w) t[i] = Combine(t[i], t[i + w], dt, op);
+    for (int i = 0; i + w < p2; i += 2 * w) t[i] = Combine(t[i], t[i + w], at, op);
   }
   return Finish(t[0], n, dt, op);
 }
 
 // The ring order as AllReduceRing documents it: one rank at a time from `start` around.
-Bits RingReference(const std::vector<Bits>& v, int start, DataType dt, ReduceOp op) {
-  const int n = static_cast<int>(v.size());
-  Bits acc = v[start];
-  for (int t = 1; t < n; ++t) acc = Combine(acc, v[(start + t) % n], dt, op);
+Bits RingReference(const std::vector<Bits>& in, int start, DataType dt, ReduceOp op) {
+  const int n = static_cast<int>(in.size());
+  const DataType at = Arith(dt, op);
+  Bits acc = Leaf(in[start], n, dt, op);
+  for (int t = 1; t < n; ++t) acc = Combine(acc, Leaf(in[(start + t) % n], n, dt, op), at, op);
   return Finish(acc, n, dt, op);
 }
 

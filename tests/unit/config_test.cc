@@ -138,6 +138,12 @@ TEST(ConfigTest, BadValuesAreNamedErrors) {
       {{"BRAID_TIMEOUT_S", "0.0001"}, "BRAID_TIMEOUT_S must be a whole number of milliseconds, got '0.0001'"},
       {{"BRAID_TIMEOUT_S", "99999999"}, "BRAID_TIMEOUT_S must be at most 31536000 seconds (one year), got '99999999'"},
       {{"BRAID_HEARTBEAT_TIMEOUT_S", "0"}, "BRAID_HEARTBEAT_TIMEOUT_S must be a positive number of seconds, got '0'"},
+      // Shorter than four heartbeat intervals (ranks beat at most every 100 ms).
+      {{"BRAID_HEARTBEAT_TIMEOUT_S", "0.1"}, "BRAID_HEARTBEAT_TIMEOUT_S must be at least 400ms (four heartbeats, which ranks send at most every 100ms), got '0.1'"},
+      {{"BRAID_TIMELINE_MAX_BYTES", "100"}, "BRAID_TIMELINE_MAX_BYTES must be 0 (no limit) or at least 65536 bytes, got 100"},
+      {{"BRAID_TIMELINE_MAX_BYTES", "1GiB"}, "BRAID_TIMELINE_MAX_BYTES must be an integer, got '1GiB'"},
+      {{"BRAID_NEGOTIATION_TIMEOUT_S", "0"}, "BRAID_NEGOTIATION_TIMEOUT_S must be a positive number of seconds, got '0'"},
+      {{"BRAID_NEGOTIATION_TIMEOUT_S", "NaN"}, "BRAID_NEGOTIATION_TIMEOUT_S must be a positive number of seconds, got 'NaN'"},
       {{"BRAID_STALL_CHECK_S", "0"}, "BRAID_STALL_CHECK_S must be a positive number of seconds, got '0'"},
       {{"BRAID_STALL_SHUTDOWN_S", "-0.5"}, "BRAID_STALL_SHUTDOWN_S must be a non-negative number of seconds, got '-0.5'"},
       {{"BRAID_FUSION_THRESHOLD", "1.5"}, "BRAID_FUSION_THRESHOLD must be an integer, got '1.5'"},
@@ -167,6 +173,11 @@ TEST(ConfigTest, BadValuesAreNamedErrors) {
   EXPECT_EQ(*ParseSeconds("X", "2.5000", false), absl::Milliseconds(2500));
   EXPECT_EQ(*ParseSeconds("X", "31536000", false), absl::Seconds(31536000));
   EXPECT_EQ(*ParseSeconds("X", "0", true), absl::ZeroDuration());
+  Env hb{{{"BRAID_HEARTBEAT_TIMEOUT_S", "0.4"}, {"BRAID_NEGOTIATION_TIMEOUT_S", "5"}}};
+  auto minimal = ConfigFromEnv(hb.fn());
+  ASSERT_TRUE(minimal.ok()) << minimal.status();
+  EXPECT_EQ(minimal->job.heartbeat_timeout, absl::Milliseconds(400));
+  EXPECT_EQ(ToProto(minimal->job).negotiation_timeout_ms(), 5000);
   EXPECT_EQ(*ParseAddress("X", "[::1]:29600"), "[::1]:29600");
   EXPECT_EQ(*ParseAddress("X", "unix:/tmp/braid.sock"), "unix:/tmp/braid.sock");
   EXPECT_FALSE(ParseAddress("X", "::1:29600").ok());  // IPv6 needs brackets

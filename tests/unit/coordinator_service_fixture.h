@@ -26,8 +26,10 @@ class RecordingSink : public StreamSink {
     if (!closed) sent.push_back(msg);
   }
   void Close() override { closed = true; }
+  void set_coalesce(bool on) override { coalesce = on; }
   std::vector<proto::ResponseList> sent;
   bool closed = false;
+  std::optional<bool> coalesce;  // unset: never told
 };
 
 inline proto::RegisterRequest Reg(int rank, int size, const std::string& address = "") {

@@ -58,6 +58,43 @@ TEST_F(ServiceTest, ReportAgesOnlyToRanksThatAskedForThem) {
   }
 }
 
+// ---- Coalesced writes: never in a fast-path job ----
+
+// Note [Coalesced writes] in server.cc: the ranks of a job with the fast path count the lists
+// they receive to agree where to apply them, so their streams must not merge lists (each
+// broadcast list is numbered); without the fast path they may.
+class CoalesceTest : public ServiceTest {
+ protected:
+  // Opens the streams of ranks 0..n-1 (registered already), each by its own rank.
+  std::vector<std::shared_ptr<RecordingSink>> OpenStreams(int n) {
+    std::vector<std::shared_ptr<RecordingSink>> sinks;
+    for (int r = 0; r < n; ++r) {
+      sinks.push_back(std::make_shared<RecordingSink>());
+      auto key = Open(r, sinks.back());
+      EXPECT_TRUE(key.ok()) << key.status();
+    }
+    return sinks;
+  }
+};
+
+TEST_F(CoalesceTest, StreamsOfAFastPathJobAreNeverCoalesced) {
+  for (int r = 0; r < 2; ++r) Register(Reg(r, 2));  // the default: BRAID_FAST_PATH=1
+  for (const auto& sink : OpenStreams(2)) {
+    EXPECT_EQ(sink->coalesce, std::optional<bool>(false));
+  }
+}
+
+TEST_F(CoalesceTest, StreamsOfAJobWithoutTheFastPathMayBeCoalesced) {
+  for (int r = 0; r < 2; ++r) {
+    proto::RegisterRequest req = Reg(r, 2);
+    req.mutable_settings()->set_fast_path(0);
+    Register(req);
+  }
+  for (const auto& sink : OpenStreams(2)) {
+    EXPECT_EQ(sink->coalesce, std::optional<bool>(true));
+  }
+}
+
 // ---- Registration: one call per rank, every peer in the answer ----
 
 TEST_F(ServiceTest, RegistrationIsOneCallPerRankAndReturnsEveryPeer) {
@@ -109,7 +146,9 @@ TEST_F(ServiceTest, RegistrationsThatMissTheDeadlineFailAndFreeTheWorldSize) {
   service_->Inspect();
   ASSERT_EQ(results_.count(lonely), 1u);
   EXPECT_EQ(results_.at(lonely).status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(results_.at(lonely).status().message(), "only 1 of 2 ranks registered within 30s");
+  EXPECT_EQ(results_.at(lonely).status().message(),
+            "only 1 of 2 ranks registered within 30s: missing rank 1; registered: rank 0 (pid "
+            "100 on h)");
   // Nobody waits any more: a world of another size may form.
   int64_t solo = Register(Reg(0, 1));
   EXPECT_TRUE(results_.at(solo).ok()) << results_.at(solo).status();

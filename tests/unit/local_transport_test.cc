@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -187,6 +188,31 @@ TEST(CommunicatorStatsTest, AWorldOfOneCountsCallsButNoMessages) {
 
 // A peer that never joins: DeadlineExceeded after the progress timeout, nothing counted, and
 // every later call fails at once with the same error.
+// Sizes whose bytes overflow, or exceed the limit of a tensor (2^48 bytes), are refused
+// before any buffer is touched or any message sent, on every rank alike, and do not poison
+// the communicator: a valid call works after them.
+TEST(CommunicatorFailureTest, OverflowingSizesAreInvalidArgumentBeforeAnythingMoves) {
+  RunLocalWorld(2, Options(), [](int rank, Communicator& comm) {
+    const size_t huge = SIZE_MAX / 2;
+    absl::Status s = comm.AllReduce(nullptr, nullptr, huge, DataType::kFloat64, ReduceOp::kSum);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(s.message(), absl::StrCat("all-reduce: ", huge,
+                                        " elements of 8 bytes exceed the limit of a tensor, "
+                                        "2^48 bytes"));
+    const std::vector<size_t> counts = {SIZE_MAX - 1, 4};
+    s = comm.ReduceScatter(nullptr, nullptr, counts, DataType::kFloat32, ReduceOp::kSum);
+    EXPECT_EQ(s.message(), "reduce-scatter: the sizes sum beyond 2^64");
+    const std::vector<size_t> bytes = {size_t{1} << 47, size_t{1} << 47, size_t{1} << 47};
+    EXPECT_EQ(comm.AllToAll(nullptr, bytes, nullptr, bytes).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(comm.Broadcast(nullptr, size_t{1} << 49, 0).code(),
+              absl::StatusCode::kInvalidArgument);
+    float x[2] = {1.0f, static_cast<float>(rank)};
+    EXPECT_TRUE(comm.AllReduce(x, x, 2, DataType::kFloat32, ReduceOp::kSum).ok());
+    EXPECT_EQ(x[1], 1.0f);
+  });
+}
+
 TEST(CommunicatorFailureTest, ASilentPeerGivesDeadlineExceededAndPoisons) {
   const absl::Duration timeout = absl::Milliseconds(200);
   absl::Notification done;

@@ -46,7 +46,9 @@ float RefScale(FourBitFormat format, const std::vector<float>& x) {
   if (format == FourBitFormat::kInt4) return m / 7.0f;
   int e = 0;
   const float f = std::frexp(m, &e);
-  return f == 0.5f ? m : std::ldexp(1.0f, e);
+  if (f == 0.5f) return m;
+  // Above 2^127 no float32 power of two holds the chunk: it is broken like a non-finite one.
+  return e > 127 ? std::numeric_limits<float>::quiet_NaN() : std::ldexp(1.0f, e);
 }
 
 float RefValue(FourBitFormat format, float scale, int code) {

@@ -54,8 +54,9 @@ T RefFloat(ReduceOp op, T a, T b) {
   switch (op) {
     case ReduceOp::kSum: return a + b;
     case ReduceOp::kProduct: return a * b;
-    case ReduceOp::kMin: return a < b ? a : b;
-    case ReduceOp::kMax: return a > b ? a : b;
+    // NaN-propagating: the first NaN operand, else the plain comparison (b on ties).
+    case ReduceOp::kMin: return std::isnan(a) ? a : std::isnan(b) ? b : a < b ? a : b;
+    case ReduceOp::kMax: return std::isnan(a) ? a : std::isnan(b) ? b : a > b ? a : b;
     default: ADD_FAILURE() << "no reference for " << ReduceOpName(op); return a;
   }
 }
@@ -348,17 +349,92 @@ TEST(ReduceKnownValues, BFloat16AndIntegers) {
 }
 
 TEST(ReduceKnownValues, FloatMinMaxNaNOrder) {
-  // a < b ? a : b returns b whenever either is NaN, and b for -0 vs +0.
+  // A NaN in either operand is the result (the first NaN when both are: payload 1 here), so
+  // a NaN on any rank survives; -0 vs +0 returns b.
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<float> a = {nan, 1.0f, -0.0f, 0.0f};
-  std::vector<float> b = {1.0f, nan, 0.0f, -0.0f};
-  std::vector<float> mn(4), mx(4);
-  Reduce3(mn.data(), a.data(), b.data(), 4, DataType::kFloat32, ReduceOp::kMin);
-  Reduce3(mx.data(), a.data(), b.data(), 4, DataType::kFloat32, ReduceOp::kMax);
-  EXPECT_EQ(mn[0], 1.0f);
-  EXPECT_TRUE(std::isnan(mn[1]));
+  float nan1, nan2;
+  const uint32_t p1 = 0x7fc00001u, p2 = 0x7fc00002u;
+  std::memcpy(&nan1, &p1, 4);
+  std::memcpy(&nan2, &p2, 4);
+  // Nine elements: the vector loop and its scalar tail both see every case.
+  std::vector<float> a = {nan, 1.0f, -0.0f, 0.0f, nan1, 2.0f, nan, 1.0f, -0.0f};
+  std::vector<float> b = {1.0f, nan, 0.0f, -0.0f, nan2, 3.0f, 1.0f, nan, 0.0f};
+  std::vector<float> mn(9), mx(9);
+  Reduce3(mn.data(), a.data(), b.data(), 9, DataType::kFloat32, ReduceOp::kMin);
+  Reduce3(mx.data(), a.data(), b.data(), 9, DataType::kFloat32, ReduceOp::kMax);
+  for (int i : {0, 1, 6, 7}) {
+    EXPECT_TRUE(std::isnan(mn[i])) << i;
+    EXPECT_TRUE(std::isnan(mx[i])) << i;
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &mn[4], 4);
+  EXPECT_EQ(bits, p1);
+  std::memcpy(&bits, &mx[4], 4);
+  EXPECT_EQ(bits, p1);
+  EXPECT_EQ(mn[5], 2.0f);
+  EXPECT_EQ(mx[5], 3.0f);
   EXPECT_TRUE(std::signbit(mx[3]) && mx[3] == 0.0f);
   EXPECT_FALSE(std::signbit(mn[2]));
+
+  // The same through the 16-bit codecs, 17 elements (two vectors of 8 and a tail).
+  for (DataType dt : {DataType::kFloat16, DataType::kBFloat16}) {
+    const uint16_t qnan = dt == DataType::kFloat16 ? 0x7e00 : 0x7fc0;
+    const uint16_t one = dt == DataType::kFloat16 ? 0x3c00 : 0x3f80;
+    std::vector<uint16_t> x(17, one), y(17, one), lo(17), hi(17);
+    for (int i : {0, 9, 16}) x[i] = qnan;
+    for (int i : {3, 12}) y[i] = qnan;
+    Reduce3(lo.data(), x.data(), y.data(), 17, dt, ReduceOp::kMin);
+    Reduce3(hi.data(), x.data(), y.data(), 17, dt, ReduceOp::kMax);
+    for (int i = 0; i < 17; ++i) {
+      const bool want_nan = i == 0 || i == 9 || i == 16 || i == 3 || i == 12;
+      const uint16_t mask = dt == DataType::kFloat16 ? 0x7c00 : 0x7f80;
+      auto is_nan = [&](uint16_t v) { return (v & mask) == mask && (v & ~0x8000 & ~mask) != 0; };
+      EXPECT_EQ(is_nan(lo[i]), want_nan) << DataTypeName(dt) << " min [" << i << "]";
+      EXPECT_EQ(is_nan(hi[i]), want_nan) << DataTypeName(dt) << " max [" << i << "]";
+    }
+  }
+}
+
+// Widening to float32 (and dividing) and narrowing back, every 16-bit pattern, against the
+// scalar references of common/half.h.
+TEST(WidenNarrow, EveryPatternAgainstHalfH) {
+  std::vector<uint16_t> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  for (DataType dt : {DataType::kFloat16, DataType::kBFloat16}) {
+    const bool bf16 = dt == DataType::kBFloat16;
+    for (int divisor : {1, 3, 4}) {
+      std::vector<float> wide(all.size());
+      WidenToFloat32(wide.data(), all.data(), all.size(), dt, divisor);
+      size_t bad = 0;
+      for (size_t i = 0; i < all.size(); ++i) {
+        const float want =
+            (bf16 ? BFloat16ToFloat(all[i]) : Float16ToFloat(all[i])) / static_cast<float>(divisor);
+        if (!(std::memcmp(&want, &wide[i], 4) == 0 || (std::isnan(want) && std::isnan(wide[i])))) {
+          if (++bad <= 3) ADD_FAILURE() << DataTypeName(dt) << " / " << divisor << " pattern " << i;
+        }
+      }
+      EXPECT_EQ(bad, 0u);
+    }
+    std::vector<float> wide(all.size());
+    WidenToFloat32(wide.data(), all.data(), all.size(), dt, 1);
+    std::vector<uint16_t> back(all.size());
+    NarrowFromFloat32(back.data(), wide.data(), wide.size(), dt);
+    EXPECT_EQ(CountMismatches(dt, reinterpret_cast<const uint8_t*>(back.data()),
+                              reinterpret_cast<const uint8_t*>(all.data()), all.size(),
+                              absl::StrCat(DataTypeName(dt), " round trip")),
+              0u);
+    // Rounding: 65520 ties to infinity in float16, 1 + 2^-9 to 1 in bfloat16.
+    const std::vector<float> f = {65519.0f, 65520.0f, 1.0f + 0x1p-9f, -1e-9f};
+    std::vector<uint16_t> h(f.size());
+    NarrowFromFloat32(h.data(), f.data(), f.size(), dt);
+    for (size_t i = 0; i < f.size(); ++i) {
+      EXPECT_EQ(h[i], bf16 ? FloatToBFloat16(f[i]) : FloatToFloat16(f[i])) << f[i];
+    }
+  }
+  EXPECT_TRUE(AccumulatesInFloat32(DataType::kFloat16, ReduceOp::kAverage));
+  EXPECT_TRUE(AccumulatesInFloat32(DataType::kBFloat16, ReduceOp::kProduct));
+  EXPECT_FALSE(AccumulatesInFloat32(DataType::kFloat16, ReduceOp::kMax));
+  EXPECT_FALSE(AccumulatesInFloat32(DataType::kFloat32, ReduceOp::kSum));
 }
 
 TEST(ReduceKnownValues, ZeroCountTouchesNothing) {

@@ -2,7 +2,11 @@
 // coordinator and communicators injected (tests/testing/runtime_world.h). The queue,
 // negotiation, handles, error paths and lifecycle, asserted against references computed here
 // and exact error texts. The all-reduce pipeline has its own file (runtime_pipeline_test.cc).
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <atomic>
 #include <map>
 #include <numeric>
@@ -14,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "runtime/runtime.h"
@@ -24,6 +29,7 @@ namespace braid {
 namespace {
 
 using testing::RuntimeWorld;
+using testing::RuntimeWorldOptions;
 using testing::WorldOf;
 
 CollectiveRequest AllReduce(const std::string& name, const float* in, float* out, int64_t n,
@@ -240,6 +246,165 @@ TEST(RuntimeTest, BadRequestsAreInvalidArgumentAtEnqueue) {
                          "valid methods: ",
                          absl::StrJoin(CompressionMethods(), ", ")));
   EXPECT_EQ(CanonicalCompression("fp4:chunk=128,ef=1").value(), "fp4:ef=1");
+}
+
+// Note [Local failures]: a collective rank 1 refuses fails on rank 0, which submitted it,
+// at once (not at the negotiation deadline), naming the tensor, rank 1 and the cause; both
+// ranks go on.
+TEST(RuntimeTest, ARefusalOnOneRankFailsItsPeersAtOnce) {
+  RuntimeWorld world;
+  ASSERT_TRUE(world.InitOk());
+  const std::string cause =
+      "allreduce 'w' on rank 1: compression 'fp16' applies only to allreduce of "
+      "floating-point tensors with op sum or average, got int32 / sum";
+  world.Run([&](int rank, Runtime& rt) {
+    std::vector<int32_t> ints(4, rank);
+    CollectiveRequest c;
+    c.name = "w";
+    c.dtype = DataType::kInt32;
+    c.shape = {4};
+    c.input = ints.data();
+    c.output = ints.data();
+    c.op = ReduceOp::kSum;
+    if (rank == 1) {
+      c.compression = "fp16";
+      EXPECT_EQ(rt.Enqueue(c).status(), absl::InvalidArgumentError(cause));
+    } else {
+      auto h = rt.Enqueue(c);
+      ASSERT_TRUE(h.ok()) << h.status();
+      // Well within the 2 s the failure must take, far below the negotiation deadline.
+      EXPECT_EQ((*h)->Wait(absl::Seconds(2)),
+                absl::InvalidArgumentError(absl::StrCat("tensor 'w' failed on rank 1: ", cause)));
+    }
+    std::vector<float> x(4, static_cast<float>(rank + 1)), y(4);
+    ASSERT_TRUE(WaitFor(rt.Enqueue(AllReduce("after", x.data(), y.data(), 4))).ok());
+    EXPECT_EQ(y, std::vector<float>(4, 3.0f));
+  });
+}
+
+// Under the fast path a tensor every rank has cached is agreed among the ranks, not by the
+// coordinator. A refusal of it on one rank still fails it on its peers at once (its slot
+// leaves every rank's cache, so the peers ask the coordinator, which holds the failure), and
+// that error, sent to one rank alone, leaves the ranks' agreement in step: the same cached
+// tensors go on giving the right sums.
+TEST(RuntimeTest, ARefusalOfACachedTensorFailsItsPeersUnderTheFastPath) {
+  RuntimeWorldOptions o = WorldOf(2);
+  o.settings.set_fast_path(1);
+  RuntimeWorld world(o);
+  ASSERT_TRUE(world.InitOk());
+  const std::string cause = "allreduce 'w' on rank 1: input buffer is null";
+  world.Run([&](int rank, Runtime& rt) {
+    std::vector<float> x(4), y(4);
+    auto step = [&](int k) {
+      for (const char* name : {"w", "v"}) {
+        std::fill(x.begin(), x.end(), static_cast<float>(rank + k));
+        EXPECT_TRUE(WaitFor(rt.Enqueue(AllReduce(name, x.data(), y.data(), 4))).ok())
+            << name << " at step " << k;
+        EXPECT_EQ(y, std::vector<float>(4, static_cast<float>(1 + 2 * k))) << name;
+      }
+    };
+    for (int k = 0; k < 3; ++k) step(k);
+    if (rank == 1) {
+      EXPECT_EQ(rt.Enqueue(AllReduce("w", nullptr, y.data(), 4)).status(),
+                absl::InvalidArgumentError(cause));
+    } else {
+      auto h = rt.Enqueue(AllReduce("w", x.data(), y.data(), 4));
+      ASSERT_TRUE(h.ok()) << h.status();
+      EXPECT_EQ((*h)->Wait(absl::Seconds(2)),
+                absl::InvalidArgumentError(absl::StrCat("tensor 'w' failed on rank 1: ", cause)));
+    }
+    for (int k = 3; k < 8; ++k) step(k);
+  });
+}
+
+// A cached tensor one rank never calls: held for the ranks' vote, it falls back to the
+// coordinator (after min(1 s, stall check / 2)), whose negotiation deadline fails it on the
+// rank that called it, naming both sides; the job goes on.
+TEST(RuntimeTest, TheNegotiationDeadlineFailsACachedTensorOneRankNeverCalls) {
+  RuntimeWorldOptions o = WorldOf(2);
+  o.settings.set_fast_path(1);
+  o.settings.set_stall_check_ms(1000);
+  o.settings.set_negotiation_timeout_ms(2000);
+  RuntimeWorld world(o);
+  ASSERT_TRUE(world.InitOk());
+  absl::Notification failed;  // rank 1 waits for it: a tensor it submitted would expire too
+  world.Run([&](int rank, Runtime& rt) {
+    std::vector<float> x(4, static_cast<float>(rank + 1)), y(4);
+    for (int k = 0; k < 3; ++k) {
+      for (const char* name : {"w", "v"}) {
+        EXPECT_TRUE(WaitFor(rt.Enqueue(AllReduce(name, x.data(), y.data(), 4))).ok()) << name;
+        EXPECT_EQ(y, std::vector<float>(4, 3.0f));
+      }
+    }
+    if (rank == 0) {
+      const absl::Time start = absl::Now();
+      auto h = rt.Enqueue(AllReduce("w", x.data(), y.data(), 4));
+      ASSERT_TRUE(h.ok()) << h.status();
+      absl::Status s = (*h)->Wait(absl::Seconds(10));
+      EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+      EXPECT_TRUE(absl::StrContains(s.message(), "submitted by rank 0 but not by rank 1")) << s;
+      EXPECT_GE(absl::Now() - start, absl::Seconds(2));
+      failed.Notify();
+    } else {
+      EXPECT_TRUE(failed.WaitForNotificationWithTimeout(absl::Seconds(15)));
+    }
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_TRUE(WaitFor(rt.Enqueue(AllReduce("v", x.data(), y.data(), 4))).ok());
+      EXPECT_EQ(y, std::vector<float>(4, 3.0f));
+    }
+  });
+}
+
+std::string ReadFile(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return "";
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+  std::fclose(f);
+  return text;
+}
+
+// start_timeline / stop_timeline while the job runs: each file holds what ran while it was
+// recording and nothing else, closed as a JSON array; rank 1 writes PATH.rank1.
+TEST(RuntimeTest, TheTimelineStartsAndStopsWhileTheJobRuns) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string base = absl::StrCat(dir ? dir : "/tmp", "/braid-rt-timeline-", getpid());
+  RuntimeWorld world;
+  ASSERT_TRUE(world.InitOk());
+  EXPECT_EQ(world[0].StartTimeline(""),
+            absl::InvalidArgumentError("start_timeline needs a file path"));
+  world.Run([&](int rank, Runtime& rt) {
+    std::vector<float> x(4, 1.0f), y(4);
+    ASSERT_TRUE(rt.StartTimeline(base + "-a.json").ok());
+    ASSERT_TRUE(WaitFor(rt.Enqueue(AllReduce("recorded", x.data(), y.data(), 4))).ok());
+    ASSERT_TRUE(rt.StopTimeline().ok());
+    ASSERT_TRUE(rt.StopTimeline().ok()) << "stopping twice is fine";
+    ASSERT_TRUE(WaitFor(rt.Enqueue(AllReduce("unrecorded", x.data(), y.data(), 4))).ok());
+    ASSERT_TRUE(rt.StartTimeline(base + "-b.json").ok());
+    ASSERT_TRUE(WaitFor(rt.Enqueue(AllReduce("second", x.data(), y.data(), 4))).ok());
+    ASSERT_TRUE(rt.StopTimeline().ok());
+  });
+  for (const std::string suffix : {"", ".rank1"}) {
+    const std::string a = ReadFile(base + "-a.json" + suffix);
+    const std::string b = ReadFile(base + "-b.json" + suffix);
+    EXPECT_NE(a.find("\"recorded\""), std::string::npos) << a;
+    EXPECT_NE(a.find("ALLREDUCE"), std::string::npos) << a;
+    EXPECT_EQ(a.find("unrecorded"), std::string::npos) << a;
+    EXPECT_EQ(a.find("second"), std::string::npos) << a;
+    EXPECT_NE(b.find("\"second\""), std::string::npos) << b;
+    EXPECT_EQ(b.find("recorded"), std::string::npos) << b;
+    for (const std::string* text : {&a, &b}) {
+      ASSERT_GE(text->size(), 2u);
+      EXPECT_EQ(text->front(), '[');
+      EXPECT_EQ((*text)[text->find_last_not_of(" \n")], ']');
+    }
+    std::remove((base + "-a.json" + suffix).c_str());
+    std::remove((base + "-b.json" + suffix).c_str());
+  }
+  Runtime idle;
+  EXPECT_EQ(idle.StartTimeline(base + "-c.json").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(idle.StopTimeline().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // A rank that shuts down cancels its own pending work; a tensor its peers still wait for

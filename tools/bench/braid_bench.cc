@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "tools/cli.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -426,7 +427,7 @@ int main(int argc, char** argv) {
   app.add_option("--spin-us", spin_us,
                  "UcxOptions::spin in microseconds (negative: by over-subscription)")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  BRAID_CLI_PARSE(app, argc, argv);
 
   auto fail = [](const absl::Status& s) {
     std::fprintf(stderr, "braid-bench: %s\n", s.ToString().c_str());

@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "tools/cli.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -1079,7 +1080,7 @@ int main(int argc, char** argv) {
                  "UcxOptions::peer_error_handling for local peers: 0 or 1")
       ->envname("BRAID_UCX_PEER_ERROR_HANDLING")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  BRAID_CLI_PARSE(app, argc, argv);
 
   auto fail = [](const absl::Status& s) {
     std::fprintf(stderr, "%s: %s\n", kProg, s.ToString().c_str());

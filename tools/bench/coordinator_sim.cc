@@ -56,6 +56,9 @@ class SimRank {
     reg.set_pid(getpid());
     reg.mutable_settings()->set_cache_capacity(o.cache_capacity);
     reg.mutable_settings()->set_fusion_threshold_bytes(o.fusion_threshold_bytes);
+    // Like ranks on the slow path: every request goes to the coordinator (and its writes
+    // may be coalesced, Note [Coalesced writes] in coordinator/server.cc).
+    reg.mutable_settings()->set_fast_path(0);
     auto placed = client_->Register(reg, o.timeout);
     if (!placed.ok()) return placed.status();
     absl::Status s = client_->StartNegotiation(

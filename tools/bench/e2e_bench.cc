@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "tools/cli.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -284,7 +285,7 @@ int main(int argc, char** argv) {
   app.add_option("--step-iters", o.step_iters)->capture_default_str();
   app.add_flag("--compare-fast-path", o.compare_fast_path,
                "run every size and the step with BRAID_FAST_PATH=1, then =0, in this one run");
-  CLI11_PARSE(app, argc, argv);
+  BRAID_CLI_PARSE(app, argc, argv);
 
   std::vector<size_t> sizes;
   auto lo = braid::bench::ParseSize(o.min), hi = braid::bench::ParseSize(o.max);

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "tools/cli.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -464,7 +465,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--deadline", deadline_s, "seconds per --tls run before its ranks are killed")
       ->capture_default_str()->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  BRAID_CLI_PARSE(app, argc, argv);
   for (absl::string_view m : absl::StrSplit(methods, ',', absl::SkipEmpty())) {
     if (m != "none") {
       auto spec = braid::compression::ParseCompressionSpec(m);

@@ -31,6 +31,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "tools/cli.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -83,11 +84,12 @@ void PrintTable(const braid::proto::StatusResponse& s, const std::string& addres
   if (s.has_settings()) {
     const auto& j = s.settings();
     std::printf("settings: fusion threshold %lld B, cache capacity %d, stall check %s, "
-                "stall shutdown %s, heartbeat timeout %s, fast path %s\n",
+                "stall shutdown %s, heartbeat timeout %s, negotiation timeout %s, fast path %s\n",
                 static_cast<long long>(j.fusion_threshold_bytes()), j.cache_capacity(),
                 Duration(j.stall_check_ms()).c_str(),
                 j.stall_shutdown_ms() == 0 ? "never" : Duration(j.stall_shutdown_ms()).c_str(),
-                Duration(j.heartbeat_timeout_ms()).c_str(), j.fast_path() != 0 ? "on" : "off");
+                Duration(j.heartbeat_timeout_ms()).c_str(),
+                Duration(j.negotiation_timeout_ms()).c_str(), j.fast_path() != 0 ? "on" : "off");
   }
   if (s.compression_size() > 0) PrintCompression(s);
   std::printf("\n%-5s %-20s %-8s %-12s %s\n", "RANK", "HOST", "PID", "STATE", "LAST SEEN");
@@ -229,7 +231,7 @@ int main(int argc, char** argv) {
   status->add_option("--watch", watch, "refresh every SECONDS (until interrupted, or --once)");
   status->add_flag("--once", o.once, "follow the current job until it ends, then exit with "
                                      "0 (clean), 1 (aborted) or 3 (coordinator gone)");
-  CLI11_PARSE(app, argc, argv);
+  BRAID_CLI_PARSE(app, argc, argv);
 
   auto fail = [](const absl::Status& s) {
     std::cerr << "braidctl: " << s.message() << "\n";

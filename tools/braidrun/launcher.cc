@@ -213,6 +213,7 @@ class Supervisor {
     fcntl(err[0], F_SETFL, fcntl(err[0], F_GETFL) | O_NONBLOCK);
     rank.pid = pid;
     rank.running = true;
+    if (spec_.group_started) spec_.group_started(pid);  // the rank leads its own group
     rank.out.fd = out[0];
     rank.err.fd = err[0];
     if (spec_.verbose) Say(absl::StrCat(rank.Name(), " started, pid ", pid));
@@ -276,6 +277,8 @@ class Supervisor {
       r.running = false;
       r.status = (p == r.pid) ? status : (1 << 8);  // ECHILD: cannot happen; count as failure
       CloseControl(r);
+      // Its group number can be reused once nothing is left in it.
+      if (spec_.group_gone && kill(-r.pid, 0) != 0 && errno == ESRCH) spec_.group_gone(r.pid);
       OnExit(r);
     }
   }

@@ -5,7 +5,9 @@
 #define BRAID_TOOLS_BRAIDRUN_LAUNCHER_H_
 
 #include <signal.h>
+#include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,10 @@ struct LaunchSpec {
   // (a rank's leftover child may hold them open; it is killed first).
   absl::Duration drain_timeout = absl::Seconds(2);
   bool verbose = false;
+  // Called with each rank's process group once it started, and once the group is gone
+  // (the rank reaped and nothing left in its group): braidrun's watchdog (watchdog.h).
+  std::function<void(pid_t)> group_started;
+  std::function<void(pid_t)> group_gone;
 };
 
 // The signals braidrun handles: they must be blocked in every thread (call before any thread

@@ -37,6 +37,7 @@
 #include "tools/braidrun/launcher.h"
 #include "tools/braidrun/network.h"
 #include "tools/braidrun/rank_env.h"
+#include "tools/braidrun/watchdog.h"
 #include "tools/braidrun/remote.h"
 
 extern char** environ;
@@ -398,6 +399,13 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
 
+  // Note [Ranks die with braidrun]: forked while braidrun has one thread.
+  absl::StatusOr<braid::braidrun::Watchdog> watchdog = braid::braidrun::Watchdog::Start();
+  if (!watchdog.ok()) {
+    Fail(absl::StrCat("no watchdog (ranks would outlive a killed braidrun): ",
+                      watchdog.status().message()));
+  }
+
   // Before any thread exists (gRPC's, glog's): every thread inherits the blocked mask, so
   // SIGINT/SIGTERM/SIGCHLD arrive only through braidrun's signalfd.
   braid::braidrun::SignalSetup signals = braid::braidrun::BlockSignals();
@@ -451,6 +459,11 @@ int main(int argc, char** argv) {
                         : remote_hosts.empty()           ? "lo"
                                                          : "";
   braid::braidrun::LaunchSpec spec = BuildLaunch(*args, job, *places, remote);
+  if (watchdog.ok()) {
+    spec.group_started = [&](pid_t group) { watchdog->Watch(group); };
+    spec.group_gone = [&](pid_t group) { watchdog->Forget(group); };
+    if (args->verbose) std::cerr << "braidrun: watchdog pid " << watchdog->pid() << std::endl;
+  }
   if (args->verbose) {
     if (!job.python_path.empty()) {
       std::cerr << "braidrun: PYTHONPATH starts with " << job.python_path << std::endl;

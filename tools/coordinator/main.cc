@@ -7,8 +7,9 @@
 // registers while a job runs waits for it to end. `braidctl status` shows one job only.
 //
 // Job settings (--fusion-threshold-mb, --cache-capacity, --stall-check-seconds,
-// --stall-shutdown-seconds, --heartbeat-timeout, or their BRAID_* variables in this
-// process's environment) bind every job it runs; the ones left unset are the ranks' to set.
+// --stall-shutdown-seconds, --heartbeat-timeout, --negotiation-timeout, or their BRAID_*
+// variables in this process's environment) bind every job it runs; the ones left unset are
+// the ranks' to set.
 // Stops on SIGINT, SIGTERM or a Shutdown RPC.
 //
 // Every call must carry the job secret (Note [Who may join] in coordinator/admission.h):
@@ -29,6 +30,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "tools/cli.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/server.h"
 #include "glog/logging.h"
@@ -42,7 +44,7 @@ constexpr int kUsage = 2;
 // The flags of runtime/config.h that set job settings.
 constexpr const char* kJobFlags[] = {"--fusion-threshold-mb", "--cache-capacity",
                                      "--stall-check-seconds", "--stall-shutdown-seconds",
-                                     "--heartbeat-timeout"};
+                                     "--heartbeat-timeout", "--negotiation-timeout"};
 
 struct Flags {
   std::string bind = "127.0.0.1", port = "0", size = "0", secret, secret_file, port_file;
@@ -144,7 +146,7 @@ int main(int argc, char** argv) {
     const braid::SettingFlag* sf = braid::FindSettingFlag(flag);
     app.add_option(flag, f.settings[flag], absl::StrCat(sf->help, " (", sf->variable, ")"));
   }
-  CLI11_PARSE(app, argc, argv);
+  BRAID_CLI_PARSE(app, argc, argv);
   for (const char* flag : kJobFlags) {
     if (app.get_option(flag)->count() == 0) f.settings.erase(flag);
   }

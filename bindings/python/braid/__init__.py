@@ -82,6 +82,8 @@ from ._ops import (  # noqa: F401
     reducescatter_async,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
     synchronize,
     transport_description,
 )
@@ -97,7 +99,7 @@ __all__ = [
     "broadcast_async", "broadcast_async_", "broadcast_object", "compression_state",
     "compression_stats", "init", "is_initialized", "join", "load_compression_state", "local_rank",
     "local_size", "poll", "rank", "reducescatter", "reducescatter_async", "shutdown", "size",
-    "synchronize", "transport_description",
+    "start_timeline", "stop_timeline", "synchronize", "transport_description",
 ]
 
 __version__ = "0.1.0"

@@ -13,6 +13,10 @@ its background thread, without the GIL).
 import atexit
 import contextlib
 import enum
+import functools
+import inspect
+import math
+import numbers
 import os
 import threading
 
@@ -284,6 +288,26 @@ def compression_stats():
     return {"methods": out_methods, "tensors": out_tensors}
 
 
+def start_timeline(file_path):
+    """Starts recording this rank's timeline while the job runs (as Horovod's
+    ``start_timeline``): a Chrome-trace JSON file (open it in Perfetto or chrome://tracing)
+    with one row per tensor and its phases (README: Timeline). Rank 0 writes ``file_path``,
+    rank r writes ``file_path + ".rank<r>"``; the file rotates beyond
+    BRAID_TIMELINE_MAX_BYTES. A timeline already recording (BRAID_TIMELINE, or an earlier
+    call) is closed first, as valid JSON. Raises InvalidArgumentError (not a non-empty str, or
+    not writable), FailedPreconditionError (before ``init()``)."""
+    if not isinstance(file_path, (str, os.PathLike)):
+        raise InvalidArgumentError(f"start_timeline: file_path must be a str or path, got "
+                                   f"{type(file_path).__name__}")
+    _braid.start_timeline(os.fspath(file_path))
+
+
+def stop_timeline():
+    """Stops recording the timeline and closes its file (valid JSON). Nothing happens when
+    none is recording. Raises FailedPreconditionError before ``init()``."""
+    _braid.stop_timeline()
+
+
 def compression_state():
     """This rank's compression state, as ``bytes``, to keep in a training checkpoint.
 
@@ -332,10 +356,20 @@ def _dtype_info(fn, name, dt):
     return _braid.DTYPES[bname], np.dtype(bname)
 
 
+def _check_size(fn, name, arr):
+    """Refuses an array beyond the limit of a tensor (2^48 bytes) before anything copies it:
+    a zero-strided view can claim petabytes."""
+    if arr.size * arr.dtype.itemsize > _MAX_TENSOR_BYTES:
+        raise InvalidArgumentError(
+            f"{fn} '{name}': shape {arr.shape} of {arr.dtype} is {arr.size * arr.dtype.itemsize} "
+            f"bytes, more than the limit of a tensor, 2^48 bytes")
+
+
 def _as_input(fn, name, tensor):
     """A C-contiguous, native-byte-order array with the tensor's values (no copy if it is one)."""
     arr = np.asarray(tensor)
     code, native = _dtype_info(fn, name, arr.dtype)
+    _check_size(fn, name, arr)
     if arr.dtype != native or not arr.flags.c_contiguous or not arr.flags.aligned:
         arr = np.ascontiguousarray(arr, dtype=native)
     return arr, code
@@ -348,6 +382,7 @@ def _as_inplace(fn, name, tensor):
             f"{fn} '{name}': in-place collectives need a numpy.ndarray, got "
             f"{type(tensor).__name__}")
     code, native = _dtype_info(fn, name, tensor.dtype)
+    _check_size(fn, name, tensor)
     if not tensor.flags.writeable:
         raise InvalidArgumentError(f"{fn} '{name}': the array is read-only")
     if tensor.dtype == native and tensor.flags.c_contiguous and tensor.flags.aligned:
@@ -357,7 +392,101 @@ def _as_inplace(fn, name, tensor):
     return np.array(tensor, dtype=native, order="C", copy=True), tensor, code
 
 
+# Limits the runtime states (common/limits.h): refused here, before anything reaches the
+# native layer, so every wrong argument is an InvalidArgumentError naming it, never a
+# TypeError of the binding or a value silently truncated to an integer.
+MAX_NAME_BYTES = 1024
+_MAX_TENSOR_BYTES = 1 << 48  # bytes of one tensor; also bounds element counts
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+
+
+def _is_int(value):
+    """An integer that is not a bool (a bool is an int in Python, but never meant as one)."""
+    return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(
+        value, (bool, np.bool_))
+
+
+def _check_int(what, field, value, lo, hi):
+    """``value`` as an int in [lo, hi], or InvalidArgumentError naming ``field``. Floats are
+    refused, even integral ones: a rank or a count given as 1.5 is a bug, and truncating it
+    would hide one."""
+    if not _is_int(value):
+        raise InvalidArgumentError(f"{what}: {field} must be an integer, got "
+                                   f"{type(value).__name__} {value!r}")
+    v = int(value)
+    if not lo <= v <= hi:
+        raise InvalidArgumentError(f"{what}: {field} must be in [{lo}, {hi}], got {v}")
+    return v
+
+
+def _check_name(fn, name):
+    """A collective's name: a str of at most MAX_NAME_BYTES bytes in UTF-8."""
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"{fn}: name must be a str, got {type(name).__name__} "
+                                   f"{name!r:.64}")
+    try:
+        n = len(name.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise InvalidArgumentError(f"{fn}: name is not valid text ({e.reason})") from None
+    if n == 0:
+        raise InvalidArgumentError(f"{fn}: name is empty")
+    if n > MAX_NAME_BYTES:
+        raise InvalidArgumentError(f"{fn}: name is {n} bytes long, more than the limit of "
+                                   f"{MAX_NAME_BYTES} (it starts {name[:64]!r})")
+    return name
+
+
+def _check_splits(what, splits, rows, size):
+    """alltoall splits: ``size`` non-negative integers summing to ``rows`` (exactly, in
+    Python's unbounded integers: no sum can wrap)."""
+    if isinstance(splits, (str, bytes)) or not hasattr(splits, "__iter__"):
+        raise InvalidArgumentError(f"{what}: splits must be a sequence of integers, got "
+                                   f"{type(splits).__name__}")
+    if isinstance(splits, np.ndarray) and splits.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"{what}: splits must hold integers, got dtype {splits.dtype}")
+    out = [_check_int(what, f"splits[{i}]", x, 0, _MAX_TENSOR_BYTES)
+           for i, x in enumerate(np.asarray(splits).reshape(-1).tolist()
+                                 if isinstance(splits, np.ndarray) else splits)]
+    if len(out) != size:
+        raise InvalidArgumentError(f"{what}: splits has {len(out)} entries for {size} ranks")
+    if sum(out) != rows:
+        raise InvalidArgumentError(f"{what}: splits sum to {sum(out)} but dim 0 is {rows}")
+    return out
+
+
+MAX_COMPRESSION_SPEC_BYTES = 256
+
+
+def _check_compression(what, compression):
+    """A compression spec: None (the job's default) or a str of at most 256 bytes."""
+    if compression is None:
+        return
+    if not isinstance(compression, str):
+        raise InvalidArgumentError(f"{what}: compression must be a string such as 'fp16' or "
+                                   f"'fp4:ef=1', got {type(compression).__name__} "
+                                   f"{compression!r:.64}")
+    if len(compression.encode("utf-8", "replace")) > MAX_COMPRESSION_SPEC_BYTES:
+        raise InvalidArgumentError(f"{what}: compression is {len(compression)} characters "
+                                   f"long, more than the limit of {MAX_COMPRESSION_SPEC_BYTES}")
+
+
+def _check_timeout(timeout):
+    """A wait's timeout in seconds: None (forever) or a finite number >= 0."""
+    if timeout is None:
+        return None
+    if not isinstance(timeout, numbers.Real) or isinstance(timeout, bool):
+        raise InvalidArgumentError(f"timeout must be a number of seconds or None, got "
+                                   f"{type(timeout).__name__} {timeout!r}")
+    t = float(timeout)
+    if math.isnan(t) or t < 0:
+        raise InvalidArgumentError(f"timeout must be >= 0 seconds, got {timeout!r}")
+    return t
+
+
 def _check_op(op):
+    if not _is_int(op):  # ReduceOp(1.0) would be Average: a float is refused, not truncated
+        raise InvalidArgumentError(f"unknown reduce op {op!r}: use braid.Sum, braid.Average, "
+                                   "braid.Min, braid.Max or braid.Product")
     try:
         return ReduceOp(op)
     except ValueError:
@@ -424,14 +553,47 @@ class Handle:
             _forget(self)
 
 
+def _reports_failures(fn):
+    """Wraps a public ``*_async`` call: an InvalidArgumentError it raises before the runtime
+    saw the request (a wrong type, dtype or split checked here) is also reported to the
+    coordinator under the call's name, so the ranks that did submit the tensor fail at once
+    with this rank's message instead of waiting for it (the runtime reports its own
+    refusals itself; README: Failures)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except InvalidArgumentError as e:
+            name = kwargs.get("name")
+            if name is None:
+                params = inspect.signature(fn).parameters
+                pos = list(params).index("name")
+                name = args[pos] if pos < len(args) else None
+            if (isinstance(name, str) and not getattr(e, "_braid_reported", False)
+                    and not _forked_child() and _braid.is_initialized()):
+                try:
+                    _braid.report_failure(name, _INVALID_ARGUMENT, str(e))
+                except BraidError:
+                    pass  # a name that cannot travel, or one in flight: nothing to tell
+            raise
+    return wrapper
+
+
+_INVALID_ARGUMENT = 3  # absl::StatusCode::kInvalidArgument
+
+
 def _enqueue(collective, name, arr, code, output=None, op=ReduceOp.Average, root_rank=0,
              splits=(), target=None, compression=None):
     _check_process(collective)
-    if compression is not None and not isinstance(compression, str):
-        raise InvalidArgumentError(f"{collective} '{name}': compression must be a string such "
-                                   f"as 'fp16' or 'fp4:ef=1', got {compression!r}")
-    native = _braid.enqueue(_COLL[collective], name, code, arr, output, int(op), int(root_rank),
-                            list(splits), compression or "")
+    _check_name(collective, name)
+    root_rank = _check_int(f"{collective} '{name}'", "root_rank", root_rank, *_INT32)
+    _check_compression(f"{collective} '{name}'", compression)
+    try:
+        native = _braid.enqueue(_COLL[collective], name, code, arr, output, int(op),
+                                root_rank, list(splits), compression or "")
+    except BraidError as e:
+        e._braid_reported = True  # the runtime reported its refusal itself
+        raise
     h = Handle(native, collective, (arr, output, target), output, target, arr.dtype)
     _keep_alive(h)  # the arrays of a running collective outlive a dropped Handle
     return h
@@ -475,6 +637,7 @@ def synchronize(handle, timeout=None):
     DeadlineExceededError (no progress for BRAID_TIMEOUT_S), InternalError. Calling it again
     on a completed handle returns the same result (or raises the same error).
     """
+    timeout = _check_timeout(timeout)
     if not handle._done:
         if not handle._native.wait(timeout, 0.1):
             raise DeadlineExceededError(
@@ -487,6 +650,7 @@ def synchronize(handle, timeout=None):
 
 # --- all-reduce -----------------------------------------------------------------------------
 
+@_reports_failures
 def allreduce_async(tensor, name=None, op=Average, compression=None):
     """Starts an all-reduce of ``tensor`` into a new array; returns a Handle.
 
@@ -524,6 +688,7 @@ def allreduce(tensor, name=None, op=Average, compression=None):
     return synchronize(allreduce_async(tensor, name=name, op=op, compression=compression))
 
 
+@_reports_failures
 def allreduce_async_(tensor, name=None, op=Average, compression=None):
     """Starts an in-place all-reduce of ``tensor`` (a writeable numpy.ndarray).
 
@@ -545,6 +710,7 @@ def allreduce_(tensor, name=None, op=Average, compression=None):
 
 # --- all-gather -----------------------------------------------------------------------------
 
+@_reports_failures
 def allgather_async(tensor, name=None):
     """Starts an all-gather of ``tensor`` (at least 1-D); returns a Handle.
 
@@ -564,6 +730,7 @@ def allgather(tensor, name=None):
 
 # --- broadcast ------------------------------------------------------------------------------
 
+@_reports_failures
 def broadcast_async(tensor, root_rank, name=None):
     """Starts a broadcast of ``root_rank``'s tensor into a new array on every rank.
 
@@ -581,6 +748,7 @@ def broadcast(tensor, root_rank, name=None):
     return synchronize(broadcast_async(tensor, root_rank, name=name))
 
 
+@_reports_failures
 def broadcast_async_(tensor, root_rank, name=None):
     """Starts an in-place broadcast: ``tensor`` (a writeable ndarray) receives the root's."""
     name = _next_name("broadcast") if name is None else name
@@ -596,6 +764,7 @@ def broadcast_(tensor, root_rank, name=None):
 
 # --- reduce-scatter -------------------------------------------------------------------------
 
+@_reports_failures
 def reducescatter_async(tensor, name=None, op=Average):
     """Starts a reduce-scatter of ``tensor`` (at least 1-D, same shape on every rank).
 
@@ -622,6 +791,7 @@ def reducescatter(tensor, name=None, op=Average):
 
 # --- all-to-all -----------------------------------------------------------------------------
 
+@_reports_failures
 def alltoall_async(tensor, splits=None, name=None):
     """Starts an all-to-all of ``tensor`` (at least 1-D); returns a Handle.
 
@@ -632,7 +802,10 @@ def alltoall_async(tensor, splits=None, name=None):
     """
     name = _next_name("alltoall") if name is None else name
     arr, code = _as_input("alltoall", name, tensor)
-    sp = () if splits is None else [int(x) for x in np.asarray(splits).reshape(-1)]
+    sp = ()
+    if splits is not None:
+        rows = arr.shape[0] if arr.ndim > 0 else 0
+        sp = _check_splits(f"alltoall '{name}'", splits, rows, size())
     return _enqueue("alltoall", name, arr, code, splits=sp)
 
 

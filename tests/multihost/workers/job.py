@@ -56,7 +56,9 @@ def main():
         "secret_in_cmdlines": secret_on_a_command_line(secret) if secret else [],
         "launcher_vars": {k: os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT") if k in os.environ},
     }
-    print("RESULT " + json.dumps(result), flush=True)
+    # One write of the whole line, so a launcher merging ranks' output cannot split it.
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), ("RESULT " + json.dumps(result) + "\n").encode())
     if loop:
         print(f"READY pid={os.getpid()} ppid={os.getppid()}", flush=True)
         step = 0

@@ -129,6 +129,17 @@ BRAID_C_EXPORT int braid_size(int* out);
 BRAID_C_EXPORT int braid_local_rank(int* out);
 BRAID_C_EXPORT int braid_local_size(int* out);
 
+/* Starts recording this rank's timeline (a Chrome-trace JSON file; README: Timeline) while
+ * the job runs, as Horovod's start_timeline: rank 0 writes `path`, rank r writes
+ * `path`.rank<r>, rotated beyond BRAID_TIMELINE_MAX_BYTES. A timeline already recording
+ * (BRAID_TIMELINE or an earlier call) is closed first, as valid JSON.
+ * Errors: INVALID_ARGUMENT (path NULL, empty or not writable), FAILED_PRECONDITION (not
+ * initialized). */
+BRAID_C_EXPORT int braid_start_timeline(const char* path);
+/* Stops recording and closes the file (valid JSON). BRAID_OK when none is recording.
+ * Errors: FAILED_PRECONDITION (not initialized). */
+BRAID_C_EXPORT int braid_stop_timeline(void);
+
 /* ------------------------------------------------------------------------------------ */
 /* Options                                                                              */
 /* ------------------------------------------------------------------------------------ */

@@ -41,7 +41,8 @@ Errors are the ``braid.BraidError`` subclasses (InvalidArgumentError, FailedPrec
 """
 
 from .. import _ops
-from .._ops import init, is_initialized, local_rank, local_size, rank, shutdown, size
+from .._ops import (init, is_initialized, local_rank, local_size, rank, shutdown, size,
+                    start_timeline, stop_timeline)
 from ._handles import (  # noqa: F401
     Adasum,
     AlreadyExistsError,
@@ -152,5 +153,6 @@ __all__ = [
     "local_size", "Max", "Min", "mpi_built", "nccl_built", "poll", "Product", "rank",
     "reducescatter", "reducescatter_async", "ReduceOp", "rocm_built", "shutdown", "size",
     "transport_description",
-    "staging_copies", "Sum", "SUPPORTED_DTYPES", "synchronize", "UnavailableError",
+    "staging_copies", "start_timeline", "stop_timeline", "Sum", "SUPPORTED_DTYPES",
+    "synchronize", "UnavailableError",
 ]

@@ -6,6 +6,8 @@ until the collective completes, and its finisher (run once, on the caller's thre
 success) turns the runtime's output into the caller's result.
 """
 
+import math
+import numbers
 import warnings
 
 import torch
@@ -76,6 +78,9 @@ def _check_op(fn, name, op, average=None):
         return Average
     if isinstance(op, _UnimplementedOp):
         raise InvalidArgumentError(f"{_what(fn, name)}: {op.why}")
+    if not _ops._is_int(op):  # ReduceOp(1.0) would be Average: refused, never truncated
+        raise InvalidArgumentError(f"{_what(fn, name)}: unknown reduce op {op!r}: use Sum, "
+                                   "Average, Min, Max or Product")
     try:
         return ReduceOp(op)
     except ValueError:
@@ -131,6 +136,11 @@ def _check_tensor(fn, name, tensor):
     if tensor.is_sparse:
         raise InvalidArgumentError(f"{fn} '{name}': sparse tensors are not supported: pass "
                                    "indices and values separately (or .to_dense())")
+    if tensor.numel() * tensor.element_size() > _ops._MAX_TENSOR_BYTES:  # before any copy
+        raise InvalidArgumentError(
+            f"{fn} '{name}': shape {tuple(tensor.shape)} of {tensor.dtype} is "
+            f"{tensor.numel() * tensor.element_size()} bytes, more than the limit of a "
+            "tensor, 2^48 bytes")
 
 
 def _wire(fn, name, tensor, op=None):
@@ -153,6 +163,10 @@ def _wire(fn, name, tensor, op=None):
 
 
 def _check_scale(fn, name, tensor, prescale_factor, postscale_factor):
+    for field, f in (("prescale_factor", prescale_factor), ("postscale_factor", postscale_factor)):
+        if isinstance(f, bool) or not isinstance(f, numbers.Real) or not math.isfinite(f):
+            raise InvalidArgumentError(f"{fn} '{name}': {field} must be a finite number, got "
+                                       f"{type(f).__name__} {f!r}")
     if (prescale_factor != 1.0 or postscale_factor != 1.0) and not tensor.is_floating_point():
         raise InvalidArgumentError(f"{fn} '{name}': prescale_factor/postscale_factor need a "
                                    f"floating-point tensor, got {tensor.dtype}")
@@ -283,10 +297,17 @@ class _MultiHandle:
 def _enqueue(collective, name, inp, code, out=None, op=Average, root_rank=0, splits=(),
              compression=None, finish=None, keep=()):
     _ops._check_process(collective)
-    native = _braid.enqueue_ptr(
-        _COLL[collective], name, code, inp.data_ptr(), list(inp.shape),
-        0 if out is None else out.data_ptr(), 0 if out is None else _nbytes(out), int(op),
-        int(root_rank), list(splits), compression or "")
+    _ops._check_name(collective, name)
+    root_rank = _ops._check_int(f"{collective} '{name}'", "root_rank", root_rank, *_ops._INT32)
+    _ops._check_compression(f"{collective} '{name}'", compression)
+    try:
+        native = _braid.enqueue_ptr(
+            _COLL[collective], name, code, inp.data_ptr(), list(inp.shape),
+            0 if out is None else out.data_ptr(), 0 if out is None else _nbytes(out), int(op),
+            root_rank, list(splits), compression or "")
+    except _ops.BraidError as e:
+        e._braid_reported = True  # the runtime reported its refusal itself
+        raise
     h = Handle(native, collective, (inp, out) + tuple(keep), finish)
     _ops._keep_alive(h)  # the tensors of a running collective outlive a dropped Handle
     return h
@@ -316,7 +337,7 @@ def synchronize(handle, timeout=None):
     """
     if isinstance(handle, _ops.Handle):
         return _ops.synchronize(handle, timeout)
-    return handle._wait(timeout)
+    return handle._wait(_ops._check_timeout(timeout))
 
 
 def _result_from_bytes(dtype):

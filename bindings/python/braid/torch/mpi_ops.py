@@ -118,6 +118,7 @@ def _allreduce_async(fn, tensor, name, op, prescale_factor, postscale_factor, co
                     finish=finish, keep=(tensor,))
 
 
+@_ops._reports_failures
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None, compression=None):
     """Starts an all-reduce of ``tensor`` into a new tensor; returns a Handle.
@@ -137,6 +138,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                             postscale_factor, compression, inplace=False)
 
 
+@_ops._reports_failures
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None, compression=None):
     """Starts an in-place all-reduce: ``tensor`` receives the result. See allreduce_async.
@@ -260,6 +262,7 @@ def _allgather_async(fn, tensor, name):
                     finish=_result_from_bytes(tensor.dtype), keep=(tensor,))
 
 
+@_ops._reports_failures
 def allgather_async(tensor, name=None, process_set=None):
     """Starts an all-gather of ``tensor`` (at least 1-D); returns a Handle.
 
@@ -330,6 +333,7 @@ def _broadcast_async(fn, tensor, root_rank, name, inplace):
                     keep=(tensor,))
 
 
+@_ops._reports_failures
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
     """Starts a broadcast of ``root_rank``'s ``tensor`` into a new tensor on every rank.
 
@@ -339,6 +343,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
     return _broadcast_async("broadcast_async", tensor, root_rank, name, inplace=False)
 
 
+@_ops._reports_failures
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     """Starts an in-place broadcast: ``tensor`` receives ``root_rank``'s values."""
     _check_process_set("broadcast_async_", process_set)
@@ -381,17 +386,20 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
 
 # --- all-to-all -----------------------------------------------------------------------------
 
-def _splits_list(fn, name, splits):
+def _splits_list(fn, name, splits, rows):
+    """The splits as ints: ``size()`` non-negative integers summing to ``rows`` (floats are
+    refused, never truncated)."""
     if splits is None:
         return None
     if isinstance(splits, torch.Tensor):
-        if splits.is_floating_point() or splits.dim() > 1:
+        if splits.is_floating_point() or splits.is_complex() or splits.dim() > 1:
             raise InvalidArgumentError(f"{fn} '{name}': splits must be a 1-D integer tensor "
                                        "or a list of ints")
-        return [int(x) for x in splits.tolist()]
-    return [int(x) for x in splits]
+        splits = splits.tolist()
+    return _ops._check_splits(f"{fn} '{name}'", splits, rows, _ops.size())
 
 
+@_ops._reports_failures
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
     """Starts an all-to-all of ``tensor`` (at least 1-D); returns a Handle.
 
@@ -404,11 +412,11 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     """
     _check_process_set("alltoall_async", process_set)
     name = _ops._next_name("alltoall") if name is None else name
-    sp = _splits_list("alltoall_async", name, splits)
     t, code, _ = _wire("alltoall_async", name, tensor)
     if t.dim() == 0:
         raise InvalidArgumentError(f"alltoall_async '{name}': needs at least one dimension, "
                                    "got a scalar")
+    sp = _splits_list("alltoall_async", name, splits, t.shape[0])
     h = _enqueue("alltoall", name, _contiguous(t), code, splits=sp or (),
                  finish=_result_from_bytes(tensor.dtype), keep=(tensor,))
     if sp is None:
@@ -459,6 +467,7 @@ def _share(rows, size, rank):
     return rows // size + (1 if rank < rows % size else 0)
 
 
+@_ops._reports_failures
 def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0,
                         postscale_factor=1.0):
     """Starts a reduce-scatter of ``tensor`` (at least 1-D, same shape on every rank).

@@ -8,6 +8,8 @@ the wrapped optimizer's update on the averaged gradients.
 """
 
 import contextlib
+import math
+import numbers
 import os
 import warnings
 import weakref
@@ -309,9 +311,8 @@ class _DistributedMixin:
         if self._handles or any(self._passes.values()):
             raise FailedPreconditionError("DistributedOptimizer: set_backward_passes_per_step() "
                                           "between backward() and step()")
-        if int(passes) < 1:
-            raise InvalidArgumentError(f"backward_passes_per_step must be >= 1, got {passes}")
-        self.backward_passes_per_step = int(passes)
+        self.backward_passes_per_step = _ops._check_int(
+            "set_backward_passes_per_step", "backward_passes_per_step", passes, 1, 1 << 31)
 
     def load_state_dict(self, state_dict):
         """The wrapped optimizer's ``load_state_dict`` (between steps only)."""
@@ -376,9 +377,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     """
     mpi_ops._check_process_set("DistributedOptimizer", process_set)
     op = _check_op("DistributedOptimizer", "", op)
-    if int(backward_passes_per_step) < 1:
-        raise InvalidArgumentError("DistributedOptimizer: backward_passes_per_step must be >= 1, "
-                                   f"got {backward_passes_per_step}")
+    _ops._check_int("DistributedOptimizer", "backward_passes_per_step",
+                    backward_passes_per_step, 1, 1 << 31)
+    if (isinstance(gradient_predivide_factor, bool) or
+            not isinstance(gradient_predivide_factor, numbers.Real) or
+            not math.isfinite(gradient_predivide_factor) or gradient_predivide_factor <= 0):
+        raise InvalidArgumentError("DistributedOptimizer: gradient_predivide_factor must be a "
+                                   f"finite number > 0, got {gradient_predivide_factor!r}")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise InvalidArgumentError("DistributedOptimizer: gradient_predivide_factor needs "
                                    f"op=Average, got {op!r}")

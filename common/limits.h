@@ -1,0 +1,59 @@
+// The limits braid states for what crosses its boundaries (Python, the C API, gRPC, the
+// coordinator's validation), and the overflow-checked arithmetic every boundary uses on
+// sizes, counts, shape products, split sums and byte offsets. A value beyond a limit, or one
+// whose arithmetic overflows, is an InvalidArgument naming the field, refused where it
+// enters: never a wrapped size, never a message the transport refuses by closing the
+// connection. README: Limits.
+#ifndef BRAID_COMMON_LIMITS_H_
+#define BRAID_COMMON_LIMITS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace braid {
+
+// A tensor name, in bytes (PyTorch parameter names are a few dozen).
+inline constexpr size_t kMaxNameBytes = 1024;
+// Dimensions of a tensor (NumPy's own limit is 32, or 64 since NumPy 2).
+inline constexpr int kMaxDims = 64;
+// Bytes of one tensor: 2^48 (256 TiB), so that every size, offset and sum of a few of them
+// stays far from overflowing int64_t and size_t.
+inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 48;
+// A compression spec ("fp4:chunk=64,ef=1").
+inline constexpr size_t kMaxCompressionSpecBytes = 256;
+// The message of a failure report (FailureReport.message): longer ones are cut to this.
+inline constexpr size_t kMaxErrorMessageBytes = 4096;
+// Largest gRPC message either side accepts. A RequestList is split well below it (a request
+// is at most a few KiB with the limits above), so no list is ever refused.
+inline constexpr int kMaxMessageBytes = 64 << 20;
+
+// The number of elements of `shape`: InvalidArgument naming `field` for more than kMaxDims
+// dimensions, a negative dimension, or a product beyond kMaxTensorBytes.
+absl::StatusOr<int64_t> ShapeElements(absl::string_view field, absl::Span<const int64_t> shape);
+
+// elements * element_bytes: InvalidArgument naming `field` when it overflows or exceeds
+// kMaxTensorBytes (elements must be >= 0).
+absl::StatusOr<int64_t> TensorBytes(absl::string_view field, int64_t elements,
+                                    size_t element_bytes);
+
+// The sum of `values` (alltoall splits, all-gather first dimensions): InvalidArgument naming
+// `field` for a negative entry or a sum beyond `max`.
+absl::StatusOr<int64_t> CheckedSum(absl::string_view field, absl::Span<const int64_t> values,
+                                   int64_t max);
+
+// A tensor name: InvalidArgument naming `field` when empty or longer than kMaxNameBytes.
+absl::Status CheckName(absl::string_view field, absl::string_view name);
+
+// `text` cut to at most `max` bytes on a UTF-8 character boundary, with "..." appended when
+// cut.
+std::string Truncated(absl::string_view text, size_t max);
+
+}  // namespace braid
+
+#endif  // BRAID_COMMON_LIMITS_H_

@@ -1,0 +1,57 @@
+"""Bad inputs from Python (workers/bad_inputs.py): configuration variables, names, ranks,
+splits, ops, timeouts, compression specs, scale factors and oversized shapes, through the
+NumPy and PyTorch APIs. Each raises braid.InvalidArgumentError naming the argument (never a
+TypeError of the binding, never a truncated float), and the job goes on working after all of
+them. The C API's cases are in tests/c_api/c_api_test.cc, the wire's in
+tests/mp/coordinator_wire_test.cc.
+"""
+
+import re
+import subprocess
+from pathlib import Path
+
+import braid_launch
+
+
+def test_bad_inputs_each_give_their_clear_error():
+    build = braid_launch.build_dir()
+    script = Path(__file__).resolve().parent / "workers" / "bad_inputs.py"
+    # A job of one rank without a launcher: the process hosts its own coordinator.
+    res = subprocess.run([braid_launch.PYTHON, str(script)], cwd=script.parent,
+                         env=braid_launch.rank_env(build), capture_output=True, text=True,
+                         timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "all checks passed" in out, out
+    cases = int(re.search(r"bad inputs: (\d+) cases", out).group(1))
+    assert cases >= 30, out
+    assert len(re.findall(r"^case \d+: .* -> InvalidArgumentError: ", out, re.M)) == cases, out
+
+
+# Usage errors of every tool: exit code 2 and a message naming the flag (never CLI11's own
+# codes, 100 and up).
+TOOL_CASES = [
+    (["tools/braidrun/braidrun", "-np", "1.5", "true"], "-np must be an integer, got '1.5'"),
+    (["tools/braidrun/braidrun", "-np", "2", "--negotiation-timeout", "inf", "true"],
+     "--negotiation-timeout must be a positive number of seconds, got 'inf'"),
+    (["tools/braidrun/braidrun", "-np", "2", "--heartbeat-timeout", "0.05", "true"],
+     "--heartbeat-timeout must be at least 400ms"),
+    (["tools/coordinator/braid-coordinator", "--port", "99999"],
+     "--port must be in [0, 65535], got 99999"),
+    (["tools/coordinator/braid-coordinator", "--no-such-flag"], "--no-such-flag"),
+    (["tools/braidctl/braidctl", "status", "--coordinator", "nohost"],
+     "--coordinator must be HOST:PORT"),
+    (["tools/braidctl/braidctl", "status", "--watch", "-1"],
+     "--watch must be a non-negative number of seconds, got '-1'"),
+    (["tools/bench/braid-bench", "allreduce", "-n", "1.5"], "--iters"),
+]
+
+
+def test_tool_usage_errors_exit_2_naming_the_flag():
+    build = braid_launch.build_dir()
+    env = braid_launch.rank_env(build)
+    for argv, want in TOOL_CASES:
+        res = subprocess.run([str(build / argv[0])] + argv[1:], env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert res.returncode == 2, (argv, res.returncode, res.stderr)
+        assert want in res.stderr, (argv, res.stderr)

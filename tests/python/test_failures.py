@@ -1,0 +1,72 @@
+"""A failure anywhere reaches every rank (README: Failures, deadlines and limits), with real
+processes: a standalone braid-coordinator and ranks started by hand or by braidrun.
+"""
+
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import braid_launch
+
+INIT_ONLY = r"""
+import sys, time, braid
+t0 = time.monotonic()
+try:
+    braid.init()
+    print("joined", flush=True)
+except braid.BraidError as e:
+    print(f"error after {time.monotonic() - t0:.1f} s: {type(e).__name__}: {e}", flush=True)
+    sys.exit(1)
+"""
+
+
+def start_coordinator(build, size, register_timeout, tmp):
+    port_file = Path(tmp) / "port"
+    coord = subprocess.Popen(
+        [str(build / "tools" / "coordinator" / "braid-coordinator"), "--port", "0", "--size",
+         str(size), "--port-file", str(port_file), "--register-timeout", str(register_timeout)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (port_file.exists() and port_file.read_text().strip()):
+        assert time.monotonic() < deadline and coord.poll() is None, "no coordinator"
+        time.sleep(0.02)
+    return coord, int(port_file.read_text())
+
+
+def test_a_world_that_never_fully_registers_names_the_missing_ranks():
+    """Ranks 0 and 2 of a world of 4 register; after the register timeout (3 s) both fail
+    with DeadlineExceededError naming ranks 1 and 3."""
+    build = braid_launch.build_dir()
+    with tempfile.TemporaryDirectory(prefix="braid-register-") as tmp:
+        coord, port = start_coordinator(build, 4, 3, tmp)
+        try:
+            procs = []
+            for r in (0, 2):
+                env = braid_launch.rank_env(build, {"BRAID_COORDINATOR": f"127.0.0.1:{port}",
+                                                    "BRAID_RANK": str(r), "BRAID_SIZE": "4"})
+                procs.append(subprocess.Popen([braid_launch.PYTHON, "-c", INIT_ONLY], env=env,
+                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                              text=True))
+            for p in procs:
+                out, _ = p.communicate(timeout=60)
+                assert p.returncode == 1, out
+                m = re.search(r"error after ([\d.]+) s: DeadlineExceededError: (.*)", out)
+                assert m, out
+                assert "only 2 of 4 ranks registered within 3s: missing ranks 1, 3" in m.group(2), out
+                assert float(m.group(1)) < 15, out
+        finally:
+            coord.kill()
+            coord.wait()
+
+
+def test_a_local_failure_and_a_negotiation_deadline_reach_every_rank():
+    """workers/failures.py on 2 ranks with BRAID_NEGOTIATION_TIMEOUT_S=5: a collective one
+    rank refuses (in the runtime, then in the Python layer) fails on the other within 2 s
+    naming the tensor, the rank and the cause; calls under different names fail on both
+    within 10 s naming the ranks; the job goes on after each."""
+    res = braid_launch.run_worker("failures.py", 2, timeout=120,
+                                  env={"BRAID_NEGOTIATION_TIMEOUT_S": "5"})
+    assert res.returncode == 0, res.output
+    assert res.output.count("all checks passed") == 2, res.output
