@@ -78,7 +78,11 @@ class CoalesceTest : public ServiceTest {
 };
 
 TEST_F(CoalesceTest, StreamsOfAFastPathJobAreNeverCoalesced) {
-  for (int r = 0; r < 2; ++r) Register(Reg(r, 2));  // the default: BRAID_FAST_PATH=1
+  for (int r = 0; r < 2; ++r) {
+    proto::RegisterRequest req = Reg(r, 2);
+    req.mutable_settings()->set_fast_path(1);  // opt-in (kDefaultFastPath is 0)
+    Register(req);
+  }
   for (const auto& sink : OpenStreams(2)) {
     EXPECT_EQ(sink->coalesce, std::optional<bool>(false));
   }
