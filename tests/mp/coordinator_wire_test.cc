@@ -9,6 +9,8 @@
 //  - malformed requests (sizes that overflow, names and specs over their limits, unknown
 //    enum values) are answered with errors naming the field, and a list far above gRPC's
 //    default 4 MiB is negotiated: the stream is never closed on the client.
+// Every call carries the job secret, and the stream this rank's token (Note [Who may join] in
+// coordinator/admission.h), as a rank's client adds them.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -28,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "coordinator/credentials.h"
 #include "gtest/gtest.h"
 #include "proto/braid.grpc.pb.h"
 
@@ -36,8 +39,10 @@ extern char** environ;
 namespace braid {
 namespace {
 
-// braid-coordinator in its own process, its address read from its first line of output;
-// stopped with SIGTERM.
+constexpr char kSecret[] = "the-job-secret-of-the-wire-test";
+
+// braid-coordinator in its own process (its secret kSecret, from BRAID_JOB_SECRET), its
+// address read from its first line of output; stopped with SIGTERM.
 class CoordinatorDaemon {
  public:
   CoordinatorDaemon() {
@@ -50,7 +55,15 @@ class CoordinatorDaemon {
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    std::vector<std::string> env_text = {absl::StrCat("BRAID_JOB_SECRET=", kSecret)};
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string v(*e);
+      if (v.rfind("BRAID_JOB_SECRET", 0) != 0) env_text.push_back(v);
+    }
+    std::vector<char*> envp;
+    for (std::string& v : env_text) envp.push_back(v.data());
+    envp.push_back(nullptr);
+    if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data()) != 0) pid_ = -1;
     posix_spawn_file_actions_destroy(&fa);
     close(out[1]);
     std::string line;
@@ -128,6 +141,7 @@ class WireRank {
   grpc::ClientContext reg_ctx;
   reg_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   reg_ctx.set_wait_for_ready(true);
+  coordinator::AddCallCredentials(&reg_ctx, kSecret);
   proto::RegisterRequest reg;
   reg.set_rank(0);
   reg.set_size(1);
@@ -138,6 +152,7 @@ class WireRank {
   proto::RegisterResponse registered;
   grpc::Status st = stub_->Register(&reg_ctx, reg, &registered);
   if (!st.ok()) return ::testing::AssertionFailure() << "Register: " << st.error_message();
+  coordinator::AddCallCredentials(&ctx_, kSecret, registered.rank_token());
   stream_ = stub_->Negotiate(&ctx_);
   proto::RequestList hello;
   hello.set_rank(0);

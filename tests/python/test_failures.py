@@ -3,6 +3,7 @@ processes: a standalone braid-coordinator and ranks started by hand or by braidr
 """
 
 import re
+import secrets
 import subprocess
 import tempfile
 import time
@@ -22,12 +23,21 @@ except braid.BraidError as e:
 """
 
 
-def start_coordinator(build, size, register_timeout, tmp):
+def job_env(build, secret, extra=None):
+    """A rank's (or the coordinator's) environment with the job's secret, which every call
+    to the coordinator carries (README: Who may join)."""
+    env = braid_launch.rank_env(build, dict(extra or {}, BRAID_JOB_SECRET=secret))
+    env.pop("BRAID_JOB_SECRET_FILE", None)
+    return env
+
+
+def start_coordinator(build, size, register_timeout, tmp, secret):
     port_file = Path(tmp) / "port"
     coord = subprocess.Popen(
         [str(build / "tools" / "coordinator" / "braid-coordinator"), "--port", "0", "--size",
          str(size), "--port-file", str(port_file), "--register-timeout", str(register_timeout)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        env=job_env(build, secret), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
     deadline = time.monotonic() + 30
     while not (port_file.exists() and port_file.read_text().strip()):
         assert time.monotonic() < deadline and coord.poll() is None, "no coordinator"
@@ -40,12 +50,13 @@ def test_a_world_that_never_fully_registers_names_the_missing_ranks():
     with DeadlineExceededError naming ranks 1 and 3."""
     build = braid_launch.build_dir()
     with tempfile.TemporaryDirectory(prefix="braid-register-") as tmp:
-        coord, port = start_coordinator(build, 4, 3, tmp)
+        secret = secrets.token_hex(32)
+        coord, port = start_coordinator(build, 4, 3, tmp, secret)
         try:
             procs = []
             for r in (0, 2):
-                env = braid_launch.rank_env(build, {"BRAID_COORDINATOR": f"127.0.0.1:{port}",
-                                                    "BRAID_RANK": str(r), "BRAID_SIZE": "4"})
+                env = job_env(build, secret, {"BRAID_COORDINATOR": f"127.0.0.1:{port}",
+                                              "BRAID_RANK": str(r), "BRAID_SIZE": "4"})
                 procs.append(subprocess.Popen([braid_launch.PYTHON, "-c", INIT_ONLY], env=env,
                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                               text=True))

@@ -147,7 +147,9 @@ def test_kill_the_coordinator():
     """A standalone braid-coordinator killed: every rank fails with UnavailableError."""
     build = braid_launch.build_dir()
     token = f"braid-kill-{uuid.uuid4().hex}"
-    env = braid_launch.rank_env(build)
+    # The coordinator and its ranks share the job's secret (README: Who may join).
+    env = braid_launch.rank_env(build, {"BRAID_JOB_SECRET": uuid.uuid4().hex})
+    env.pop("BRAID_JOB_SECRET_FILE", None)
     procs = []
     with tempfile.TemporaryDirectory(prefix="braid-kill-") as tmp:
         port_file = Path(tmp) / "port"
