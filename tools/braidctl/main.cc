@@ -44,7 +44,7 @@
 
 namespace {
 
-constexpr int kUsage = 2;
+using braid::tools::kUsageError;  // also: the coordinator cannot be reached at start
 constexpr int kGone = 3;
 
 std::string Duration(int64_t ms) {
@@ -163,7 +163,7 @@ int FollowOneJob(StatusClient& client, const Options& o) {
   if (!st.ok()) {
     std::cerr << "braidctl: cannot reach the coordinator at " << o.address << ": "
               << st.error_message() << "\n";
-    return kUsage;
+    return kUsageError;
   }
   const int64_t job = s.job_id();
   // The coordinator answers a wait when the job ends; each wait is bounded, so a coordinator
@@ -235,7 +235,7 @@ int main(int argc, char** argv) {
 
   auto fail = [](const absl::Status& s) {
     std::cerr << "braidctl: " << s.message() << "\n";
-    return kUsage;
+    return kUsageError;
   };
   if (!watch.empty()) {
     auto w = braid::ParseSeconds("--watch", watch, /*zero_allowed=*/true);
@@ -246,7 +246,7 @@ int main(int argc, char** argv) {
     const char* env = std::getenv("BRAID_COORDINATOR");
     if (env == nullptr || *env == '\0') {
       std::cerr << "braidctl: no coordinator: pass --coordinator HOST:PORT or set BRAID_COORDINATOR\n";
-      return kUsage;
+      return kUsageError;
     }
     auto a = braid::ParseAddress("BRAID_COORDINATOR", env);
     if (!a.ok()) return fail(a.status());
@@ -272,7 +272,7 @@ int main(int argc, char** argv) {
     if (!st.ok()) {
       std::cerr << "braidctl: cannot reach the coordinator at " << o.address << ": "
                 << st.error_message() << "\n";
-      return kUsage;
+      return kUsageError;
     }
     Print(resp, o.address, o.json);
     if (o.watch <= absl::ZeroDuration()) return 0;

@@ -39,6 +39,7 @@
 #include "tools/braidrun/rank_env.h"
 #include "tools/braidrun/watchdog.h"
 #include "tools/braidrun/remote.h"
+#include "tools/cli.h"
 
 extern char** environ;
 
@@ -46,7 +47,7 @@ namespace {
 
 using braid::braidrun::JobEnv;
 
-constexpr int kUsageError = 2;
+using braid::tools::kUsageError;
 
 void Fail(const std::string& msg) { std::cerr << "braidrun: " << msg << std::endl; }
 
@@ -251,8 +252,7 @@ std::optional<Args> ParseArgs(int argc, char** argv, int* exit_code) {
   try {
     app.parse(static_cast<int>(own_argv.size()), own_argv.data());
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    *exit_code = rc == 0 ? 0 : kUsageError;
+    *exit_code = braid::tools::ExitCodeFor(app, e);
     return std::nullopt;
   }
   *exit_code = kUsageError;

@@ -39,7 +39,7 @@
 
 namespace {
 
-constexpr int kUsage = 2;
+using braid::tools::kUsageError;
 
 // The flags of runtime/config.h that set job settings.
 constexpr const char* kJobFlags[] = {"--fusion-threshold-mb", "--cache-capacity",
@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
   auto options = Options(f);
   if (!options.ok()) {
     std::cerr << "braid-coordinator: " << options.status().message() << "\n";
-    return kUsage;
+    return kUsageError;
   }
   if (!google::IsGoogleLoggingInitialized()) {
     FLAGS_logtostderr = true;
@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
   auto server = braid::coordinator::StartCoordinator(*options);
   if (!server.ok()) {
     std::cerr << "braid-coordinator: " << server.status().message() << "\n";
-    return kUsage;
+    return kUsageError;
   }
   std::cout << "braid-coordinator listening on " << (*server)->address() << std::endl;
   if (!f.port_file.empty()) WritePortFile(f.port_file, (*server)->port());
