@@ -164,7 +164,11 @@ std::vector<std::shared_ptr<RecordingSink>> OpenStreams(CoordinatorService& serv
 }
 
 TEST_F(ServiceTest, StreamsOfAFastPathJobAreNeverCoalesced) {
-  for (int r = 0; r < 2; ++r) Register(Reg(r, 2));  // the default: BRAID_FAST_PATH=1
+  for (int r = 0; r < 2; ++r) {
+    proto::RegisterRequest req = Reg(r, 2);
+    req.mutable_settings()->set_fast_path(1);  // BRAID_FAST_PATH=1 (off by default)
+    Register(req);
+  }
   for (const auto& sink : OpenStreams(*service_, 2)) {
     EXPECT_EQ(sink->coalesce, std::optional<bool>(false));
   }
