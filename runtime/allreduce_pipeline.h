@@ -26,10 +26,13 @@
 //   (TensorPlan::separate_input), the inputs lie back to back in the same way and the two
 //   spans do not overlap. Compressor::Reduce then runs over the outputs themselves: the same
 //   bytes in the same order as the packed buffer would hold, so the same bits, without the
-//   copy in and the copy out. Gradients allocated as views into one flat buffer in the order
-//   they are reduced (the PyTorch binding's gradient_as_bucket_view) are such buckets. Any
-//   other bucket (one tensor out of line) is packed: the check costs one pass over the
-//   tensors' pointers.
+//   copy in and the copy out. The views lie as in the packed buffer (one span, the same
+//   offsets), so the compressor runs the same collectives whichever layout a rank's tensors
+//   have: ranks whose buckets lie differently work together. Gradients allocated as views
+//   into one flat buffer in the order they are submitted (the PyTorch binding's
+//   gradient_as_bucket_view) are such buckets, since buckets are runs of consecutive
+//   tensors (Note [Consecutive buckets], coordinator/fusion.h). Any other bucket (one tensor
+//   out of line) is packed: the check costs one pass over the tensors' pointers.
 // A bucket is described by plain values (no coordinator types), so whatever agrees on it
 // can run it.
 #ifndef BRAID_RUNTIME_ALLREDUCE_PIPELINE_H_
