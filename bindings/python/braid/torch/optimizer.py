@@ -373,9 +373,10 @@ class _DistributedMixin:
                 "now would lose them or race with the all-reduce. Call zero_grad() before "
                 "backward() or after step().")
         if self._views:
-            # The gradients stay views into the flat buffers (set_to_none would detach them).
-            for p in self._views:
-                self._attach_view(p)
+            # The gradients stay views into the flat buffers (set_to_none would detach them):
+            # a replaced gradient is simply dropped for its zeroed view.
+            for p, view in self._views.items():
+                p.grad = view
             for flat in self._flat:
                 flat.zero_()
             return None
@@ -445,10 +446,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         into its fusion buffer and the results back out. True: every parameter's ``.grad``
         (same shape and dtype as the parameter) becomes a view into one flat 1-D buffer per
         dtype (and device), allocated here, holding the gradients back to back in the
-        order backward produces them (the reverse of the optimizer's parameter order, as
-        DDP assumes); a bucket of gradients that lie back to back in its order is reduced
-        where it lies, without those two copies (``braid.torch.fusion_stats()`` shows the
-        bytes packed and those reduced in place). Results are bit-identical either way.
+        order backward produces them: at first the reverse of the optimizer's parameter
+        order (as DDP assumes), after the first ``step()``/``synchronize()`` the order
+        their all-reduces started in during it (as DDP rebuilds its buckets; the gradients
+        are copied over once). A bucket of gradients that lie back to back in its order is
+        reduced where it lies, without those two copies (``braid.torch.fusion_stats()``
+        shows the bytes packed and those reduced in place); the runtime's buckets are runs
+        of consecutive gradients, so with a stable order every bucket does from the second
+        step on. Results are bit-identical either way.
         Costs: the buffers hold every gradient from construction on (memory the
         gradients would take after the first backward anyway); ``zero_grad()`` zeroes them
         in place whatever ``set_to_none`` says (a gradient is never None); and the
