@@ -265,19 +265,21 @@ def check_bucket_view(size, rank):
     """gradient_as_bucket_view=True gives the same parameters bit for bit as without it. With
     groups=1 each step's gradients travel as one bucket: without the option it is packed
     every step; with it the gradients lie in a flat buffer, in that bucket's order from the
-    second step on (the layout follows the first step's order), so only the first step packs."""
+    second step on (the layout follows the first step's order), so only the first step packs;
+    under fp16 too (it takes float32 gradients as they are)."""
     steps = 4
-    for groups in (1, None):
-        _, _, off_bits, off = _train_bits(rank, steps, groups=groups)
-        model, opt, on_bits, on = _train_bits(rank, steps, groups=groups,
-                                              gradient_as_bucket_view=True)
+    for groups, compression in ((1, None), (None, None), (1, "fp16")):
+        kw = dict(groups=groups, compression=compression)
+        _, _, off_bits, off = _train_bits(rank, steps, **kw)
+        model, opt, on_bits, on = _train_bits(rank, steps, gradient_as_bucket_view=True, **kw)
         same = all(torch.equal(a, b) for a, b in zip(off_bits, on_bits))
-        check(same, f"groups={groups}: parameters differ with gradient_as_bucket_view")
+        check(same, f"groups={groups}, compression={compression}: parameters differ with "
+              "gradient_as_bucket_view")
         flat = opt._flat[0]
         lo, hi = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
         check(all(lo <= p.grad.data_ptr() < hi for p in model.parameters()),
               "every gradient is a view into the flat buffer")
-        if groups == 1:
+        if groups == 1:  # fp16 takes float32 as it is: nothing converted, so the same counts
             figures = (off["packed_bytes"], on["packed_bytes"])
             total = sum(p.numel() * p.element_size() for p in model.parameters())
             check(off["packed_bytes"] == steps * total,
