@@ -109,3 +109,16 @@ def test_horovod_style_example_runs_with_only_the_import_changed():
     accuracy = float(lines[0].rsplit("Accuracy: ", 1)[1].rstrip("%"))
     assert accuracy > 30.0, out
     assert "[0] Train Epoch: 1" in out and "[1] Train Epoch" not in out, out
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--epochs", "0", "argument --epochs: must be at least 1, got 0"),
+    ("--batch-size", "-3", "argument --batch-size: must be at least 1, got -3"),
+    ("--train-subset", "-1", "argument --train-subset: must be 0 or more, got -1")])
+def test_fashion_mnist_example_refuses_a_run_that_trains_nothing(flag, value, message):
+    env = dict(os.environ, UCX_TLS="sm", UCX_NET_DEVICES="lo", OMP_NUM_THREADS="1")
+    out = subprocess.run([braidrun(), "-np", "1", "--timeout", "60", PYTHON,
+                          str(REPO / "examples" / "train_fashion_mnist.py"), flag, value],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert message in out.stdout + out.stderr, out.stdout + out.stderr
