@@ -16,8 +16,9 @@ class NoneCompressor : public Compressor {
   bool TakesNatively(DataType) const override { return true; }
   bool ReadsSeparateInput() const override { return true; }
 
-  // One all-reduce per run of tensors that lie back to back in one dtype: one for a packed
-  // bucket (the runtime's fusion buffer), one for a tensor reduced where it lies.
+  // One all-reduce per run of tensors that lie back to back in one dtype, their inputs too
+  // when they are read out of place: one for a packed bucket (the runtime's fusion buffer),
+  // one for a bucket or a tensor reduced where it lies.
   absl::Status Reduce(absl::Span<const TensorView> tensors, transport::Communicator& comm,
                       StepContext& ctx) override {
     for (size_t i = 0; i < tensors.size() && i < ctx.payload_bytes.size(); ++i) {
@@ -27,8 +28,7 @@ class NoneCompressor : public Compressor {
     while (first < tensors.size()) {
       const TensorView& head = tensors[first];
       size_t last = first + 1, count = head.count;
-      // A view read out of place stands alone: its input is not where its data is.
-      while (head.input == nullptr && last < tensors.size() && Follows(tensors[last - 1], tensors[last])) {
+      while (last < tensors.size() && Follows(tensors[last - 1], tensors[last])) {
         count += tensors[last++].count;
       }
       if (count > 0) {
@@ -42,9 +42,14 @@ class NoneCompressor : public Compressor {
   }
 
  private:
+  // Whether b continues a's run: right after it, and read in place as a is, or out of
+  // place right after a's input.
   static bool Follows(const TensorView& a, const TensorView& b) {
-    return b.input == nullptr && b.dtype == a.dtype &&
-           static_cast<const char*>(a.data) + a.bytes() == b.data;
+    if (b.dtype != a.dtype || static_cast<const char*>(a.data) + a.bytes() != b.data) {
+      return false;
+    }
+    if (a.input == nullptr || b.input == nullptr) return a.input == b.input;
+    return static_cast<const char*>(a.input) + a.bytes() == b.input;
   }
 
   const std::string spec_ = "none";

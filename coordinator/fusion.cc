@@ -15,7 +15,10 @@ std::vector<std::vector<int>> PlanBuckets(const std::vector<FusionItem>& items,
     const bool fusable = threshold_bytes > 0 && !items[i].key.empty() && bytes <= threshold_bytes;
     for (int j = i + 1; fusable && j < n; ++j) {
       if (placed[j] || items[j].key != items[i].key) continue;
-      if (bytes + items[j].bytes > threshold_bytes) continue;  // a smaller one later may fit
+      if (items[j].bytes > threshold_bytes) continue;  // travels alone: not in the run
+      // The bucket is a run of consecutive items of its key (Note [Consecutive buckets]):
+      // the first that does not fit closes it, even if a smaller one later would.
+      if (bytes + items[j].bytes > threshold_bytes) break;
       placed[j] = true;
       bucket.push_back(j);
       bytes += items[j].bytes;

@@ -42,10 +42,25 @@ import fashion_mnist_data as fmnist  # noqa: E402
 import braid.torch as hvd  # noqa: E402
 
 
+def positive_int(text):
+    """argparse type: an integer of at least 1 (0 epochs or images would train nothing)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
+    p.add_argument("--epochs", type=positive_int, default=3)
+    p.add_argument("--batch-size", type=positive_int, default=32, help="images per rank per step")
     p.add_argument("--lr", type=float, default=0.01,
                    help="learning rate for one rank (scaled by the world size)")
     p.add_argument("--momentum", type=float, default=0.9)
@@ -57,7 +72,7 @@ def parse_args(argv=None):
                         "BRAID_COMPRESSION, else none")
     p.add_argument("--target-accuracy", type=float, default=0.88,
                    help="report the time until the test accuracy first reaches this (0..1)")
-    p.add_argument("--train-subset", type=int, default=0,
+    p.add_argument("--train-subset", type=non_negative_int, default=0,
                    help="train on the first N training images only (0: all 60,000)")
     p.add_argument("--data-dir", default=fmnist.DEFAULT_DIR)
     p.add_argument("--json", default=None, help="rank 0 writes the results here")

@@ -129,6 +129,7 @@ absl::Status AllReducePipeline::Run(int64_t bucket_id, const compression::Compre
   op_ = op;
   tensors_ = tensors;
   packed_ = reducing_ = false;
+  packed_bytes_ = 0;
   bucket_.clear();
   size_t bytes = 0;
   for (const AllReduceTensor& t : tensors) {
@@ -157,7 +158,10 @@ absl::Status AllReducePipeline::Run(int64_t bucket_id, const compression::Compre
     if (s.ok()) Unpack();
     Phase("MEMCPY_OUT_FUSION_BUFFER", false);
   }
-  if (s.ok()) Book(method, comm.size());
+  if (s.ok()) {
+    Book(method, comm.size());
+    ledger_->RecordBucket(packed_, packed_bytes_, bytes);
+  }
   return s;
 }
 
@@ -184,6 +188,7 @@ absl::StatusOr<absl::Span<const TensorView>> AllReducePipeline::Pack(
     }
     return absl::MakeConstSpan(views_);
   }
+  if (ViewInPlace(plans)) return absl::MakeConstSpan(views_);
   // Each view starts at a multiple of its element size, so tensors of one work dtype lie
   // back to back (one collective for all of them).
   size_t total = 0;
@@ -196,6 +201,7 @@ absl::StatusOr<absl::Span<const TensorView>> AllReducePipeline::Pack(
   }
   char* base = buffer_.Reserve(total);
   packed_ = true;
+  packed_bytes_ = total;
   Phase("MEMCPY_IN_FUSION_BUFFER", true,
         absl::StrCat("\"tensors\": ", tensors_.size(), ", \"bytes\": ", total));
   for (size_t i = 0; i < views_.size(); ++i) {
@@ -212,6 +218,34 @@ absl::StatusOr<absl::Span<const TensorView>> AllReducePipeline::Pack(
   }
   Phase("MEMCPY_IN_FUSION_BUFFER", false);
   return absl::MakeConstSpan(views_);
+}
+
+bool AllReducePipeline::ViewInPlace(absl::Span<const TensorPlan> plans) {
+  const size_t element = DataTypeSize(dtype_);
+  char* const out = static_cast<char*>(tensors_[0].output);
+  const char* const in = static_cast<const char*>(tensors_[0].input);
+  if (out == nullptr || reinterpret_cast<uintptr_t>(out) % element != 0) return false;
+  const bool in_place = in == out;
+  size_t offset = 0;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const AllReduceTensor& t = tensors_[i];
+    if (t.joined || plans[i].work_dtype != dtype_) return false;
+    if (!in_place && !plans[i].separate_input) return false;
+    // An empty tensor occupies no bytes: wherever its pointers are, it is in line.
+    if (views_[i].count == 0) continue;
+    if (t.output != out + offset || t.input != (in_place ? out : in) + offset) return false;
+    offset += views_[i].bytes();
+  }
+  // Packing reads every input before it writes any output; reading out of place over
+  // outputs that overlap the inputs would not.
+  if (!in_place && in < out + offset && out < in + offset) return false;
+  offset = 0;
+  for (size_t i = 0; i < views_.size(); ++i) {
+    views_[i].data = out + offset;
+    if (!in_place) views_[i].input = in + offset;
+    offset += views_[i].bytes();
+  }
+  return true;
 }
 
 void AllReducePipeline::Unpack() {

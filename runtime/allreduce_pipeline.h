@@ -8,7 +8,8 @@
 //           (compression/stage.h, Note [Bucket reduction]).
 //   Pack    a lone tensor whose dtype stays is reduced where its result goes: in its output,
 //           read out of place from its input where the compressor can (none), else copied
-//           there first. Every other bucket is packed into the fusion buffer, one grow-only
+//           there first. So is a bucket that lies contiguously already (Note [In place]).
+//           Every other bucket is packed into the fusion buffer, one grow-only
 //           allocation reused by every bucket: copied as it is, or converted to float32, so
 //           each tensor is converted at most once each way (an fp16 tensor under fp16
 //           compression not at all: the cast compressor takes it natively). A joined
@@ -16,6 +17,22 @@
 //   Reduce  Compressor::Reduce over the views, through the stage (warm-up, step counts).
 //   Unpack  copies (or converts back) each result into its output; then the bucket's bytes
 //           go to the statistics ledger.
+//
+// Note [In place]
+//   A bucket of several tensors skips the fusion buffer when it is that buffer already: no
+//   tensor is converted (each keeps its dtype) or joined, each output starts where the
+//   previous one's ends (in bucket order, from an address aligned to the element size), and
+//   either every tensor is in place (input == output) or the compressor reads out of place
+//   (TensorPlan::separate_input), the inputs lie back to back in the same way and the two
+//   spans do not overlap. Compressor::Reduce then runs over the outputs themselves: the same
+//   bytes in the same order as the packed buffer would hold, so the same bits, without the
+//   copy in and the copy out. The views lie as in the packed buffer (one span, the same
+//   offsets), so the compressor runs the same collectives whichever layout a rank's tensors
+//   have: ranks whose buckets lie differently work together. Gradients allocated as views
+//   into one flat buffer in the order they are submitted (the PyTorch binding's
+//   gradient_as_bucket_view) are such buckets, since buckets are runs of consecutive
+//   tensors (Note [Consecutive buckets], coordinator/fusion.h). Any other bucket (one tensor
+//   out of line) is packed: the check costs one pass over the tensors' pointers.
 // A bucket is described by plain values (no coordinator types), so whatever agrees on it
 // can run it.
 #ifndef BRAID_RUNTIME_ALLREDUCE_PIPELINE_H_
@@ -93,6 +110,8 @@ class AllReducePipeline {
  private:
   absl::StatusOr<absl::Span<const compression::TensorView>> Pack(
       absl::Span<const compression::TensorPlan> plans);
+  // Note [In place]: true when the bucket lies contiguously, its views then set up over it.
+  bool ViewInPlace(absl::Span<const compression::TensorPlan> plans);
   void Unpack();
   void Book(const compression::CompressionMethod& method, int world_size);
   // Begins (or ends) `phase` on every tensor's timeline row.
@@ -106,7 +125,8 @@ class AllReducePipeline {
   DataType dtype_ = DataType::kFloat32;
   ReduceOp op_ = ReduceOp::kSum;
   absl::Span<const AllReduceTensor> tensors_;
-  bool packed_ = false;  // the views lie in the fusion buffer (else: a lone tensor in place)
+  bool packed_ = false;  // the views lie in the fusion buffer (else: where the tensors lie)
+  size_t packed_bytes_ = 0;  // written into the fusion buffer by Pack
   bool reducing_ = false;  // packed, the collectives started
   // Scratch, reused across buckets.
   std::vector<compression::BucketTensor> bucket_;

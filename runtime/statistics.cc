@@ -39,9 +39,21 @@ void StatisticsLedger::Record(absl::string_view name, absl::string_view method,
   total->second.bytes.Add(b);
 }
 
+void StatisticsLedger::RecordBucket(bool packed, uint64_t packed_bytes, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  ++fusion_.buckets;
+  if (packed) {
+    ++fusion_.packed_buckets;
+    fusion_.packed_bytes += packed_bytes;
+  } else {
+    fusion_.in_place_bytes += bytes;
+  }
+}
+
 CompressionReport StatisticsLedger::Report() const {
   CompressionReport r;
   absl::MutexLock lock(&mu_);
+  r.fusion = fusion_;
   for (const auto& [name, methods] : tensors_) {
     for (const auto& [method, b] : methods) r.tensors.push_back({name, method, b});
   }

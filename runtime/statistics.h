@@ -51,9 +51,21 @@ struct MethodCompressionStats {
   ByteStats bytes;
 };
 
+// What fusion cost this rank (Note [One pipeline], runtime/allreduce_pipeline.h): every
+// all-reduce bucket either goes through the fusion buffer (copied or converted in, and as
+// many bytes back out) or is reduced where its tensors lie (a lone tensor, or a bucket whose
+// tensors lie back to back, as gradients allocated as bucket views do).
+struct FusionStats {
+  uint64_t buckets = 0;         // all-reduce buckets run
+  uint64_t packed_buckets = 0;  // those that went through the fusion buffer
+  uint64_t packed_bytes = 0;    // bytes written into the fusion buffer by packing
+  uint64_t in_place_bytes = 0;  // bytes of the buckets reduced where they lie
+};
+
 struct CompressionReport {
   std::vector<MethodCompressionStats> methods;  // sorted by method
   std::vector<TensorCompressionStats> tensors;  // sorted by (name, method)
+  FusionStats fusion;
 };
 
 // 2(n-1)/n · bytes: what a bandwidth-optimal all-reduce sends per rank (0 for one rank).
@@ -63,6 +75,9 @@ class StatisticsLedger {
  public:
   // Books one reduction of tensor `name` under `method`. Thread-safe.
   void Record(absl::string_view name, absl::string_view method, const ByteStats& b);
+  // Books one all-reduce bucket: `packed_bytes` written into the fusion buffer (0 when it was
+  // reduced where it lies), `bytes` its size in its own dtype. Thread-safe.
+  void RecordBucket(bool packed, uint64_t packed_bytes, uint64_t bytes);
   // A snapshot of every counter. Thread-safe.
   CompressionReport Report() const;
   // Only the per-method totals (CompressionReport::methods), kept up to date as reductions
@@ -76,6 +91,7 @@ class StatisticsLedger {
   using Methods = std::map<std::string, ByteStats, std::less<>>;
   std::map<std::string, Methods, std::less<>> tensors_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, MethodCompressionStats, std::less<>> totals_ ABSL_GUARDED_BY(mu_);
+  FusionStats fusion_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace braid

@@ -93,7 +93,7 @@ void Timeline::Mark(const std::string& tensor, const std::string& what, absl::Ti
 
 void Timeline::Flush() {
   absl::MutexLock lock(&mu_);
-  int64_t target = written_ + static_cast<int64_t>(queue_.size());
+  const int64_t target = taken_ + static_cast<int64_t>(queue_.size());
   auto done = [this, target]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return written_ >= target; };
   mu_.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(5));
 }
@@ -107,6 +107,7 @@ void Timeline::WriterLoop() {
       auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
       mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(200));
       batch.swap(queue_);
+      taken_ += static_cast<int64_t>(batch.size());
       stop = stop_;
     }
     if (!batch.empty()) {

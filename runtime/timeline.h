@@ -74,6 +74,9 @@ class Timeline {
   std::deque<Event> queue_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int> tids_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Events the writer has taken off queue_, and of those, written: Flush waits for every
+  // event taken or queued when it was called, the batch being written included.
+  int64_t taken_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t rotations_ ABSL_GUARDED_BY(mu_) = 0;
   // Writer thread only: the current file's state, and every row's name event.

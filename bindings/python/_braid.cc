@@ -323,6 +323,17 @@ py::dict ByteStatsDict(const braid::ByteStats& b) {
   return d;
 }
 
+// The runtime's fusion counters (FusionStats, runtime/statistics.h) as a dict.
+py::dict FusionReport() {
+  const braid::FusionStats f = Value(braid::GlobalRuntime().compression_report()).fusion;
+  py::dict d;
+  d["buckets"] = f.buckets;
+  d["packed_buckets"] = f.packed_buckets;
+  d["packed_bytes"] = f.packed_bytes;
+  d["in_place_bytes"] = f.in_place_bytes;
+  return d;
+}
+
 // The runtime's CompressionReport as plain lists of dicts: (methods, tensors), sorted by
 // method and by (name, method). braid._ops.compression_stats shapes it for users.
 py::tuple CompressionReport() {
@@ -499,6 +510,8 @@ PYBIND11_MODULE(_braid, m) {
 
   m.def("compression_report", &CompressionReport,
         "This rank's compression byte counters: (per-method dicts, per-tensor dicts).");
+  m.def("fusion_report", &FusionReport,
+        "This rank's fusion counters: buckets, packed_buckets, packed_bytes, in_place_bytes.");
   m.def("compression_state", &CompressionState, "This rank's compression state (bytes).");
   m.def("load_compression_state", &LoadCompressionState, py::arg("state"),
         "Restores a compression_state() result.");

@@ -1,7 +1,7 @@
 """The PyTorch examples as users run them, through braidrun, on Fashion-MNIST.
 
-- examples/train_fashion_mnist.py, the main job cut down for CI: 1 epoch on the first 12,000
-  training images (187 steps), 2 ranks, with none, fp16, fp4, powersgd:rank=2 and
+- examples/train_fashion_mnist.py, the main job cut down for CI: 3 epochs over the first
+  12,000 training images (561 steps), 2 ranks, with none, fp16, fp4, powersgd:rank=2 and
   scalecomp:ratio=100 (same seed: same initial weights and batches; every job is bit-for-bit
   repeatable on one machine). Each method's byte counters must show the compression it
   exists for: fp16 2x, fp4 7x, and exactly the payload ratio of PowerSGD at rank 2
@@ -9,15 +9,13 @@
   100 over the whole model (k = 2,154 a step: the optimizer sends a step's gradients as one
   group, so one bucket; any other split would round k up per bucket), so a warm-up as long
   as the run cannot pass.
-  fp16 and fp4 must end within 1.5 points of none's test accuracy (10,000 test images; doing
-  better passes, as in tools/convergence). PowerSGD at rank 2 and ScaleComp at ratio 100 do
-  not reach that in this 187-step run, and the test does not pretend they do: measured
-  (seeds 0/1/2) PowerSGD -2.59/-1.32/-1.55 points and ScaleComp -2.54/-2.20/-2.38, the same
-  gap as PyTorch DDP's own powerSGD_hook and as a plain-torch ScaleComp, closing with longer
-  training (BENCHMARKS.md, section 9, has the figures and the analysis). For them the test
-  asserts a regression bound of 3.5 points, which a broken error feedback or selection
-  would far exceed. Measured (seed 0): none 79.44%, fp16 79.38%, fp4 80.53%,
-  powersgd:rank=2 76.85%, scalecomp:ratio=100 76.90%; about 12 s per job.
+  Every method must end within 1.5 points of none's test accuracy (10,000 test images;
+  doing better passes, as in tools/convergence). Three epochs, not one: error feedback
+  delivers late what a step does not send, and over a single 187-step epoch that lag alone
+  costs PowerSGD and ScaleComp about 2 points (PyTorch DDP's own powerSGD_hook loses the
+  same); over 561 steps it is under 1.3 points on every seed measured (BENCHMARKS.md,
+  section 9). Measured (seed 0): none 86.03%, powersgd:rank=2 -1.12 points,
+  scalecomp:ratio=100 -1.20 points; about 30 s per job.
 - examples/horovod_pytorch_mnist.py, Horovod's PyTorch MNIST example call for call: braid
   appears on its import line only, and it trains with Compression.fp16.
 """
@@ -39,9 +37,6 @@ TOLERANCE_POINTS = 1.5
 GRADIENT_FLOATS = 215370
 POWERSGD_RANK2_FLOATS = (41 + 432 + 1696 + 138) * 2 + 186
 SCALECOMP_RATIO100_K = 2154  # ceil(215370 / 100)
-# Not the acceptance bar (see the docstring): how far below none the two may end before the
-# test calls it a regression. Measured worst of seeds 0-2: -2.59 points.
-REGRESSION_POINTS = 3.5
 
 
 def braidrun():
@@ -68,28 +63,27 @@ def test_fashion_mnist_compression_keeps_accuracy(tmp_path):
     methods = ("none", "fp16", "fp4", "powersgd:rank=2", "scalecomp:ratio=100")
     for method in methods:
         report = tmp_path / f"{method.replace(':', '_')}.json"
-        run_job(2, [str(REPO / "examples" / "train_fashion_mnist.py"), "--epochs", "1",
+        run_job(2, [str(REPO / "examples" / "train_fashion_mnist.py"), "--epochs", "3",
                     "--train-subset", "12000", "--seed", "0", "--compression", method,
                     "--no-progress", "--json", str(report)])
         results[method] = json.loads(report.read_text())
     summary = {m: round(100 * r["test_accuracy"], 2) for m, r in results.items()}
-    print(f"test accuracy after 1 epoch on 12,000 images, 2 ranks: {summary}")
+    print(f"test accuracy after 3 epochs on 12,000 images, 2 ranks: {summary}")
     base = results["none"]
     assert base["train_images"] == 12000 and base["test_images"] == 10000, base
     assert base["test_accuracy"] > 0.70, base  # it learned: chance is 10%
     assert abs(base["compression_ratio"] - 1.0) < 1e-9, base
     exact = {"powersgd:rank=2": GRADIENT_FLOATS / POWERSGD_RANK2_FLOATS,
              "scalecomp:ratio=100": GRADIENT_FLOATS / SCALECOMP_RATIO100_K}
-    # (method, payload ratio at least, wire ratio vs none at least, accuracy bound). Wire
-    # bytes add what a payload does not count: scalecomp's leader broadcasts its int32
-    # indices (wire about 2/3 of the payload ratio), PowerSGD's status words.
-    for method, ratio, wire, bound in (("fp16", 2.0, 1.8, TOLERANCE_POINTS),
-                                       ("fp4", 7.0, 6.3, TOLERANCE_POINTS),
-                                       ("powersgd:rank=2", 44.0, 40.0, REGRESSION_POINTS),
-                                       ("scalecomp:ratio=100", 99.0, 60.0, REGRESSION_POINTS)):
+    # (method, payload ratio at least, wire ratio vs none at least). Wire bytes add what a
+    # payload does not count: scalecomp's leader broadcasts its int32 indices (wire about 2/3
+    # of the payload ratio), PowerSGD's status words.
+    for method, ratio, wire in (("fp16", 2.0, 1.8), ("fp4", 7.0, 6.3),
+                                ("powersgd:rank=2", 44.0, 40.0),
+                                ("scalecomp:ratio=100", 99.0, 60.0)):
         r = results[method]
         delta = 100 * (r["test_accuracy"] - base["test_accuracy"])
-        assert delta >= -bound, f"{method}: {delta:+.2f} points vs none ({summary})"
+        assert delta >= -TOLERANCE_POINTS, f"{method}: {delta:+.2f} points vs none ({summary})"
         assert r["compression_ratio"] >= ratio * 0.99, (method, r["compression_ratio"])
         if method in exact:
             assert abs(r["compression_ratio"] - exact[method]) < 1e-9, (method, r)
@@ -115,3 +109,16 @@ def test_horovod_style_example_runs_with_only_the_import_changed():
     accuracy = float(lines[0].rsplit("Accuracy: ", 1)[1].rstrip("%"))
     assert accuracy > 30.0, out
     assert "[0] Train Epoch: 1" in out and "[1] Train Epoch" not in out, out
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--epochs", "0", "argument --epochs: must be at least 1, got 0"),
+    ("--batch-size", "-3", "argument --batch-size: must be at least 1, got -3"),
+    ("--train-subset", "-1", "argument --train-subset: must be 0 or more, got -1")])
+def test_fashion_mnist_example_refuses_a_run_that_trains_nothing(flag, value, message):
+    env = dict(os.environ, UCX_TLS="sm", UCX_NET_DEVICES="lo", OMP_NUM_THREADS="1")
+    out = subprocess.run([braidrun(), "-np", "1", "--timeout", "60", PYTHON,
+                          str(REPO / "examples" / "train_fashion_mnist.py"), flag, value],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert message in out.stdout + out.stderr, out.stdout + out.stderr

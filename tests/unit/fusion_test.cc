@@ -1,5 +1,7 @@
 #include "coordinator/fusion.h"
 
+#include <algorithm>
+
 #include "gtest/gtest.h"
 
 namespace braid::coordinator {
@@ -34,9 +36,13 @@ TEST(PlanBucketsTest, EmptyKeyNeverFuses) {
   EXPECT_EQ(PlanBuckets({{"", 1}, {"", 1}}, 100), (Buckets{{0}, {1}}));
 }
 
-TEST(PlanBucketsTest, SmallerLaterTensorFillsTheGap) {
-  // 50 + 30 > 64 is skipped, 50 + 10 fits.
-  EXPECT_EQ(PlanBuckets({{"k", 50}, {"k", 30}, {"k", 10}}, 64), (Buckets{{0, 2}, {1}}));
+TEST(PlanBucketsTest, ATensorThatDoesNotFitClosesTheBucket) {
+  // Note [Consecutive buckets]: 50 + 30 > 64 closes the first bucket, although 50 + 10
+  // would fit: the buckets stay runs of consecutive tensors.
+  EXPECT_EQ(PlanBuckets({{"k", 50}, {"k", 30}, {"k", 10}}, 64), (Buckets{{0}, {1, 2}}));
+  // Items of another key, and oversize ones, are looked past without closing it.
+  EXPECT_EQ(PlanBuckets({{"k", 20}, {"j", 60}, {"k", 100}, {"k", 20}, {"k", 30}}, 64),
+            (Buckets{{0, 3}, {1}, {2}, {4}}));
 }
 
 TEST(PlanBucketsTest, EveryItemPlacedOnceAndBucketsOrderedByFirstItem) {
@@ -59,6 +65,12 @@ TEST(PlanBucketsTest, EveryItemPlacedOnceAndBucketsOrderedByFirstItem) {
     }
     if (bucket.size() > 1) {
       EXPECT_LE(bytes, 150);
+    }
+    // Consecutive: no item of the key between the bucket's first and last is elsewhere,
+    // unless it travels alone.
+    for (int j = bucket.front() + 1; j < bucket.back(); ++j) {
+      if (items[j].key != items[bucket[0]].key || items[j].bytes > 150) continue;
+      EXPECT_NE(std::find(bucket.begin(), bucket.end(), j), bucket.end()) << j;
     }
   }
   for (int s : seen) EXPECT_EQ(s, 1);

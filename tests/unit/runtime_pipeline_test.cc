@@ -124,17 +124,46 @@ double Input(int rank, int step, size_t layer, size_t i) {
 // layer in `dtype`, all enqueued at once each step.
 using Results = std::vector<std::vector<std::vector<std::vector<char>>>>;
 
-Results RunSteps(RuntimeWorld& world, const std::string& spec, DataType dtype, int steps) {
+// Where each step's inputs and outputs lie (Note [In place], runtime/allreduce_pipeline.h).
+enum class Layout {
+  kScattered,           // one allocation per input and per output
+  kContiguousInPlace,   // one span, in layer order; input == output
+  kContiguousOutOfPlace,  // inputs in one span, outputs in another
+  kMixed,               // rank 0 contiguous in place, the others scattered
+};
+
+Results RunSteps(RuntimeWorld& world, const std::string& spec, DataType dtype, int steps,
+                 Layout layout = Layout::kScattered) {
   Results results(steps, Results::value_type(world.size()));
   world.Run([&](int rank, Runtime& rt) {
+    const Layout mine = layout != Layout::kMixed ? layout
+                        : rank == 0            ? Layout::kContiguousInPlace
+                                               : Layout::kScattered;
+    const size_t element = DataTypeSize(dtype);
+    size_t total = 0;
+    for (const Layer& layer : Layers()) total += Count(layer.shape) * element;
     for (int step = 0; step < steps; ++step) {
       std::vector<std::vector<char>> in, out;
+      // The spans start one element past an allocation, so not where a fusion buffer would
+      // (64-byte aligned): the bits must not depend on the address.
+      std::vector<char> flat_in(total + element), flat_out(total + element);
+      std::vector<char*> ins, outs;
       std::vector<std::shared_ptr<Handle>> handles;
+      size_t offset = element;
       for (size_t l = 0; l < Layers().size(); ++l) {
         const size_t n = Count(Layers()[l].shape);
-        in.emplace_back(n * DataTypeSize(dtype));
-        out.emplace_back(n * DataTypeSize(dtype));
-        for (size_t i = 0; i < n; ++i) WriteValue(in[l].data(), i, dtype, Input(rank, step, l, i));
+        if (mine == Layout::kScattered) {
+          in.emplace_back(n * element);
+          out.emplace_back(n * element);
+          ins.push_back(in.back().data());
+          outs.push_back(out.back().data());
+        } else {
+          ins.push_back(flat_in.data() + offset);
+          outs.push_back(mine == Layout::kContiguousInPlace ? ins.back()
+                                                               : flat_out.data() + offset);
+        }
+        offset += n * element;
+        for (size_t i = 0; i < n; ++i) WriteValue(ins[l], i, dtype, Input(rank, step, l, i));
       }
       // One group per step: every layer reaches the coordinator in one request list, so the
       // fused run fuses however the threads are scheduled (a coordinator tick between two
@@ -145,8 +174,8 @@ Results RunSteps(RuntimeWorld& world, const std::string& spec, DataType dtype, i
         r.name = Layers()[l].name;
         r.dtype = dtype;
         r.shape = Layers()[l].shape;
-        r.input = in[l].data();
-        r.output = out[l].data();
+        r.input = ins[l];
+        r.output = outs[l];
         r.op = ReduceOp::kAverage;
         r.compression = spec;
         auto h = rt.Enqueue(r);
@@ -155,7 +184,9 @@ Results RunSteps(RuntimeWorld& world, const std::string& spec, DataType dtype, i
       }
       ASSERT_TRUE(rt.EndGroup().ok());
       for (auto& h : handles) ASSERT_TRUE(h->Wait(absl::Seconds(30)).ok()) << spec << " " << h->status();
-      results[step][rank] = out;
+      for (size_t l = 0; l < Layers().size(); ++l) {
+        results[step][rank].emplace_back(outs[l], outs[l] + Count(Layers()[l].shape) * element);
+      }
     }
   });
   return results;
@@ -205,6 +236,49 @@ TEST(RuntimePipelineTest, EveryMethodGivesTheSameBitsFusedAndUnfused) {
           EXPECT_EQ(fused[step][rank][l], unfused[step][rank][l])
               << Layers()[l].name << " step " << step << " rank " << rank;
           EXPECT_EQ(fused[step][rank][l], fused[step][0][l]) << "ranks differ";
+        }
+      }
+    }
+  }
+}
+
+// Note [In place]: a bucket whose tensors lie back to back is reduced there, with the same
+// bits as the packed path; the fusion buffer is used only where a tensor is converted. Ranks
+// whose layouts differ (one in place, the others packed) run the same collectives.
+TEST(RuntimePipelineTest, EveryMethodGivesTheSameBitsInPlaceAndPacked) {
+  for (const MethodCase& mc : MethodCases()) {
+    SCOPED_TRACE(absl::StrCat(mc.spec, " on ", DataTypeName(mc.dtype)));
+    const auto spec = compression::ParseCompressionSpec(mc.spec).value();
+    const bool converted = !compression::CreateCompressor(spec).value()->TakesNatively(mc.dtype);
+    std::vector<Layout> layouts = {Layout::kScattered, Layout::kContiguousInPlace,
+                                   Layout::kMixed};
+    // Out of place, only compressors that read their input there skip the buffer.
+    if (mc.spec == "none" || mc.spec == "fp16") layouts.push_back(Layout::kContiguousOutOfPlace);
+    std::vector<Results> results;
+    for (Layout layout : layouts) {
+      RuntimeWorld world(World(3, int64_t{64} << 20));
+      ASSERT_TRUE(world.InitOk());
+      results.push_back(RunSteps(world, mc.spec, mc.dtype, 3, layout));
+      world.Run([&](int rank, Runtime& rt) {
+        const FusionStats f = rt.compression_report().value().fusion;
+        EXPECT_GT(f.buckets, 0u);
+        if (layout == Layout::kScattered || converted || (layout == Layout::kMixed && rank > 0)) {
+          EXPECT_GT(f.packed_buckets, 0u) << "rank " << rank;
+          EXPECT_GT(f.packed_bytes, 0u);
+        } else {
+          EXPECT_EQ(f.packed_buckets, 0u) << "rank " << rank << " layout " << int(layout);
+          EXPECT_EQ(f.packed_bytes, 0u);
+        }
+      });
+    }
+    for (size_t k = 1; k < results.size(); ++k) {
+      for (int step = 0; step < 3; ++step) {
+        for (int rank = 0; rank < 3; ++rank) {
+          for (size_t l = 0; l < Layers().size(); ++l) {
+            EXPECT_TRUE(results[k][step][rank][l] == results[0][step][rank][l])
+                << Layers()[l].name << " step " << step << " rank " << rank << " layout "
+                << int(layouts[k]);
+          }
         }
       }
     }
@@ -385,6 +459,71 @@ TEST(AllReducePipelineTest, OneGrowOnlyBufferServesEveryBucket) {
     std::vector<std::vector<char>> halves(1, std::vector<char>(capacity));
     ASSERT_TRUE(run(*stage.Resolve("fp4").value(), DataType::kFloat16, halves, big).ok());
     EXPECT_GE(pipeline.buffer().capacity(), 2 * capacity) << "grown";
+  });
+}
+
+// Note [In place], directly: a bucket that lies back to back (in place, or read out of
+// place from inputs that do) never touches the fusion buffer; one tensor out of line, or
+// inputs overlapping the outputs, and it is packed. Every layout gives the same sums.
+TEST(AllReducePipelineTest, OnlyABucketThatLiesBackToBackSkipsTheBuffer) {
+  testing::RunLocalWorld(2, {}, [](int rank, transport::Communicator& comm) {
+    compression::CompressionStage stage(compression::StageOptions{});
+    StatisticsLedger ledger;
+    AllReducePipeline pipeline(&stage, &ledger);
+    const std::vector<int64_t> counts = {3, 5, 0, 8};
+    constexpr size_t kTotal = 16;
+    // Runs one bucket over float32 tensors at in + offsets[t] (results to out + offsets[t]),
+    // each holding rank + t + i / 8; returns the fusion counters it added.
+    auto run = [&](float* in, float* out, const std::vector<size_t>& offsets) {
+      const FusionStats before = ledger.Report().fusion;
+      std::vector<AllReduceTensor> ts;
+      for (size_t t = 0; t < counts.size(); ++t) {
+        for (int64_t i = 0; i < counts[t]; ++i) in[offsets[t] + i] = rank + t + i / 8.0f;
+        ts.push_back({"t" + std::to_string(t), absl::MakeConstSpan(&counts[t], 1),
+                      in + offsets[t], out + offsets[t]});
+      }
+      EXPECT_TRUE(pipeline.Run(0, stage.none(), DataType::kFloat32, ReduceOp::kSum, ts, comm).ok());
+      for (size_t t = 0; t < counts.size(); ++t) {
+        for (int64_t i = 0; i < counts[t]; ++i) {
+          EXPECT_EQ(out[offsets[t] + i], 1 + 2 * (t + i / 8.0f)) << "t" << t << "[" << i << "]";
+        }
+      }
+      FusionStats after = ledger.Report().fusion;
+      after.buckets -= before.buckets;
+      after.packed_buckets -= before.packed_buckets;
+      after.packed_bytes -= before.packed_bytes;
+      after.in_place_bytes -= before.in_place_bytes;
+      return after;
+    };
+    const std::vector<size_t> back_to_back = {0, 3, 8, 8};
+    std::vector<float> a(2 * kTotal), b(2 * kTotal);
+    FusionStats f = run(a.data(), a.data(), back_to_back);
+    EXPECT_EQ(f.buckets, 1u);
+    EXPECT_EQ(f.packed_buckets, 0u);
+    EXPECT_EQ(f.in_place_bytes, kTotal * 4);
+    f = run(a.data(), b.data(), back_to_back);  // none reads out of place
+    EXPECT_EQ(f.packed_buckets, 0u);
+    EXPECT_EQ(pipeline.buffer().capacity(), 0u) << "the fusion buffer was never needed";
+    // The last tensor one element out of line: packed.
+    f = run(a.data(), a.data(), {0, 3, 8, 9});
+    EXPECT_EQ(f.packed_buckets, 1u);
+    EXPECT_EQ(f.packed_bytes, kTotal * 4);
+    EXPECT_GT(pipeline.buffer().capacity(), 0u);
+    // Out of place over inputs that overlap the outputs (shifted by one element): packed,
+    // so every input is read before any output is written.
+    f = run(a.data(), a.data() + 1, back_to_back);
+    EXPECT_EQ(f.packed_buckets, 1u);
+    // Out of place where the compressor reads in place only (fp4 takes its input in the
+    // view): packed, nothing converted either way.
+    std::vector<AllReduceTensor> ts;
+    for (size_t t = 0; t < counts.size(); ++t) {
+      ts.push_back({"q" + std::to_string(t), absl::MakeConstSpan(&counts[t], 1),
+                    a.data() + back_to_back[t], b.data() + back_to_back[t]});
+    }
+    const FusionStats before = ledger.Report().fusion;
+    ASSERT_TRUE(pipeline.Run(1, *stage.Resolve("fp4").value(), DataType::kFloat32,
+                             ReduceOp::kSum, ts, comm).ok());
+    EXPECT_EQ(ledger.Report().fusion.packed_buckets, before.packed_buckets + 1);
   });
 }
 

@@ -48,6 +48,10 @@ struct Options {
   std::string json_path;
   int step_tensors = 0;  // > 0: also time a training-like step of this many tensors
   int step_iters = 5;
+  // Also time the step with its tensors laid out back to back in one input and one output
+  // buffer, in the order they are enqueued (what gradient_as_bucket_view gives a framework):
+  // the buckets are then reduced where they lie (Note [In place]).
+  bool step_contiguous = false;
   // Runs every size and the step twice, with BRAID_FAST_PATH=1 then =0, in one run.
   bool compare_fast_path = false;
 };
@@ -163,14 +167,19 @@ int RunRank(int rank, const Options& o, const std::vector<size_t>& sizes,
       outs.emplace_back(c, 0.0f);
     }
     std::vector<float> fused_in(total, 1.0f), fused_out(total, 0.0f);
-    auto run_step = [&]() -> absl::Status {
+    // The contiguous layout: tensor t at the same offset of flat_in and flat_out.
+    std::vector<float> flat_in(o.step_contiguous ? total : 0, 1.0f),
+        flat_out(o.step_contiguous ? total : 0, 0.0f);
+    std::vector<size_t> offsets;
+    for (size_t t = 0, at = 0; t < counts.size(); at += counts[t++]) offsets.push_back(at);
+    auto run_layout = [&](bool contiguous) -> absl::Status {
       std::vector<std::shared_ptr<braid::Handle>> hs;
       for (size_t t = 0; t < counts.size(); ++t) {
         braid::CollectiveRequest q;
-        q.name = absl::StrCat("step.", t);
+        q.name = absl::StrCat(contiguous ? "flat." : "step.", t);
         q.shape = {static_cast<int64_t>(counts[t])};
-        q.input = ins[t].data();
-        q.output = outs[t].data();
+        q.input = contiguous ? flat_in.data() + offsets[t] : ins[t].data();
+        q.output = contiguous ? flat_out.data() + offsets[t] : outs[t].data();
         q.op = braid::ReduceOp::kSum;
         auto h = rt.Enqueue(q);
         if (!h.ok()) return h.status();
@@ -179,6 +188,7 @@ int RunRank(int rank, const Options& o, const std::vector<size_t>& sizes,
       for (auto& h : hs) BRAID_RETURN_IF_ERROR_BENCH(h->Wait(absl::Seconds(60)));
       return absl::OkStatus();
     };
+    auto run_step = [&] { return run_layout(false); };
     auto run_single = [&]() -> absl::Status {
       braid::CollectiveRequest q;
       q.name = "prefused";
@@ -198,9 +208,34 @@ int RunRank(int rank, const Options& o, const std::vector<size_t>& sizes,
       }
       return absl::OkStatus();
     };
-    std::vector<double> fused_step, single, unfused_step;
-    s = time_it(run_step, &fused_step);
-    if (s.ok()) s = time_it(run_single, &single);
+    std::vector<double> fused_step, single, unfused_step, contiguous_step;
+    // Bytes packed into the fusion buffer per layout (FusionStats), over the timed steps.
+    uint64_t packed[3] = {0, 0, 0}, buckets[3] = {0, 0, 0};
+    if (o.step_contiguous) {
+      // Side by side: each iteration runs the scattered step, the contiguous one and the
+      // pre-fused buffer in turn, so the machine's load hits all three alike.
+      const std::function<absl::Status()> fns[3] = {run_step, [&] { return run_layout(true); },
+                                                   run_single};
+      std::vector<double>* series[3] = {&fused_step, &contiguous_step, &single};
+      for (int i = 0; i < 2 + o.step_iters && s.ok(); ++i) {
+        for (int l = 0; l < 3 && s.ok(); ++l) {
+          const braid::FusionStats before = rt.compression_report()->fusion;
+          s = comm.Barrier();
+          absl::Time t0 = absl::Now();
+          if (s.ok()) s = fns[l]();
+          if (s.ok() && i >= 2) {
+            series[l]->push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+            const braid::FusionStats after = rt.compression_report()->fusion;
+            packed[l] += after.packed_bytes - before.packed_bytes;
+            buckets[l] += after.buckets - before.buckets;
+          }
+        }
+      }
+      if (s.ok() && flat_out.back() != static_cast<float>(o.ranks)) s = absl::InternalError("wrong contiguous step result");
+    } else {
+      s = time_it(run_step, &fused_step);
+      if (s.ok()) s = time_it(run_single, &single);
+    }
     if (s.ok() && outs.back()[0] != static_cast<float>(o.ranks)) s = absl::InternalError("wrong step result");
     // The same step with fusion off: rejoin with BRAID_FUSION_THRESHOLD=0.
     if (last) {
@@ -222,6 +257,7 @@ int RunRank(int rank, const Options& o, const std::vector<size_t>& sizes,
     std::vector<double> all(fused_step);
     all.insert(all.end(), single.begin(), single.end());
     all.insert(all.end(), unfused_step.begin(), unfused_step.end());
+    all.insert(all.end(), contiguous_step.begin(), contiguous_step.end());
     if (!comm.AllReduce(all.data(), all.data(), all.size(), braid::DataType::kFloat64,
                         braid::ReduceOp::kMax).ok()) {
       return 1;
@@ -229,7 +265,7 @@ int RunRank(int rank, const Options& o, const std::vector<size_t>& sizes,
     const size_t k = fused_step.size();
     double f = Median({all.begin(), all.begin() + k});
     double one = Median({all.begin() + k, all.begin() + 2 * k});
-    double u = Median({all.begin() + 2 * k, all.end()});
+    double u = Median({all.begin() + 2 * k, all.begin() + 3 * k});
     step["tensors"] = o.step_tensors;
     step["bytes"] = total * sizeof(float);
     step["fused_step_us_median" + suffix] = f;
@@ -237,6 +273,22 @@ int RunRank(int rank, const Options& o, const std::vector<size_t>& sizes,
     step["fused_step_us_p75" + suffix] = Quantile({all.begin(), all.begin() + k}, 0.75);
     step["single_buffer_us_median" + suffix] = one;
     step["fused_over_single" + suffix] = f / one;
+    step["single_buffer_us_p25" + suffix] = Quantile({all.begin() + k, all.begin() + 2 * k}, 0.25);
+    step["single_buffer_us_p75" + suffix] = Quantile({all.begin() + k, all.begin() + 2 * k}, 0.75);
+    if (o.step_contiguous) {
+      const std::vector<double> c(all.begin() + 3 * k, all.end());
+      step["contiguous_step_us_median" + suffix] = Median(c);
+      step["contiguous_step_us_p25" + suffix] = Quantile(c, 0.25);
+      step["contiguous_step_us_p75" + suffix] = Quantile(c, 0.75);
+      step["contiguous_over_single" + suffix] = Median(c) / one;
+      // Per step, on rank 0: buckets run and bytes copied into the fusion buffer.
+      const double n = static_cast<double>(c.size());
+      for (auto [l, name] : {std::make_pair(0, "scattered"), std::make_pair(1, "contiguous"),
+                             std::make_pair(2, "single")}) {
+        step[std::string(name) + "_buckets_per_step" + suffix] = buckets[l] / n;
+        step[std::string(name) + "_packed_bytes_per_step" + suffix] = packed[l] / n;
+      }
+    }
     if (last) {
       step["unfused_step_us_median"] = u;
       step["unfused_over_single"] = u / one;
@@ -283,6 +335,10 @@ int main(int argc, char** argv) {
                  "also time a step of this many float32 tensors (1 KiB..4 MiB) with fusion and "
                  "cache on, one pre-fused buffer of the same bytes, and the step with fusion off");
   app.add_option("--step-iters", o.step_iters)->capture_default_str();
+  app.add_flag("--step-contiguous", o.step_contiguous,
+               "also time the step with its tensors back to back in one buffer (reduced in "
+               "place, no fusion-buffer copies), interleaved with the scattered step and the "
+               "pre-fused buffer");
   app.add_flag("--compare-fast-path", o.compare_fast_path,
                "run every size and the step with BRAID_FAST_PATH=1, then =0, in this one run");
   BRAID_CLI_PARSE(app, argc, argv);
@@ -388,6 +444,26 @@ int main(int argc, char** argv) {
              step["fused_step_us_p75_slow"].get<double>(),
              step["fused_over_single_slow"].get<double>(),
              step["single_buffer_us_median_slow"].get<double>());
+    }
+    if (o.step_contiguous) {
+      // Same run, interleaved per iteration; medians with the 25th-75th percentiles.
+      auto fig = [&](const std::string& k) {
+        return absl::StrFormat("%.0f us [%.0f-%.0f]", step[k + "_us_median"].get<double>(),
+                               step[k + "_us_p25"].get<double>(), step[k + "_us_p75"].get<double>());
+      };
+      printf("# step, interleaved: scattered %s, contiguous %s, one pre-fused buffer %s; "
+             "scattered/single %.3f, contiguous/single %.3f\n",
+             fig("fused_step").c_str(), fig("contiguous_step").c_str(),
+             fig("single_buffer").c_str(), step["fused_over_single"].get<double>(),
+             step["contiguous_over_single"].get<double>());
+      printf("# per step: scattered %.1f buckets, %.0f bytes packed; contiguous %.1f buckets, "
+             "%.0f bytes packed; pre-fused %.1f buckets, %.0f bytes packed\n",
+             step["scattered_buckets_per_step"].get<double>(),
+             step["scattered_packed_bytes_per_step"].get<double>(),
+             step["contiguous_buckets_per_step"].get<double>(),
+             step["contiguous_packed_bytes_per_step"].get<double>(),
+             step["single_buckets_per_step"].get<double>(),
+             step["single_packed_bytes_per_step"].get<double>());
     }
   }
   if (!o.json_path.empty()) {

@@ -70,6 +70,7 @@ from ._ops import (  # noqa: F401
     broadcast_async_,
     compression_state,
     compression_stats,
+    fusion_stats,
     init,
     is_initialized,
     join,
@@ -97,7 +98,7 @@ __all__ = [
     "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async",
     "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_",
     "broadcast_async", "broadcast_async_", "broadcast_object", "compression_state",
-    "compression_stats", "init", "is_initialized", "join", "load_compression_state", "local_rank",
+    "compression_stats", "fusion_stats", "init", "is_initialized", "join", "load_compression_state", "local_rank",
     "local_size", "poll", "rank", "reducescatter", "reducescatter_async", "shutdown", "size",
     "start_timeline", "stop_timeline", "synchronize", "transport_description",
 ]

@@ -288,6 +288,26 @@ def compression_stats():
     return {"methods": out_methods, "tensors": out_tensors}
 
 
+def fusion_stats():
+    """This rank's fusion counters since ``init()``: how its all-reduce buckets met the
+    fusion buffer. Returns a dict of ints, cumulative over steps:
+
+    - ``buckets``: all-reduce buckets run (a bucket is one tensor, or several fused);
+    - ``packed_buckets``: those copied (or converted) into the fusion buffer and back out;
+    - ``packed_bytes``: bytes written into the fusion buffer by them (as many are copied
+      back out);
+    - ``in_place_bytes``: bytes of the buckets reduced where their tensors lie, with no
+      copy: a lone tensor, or tensors that lie back to back in memory in the bucket's order
+      (``braid.torch.DistributedOptimizer(gradient_as_bucket_view=True)`` lays gradients
+      out so).
+
+    Raises FailedPreconditionError before ``init()``, after ``shutdown()`` and in a forked
+    child of an initialized process.
+    """
+    _check_process("fusion_stats()")
+    return dict(_braid.fusion_report())
+
+
 def start_timeline(file_path):
     """Starts recording this rank's timeline while the job runs (as Horovod's
     ``start_timeline``): a Chrome-trace JSON file (open it in Perfetto or chrome://tracing)

@@ -244,11 +244,65 @@ def check_misuse(size, rank):
     log("misuse errors raised; training continued")
 
 
+def _train_bits(rank, steps, **kw):
+    """Trains new_model() `steps` SGD steps; returns its parameters' bits (int32 views) and
+    the fusion counters the steps added on this rank."""
+    model = new_model()
+    opt = hvd.DistributedOptimizer(make_opt("sgd", model.parameters()),
+                                   named_parameters=model.named_parameters(), **kw)
+    before = hvd.fusion_stats()
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = batch(step, rank)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    after = hvd.fusion_stats()
+    bits = [p.detach().clone().view(torch.int32) for p in model.parameters()]
+    return model, opt, bits, {k: after[k] - before[k] for k in after}
+
+
+def check_bucket_view(size, rank):
+    """gradient_as_bucket_view=True gives the same parameters bit for bit as without it. With
+    groups=1 each step's gradients travel as one bucket: without the option it is packed
+    every step; with it the gradients lie in a flat buffer, in that bucket's order from the
+    second step on (the layout follows the first step's order), so only the first step packs;
+    under fp16 too (it takes float32 gradients as they are)."""
+    steps = 4
+    for groups, compression in ((1, None), (None, None), (1, "fp16")):
+        kw = dict(groups=groups, compression=compression)
+        _, _, off_bits, off = _train_bits(rank, steps, **kw)
+        model, opt, on_bits, on = _train_bits(rank, steps, gradient_as_bucket_view=True, **kw)
+        same = all(torch.equal(a, b) for a, b in zip(off_bits, on_bits))
+        check(same, f"groups={groups}, compression={compression}: parameters differ with "
+              "gradient_as_bucket_view")
+        flat = opt._flat[0]
+        lo, hi = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
+        check(all(lo <= p.grad.data_ptr() < hi for p in model.parameters()),
+              "every gradient is a view into the flat buffer")
+        if groups == 1:  # fp16 takes float32 as it is: nothing converted, so the same counts
+            figures = (off["packed_bytes"], on["packed_bytes"])
+            total = sum(p.numel() * p.element_size() for p in model.parameters())
+            check(off["packed_bytes"] == steps * total,
+                  f"without views every step packs {total} bytes: {off}")
+            check(on["packed_bytes"] == total and on["in_place_bytes"] == (steps - 1) * total,
+                  f"with views only the first step packs {total} bytes: {on}")
+    # set_to_none keeps the views; a replaced gradient is copied back into its view.
+    opt.zero_grad(set_to_none=True)
+    check(all(p.grad is not None and lo <= p.grad.data_ptr() < hi and not p.grad.any()
+              for p in model.parameters()), "zero_grad(set_to_none=True) zeroes the views")
+    model.fc2.bias.grad = None  # backward allocates a new tensor for it
+    x, y = batch(0, rank)
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    check(lo <= model.fc2.bias.grad.data_ptr() < hi, "a replaced gradient returns to its view")
+    log(f"gradient_as_bucket_view: same bits; packed bytes {figures[0]} -> {figures[1]}")
+
+
 def body():
     hvd.init()
     size, rank = hvd.size(), hvd.rank()
     for fn in (check_equivalence, check_unused_and_synchronize, check_sparse, check_rewrap,
-               check_misuse):
+               check_misuse, check_bucket_view):
         fn(size, rank)
     hvd.shutdown()
 

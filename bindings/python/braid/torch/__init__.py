@@ -98,6 +98,7 @@ from .mpi_ops import (  # noqa: F401
 from .optimizer import DistributedOptimizer  # noqa: F401
 
 compression_stats = _ops.compression_stats
+fusion_stats = _ops.fusion_stats
 transport_description = _ops.transport_description
 
 
@@ -147,7 +148,7 @@ __all__ = [
     "broadcast_async_", "broadcast_object", "broadcast_optimizer_state",
     "broadcast_parameters", "CancelledError", "Compression", "compression_stats", "Compressor",
     "cross_rank", "cross_size", "cuda_built", "DeadlineExceededError", "DistributedOptimizer",
-    "FailedPreconditionError", "gloo_built", "global_process_set", "grouped_allreduce",
+    "FailedPreconditionError", "fusion_stats", "gloo_built", "global_process_set", "grouped_allreduce",
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "Handle",
     "init", "InternalError", "InvalidArgumentError", "is_initialized", "join", "local_rank",
     "local_size", "Max", "Min", "mpi_built", "nccl_built", "poll", "Product", "rank",

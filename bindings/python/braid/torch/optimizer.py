@@ -27,7 +27,7 @@ class _DistributedMixin:
 
     def __init__(self, param_groups, state, named_parameters, compression,
                  backward_passes_per_step, op, gradient_predivide_factor, sparse_as_dense,
-                 groups):
+                 groups, gradient_as_bucket_view):
         super().__init__(param_groups)
         self.state.update(state)  # keep what the wrapped optimizer had (a loaded checkpoint)
         spec, self._framework_compressor = resolve(compression, "DistributedOptimizer")
@@ -46,8 +46,15 @@ class _DistributedMixin:
         self._grad_accs = []
         self._synchronized = False
         self._should_synchronize = True
+        self._views = {}       # parameter -> its gradient's view (gradient_as_bucket_view)
+        self._flat = []        # the flat buffers the views lie in, one per dtype
+        self._started = []     # first step: the views' parameters in the order they started
+        self._recording = False  # recording _started (until the first step synchronizes)
         # One rank has nobody to talk to: no hooks, step() is the wrapped optimizer's.
         if _ops.size() > 1:
+            if gradient_as_bucket_view:
+                self._allocate_bucket_views()
+                self._recording = True
             self._register_hooks()
 
     # -- set-up --------------------------------------------------------------------------
@@ -123,6 +130,61 @@ class _DistributedMixin:
                                                        key=position.get)])
         return {p: lst for lst in lists if len(lst) > 1 for p in lst}
 
+    def _allocate_bucket_views(self, order=None):
+        """Makes every parameter's ``.grad`` a view into one flat buffer per (dtype,
+        device), laid out in ``order``: at first the reverse of the optimizer's order (the
+        order backward produces the gradients in, as DDP assumes), then, after the first
+        step, the order their all-reduces started in (as DDP rebuilds its buckets). So the
+        gradients the runtime fuses into one bucket lie back to back in the bucket's order
+        and it reduces them where they are (no copy into its fusion buffer and back). A
+        gradient that exists already is copied into its view."""
+        if order is None:
+            order = [p for p in reversed(self._requires_update) if p.layout == torch.strided]
+        by_kind = {}
+        for p in order:
+            by_kind.setdefault((p.dtype, p.device), []).append(p)
+        self._views, self._flat = {}, []
+        for (dtype, device), params in by_kind.items():
+            flat = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=device)
+            offset = 0
+            for p in params:
+                view = flat[offset:offset + p.numel()].view(p.shape)
+                offset += p.numel()
+                if p.grad is not None:
+                    with torch.no_grad():
+                        view.copy_(p.grad.to_dense() if p.grad.is_sparse else p.grad)
+                p.grad = view
+                self._views[p] = view
+            self._flat.append(flat)
+
+    def _relayout_bucket_views(self):
+        """After the first step: lays the views out again in the order the all-reduces
+        started in, when that differs from the current layout (parameters that never
+        started keep their relative order, after the others)."""
+        started, self._started, self._recording = self._started, [], False
+        current = list(self._views)
+        seen = {id(p) for p in started}
+        order = started + [p for p in current if id(p) not in seen]
+        if [id(p) for p in order] != [id(p) for p in current]:
+            self._allocate_bucket_views(order)
+
+    def _attach_view(self, p):
+        """Puts p's gradient back into its bucket view when something replaced ``p.grad``
+        (set it to None, or to a new tensor), copying the values over."""
+        view = self._views.get(p)
+        grad = p.grad
+        if view is None or (grad is not None and not grad.is_sparse and
+                            grad.data_ptr() == view.data_ptr()):
+            return
+        with torch.no_grad():
+            if grad is None:
+                view.zero_()
+            elif grad.is_sparse:
+                return  # a sparse gradient takes its own path (sparse_as_dense=False)
+            else:
+                view.copy_(grad)
+        p.grad = view
+
     def _register_hooks(self):
         for p in self._requires_update:
             # The gradient accumulator of p (an AccumulateGrad node): its hooks run once the
@@ -180,6 +242,10 @@ class _DistributedMixin:
     def _start(self, p):
         """Starts the reduction of p.grad (zeros when this rank has none: a parameter unused
         in this step still takes part, so the ranks that did use it do not wait forever)."""
+        if self._views:
+            self._attach_view(p)
+            if self._recording and p in self._views:
+                self._started.append(p)
         if p.grad is None:
             p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
         name = "grad." + self._names[p]
@@ -259,6 +325,8 @@ class _DistributedMixin:
             self._passes[p] = 0
         if error is not None:
             raise error
+        if self._recording:
+            self._relayout_bucket_views()
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -304,6 +372,14 @@ class _DistributedMixin:
                 f"(e.g. '{pending[0]}') are being accumulated or all-reduced: clearing them "
                 "now would lose them or race with the all-reduce. Call zero_grad() before "
                 "backward() or after step().")
+        if self._views:
+            # The gradients stay views into the flat buffers (set_to_none would detach them):
+            # a replaced gradient is simply dropped for its zeroed view.
+            for p, view in self._views.items():
+                p.grad = view
+            for flat in self._flat:
+                flat.zero_()
+            return None
         return super().zero_grad(set_to_none)
 
     def set_backward_passes_per_step(self, passes):
@@ -325,7 +401,8 @@ class _DistributedMixin:
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         sparse_as_dense=False, num_groups=0, groups=None, process_set=None):
+                         sparse_as_dense=False, num_groups=0, groups=None, process_set=None,
+                         gradient_as_bucket_view=False):
     """Wraps ``optimizer`` (any ``torch.optim.Optimizer``) for data-parallel training.
 
     Returns an optimizer of a subclass of ``optimizer``'s class over the same parameter
@@ -364,6 +441,26 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         as its gradient is ready, overlapping the rest of backward). num_groups: Horovod's
         older name for an integer ``groups`` (used when ``groups`` is None).
       process_set: only the global one (None).
+      gradient_as_bucket_view: as DDP's option of that name. False (default): each
+        gradient is its own tensor, and the runtime copies the gradients of a fused bucket
+        into its fusion buffer and the results back out. True: every parameter's ``.grad``
+        (same shape and dtype as the parameter) becomes a view into one flat 1-D buffer per
+        dtype (and device), allocated here, holding the gradients back to back in the
+        order backward produces them: at first the reverse of the optimizer's parameter
+        order (as DDP assumes), after the first ``step()``/``synchronize()`` the order
+        their all-reduces started in during it (as DDP rebuilds its buckets; the gradients
+        are copied over once). A bucket of gradients that lie back to back in its order is
+        reduced where it lies, without those two copies (``braid.torch.fusion_stats()``
+        shows the bytes packed and those reduced in place); the runtime's buckets are runs
+        of consecutive gradients, so with a stable order every bucket does from the second
+        step on. Results are bit-identical either way.
+        Costs: the buffers hold every gradient from construction on (memory the
+        gradients would take after the first backward anyway); ``zero_grad()`` zeroes them
+        in place whatever ``set_to_none`` says (a gradient is never None); and the
+        gradients are views, so code that replaces ``p.grad`` (``p.grad = t``, an
+        optimizer or hook that does) breaks the sharing: the next all-reduce copies that
+        tensor back into the view and restores ``p.grad`` to it, paying a copy, and a
+        reference kept to the old ``p.grad`` no longer sees the averaged gradient.
 
     Errors during training: ``zero_grad()`` between ``backward()`` and ``step()``
     (FailedPreconditionError), more backward passes than declared (FailedPreconditionError,
@@ -396,7 +493,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         groups = int(num_groups)
     return cls(optimizer.param_groups, optimizer.state, named_parameters, compression,
                backward_passes_per_step, op, gradient_predivide_factor, sparse_as_dense,
-               groups)
+               groups, bool(gradient_as_bucket_view))
 
 
 def _job_default_compression():
