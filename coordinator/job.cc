@@ -424,13 +424,18 @@ void Job::InspectStalls(absl::Time now) {
   if (!abort_.ok()) return;
   const absl::Duration check = absl::Milliseconds(settings_.stall_check_ms());
   const absl::Duration shutdown = absl::Milliseconds(settings_.stall_shutdown_ms());
-  for (const auto& p : table_->PendingTensors(now, check)) {
+  // A stall shutdown shorter than the check aborts at its own time, not at the check's.
+  const absl::Duration first =
+      shutdown > absl::ZeroDuration() ? std::min(check, shutdown) : check;
+  for (const auto& p : table_->PendingTensors(now, first)) {
     std::string what = absl::StrCat(
         "tensor '", p.name, "' was submitted by rank", p.ready_ranks.size() > 1 ? "s " : " ",
         absl::StrJoin(p.ready_ranks, ", "), " but not by rank",
         p.missing_ranks.size() > 1 ? "s " : " ", absl::StrJoin(p.missing_ranks, ", "), " for ",
         absl::FormatDuration(absl::Trunc(p.waiting, absl::Seconds(1))));
-    if (stall_logged_.insert(p.name).second) LOG(WARNING) << "coordinator: stall: " << what;
+    if (p.waiting >= check && stall_logged_.insert(p.name).second) {
+      LOG(WARNING) << "coordinator: stall: " << what;
+    }
     if (shutdown > absl::ZeroDuration() && p.waiting >= shutdown) {
       Abort(absl::DeadlineExceededError(absl::StrCat(
           "stalled: ", what, " (BRAID_STALL_SHUTDOWN_S=", absl::ToDoubleSeconds(shutdown), ")")));

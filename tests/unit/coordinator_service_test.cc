@@ -309,6 +309,37 @@ TEST_F(ServiceTest, StallIsReportedThenAbortsAfterTheStallShutdown) {
             "(BRAID_STALL_SHUTDOWN_S=2)");
 }
 
+// A stall shutdown shorter than the stall check aborts at its own time (the check, 60 s by
+// default, only decides when the stall is logged).
+TEST_F(ServiceTest, AStallShutdownShorterThanTheCheckAbortsAtItsOwnTime) {
+  for (int r = 0; r < 2; ++r) {
+    proto::RegisterRequest req = Reg(r, 2);
+    req.mutable_settings()->set_stall_check_ms(60000);
+    req.mutable_settings()->set_stall_shutdown_ms(2000);
+    Register(req);
+  }
+  std::vector<StreamKey> keys;
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (int r = 0; r < 2; ++r) {
+    auto sink = std::make_shared<RecordingSink>();
+    keys.push_back(*Open(r, sink));
+    sinks.push_back(sink);
+  }
+  service_->OnRequests(keys[0], Allreduce(0, "lonely"));
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_TRUE(sinks[1]->sent.empty()) << "aborted after " << s << "s";
+    now_ += absl::Seconds(1);
+    EXPECT_TRUE(Beat(0).ok());
+    EXPECT_TRUE(Beat(1).ok());
+    service_->Inspect();
+  }
+  ASSERT_EQ(sinks[1]->sent.size(), 1u);
+  EXPECT_EQ(sinks[1]->sent[0].abort_code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(sinks[1]->sent[0].abort_message(),
+            "stalled: tensor 'lonely' was submitted by rank 0 but not by rank 1 for 2s "
+            "(BRAID_STALL_SHUTDOWN_S=2)");
+}
+
 // ---- One job at a time (Note [One job at a time]) ----
 
 TEST_F(ServiceTest, TheNextJobStartsFromZeroAndTheEndedOneStaysReadable) {
