@@ -398,17 +398,12 @@ def check_same_names(size, rank):
     check("grad.same.fc1.weight" in tensors and "grad.opt1/same.fc1.weight" in tensors,
           f"collective names: {sorted(t for t in tensors if 'same.' in t)}")
     del opts
-    # Once the others are gone, a new optimizer keeps its plain names.
+    # Once the others are gone, a new optimizer of the same names keeps its plain names.
     model = new_model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters())
-    x, y = batch(0, rank)
-    F.cross_entropy(model(x), y).backward()
-    before = hvd.compression_stats()["tensors"].get("grad.fc1.weight", {}).get("reductions", 0)
-    opt.step()
-    after = hvd.compression_stats()["tensors"]["grad.fc1.weight"]["reductions"]
-    check(after == before + 1, f"a lone optimizer keeps its plain names: {opt._prefix!r} "
-          f"{before} {after}")
+                                   named_parameters=[(f"same.{n}", p)
+                                                     for n, p in model.named_parameters()])
+    check(getattr(opt, "_prefix", None) == "", "a lone optimizer keeps its plain names")
     log("two optimizers with the same parameter names: same results as distinct names")
 
 
