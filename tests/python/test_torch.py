@@ -35,7 +35,9 @@ def test_collectives(np_):
 @pytest.mark.parametrize("np_", [2, 3])
 def test_distributed_optimizer(np_):
     """Same parameters as one process on the union of the batches (backward_passes_per_step
-    1 and 2, SGD and Adam); compression; unused layers; sparse gradients; misuse errors."""
+    1 and 2, SGD and Adam); compression; unused layers; sparse gradients; misuse errors;
+    p.grad replaced before step(); two optimizers with the same parameter names under
+    scalecomp; add_param_group()."""
     run("torch_optimizer.py", np_)
 
 

@@ -298,12 +298,168 @@ def check_bucket_view(size, rank):
     log(f"gradient_as_bucket_view: same bits; packed bytes {figures[0]} -> {figures[1]}")
 
 
+def _replace_grads(model, what):
+    """Replaces every parameter's .grad with a new tensor of the same values (the user
+    code of the pattern: ``p.grad = p.grad * 1.0``, ``p.grad = p.grad / k``)."""
+    for p in model.parameters():
+        old = p.grad
+        p.grad = p.grad * 1.0 if what == "copy" else p.grad.clone()
+        check(p.grad is not old, "the gradient was replaced")
+
+
+def check_replaced_grad(size, rank):
+    """``p.grad`` replaced between backward() and step(): step() still uses the average over
+    ranks (the result lands in the replacement, or with gradient_as_bucket_view in the view
+    p.grad returns to), for backward_passes_per_step 1 and 2; a replacement of another
+    layout raises InvalidArgumentError naming the parameter on every rank, and the job goes
+    on."""
+    for k, view in ((1, False), (2, False), (1, True), (2, True)):
+        model = new_model()
+        opt = hvd.DistributedOptimizer(make_opt("sgd", model.parameters()),
+                                       named_parameters=model.named_parameters(),
+                                       backward_passes_per_step=k,
+                                       gradient_as_bucket_view=view)
+        for step in range(3):
+            opt.zero_grad()
+            for j in range(k):
+                x, y = batch(step * k + j, rank)
+                F.cross_entropy(model(x), y).backward()
+                if j == k - 1:
+                    _replace_grads(model, "copy" if step % 2 else "clone")
+            opt.step()
+        check_same(model, train_reference(3, k, "sgd", size),
+                   f"replaced .grad, backward_passes_per_step={k}, bucket view={view}")
+        # The replacement holds the average after synchronize().
+        opt.zero_grad()
+        x, y = batch(50, rank)
+        for _ in range(k):  # the same batch k times: the reference takes it k times too
+            F.cross_entropy(model(x), y).backward()
+        ref = [t.detach().clone() for t in model.parameters()]
+        kept = model.fc1.weight.grad = model.fc1.weight.grad * 1.0
+        opt.synchronize()
+        refm = new_model()
+        refm.load_state_dict({n: t for n, t in zip(dict(model.named_parameters()), ref)})
+        xs, ys = zip(*(batch(50, r) for r in range(size)))
+        for _ in range(k):
+            F.cross_entropy(refm(torch.cat(xs)), torch.cat(ys)).backward()
+        check_tensor(model.fc1.weight.grad, refm.fc1.weight.grad, "replaced grad after "
+                     "synchronize()", tol=TOL)
+        if not view:
+            check(model.fc1.weight.grad is kept, "the replacement stays p.grad")
+        with opt.skip_synchronize():
+            opt.step()
+        # A replacement of another layout (torch itself refuses another shape, dtype or
+        # device): a clear error on every rank, then training goes on.
+        opt.zero_grad()
+        for _ in range(k):  # the all-reduce starts in the last pass, before the replacement
+            F.cross_entropy(model(x), y).backward()
+        model.fc2.bias.grad = model.fc2.bias.grad.to_sparse()
+        expect_raises(hvd.InvalidArgumentError, opt.step, "replaced grad of another layout",
+                      contains=("'fc2.bias'", "replaced", "sparse"))
+        model.fc2.bias.grad = None
+        opt.zero_grad()
+        for _ in range(k):
+            F.cross_entropy(model(x), y).backward()
+        opt.step()
+    log("replaced .grad: averaged; a sparse replacement is an error naming the parameter")
+
+
+def _train_gan_like(rank, names, steps=4):
+    """Two models trained in turn by two DistributedOptimizers under scalecomp (error
+    feedback kept per tensor name by the runtime); `names(model_index, name)` names them."""
+    models, opts = [], []
+    for i in range(2):
+        torch.manual_seed(42 + i)
+        m = Net()
+        models.append(m)
+        opts.append(hvd.DistributedOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.05),
+            named_parameters=[(names(i, n), p) for n, p in m.named_parameters()],
+            compression="scalecomp:ratio=4"))
+    for step in range(steps):
+        for i, (m, opt) in enumerate(zip(models, opts)):
+            opt.zero_grad()
+            x, y = batch(100 * i + step, rank)
+            F.cross_entropy(m(x), y).backward()
+            opt.step()
+    return models, opts
+
+
+def check_same_names(size, rank):
+    """Two live DistributedOptimizers whose parameters have the same names (a GAN's G and D)
+    train exactly as with distinct names: the second one's all-reduces get a prefix, so the
+    runtime's per-name compression state (error feedback) is not shared. Fresh names per
+    run, so no run sees another's state."""
+    same, opts = _train_gan_like(rank, lambda i, n: f"same.{n}")
+    distinct, _ = _train_gan_like(rank, lambda i, n: f"distinct{i}.{n}")
+    for a, b in zip(same, distinct):
+        check_same(a, b, "same names vs distinct names under scalecomp", tol=(0, 0))
+    tensors = hvd.compression_stats()["tensors"]
+    check("grad.same.fc1.weight" in tensors and "grad.opt1/same.fc1.weight" in tensors,
+          f"collective names: {sorted(t for t in tensors if 'same.' in t)}")
+    del opts
+    # Once the others are gone, a new optimizer of the same names keeps its plain names.
+    model = new_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=[(f"same.{n}", p)
+                                                     for n, p in model.named_parameters()])
+    check(getattr(opt, "_prefix", None) == "", "a lone optimizer keeps its plain names")
+    log("two optimizers with the same parameter names: same results as distinct names")
+
+
+def check_add_param_group(size, rank):
+    """Parameters added by add_param_group() are averaged like the others (named from the
+    construction's named_parameters, or "param.<group>.<i>" without names; with and
+    without gradient_as_bucket_view), and a group without lr takes the wrapped optimizer's."""
+    for named, view, lr in ((False, False, 0.05), (True, True, 0.05), (True, False, None)):
+        model = new_model()
+        first = list(model.conv.parameters()) + list(model.fc1.parameters())
+        opt = hvd.DistributedOptimizer(
+            make_opt("sgd", first),
+            named_parameters=model.named_parameters() if named else None,
+            gradient_as_bucket_view=view)
+        group = {"params": list(model.fc2.parameters())}
+        if lr is not None:
+            group["lr"] = lr
+        opt.add_param_group(group)
+        check(opt.param_groups[1]["lr"] == 0.05 and opt.param_groups[1]["momentum"] == 0.9,
+              f"added group's options: {opt.param_groups[1]}")
+        for step in range(3):
+            opt.zero_grad()
+            x, y = batch(step, rank)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        check_same(model, train_reference(3, 1, "sgd", size),
+                   f"add_param_group (named={named}, bucket view={view}, lr={lr})")
+        name = "grad.fc2.weight" if named else "grad.param.1.0"
+        check(name in hvd.compression_stats()["tensors"], f"{name} was all-reduced")
+    # A new parameter the construction's names do not cover: an error, or names given.
+    model = new_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.fc1.parameters(), lr=0.1),
+                                   named_parameters=model.fc1.named_parameters())
+    extra = nn.Linear(2, 2)
+    expect_raises(hvd.InvalidArgumentError, lambda: opt.add_param_group(
+        {"params": extra.parameters()}), "unnamed added parameter", contains=("no name",))
+    expect_raises(hvd.InvalidArgumentError, lambda: opt.add_param_group(
+        {"params": [extra.weight], "named_parameters": [("weight", extra.weight)]}),
+        "added name in use", contains=("weight",))
+    check(len(opt.param_groups) == 1, "a refused group is not added")
+    opt.add_param_group({"params": extra.parameters(),
+                         "named_parameters": [("extra." + n, p)
+                                              for n, p in extra.named_parameters()]})
+    check("named_parameters" not in opt.param_groups[1], "named_parameters left in the group")
+    log("add_param_group: new parameters averaged; lr from the wrapped optimizer")
+
+
 def body():
     hvd.init()
     size, rank = hvd.size(), hvd.rank()
+    only = os.environ.get("TORCH_OPTIMIZER_CHECKS")  # comma-separated names, for debugging
     for fn in (check_equivalence, check_unused_and_synchronize, check_sparse, check_rewrap,
-               check_misuse, check_bucket_view):
-        fn(size, rank)
+               check_misuse, check_bucket_view, check_replaced_grad, check_same_names,
+               check_add_param_group):
+        if not only or fn.__name__ in only.split(","):
+            fn(size, rank)
     hvd.shutdown()
 
 

@@ -17,7 +17,7 @@ import weakref
 import torch
 
 from .. import _ops
-from . import mpi_ops
+from . import _naming, mpi_ops
 from ._handles import Average, FailedPreconditionError, InvalidArgumentError, _check_op
 from .compression import Compressor, resolve
 
@@ -25,22 +25,31 @@ from .compression import Compressor, resolve
 class _DistributedMixin:
     """Put in front of the wrapped optimizer's class (see DistributedOptimizer)."""
 
-    def __init__(self, param_groups, state, named_parameters, compression,
+    def __init__(self, param_groups, state, defaults, named_parameters, compression,
                  backward_passes_per_step, op, gradient_predivide_factor, sparse_as_dense,
                  groups, gradient_as_bucket_view):
+        self._wrapped = False  # add_param_group() registers parameters once this is True
         super().__init__(param_groups)
+        # The wrapped optimizer's defaults (its lr, ...), not those of its class's signature:
+        # add_param_group() fills a group's missing options from them.
+        self.defaults = dict(defaults)
         self.state.update(state)  # keep what the wrapped optimizer had (a loaded checkpoint)
         spec, self._framework_compressor = resolve(compression, "DistributedOptimizer")
+        self._spec = spec
         self._compression = None if spec is None else Compressor(spec)
         self._op = op
         self._predivide = float(gradient_predivide_factor)
         self._sparse_as_dense = bool(sparse_as_dense)
-        self._names = self._parameter_names(named_parameters)
+        # _name_of_id: every named parameter (None without names), also those the optimizer
+        # does not train yet: a group added later takes its names from there.
+        self._names, self._name_of_id, self._named_pairs = _naming.parameter_names(
+            self.param_groups, named_parameters)
         self.backward_passes_per_step = int(backward_passes_per_step)
         self._passes = {p: 0 for p in self._names}  # backward passes since the last step
         self._handles = {}   # parameter -> (kind, handle(s), context) of its running reduction
         self._requires_update = [p for g in self.param_groups for p in g["params"]
                                  if p.requires_grad]
+        self._groups = groups
         self._group_of = self._plan_groups(groups, spec)  # parameter -> its group's list
         self._waiting = set()  # grouped parameters whose gradient waits for the rest
         self._grad_accs = []
@@ -50,43 +59,16 @@ class _DistributedMixin:
         self._flat = []        # the flat buffers the views lie in, one per dtype
         self._started = []     # first step: the views' parameters in the order they started
         self._recording = False  # recording _started (until the first step synchronizes)
+        self._prefix = _naming.claim_prefix(self, set(self._names.values()))
         # One rank has nobody to talk to: no hooks, step() is the wrapped optimizer's.
         if _ops.size() > 1:
             if gradient_as_bucket_view:
                 self._allocate_bucket_views()
                 self._recording = True
-            self._register_hooks()
+            self._register_hooks(self._requires_update)
+        self._wrapped = True
 
     # -- set-up --------------------------------------------------------------------------
-
-    def _parameter_names(self, named_parameters):
-        params = [p for g in self.param_groups for p in g["params"]]
-        if named_parameters is None:
-            return {p: f"param.{gi}.{i}" for gi, g in enumerate(self.param_groups)
-                    for i, p in enumerate(g["params"])}
-        named = list(named_parameters)
-        if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
-            raise InvalidArgumentError(
-                "DistributedOptimizer: named_parameters must be (name, parameter) pairs, as "
-                "model.named_parameters() gives")
-        seen, dups = set(), []
-        for name, _ in named:
-            if name in seen and name not in dups:
-                dups.append(name)
-            seen.add(name)
-        if dups:
-            raise InvalidArgumentError(
-                "DistributedOptimizer: parameter names must be unique (they name the "
-                f"all-reduces across ranks); duplicated: {', '.join(map(str, dups))}")
-        by_id = {id(p): n for n, p in named}
-        unnamed = [p for p in params if id(p) not in by_id]
-        if unnamed:
-            shapes = ", ".join(str(tuple(p.shape)) for p in unnamed[:5])
-            raise InvalidArgumentError(
-                f"DistributedOptimizer: {len(unnamed)} parameter(s) of the optimizer are not in "
-                f"named_parameters (shapes {shapes}{', ...' if len(unnamed) > 5 else ''}): pass "
-                "model.named_parameters() of the model the optimizer trains")
-        return {p: by_id[id(p)] for p in params}
 
     def _plan_groups(self, groups, spec):
         """{parameter: the list of parameters whose all-reduces start together} (Horovod's
@@ -182,11 +164,12 @@ class _DistributedMixin:
             elif grad.is_sparse:
                 return  # a sparse gradient takes its own path (sparse_as_dense=False)
             else:
+                self._check_replacement(p, grad, view, "(gradient_as_bucket_view)")
                 view.copy_(grad)
         p.grad = view
 
-    def _register_hooks(self):
-        for p in self._requires_update:
+    def _register_hooks(self, params):
+        for p in params:
             # The gradient accumulator of p (an AccumulateGrad node): its hooks run once the
             # pass's gradient has been added to p.grad.
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
@@ -248,7 +231,7 @@ class _DistributedMixin:
                 self._started.append(p)
         if p.grad is None:
             p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-        name = "grad." + self._names[p]
+        name = "grad." + self._prefix + self._names[p]
         grad = p.grad
         if grad.is_sparse:
             if not self._sparse_as_dense:
@@ -265,7 +248,7 @@ class _DistributedMixin:
             return ("framework", h, ctx)
         h = mpi_ops.allreduce_async_(grad, name=name, op=self._op, prescale_factor=pre,
                                      postscale_factor=post, compression=self._compression)
-        return ("dense", h, None)
+        return ("dense", h, grad)  # grad: the tensor reduced in place
 
     def _start_sparse(self, p, grad, name):
         if self._op not in (Average, mpi_ops.Sum):
@@ -280,17 +263,53 @@ class _DistributedMixin:
 
     def _finish(self, p, kind, handle, ctx):
         if kind == "dense":
-            mpi_ops.synchronize(handle)  # reduced in place
+            mpi_ops.synchronize(handle)  # reduced in place, in ctx
+            self._deliver(p, ctx)
         elif kind == "framework":
             out = self._framework_compressor.decompress(mpi_ops.synchronize(handle), ctx)
             with torch.no_grad():
-                p.grad.copy_(out)
+                self._deliver(p, out)
         else:
             indices = mpi_ops.synchronize(handle[0]).t()
             values = mpi_ops.synchronize(handle[1])
             if self._op == Average:
                 values = values / _ops.size()
             p.grad = torch.sparse_coo_tensor(indices, values, ctx).coalesce()
+
+    def _check_replacement(self, p, grad, like, when):
+        """Raises InvalidArgumentError naming p unless the tensor that replaced ``p.grad``
+        (``grad``) can hold ``like`` (same shape, dtype, device, dense)."""
+        if (grad.is_sparse or grad.shape != like.shape or grad.dtype != like.dtype or
+                grad.device != like.device):
+            raise InvalidArgumentError(
+                f"DistributedOptimizer: the gradient of '{self._names[p]}' was replaced {when} "
+                f"by a tensor of shape {tuple(grad.shape)}, dtype {grad.dtype}"
+                f"{', sparse' if grad.is_sparse else ''}, device {grad.device}; the gradient "
+                f"has shape {tuple(like.shape)}, dtype {like.dtype}, device {like.device}: a "
+                "replaced gradient must keep its shape, dtype, device and (dense) layout")
+
+    def _deliver(self, p, result):
+        """Makes ``p.grad`` hold ``result`` (the reduced gradient, a dense tensor). When
+        ``p.grad`` is still the tensor the reduction started from, nothing to do; when
+        something replaced it after the hook started the reduction (``p.grad = p.grad / k``),
+        the result goes into the replacement (copied, as Horovod's ``p.grad.set_(output)``
+        makes the replacement hold it), or, with gradient_as_bucket_view, ``p.grad`` returns
+        to its bucket view. A replacement of another shape, dtype or layout raises
+        InvalidArgumentError naming the parameter (never a silently local gradient)."""
+        grad = p.grad
+        if grad is result:
+            return
+        if grad is None:
+            p.grad = result
+            return
+        self._check_replacement(p, grad, result, "between backward() and "
+                                "step()/synchronize()")
+        view = self._views.get(p)
+        if view is not None and view is result:
+            p.grad = view  # as _attach_view does: the gradient lives in its bucket view
+            return
+        with torch.no_grad():
+            grad.copy_(result)
 
     # -- Horovod's optimizer API ---------------------------------------------------------
 
@@ -390,6 +409,46 @@ class _DistributedMixin:
         self.backward_passes_per_step = _ops._check_int(
             "set_backward_passes_per_step", "backward_passes_per_step", passes, 1, 1 << 31)
 
+    def add_param_group(self, param_group):
+        """The wrapped optimizer's ``add_param_group`` (between steps only), and the new
+        parameters' gradients are all-reduced from then on like the others'.
+
+        Options the group leaves out come from the wrapped optimizer's defaults. Names of
+        the new parameters: ``param_group["named_parameters"]`` ((name, parameter) pairs,
+        taken out of the group) when given; else the ``named_parameters`` given at
+        construction (``model.named_parameters()`` names a layer that was frozen then);
+        else, for an optimizer constructed without names, ``"param.<group>.<i>"``. An
+        optimizer constructed with names raises InvalidArgumentError for a new parameter
+        with none, and for a name already in use.
+        """
+        if not getattr(self, "_wrapped", False):  # the base class's __init__ adds its groups
+            return super().add_param_group(param_group)
+        if self._handles or any(self._passes.values()):
+            raise FailedPreconditionError("DistributedOptimizer: add_param_group() between "
+                                          "backward() and step()")
+        group = dict(param_group) if isinstance(param_group, dict) else param_group
+        named = group.pop("named_parameters", None) if isinstance(group, dict) else None
+        known = {id(p) for g in self.param_groups for p in g["params"]}
+        super().add_param_group(group)
+        new = [p for p in self.param_groups[-1]["params"] if id(p) not in known]
+        try:
+            names = _naming.added_names(self, new, named, len(self.param_groups) - 1)
+        except InvalidArgumentError:
+            self.param_groups.pop()
+            raise
+        self._names.update(names)
+        _naming.update_names(self)
+        for p in new:
+            self._passes[p] = 0
+        added = [p for p in new if p.requires_grad]
+        self._requires_update.extend(added)
+        self._group_of = self._plan_groups(self._groups, self._spec)
+        if _ops.size() > 1 and added:
+            if self._views:
+                order = list(self._views) + [p for p in added if p.layout == torch.strided]
+                self._allocate_bucket_views(order)
+            self._register_hooks(added)
+
     def load_state_dict(self, state_dict):
         """The wrapped optimizer's ``load_state_dict`` (between steps only)."""
         if self._handles or any(self._passes.values()):
@@ -412,6 +471,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
       named_parameters: ``model.named_parameters()``; names the all-reduces
         (``"grad.<name>"``), so names must be unique (InvalidArgumentError listing the
         duplicates) and cover every parameter of the optimizer. None: ``"param.<group>.<i>"``.
+        The runtime keeps per-tensor state by name (error-feedback residuals, PowerSGD's Q),
+        so two DistributedOptimizers alive in one process never share a name: when some of
+        this optimizer's names are in use by another live one (a GAN's generator and
+        discriminator both have a ``"weight"``), its all-reduces are named
+        ``"grad.opt<i>/<name>"`` with the smallest i >= 1 whose names are free (the second
+        optimizer of a GAN: ``"grad.opt1/weight"``). Every rank that constructs and keeps
+        its optimizers in the same order picks the same names; an optimizer alone, or
+        constructed after the previous one was dropped, keeps the plain names.
+        ``add_param_group()`` takes the new parameters' names from here (a frozen layer
+        named by ``model.named_parameters()`` can be added later), or from the group's
+        ``"named_parameters"`` entry; without names, ``"param.<group>.<i>"``.
       compression: a spec string ("fp16", "fp4:ef=1", ...), a ``Compression`` member, a
         Horovod-style compressor object (compress/decompress, run around an uncompressed
         all-reduce), or None for the job's default (BRAID_COMPRESSION; ``none`` unless set).
@@ -458,9 +528,25 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         gradients would take after the first backward anyway); ``zero_grad()`` zeroes them
         in place whatever ``set_to_none`` says (a gradient is never None); and the
         gradients are views, so code that replaces ``p.grad`` (``p.grad = t``, an
-        optimizer or hook that does) breaks the sharing: the next all-reduce copies that
-        tensor back into the view and restores ``p.grad`` to it, paying a copy, and a
-        reference kept to the old ``p.grad`` no longer sees the averaged gradient.
+        optimizer or hook that does) breaks the sharing: ``step()`` restores ``p.grad`` to
+        its view (holding the average) when the replacement came after backward, and the
+        next all-reduce copies a replacement made before it into the view (a copy), so a
+        reference kept to the replacement does not see the averaged gradient.
+
+    Replacing ``p.grad`` between ``backward()`` and ``step()`` (``p.grad = p.grad / k``, a
+    hook or clipping code that assigns a new tensor) is supported, as in Horovod: the
+    all-reduce started from the tensor that was ``p.grad`` when backward's last pass
+    produced it, and ``step()``/``synchronize()`` puts the result into the current
+    ``p.grad`` (copied into the replacement; with gradient_as_bucket_view, ``p.grad``
+    returns to its view, which holds it). So what the replacement held is overwritten by
+    the average: values written into ``p.grad`` after backward are not all-reduced (scale
+    the gradients after ``synchronize()`` instead). A replacement that cannot hold the
+    result (sparse, where the gradient is dense) raises InvalidArgumentError naming the
+    parameter; torch itself refuses another shape, dtype or device.
+
+    ``add_param_group()`` (between steps) registers the new parameters: their gradients
+    are all-reduced like the others' from the next backward on; options the group leaves
+    out come from the wrapped optimizer's defaults (its ``lr``, ``momentum``, ...).
 
     Errors during training: ``zero_grad()`` between ``backward()`` and ``step()``
     (FailedPreconditionError), more backward passes than declared (FailedPreconditionError,
@@ -491,7 +577,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                {"__doc__": _DistributedMixin.__doc__, "__module__": __name__})
     if groups is None and num_groups:
         groups = int(num_groups)
-    return cls(optimizer.param_groups, optimizer.state, named_parameters, compression,
+    return cls(optimizer.param_groups, optimizer.state, optimizer.defaults, named_parameters,
+               compression,
                backward_passes_per_step, op, gradient_predivide_factor, sparse_as_dense,
                groups, bool(gradient_as_bucket_view))
 
