@@ -476,11 +476,14 @@ TEST(AllReducePipelineTest, OnlyABucketThatLiesBackToBackSkipsTheBuffer) {
     // each holding rank + t + i / 8; returns the fusion counters it added.
     auto run = [&](float* in, float* out, const std::vector<size_t>& offsets) {
       const FusionStats before = ledger.Report().fusion;
+      // AllReduceTensor::name is a view: the names live here, for the whole run.
+      std::vector<std::string> names;
+      for (size_t t = 0; t < counts.size(); ++t) names.push_back("t" + std::to_string(t));
       std::vector<AllReduceTensor> ts;
       for (size_t t = 0; t < counts.size(); ++t) {
         for (int64_t i = 0; i < counts[t]; ++i) in[offsets[t] + i] = rank + t + i / 8.0f;
-        ts.push_back({"t" + std::to_string(t), absl::MakeConstSpan(&counts[t], 1),
-                      in + offsets[t], out + offsets[t]});
+        ts.push_back({names[t], absl::MakeConstSpan(&counts[t], 1), in + offsets[t],
+                      out + offsets[t]});
       }
       EXPECT_TRUE(pipeline.Run(0, stage.none(), DataType::kFloat32, ReduceOp::kSum, ts, comm).ok());
       for (size_t t = 0; t < counts.size(); ++t) {
@@ -515,10 +518,12 @@ TEST(AllReducePipelineTest, OnlyABucketThatLiesBackToBackSkipsTheBuffer) {
     EXPECT_EQ(f.packed_buckets, 1u);
     // Out of place where the compressor reads in place only (fp4 takes its input in the
     // view): packed, nothing converted either way.
+    std::vector<std::string> names;  // viewed by the AllReduceTensors: they outlive the run
+    for (size_t t = 0; t < counts.size(); ++t) names.push_back("q" + std::to_string(t));
     std::vector<AllReduceTensor> ts;
     for (size_t t = 0; t < counts.size(); ++t) {
-      ts.push_back({"q" + std::to_string(t), absl::MakeConstSpan(&counts[t], 1),
-                    a.data() + back_to_back[t], b.data() + back_to_back[t]});
+      ts.push_back({names[t], absl::MakeConstSpan(&counts[t], 1), a.data() + back_to_back[t],
+                    b.data() + back_to_back[t]});
     }
     const FusionStats before = ledger.Report().fusion;
     ASSERT_TRUE(pipeline.Run(1, *stage.Resolve("fp4").value(), DataType::kFloat32,
