@@ -1,5 +1,6 @@
 #include "runtime/config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 
@@ -569,6 +570,10 @@ absl::StatusOr<std::string> SettingFlagValue(const SettingFlag& flag, absl::stri
     return absl::StrCat(*bytes);
   }
   return std::string(text);
+}
+
+absl::Duration RegistrationTimeout(const RuntimeConfig& config) {
+  return std::max(config.timeout, absl::Seconds(60));
 }
 
 }  // namespace braid

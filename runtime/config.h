@@ -126,6 +126,13 @@ struct RuntimeConfig {
   JobSettings job;                       // proposed to the coordinator at registration
 };
 
+// How long a rank waits for the whole world to register: BRAID_TIMEOUT_S, but at least 60 s
+// (ranks of one job may start seconds apart, a Python rank after importing its framework).
+// A coordinator hosted by rank 0 or by braidrun fails the waiting registrations at this time
+// with an error naming the missing ranks; the rank's own call allows 5 s more, so that error
+// is what every waiting rank sees.
+absl::Duration RegistrationTimeout(const RuntimeConfig& config);
+
 // What an error calls a variable: the variable itself, or the flag that set it.
 using NameOf = std::function<std::string(absl::string_view variable)>;
 

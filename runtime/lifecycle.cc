@@ -152,6 +152,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Runtime::Impl::ConnectDefault
       so.world_size = launch->size;
       so.job_secret = secret.secret;
       so.single_job = true;  // another job's ranks on this port are refused at once
+      so.register_timeout = RegistrationTimeout(config);  // before the ranks' own deadline
       so.tls_cert_file = config.tls_cert_file;
       so.tls_key_file = config.tls_key_file;
       // No settings of its own: every rank's registration proposes the job settings it set,

@@ -52,7 +52,7 @@ absl::StatusOr<Joined> JoinJob(const RuntimeConfig& config, const LaunchInfo& la
   reg.set_pid(getpid());
   reg.set_transport_address(self.address);
   *reg.mutable_settings() = ToProto(config.job);
-  auto registered = client.Register(reg, std::max(config.timeout, absl::Seconds(60)));
+  auto registered = client.Register(reg, RegistrationTimeout(config));
   if (!registered.ok()) return registered.status();
 
   std::vector<transport::PeerAddress> peers;

@@ -435,6 +435,9 @@ int main(int argc, char** argv) {
   }
   if (so.job_secret.empty()) so.job_secret = braid::RandomSecret();
   so.single_job = true;
+  // Registrations that wait longer fail naming the missing ranks, before the ranks' own
+  // deadline (RegistrationTimeout in runtime/config.h).
+  so.register_timeout = braid::RegistrationTimeout(args->config);
   so.tls_cert_file = args->config.tls_cert_file;
   so.tls_key_file = args->config.tls_key_file;
   // The job settings given to braidrun (flags, or its environment) are the job's: ranks
