@@ -18,6 +18,8 @@
 
 namespace braid {
 
+// Ranks in one job (BRAID_SIZE); the coordinator refuses a registration that asks for more.
+inline constexpr int kMaxWorldSize = 65536;
 // A tensor name, in bytes (PyTorch parameter names are a few dozen).
 inline constexpr size_t kMaxNameBytes = 1024;
 // Dimensions of a tensor (NumPy's own limit is 32, or 64 since NumPy 2).

@@ -51,6 +51,11 @@ void Job::AddRegistration(int64_t call_id, const proto::RegisterRequest& req,
   if (phase_ != proto::JOB_FORMING) {
     return refuse(absl::FailedPreconditionError(absl::StrCat("job ", id(), " already formed")));
   }
+  if (req.size() > kMaxWorldSize) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("pid ", req.pid(), " on ", req.host(), " asks for a world of ", req.size(),
+                     " ranks; braid's limit is ", kMaxWorldSize)));
+  }
   if (world_size_ == 0) world_size_ = req.size();
   if (world_size_ <= 0) {
     world_size_ = opts_.world_size;
@@ -383,10 +388,22 @@ std::string Job::MissingRegistrations() const {
     }
     missing.push_back(r);
   }
+  // Named one by one up to a point: a world of thousands would make an unreadable message.
+  constexpr size_t kNamed = 32;
+  std::string missing_list = absl::StrJoin(
+      missing.begin(), missing.begin() + std::min(missing.size(), kNamed), ", ");
+  if (missing.size() > kNamed) {
+    absl::StrAppend(&missing_list, " and ", missing.size() - kNamed, " more");
+  }
+  if (came.size() > kNamed) {
+    const size_t more = came.size() - kNamed;
+    came.resize(kNamed);
+    came.push_back(absl::StrCat("and ", more, " more"));
+  }
   return absl::StrCat("only ", pending_.size(), " of ", world_size_,
                       " ranks registered within ", absl::FormatDuration(opts_.register_timeout),
-                      ": missing rank", missing.size() == 1 ? " " : "s ",
-                      absl::StrJoin(missing, ", "), "; registered: ", absl::StrJoin(came, ", "));
+                      ": missing rank", missing.size() == 1 ? " " : "s ", missing_list,
+                      "; registered: ", absl::StrJoin(came, ", "));
 }
 
 // Note [Failure reports] in negotiation.h: a tensor not negotiated within the job's

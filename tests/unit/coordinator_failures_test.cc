@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "coordinator/negotiation.h"
 #include "coordinator/service.h"
 #include "gtest/gtest.h"
@@ -266,6 +267,25 @@ TEST_F(FailuresTest, TheNegotiationDeadlineFailsTensorsNamingTheRanks) {
   EXPECT_EQ((*status)->tensors_pending(), 0);
   EXPECT_EQ((*status)->settings().negotiation_timeout_ms(), 5000);
   EXPECT_EQ((*status)->job_state(), "running");
+}
+
+// A registration asking for more ranks than braid allows is refused at once (a world size
+// of 2^30 would otherwise be waited for, and its missing ranks listed, by the coordinator);
+// a large world's missing ranks are named up to 32, then counted.
+TEST_F(FailuresTest, AWorldOverTheLimitIsRefusedAndALargeOnesMissingRanksAreCounted) {
+  const int64_t huge = Register(Reg(0, kMaxWorldSize + 1));
+  ASSERT_EQ(results_.count(huge), 1u);
+  EXPECT_EQ(results_.at(huge).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(results_.at(huge).status().message(),
+            "pid 100 on h asks for a world of 65537 ranks; braid's limit is 65536");
+  const int64_t first = Register(Reg(0, 100));
+  now_ += absl::Seconds(30);
+  service_->Inspect();
+  ASSERT_EQ(results_.count(first), 1u);
+  EXPECT_EQ(results_.at(first).status().message(),
+            "only 1 of 100 ranks registered within 30s: missing ranks 1, 2, 3, 4, 5, 6, 7, 8, "
+            "9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, "
+            "30, 31, 32 and 67 more; registered: rank 0 (pid 100 on h)");
 }
 
 // The default negotiation timeout is long (1800 s): checkpoints and evaluations on one rank
