@@ -273,71 +273,64 @@ TEST_F(ServiceTest, ASilentRankIsLostAfterTheHeartbeatTimeout) {
   EXPECT_EQ(Status().ranks(1).state(), "lost");
 }
 
-TEST_F(ServiceTest, StallIsReportedThenAbortsAfterTheStallShutdown) {
-  std::vector<int64_t> ids;
-  for (int r = 0; r < 2; ++r) {
-    proto::RegisterRequest req = Reg(r, 2);
-    req.mutable_settings()->set_stall_check_ms(1000);
-    req.mutable_settings()->set_stall_shutdown_ms(2000);
-    ids.push_back(Register(req));
+// A 2-rank job with the given stall check and shutdown, whose rank 0 alone submits 'lonely'.
+class StallTest : public ServiceTest {
+ protected:
+  void StartStalledJob(int64_t check_ms, int64_t shutdown_ms) {
+    for (int r = 0; r < 2; ++r) {
+      proto::RegisterRequest req = Reg(r, 2);
+      req.mutable_settings()->set_stall_check_ms(check_ms);
+      req.mutable_settings()->set_stall_shutdown_ms(shutdown_ms);
+      Register(req);
+    }
+    std::vector<StreamKey> keys;
+    for (int r = 0; r < 2; ++r) {
+      sinks_.push_back(std::make_shared<RecordingSink>());
+      keys.push_back(*Open(r, sinks_.back()));
+    }
+    service_->OnRequests(keys[0], Allreduce(0, "lonely"));
   }
-  std::vector<StreamKey> keys;
-  std::vector<std::shared_ptr<RecordingSink>> sinks;
-  for (int r = 0; r < 2; ++r) {
-    auto sink = std::make_shared<RecordingSink>();
-    keys.push_back(*Open(r, sink));
-    sinks.push_back(sink);
-  }
-  service_->OnRequests(keys[0], Allreduce(0, "lonely"));
-  now_ += absl::Seconds(1);
-  EXPECT_TRUE(Beat(0).ok());
-  EXPECT_TRUE(Beat(1).ok());
-  service_->Inspect();
-  proto::StatusResponse s = Status();
-  ASSERT_EQ(s.pending_size(), 1);
-  EXPECT_TRUE(s.pending(0).stalled());
-  EXPECT_EQ(s.pending(0).missing_ranks(0), 1);
-  EXPECT_TRUE(sinks[1]->sent.empty());
-  now_ += absl::Seconds(1);
-  EXPECT_TRUE(Beat(0).ok());
-  EXPECT_TRUE(Beat(1).ok());
-  service_->Inspect();
-  ASSERT_EQ(sinks[1]->sent.size(), 1u);
-  EXPECT_EQ(sinks[1]->sent[0].abort_code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
-  EXPECT_EQ(sinks[1]->sent[0].abort_message(),
-            "stalled: tensor 'lonely' was submitted by rank 0 but not by rank 1 for 2s "
-            "(BRAID_STALL_SHUTDOWN_S=2)");
-}
-
-// A stall shutdown shorter than the stall check aborts at its own time (the check, 60 s by
-// default, only decides when the stall is logged).
-TEST_F(ServiceTest, AStallShutdownShorterThanTheCheckAbortsAtItsOwnTime) {
-  for (int r = 0; r < 2; ++r) {
-    proto::RegisterRequest req = Reg(r, 2);
-    req.mutable_settings()->set_stall_check_ms(60000);
-    req.mutable_settings()->set_stall_shutdown_ms(2000);
-    Register(req);
-  }
-  std::vector<StreamKey> keys;
-  std::vector<std::shared_ptr<RecordingSink>> sinks;
-  for (int r = 0; r < 2; ++r) {
-    auto sink = std::make_shared<RecordingSink>();
-    keys.push_back(*Open(r, sink));
-    sinks.push_back(sink);
-  }
-  service_->OnRequests(keys[0], Allreduce(0, "lonely"));
-  for (int s = 0; s < 2; ++s) {
-    EXPECT_TRUE(sinks[1]->sent.empty()) << "aborted after " << s << "s";
+  // One second on: both ranks beat, the coordinator inspects.
+  void Tick() {
     now_ += absl::Seconds(1);
     EXPECT_TRUE(Beat(0).ok());
     EXPECT_TRUE(Beat(1).ok());
     service_->Inspect();
   }
-  ASSERT_EQ(sinks[1]->sent.size(), 1u);
-  EXPECT_EQ(sinks[1]->sent[0].abort_code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
-  EXPECT_EQ(sinks[1]->sent[0].abort_message(),
-            "stalled: tensor 'lonely' was submitted by rank 0 but not by rank 1 for 2s "
-            "(BRAID_STALL_SHUTDOWN_S=2)");
+  // Rank 1 was told the job aborted on the 2 s stall of 'lonely', and nothing else.
+  void ExpectStallAbortOnRank1() {
+    ASSERT_EQ(sinks_[1]->sent.size(), 1u);
+    EXPECT_EQ(sinks_[1]->sent[0].abort_code(),
+              static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+    EXPECT_EQ(sinks_[1]->sent[0].abort_message(),
+              "stalled: tensor 'lonely' was submitted by rank 0 but not by rank 1 for 2s "
+              "(BRAID_STALL_SHUTDOWN_S=2)");
+  }
+
+  std::vector<std::shared_ptr<RecordingSink>> sinks_;
+};
+
+TEST_F(StallTest, StallIsReportedThenAbortsAfterTheStallShutdown) {
+  StartStalledJob(/*check_ms=*/1000, /*shutdown_ms=*/2000);
+  Tick();
+  proto::StatusResponse s = Status();
+  ASSERT_EQ(s.pending_size(), 1);
+  EXPECT_TRUE(s.pending(0).stalled());
+  EXPECT_EQ(s.pending(0).missing_ranks(0), 1);
+  EXPECT_TRUE(sinks_[1]->sent.empty());
+  Tick();
+  ExpectStallAbortOnRank1();
+}
+
+// A stall shutdown shorter than the stall check aborts at its own time (the check, 60 s by
+// default, only decides when the stall is logged).
+TEST_F(StallTest, AStallShutdownShorterThanTheCheckAbortsAtItsOwnTime) {
+  StartStalledJob(/*check_ms=*/60000, /*shutdown_ms=*/2000);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_TRUE(sinks_[1]->sent.empty()) << "aborted after " << s << "s";
+    Tick();
+  }
+  ExpectStallAbortOnRank1();
 }
 
 // ---- One job at a time (Note [One job at a time]) ----
