@@ -5,6 +5,7 @@
 // buffer's reuse.
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <string>
 #include <vector>
@@ -419,6 +420,22 @@ TEST(StatisticsLedgerTest, TotalsAreTheSumsOfTheTensorRows) {
   EXPECT_EQ(totals[1].bytes.payload_bytes, 8u);
 }
 
+// A bucket's tensors for AllReducePipeline::Run, owning the names they view
+// (AllReduceTensor::name is a view, so a temporary name would dangle during the run).
+class TestBucket {
+ public:
+  // Tensor `name` of *count elements at input, its result to output.
+  void Add(std::string name, const int64_t* count, const void* input, void* output) {
+    names_.push_back(std::move(name));
+    tensors_.push_back({names_.back(), absl::MakeConstSpan(count, 1), input, output});
+  }
+  absl::Span<const AllReduceTensor> tensors() const { return tensors_; }
+
+ private:
+  std::deque<std::string> names_;  // a deque: growing it leaves the viewed names in place
+  std::vector<AllReduceTensor> tensors_;
+};
+
 // One fusion buffer for every bucket: grown when a bucket needs more, reused otherwise; a
 // lone tensor whose dtype the compressor takes is reduced in its output, without it.
 TEST(AllReducePipelineTest, OneGrowOnlyBufferServesEveryBucket) {
@@ -429,14 +446,11 @@ TEST(AllReducePipelineTest, OneGrowOnlyBufferServesEveryBucket) {
     const compression::CompressionMethod& none = stage.none();
     auto run = [&](const compression::CompressionMethod& m, DataType dt,
                    std::vector<std::vector<char>>& data, const std::vector<int64_t>& counts) {
-      std::vector<std::string> names;  // AllReduceTensor::name views them: they must outlive Run
-      for (size_t t = 0; t < data.size(); ++t) names.push_back("t" + std::to_string(t));
-      std::vector<AllReduceTensor> ts;
+      TestBucket bucket;
       for (size_t t = 0; t < data.size(); ++t) {
-        ts.push_back({names[t], absl::MakeConstSpan(&counts[t], 1), data[t].data(),
-                      data[t].data()});
+        bucket.Add("t" + std::to_string(t), &counts[t], data[t].data(), data[t].data());
       }
-      return pipeline.Run(0, m, dt, ReduceOp::kSum, ts, comm);
+      return pipeline.Run(0, m, dt, ReduceOp::kSum, bucket.tensors(), comm);
     };
     std::vector<int64_t> lone = {1000};
     std::vector<std::vector<char>> one(1, std::vector<char>(4000));
@@ -476,16 +490,13 @@ TEST(AllReducePipelineTest, OnlyABucketThatLiesBackToBackSkipsTheBuffer) {
     // each holding rank + t + i / 8; returns the fusion counters it added.
     auto run = [&](float* in, float* out, const std::vector<size_t>& offsets) {
       const FusionStats before = ledger.Report().fusion;
-      // AllReduceTensor::name is a view: the names live here, for the whole run.
-      std::vector<std::string> names;
-      for (size_t t = 0; t < counts.size(); ++t) names.push_back("t" + std::to_string(t));
-      std::vector<AllReduceTensor> ts;
+      TestBucket bucket;
       for (size_t t = 0; t < counts.size(); ++t) {
         for (int64_t i = 0; i < counts[t]; ++i) in[offsets[t] + i] = rank + t + i / 8.0f;
-        ts.push_back({names[t], absl::MakeConstSpan(&counts[t], 1), in + offsets[t],
-                      out + offsets[t]});
+        bucket.Add("t" + std::to_string(t), &counts[t], in + offsets[t], out + offsets[t]);
       }
-      EXPECT_TRUE(pipeline.Run(0, stage.none(), DataType::kFloat32, ReduceOp::kSum, ts, comm).ok());
+      EXPECT_TRUE(pipeline.Run(0, stage.none(), DataType::kFloat32, ReduceOp::kSum,
+                               bucket.tensors(), comm).ok());
       for (size_t t = 0; t < counts.size(); ++t) {
         for (int64_t i = 0; i < counts[t]; ++i) {
           EXPECT_EQ(out[offsets[t] + i], 1 + 2 * (t + i / 8.0f)) << "t" << t << "[" << i << "]";
@@ -518,16 +529,14 @@ TEST(AllReducePipelineTest, OnlyABucketThatLiesBackToBackSkipsTheBuffer) {
     EXPECT_EQ(f.packed_buckets, 1u);
     // Out of place where the compressor reads in place only (fp4 takes its input in the
     // view): packed, nothing converted either way.
-    std::vector<std::string> names;  // viewed by the AllReduceTensors: they outlive the run
-    for (size_t t = 0; t < counts.size(); ++t) names.push_back("q" + std::to_string(t));
-    std::vector<AllReduceTensor> ts;
+    TestBucket bucket;
     for (size_t t = 0; t < counts.size(); ++t) {
-      ts.push_back({names[t], absl::MakeConstSpan(&counts[t], 1), a.data() + back_to_back[t],
-                    b.data() + back_to_back[t]});
+      bucket.Add("q" + std::to_string(t), &counts[t], a.data() + back_to_back[t],
+                 b.data() + back_to_back[t]);
     }
     const FusionStats before = ledger.Report().fusion;
     ASSERT_TRUE(pipeline.Run(1, *stage.Resolve("fp4").value(), DataType::kFloat32,
-                             ReduceOp::kSum, ts, comm).ok());
+                             ReduceOp::kSum, bucket.tensors(), comm).ok());
     EXPECT_EQ(ledger.Report().fusion.packed_buckets, before.packed_buckets + 1);
   });
 }
