@@ -49,11 +49,16 @@ def braidrun():
     return str(path)
 
 
-def run_job(np_, args, timeout=300):
+def launch(np_, args, timeout):
+    """braidrun -np np_ PYTHON args..., over shared memory; the CompletedProcess."""
     env = dict(os.environ, UCX_TLS="sm", UCX_NET_DEVICES="lo", OMP_NUM_THREADS="1")
     env.pop("BRAID_COMPRESSION", None)
-    out = subprocess.run([braidrun(), "-np", str(np_), "--timeout", "60", PYTHON, *args],
-                         env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([braidrun(), "-np", str(np_), "--timeout", "60", PYTHON, *args],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def run_job(np_, args, timeout=300):
+    out = launch(np_, args, timeout)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
 
@@ -116,9 +121,6 @@ def test_horovod_style_example_runs_with_only_the_import_changed():
     ("--batch-size", "-3", "argument --batch-size: must be at least 1, got -3"),
     ("--train-subset", "-1", "argument --train-subset: must be 0 or more, got -1")])
 def test_fashion_mnist_example_refuses_a_run_that_trains_nothing(flag, value, message):
-    env = dict(os.environ, UCX_TLS="sm", UCX_NET_DEVICES="lo", OMP_NUM_THREADS="1")
-    out = subprocess.run([braidrun(), "-np", "1", "--timeout", "60", PYTHON,
-                          str(REPO / "examples" / "train_fashion_mnist.py"), flag, value],
-                         env=env, capture_output=True, text=True, timeout=120)
+    out = launch(1, [str(REPO / "examples" / "train_fashion_mnist.py"), flag, value], 120)
     assert out.returncode != 0, out.stdout + out.stderr
     assert message in out.stdout + out.stderr, out.stdout + out.stderr
