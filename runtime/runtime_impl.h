@@ -43,6 +43,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -173,6 +174,15 @@ class Runtime::Impl {
   // ---- fast_loop.cc (Note [Fast path], fast_path.h) ----
   // One round of the fast path; false when the loop must stop.
   bool FastCycle();
+  // FastCycle's first part, under mu_: waits for work or the round's time, then fills this
+  // rank's vote, the requests for the coordinator and the errors to report. A value when no
+  // vote follows (what FastCycle returns), nullopt when it does.
+  std::optional<bool> BeginFastRound(proto::RequestList* out, Vote* vote,
+                                     std::deque<Bucket>* replies);
+  // FastCycle's last part: applies the gathered votes (or handles the vote's failure: a peer
+  // that left, else an abort). True when the round ran or changed something.
+  bool FinishFastRound(const absl::Status& gathered_status,
+                       const std::vector<uint64_t>& gathered, proto::RequestList* resend);
   // Routes new requests (cached: held for the vote, else to `out`) and fills this rank's vote.
   void RouteAndVoteLocked(absl::Time now, proto::RequestList* out, Vote* vote)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
