@@ -202,6 +202,10 @@ class Runtime::Impl {
   void Execute(const Bucket& bucket);
   absl::Status RunAllReduce(const Bucket& bucket, const std::vector<Entry*>& entries);
   absl::Status RunCollective(Entry& e, const Bucket& bucket);
+  // The error of a bucket whose collective timed out on the data plane (`s`, which names the
+  // peers waited on, transport/context.h): the same, naming the bucket's tensors too. The
+  // first such error is kept and returned for every later bucket.
+  absl::Status DataPlaneTimeout(const Bucket& bucket, const absl::Status& s);
   // Note [Join]: this rank has joined and takes part in `bucket` without entries of its own.
   bool JoinedIn(const Bucket& bucket) const;
   absl::Status RunJoined(const Bucket& bucket);
@@ -232,6 +236,8 @@ class Runtime::Impl {
   // Held for the whole of Init and Shutdown: they may be called from any thread.
   absl::Mutex lifecycle_mu_;
   transport::TransportStats stats_ ABSL_GUARDED_BY(mu_);  // snapshot of comm_->stats()
+  // DataPlaneTimeout's first error; braid-loop's alone (reset by Init before it starts).
+  absl::Status data_plane_timeout_;
   // comm_->Describe(), taken in Init before the background thread owns comm_.
   std::string transport_description_ ABSL_GUARDED_BY(mu_);
   // Created by Init (per job: compressor state and counters start fresh) before the client
