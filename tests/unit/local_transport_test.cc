@@ -243,6 +243,7 @@ TEST(CommunicatorFailureTest, ASilentPeerGivesDeadlineExceededAndPoisons) {
 // The deadline's error names the peers each rank still waited on. Recursive doubling on 4
 // ranks with rank 3 silent: rank 2 (its first partner) and rank 1 (its second) wait on rank
 // 3; rank 0 finishes its first round with rank 1, then waits on rank 2, stuck in its own.
+// What ranks 0 and 1 did complete before the failure is not counted.
 TEST(CommunicatorFailureTest, TheDeadlineNamesThePeersEachRankWaitsOn) {
   const absl::Duration timeout = absl::Milliseconds(300);
   absl::Notification done;
@@ -256,6 +257,13 @@ TEST(CommunicatorFailureTest, TheDeadlineNamesThePeersEachRankWaitsOn) {
                        "rank ", rank, ": collective #0 made no progress for 300ms "
                        "(BRAID_TIMEOUT_S); waiting for a message from ", waits_on[rank],
                        " and the delivery of a message to ", waits_on[rank])));
+      // Ranks 0 and 1 completed their first round's messages, but a call that fails adds
+      // nothing to the statistics (Note [Transport statistics]).
+      const TransportStats st = comm.stats();
+      EXPECT_EQ(st.collectives + st.messages_sent + st.messages_received + st.bytes_sent +
+                    st.bytes_received,
+                0u)
+          << "rank " << rank;
       if (--left == 0) done.Notify();
     }
     done.WaitForNotification();  // nobody leaves early: a closed peer is another error
