@@ -101,9 +101,18 @@ std::optional<bool> Runtime::Impl::BeginFastRound(proto::RequestList* out, Vote*
 bool Runtime::Impl::FinishFastRound(const absl::Status& gathered_status,
                                     const std::vector<uint64_t>& gathered,
                                     proto::RequestList* resend) {
+  absl::Status vote_status = gathered_status;
+  if (vote_status.code() == absl::StatusCode::kDeadlineExceeded) {
+    // The data plane timed out in a bucket (whose error names its tensors) or in this vote.
+    if (data_plane_timeout_.ok()) {
+      data_plane_timeout_ = absl::DeadlineExceededError(absl::StrCat(
+          "the fast path's vote timed out on the data plane: ", vote_status.message()));
+    }
+    vote_status = data_plane_timeout_;
+  }
   absl::StatusOr<Agreement> agreed =
-      gathered_status.ok() ? Agree(gathered, size_, fast_cache_, applied_)
-                           : absl::StatusOr<Agreement>(gathered_status);
+      vote_status.ok() ? Agree(gathered, size_, fast_cache_, applied_)
+                       : absl::StatusOr<Agreement>(vote_status);
   if (agreed.ok()) {
     ApplyAgreement(*agreed, resend);
     return !agreed->ready.empty() || !agreed->invalidate.empty() || agreed->received > applied_;

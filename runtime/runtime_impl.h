@@ -236,7 +236,8 @@ class Runtime::Impl {
   // Held for the whole of Init and Shutdown: they may be called from any thread.
   absl::Mutex lifecycle_mu_;
   transport::TransportStats stats_ ABSL_GUARDED_BY(mu_);  // snapshot of comm_->stats()
-  // DataPlaneTimeout's first error; braid-loop's alone (reset by Init before it starts).
+  // DataPlaneTimeout's first error (or a fast-path vote's, FinishFastRound); braid-loop's
+  // alone (reset by Init before it starts).
   absl::Status data_plane_timeout_;
   // comm_->Describe(), taken in Init before the background thread owns comm_.
   std::string transport_description_ ABSL_GUARDED_BY(mu_);

@@ -526,36 +526,40 @@ class StalledAllReduce final : public transport::Communicator {
 // the peer this rank waited on, and every later collective repeats that error (the data
 // plane is poisoned), not a bare sequence number.
 TEST(RuntimeTest, ADataPlaneTimeoutNamesTheTensorsAndThePeer) {
-  absl::Notification release;
-  RuntimeWorldOptions o = WorldOf(2);
-  o.timeout = absl::Milliseconds(500);
-  o.wrap_communicator = [&](int rank, std::unique_ptr<transport::Communicator> comm)
-      -> std::unique_ptr<transport::Communicator> {
-    if (rank == 0) return comm;
-    return std::make_unique<StalledAllReduce>(std::move(comm), &release);
-  };
-  RuntimeWorld world(o);
-  ASSERT_TRUE(world.InitOk());
-  std::vector<float> in(8, 1.0f), out(8), later(8);
-  auto h = world[0].Enqueue(AllReduce("layer1.grad", in.data(), out.data(), 8));
-  auto h1 = world[1].Enqueue(AllReduce("layer1.grad", in.data(), out.data(), 8));
-  ASSERT_TRUE(h.ok() && h1.ok());
-  const absl::Status s = WaitFor(h);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-  const std::string prefix = "allreduce of tensor 'layer1.grad' (bucket ";
-  EXPECT_EQ(s.message().substr(0, prefix.size()), prefix) << s;
-  EXPECT_TRUE(absl::StrContains(s.message(), ") timed out on the data plane: rank 0: "
-                                             "collective #")) << s;
-  EXPECT_TRUE(absl::StrContains(s.message(), " made no progress for 500ms (BRAID_TIMEOUT_S); "
-                                             "waiting for a message from rank 1")) << s;
-  // Later work on the poisoned data plane repeats the error that names the tensor.
-  auto h2 = world[0].Enqueue(AllReduce("layer2.grad", in.data(), later.data(), 8));
-  auto h3 = world[1].Enqueue(AllReduce("layer2.grad", in.data(), later.data(), 8));
-  release.Notify();
-  EXPECT_EQ(WaitFor(h2), s);
-  EXPECT_FALSE(WaitFor(h1).ok());
-  EXPECT_FALSE(WaitFor(h3).ok());
-  world.Shutdown();
+  for (bool fast_path : {false, true}) {
+    SCOPED_TRACE(fast_path ? "fast path" : "through the coordinator");
+    absl::Notification release;
+    RuntimeWorldOptions o = WorldOf(2);
+    o.timeout = absl::Milliseconds(500);
+    o.settings.set_fast_path(fast_path ? 1 : 0);
+    o.wrap_communicator = [&](int rank, std::unique_ptr<transport::Communicator> comm)
+        -> std::unique_ptr<transport::Communicator> {
+      if (rank == 0) return comm;
+      return std::make_unique<StalledAllReduce>(std::move(comm), &release);
+    };
+    RuntimeWorld world(o);
+    ASSERT_TRUE(world.InitOk());
+    std::vector<float> in(8, 1.0f), out(8), later(8);
+    auto h = world[0].Enqueue(AllReduce("layer1.grad", in.data(), out.data(), 8));
+    auto h1 = world[1].Enqueue(AllReduce("layer1.grad", in.data(), out.data(), 8));
+    ASSERT_TRUE(h.ok() && h1.ok());
+    const absl::Status s = WaitFor(h);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    const std::string prefix = "allreduce of tensor 'layer1.grad' (bucket ";
+    EXPECT_EQ(s.message().substr(0, prefix.size()), prefix) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), ") timed out on the data plane: rank 0: "
+                                               "collective #")) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), " made no progress for 500ms (BRAID_TIMEOUT_S); "
+                                               "waiting for a message from rank 1")) << s;
+    // Later work on the poisoned data plane fails with the error that names the tensor.
+    auto h2 = world[0].Enqueue(AllReduce("layer2.grad", in.data(), later.data(), 8));
+    auto h3 = world[1].Enqueue(AllReduce("layer2.grad", in.data(), later.data(), 8));
+    release.Notify();
+    EXPECT_EQ(WaitFor(h2), s);
+    EXPECT_FALSE(WaitFor(h1).ok());
+    EXPECT_FALSE(WaitFor(h3).ok());
+    world.Shutdown();
+  }
 }
 
 // Note [Threads and locks]: each running rank adds braid-loop, braid-coord-rx and
