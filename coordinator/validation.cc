@@ -61,6 +61,18 @@ bool Agrees(const proto::Request& a, const proto::Request& b) {
 
 using Getter = std::string (*)(const proto::Request&);
 
+// Each field's text as the mismatch errors show it.
+std::string CollectiveText(const proto::Request& r) { return CollectiveName(r.collective()); }
+std::string DtypeText(const proto::Request& r) { return DtypeName(r.dtype()); }
+std::string DeviceText(const proto::Request& r) { return r.device() == proto::GPU ? "gpu" : "cpu"; }
+std::string ProcessSetText(const proto::Request& r) { return absl::StrCat(r.process_set_id()); }
+std::string CompressionText(const proto::Request& r) {
+  return r.compression().empty() ? std::string("none") : r.compression();
+}
+std::string OpText(const proto::Request& r) { return OpName(r.reduce_op()); }
+std::string ShapeRankText(const proto::Request& r) { return absl::StrCat(r.shape_size()); }
+std::string RootText(const proto::Request& r) { return absl::StrCat(r.root_rank()); }
+
 // The first field on which the ranks' requests for `name` differ, as an error naming the
 // field and each rank's value; nullopt when they all agree.
 std::optional<proto::Response> FindMismatch(const std::string& name,
@@ -96,18 +108,18 @@ std::optional<proto::Response> FindMismatch(const std::string& name,
   const bool gathers = coll == proto::ALLGATHER || coll == proto::ALLTOALL;
   // In the order they are reported: the first field that differs is the error.
   const Check checks[] = {
-      {"collective", [](const proto::Request& r) { return CollectiveName(r.collective()); }, true},
-      {"dtype", [](const proto::Request& r) { return DtypeName(r.dtype()); }, true},
-      {"device", [](const proto::Request& r) { return std::string(r.device() == proto::GPU ? "gpu" : "cpu"); }, true},
-      {"process set", [](const proto::Request& r) { return absl::StrCat(r.process_set_id()); }, true},
-      {"compression", [](const proto::Request& r) { return r.compression().empty() ? std::string("none") : r.compression(); }, true},
-      {"reduce op", [](const proto::Request& r) { return OpName(r.reduce_op()); }, reduces},
-      {"shape", [](const proto::Request& r) { return ShapeString(r); }, whole_shape},
-      {"rank of the shape", [](const proto::Request& r) { return absl::StrCat(r.shape_size()); }, gathers},
+      {"collective", CollectiveText, true},
+      {"dtype", DtypeText, true},
+      {"device", DeviceText, true},
+      {"process set", ProcessSetText, true},
+      {"compression", CompressionText, true},
+      {"reduce op", OpText, reduces},
+      {"shape", ShapeString, whole_shape},
+      {"rank of the shape", ShapeRankText, gathers},
       // Equal ranks of the shape: when the first is a scalar every one is, and the scalar
       // is reported by CheckAgreed.
       {"trailing shape", TrailingShape, gathers},
-      {"root rank", [](const proto::Request& r) { return absl::StrCat(r.root_rank()); }, coll == proto::BROADCAST},
+      {"root rank", RootText, coll == proto::BROADCAST},
   };
   for (const Check& c : checks) {
     if (!c.applies) continue;

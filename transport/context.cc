@@ -135,7 +135,9 @@ std::string Context::WaitingOn() const {
   };
   std::vector<std::string> parts;
   if (!recv_from.empty()) parts.push_back(absl::StrCat("a message from ", ranks(recv_from)));
-  if (!send_to.empty()) parts.push_back(absl::StrCat("the delivery of a message to ", ranks(send_to)));
+  if (!send_to.empty()) {
+    parts.push_back(absl::StrCat("the delivery of a message to ", ranks(send_to)));
+  }
   if (parts.empty()) return "";
   return absl::StrCat("; waiting for ", absl::StrJoin(parts, " and "));
 }

@@ -102,7 +102,9 @@ class RuntimeWorld {
     auto world = std::make_shared<LocalDataPlane::World>(
         transport::CreateLocalCommunicators(o_.size, co));
     if (o_.wrap_communicator) {
-      for (int r = 0; r < o_.size; ++r) (*world)[r] = o_.wrap_communicator(r, std::move((*world)[r]));
+      for (int r = 0; r < o_.size; ++r) {
+        (*world)[r] = o_.wrap_communicator(r, std::move((*world)[r]));
+      }
     }
     std::vector<absl::Status> out(o_.size);
     Run([&](int rank, Runtime& rt) {
