@@ -12,139 +12,12 @@
 namespace braid::coordinator {
 namespace {
 
-std::string CollectiveName(proto::Collective c) {
-  switch (c) {
-    case proto::ALLREDUCE: return "allreduce";
-    case proto::ALLGATHER: return "allgather";
-    case proto::BROADCAST: return "broadcast";
-    case proto::REDUCESCATTER: return "reducescatter";
-    case proto::ALLTOALL: return "alltoall";
-    case proto::BARRIER: return "barrier";
-    case proto::JOIN: return "join";
-    default: return absl::StrCat("collective#", static_cast<int>(c));
-  }
-}
-
-std::string DtypeName(proto::DataType d) {
-  int v = static_cast<int>(d);
-  return IsValidDataType(v) ? std::string(DataTypeName(static_cast<DataType>(v)))
-                            : absl::StrCat("dtype#", v);
-}
-
-std::string OpName(proto::ReduceOp o) {
-  int v = static_cast<int>(o);
-  return IsValidReduceOp(v) ? std::string(ReduceOpName(static_cast<ReduceOp>(v)))
-                            : absl::StrCat("op#", v);
-}
-
-std::string TrailingShape(const proto::Request& r) {
-  std::vector<std::string> dims{"?"};
-  for (int i = 1; i < r.shape_size(); ++i) dims.push_back(absl::StrCat(r.shape(i)));
-  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
-}
-
-proto::Response Error(const std::string& name, absl::StatusCode code, std::string message) {
-  proto::Response resp;
-  resp.set_type(proto::Response::ERROR);
-  resp.add_names(name);
-  resp.set_error_code(static_cast<int>(code));
-  resp.set_error_message(std::move(message));
-  return resp;
-}
-
 // "rank 2" / "ranks 0, 3".
 std::string Ranks(const std::vector<int>& ranks) {
   return absl::StrCat("rank", ranks.size() == 1 ? " " : "s ", absl::StrJoin(ranks, ", "));
 }
 
-// Whether `b` agrees with `a` on every field Validate compares for a's collective. Exact:
-// when it says no, Validate's per-field texts find the field and name the ranks.
-bool Agrees(const proto::Request& a, const proto::Request& b) {
-  const auto compression = [](const proto::Request& r) -> const std::string& {
-    static const std::string kNone = "none";
-    return r.compression().empty() ? kNone : r.compression();
-  };
-  if (a.collective() != b.collective() || a.dtype() != b.dtype() || a.device() != b.device() ||
-      a.process_set_id() != b.process_set_id() || compression(a) != compression(b)) {
-    return false;
-  }
-  const proto::Collective c = a.collective();
-  if ((c == proto::ALLREDUCE || c == proto::REDUCESCATTER) && a.reduce_op() != b.reduce_op()) {
-    return false;
-  }
-  if (a.shape_size() != b.shape_size()) return false;
-  if (c == proto::ALLREDUCE || c == proto::BROADCAST || c == proto::REDUCESCATTER) {
-    for (int i = 0; i < a.shape_size(); ++i) {
-      if (a.shape(i) != b.shape(i)) return false;
-    }
-  }
-  if (c == proto::ALLGATHER || c == proto::ALLTOALL) {
-    for (int i = 1; i < a.shape_size(); ++i) {
-      if (a.shape(i) != b.shape(i)) return false;
-    }
-  }
-  return c != proto::BROADCAST || a.root_rank() == b.root_rank();
-}
-
 }  // namespace
-
-absl::Status ValidateRequest(int rank, const proto::Request& req) {
-  const std::string what = absl::StrCat("rank ", rank, "'s request for tensor '",
-                                        Truncated(req.name(), 64), "': ");
-  auto bad = [&](const absl::Status& s) {
-    return absl::InvalidArgumentError(absl::StrCat(what, s.message()));
-  };
-  if (absl::Status s = CheckName("the name", req.name()); !s.ok()) return bad(s);
-  if (!proto::Collective_IsValid(req.collective())) {
-    return bad(absl::InvalidArgumentError(absl::StrCat("unknown collective ", req.collective())));
-  }
-  if (!IsValidDataType(req.dtype())) {
-    return bad(absl::InvalidArgumentError(absl::StrCat("unknown dtype ", req.dtype())));
-  }
-  if (!proto::Device_IsValid(req.device())) {
-    return bad(absl::InvalidArgumentError(absl::StrCat("unknown device ", req.device())));
-  }
-  if ((req.collective() == proto::ALLREDUCE || req.collective() == proto::REDUCESCATTER) &&
-      !IsValidReduceOp(req.reduce_op())) {
-    return bad(absl::InvalidArgumentError(absl::StrCat("unknown reduce op ", req.reduce_op())));
-  }
-  auto elements = ShapeElements("the shape", req.shape());
-  if (!elements.ok()) return bad(elements.status());
-  auto bytes = TensorBytes("the shape", *elements,
-                           DataTypeSize(static_cast<DataType>(req.dtype())));
-  if (!bytes.ok()) return bad(bytes.status());
-  if (req.compression().size() > kMaxCompressionSpecBytes) {
-    return bad(absl::InvalidArgumentError(absl::StrCat(
-        "the compression spec is ", req.compression().size(),
-        " bytes long, more than the limit of ", kMaxCompressionSpecBytes)));
-  }
-  return absl::OkStatus();
-}
-
-std::string ShapeString(const proto::Request& r) {
-  return absl::StrCat("[", absl::StrJoin(r.shape(), ", "), "]");
-}
-
-std::string MismatchMessage(const std::string& name, const std::string& field,
-                            const std::map<int, std::string>& value_by_rank) {
-  // Group ranks by value, in order of each value's lowest rank.
-  std::vector<std::pair<std::string, std::vector<int>>> groups;
-  for (const auto& [rank, value] : value_by_rank) {
-    // A named copy: C++17 lambdas cannot capture a structured binding (clang refuses).
-    const std::string& v = value;
-    auto it = std::find_if(groups.begin(), groups.end(),
-                           [&v](const auto& g) { return g.first == v; });
-    if (it == groups.end()) groups.push_back({value, {rank}});
-    else it->second.push_back(rank);
-  }
-  std::vector<std::string> parts;
-  for (const auto& [value, ranks] : groups) {
-    parts.push_back(absl::StrCat(value, " on rank", ranks.size() > 1 ? "s " : " ",
-                                 absl::StrJoin(ranks, ", ")));
-  }
-  return absl::StrCat("tensor '", name, "': ", field, " differs across ranks: ",
-                      absl::StrJoin(parts, "; "));
-}
 
 NegotiationTable::NegotiationTable(int world_size, int64_t fusion_threshold_bytes,
                                    int cache_capacity)
@@ -243,124 +116,10 @@ std::vector<proto::Response> NegotiationTable::Fuse(std::vector<proto::Response>
   }
   return out;
 }
-
 proto::Response NegotiationTable::Validate(const std::string& name, const Entry& e) const {
   // Every rank submitted it, or has joined (Note [Join]: a joined rank's entry is null and
   // is left out of every comparison).
-  const proto::Request& first = *FirstOf(e);
-  // Each check: a field's text per rank; the first field that differs is reported.
-  using Getter = std::string (*)(const proto::Request&);
-  struct Check {
-    const char* field;
-    Getter get;
-  };
-  static const Check kChecks[] = {
-      {"collective", [](const proto::Request& r) { return CollectiveName(r.collective()); }},
-      {"dtype", [](const proto::Request& r) { return DtypeName(r.dtype()); }},
-      {"device", [](const proto::Request& r) { return std::string(r.device() == proto::GPU ? "gpu" : "cpu"); }},
-      {"process set", [](const proto::Request& r) { return absl::StrCat(r.process_set_id()); }},
-      {"compression", [](const proto::Request& r) { return r.compression().empty() ? std::string("none") : r.compression(); }},
-  };
-  auto differs = [&](const char* field, auto get) -> std::optional<proto::Response> {
-    std::map<int, std::string> values;
-    bool diff = false;
-    const std::string ref = get(first);
-    for (int rank = 0; rank < world_size_; ++rank) {
-      if (e.by_rank[rank] == nullptr) continue;
-      values[rank] = get(*e.by_rank[rank]);
-      diff = diff || values[rank] != ref;
-    }
-    if (!diff) return std::nullopt;
-    return Error(name, absl::StatusCode::kInvalidArgument, MismatchMessage(name, field, values));
-  };
-  // The usual case, every rank sent the same: one cheap comparison per rank, no text.
-  bool agree = true;
-  for (const RequestPtr& r : e.by_rank) {
-    agree = agree && (r == nullptr || r.get() == &first || Agrees(first, *r));
-  }
-  for (const Check& c : kChecks) {
-    if (agree) break;
-    if (auto err = differs(c.field, c.get)) return *err;
-  }
-  const proto::Collective coll = first.collective();
-  if (!agree && (coll == proto::ALLREDUCE || coll == proto::REDUCESCATTER)) {
-    if (auto err = differs("reduce op", [](const proto::Request& r) { return OpName(r.reduce_op()); })) return *err;
-  }
-  if (!agree && (coll == proto::ALLREDUCE || coll == proto::BROADCAST || coll == proto::REDUCESCATTER)) {
-    if (auto err = differs("shape", [](const proto::Request& r) { return ShapeString(r); })) return *err;
-  }
-  if (coll == proto::ALLGATHER || coll == proto::ALLTOALL) {
-    if (!agree) {
-      if (auto err = differs("rank of the shape", [](const proto::Request& r) { return absl::StrCat(r.shape_size()); })) return *err;
-    }
-    if (first.shape_size() == 0) {
-      return Error(name, absl::StatusCode::kInvalidArgument,
-                   absl::StrCat("tensor '", name, "': ", CollectiveName(coll),
-                                " needs at least one dimension, got a scalar"));
-    }
-    if (!agree) {
-      if (auto err = differs("trailing shape", TrailingShape)) return *err;
-    }
-  }
-  if (coll == proto::BROADCAST) {
-    if (!agree) {
-      if (auto err = differs("root rank", [](const proto::Request& r) { return absl::StrCat(r.root_rank()); })) return *err;
-    }
-    if (first.root_rank() < 0 || first.root_rank() >= world_size_) {
-      return Error(name, absl::StatusCode::kInvalidArgument,
-                   absl::StrCat("tensor '", name, "': broadcast root rank ", first.root_rank(),
-                                " is not a rank of a world of size ", world_size_));
-    }
-  }
-  if (first.process_set_id() != 0) {
-    return Error(name, absl::StatusCode::kInvalidArgument,
-                 absl::StrCat("tensor '", name, "': process set ", first.process_set_id(),
-                              " does not exist (only 0, the whole world)"));
-  }
-  if (coll == proto::ALLREDUCE || coll == proto::REDUCESCATTER) {
-    absl::Status s = CheckReduceOp(static_cast<DataType>(first.dtype()),
-                                   static_cast<ReduceOp>(first.reduce_op()));
-    if (!s.ok()) {
-      return Error(name, absl::StatusCode::kInvalidArgument,
-                   absl::StrCat("tensor '", name, "': ", s.message()));
-    }
-  }
-
-  proto::Response ok;
-  ok.set_type(proto::Response::OK);
-  ok.add_names(name);
-  ok.set_collective(coll);
-  ok.set_dtype(first.dtype());
-  ok.set_reduce_op(first.reduce_op());
-  ok.set_root_rank(first.root_rank());
-  ok.set_process_set_id(first.process_set_id());
-  ok.set_compression(first.compression());
-  if (coll == proto::ALLGATHER) {
-    std::vector<int64_t> dims;
-    for (const RequestPtr& r : e.by_rank) dims.push_back(r != nullptr ? r->shape(0) : 0);
-    // The gathered tensor's size, overflow-checked: every rank's rows, then the row's size.
-    std::vector<int64_t> gathered(first.shape().begin(), first.shape().end());
-    auto rows = CheckedSum("the ranks' first dimensions", dims, kMaxTensorBytes);
-    absl::Status s = rows.status();
-    if (s.ok()) {
-      gathered[0] = *rows;
-      auto elements = ShapeElements("the gathered shape", gathered);
-      s = elements.status();
-      if (s.ok()) {
-        s = TensorBytes("the gathered tensor", *elements,
-                        DataTypeSize(static_cast<DataType>(first.dtype())))
-                .status();
-      }
-    }
-    if (!s.ok()) {
-      return Error(name, absl::StatusCode::kInvalidArgument,
-                   absl::StrCat("tensor '", name, "': allgather: ", s.message()));
-    }
-    for (int64_t d : dims) ok.add_first_dims(d);
-  }
-  // ValidateRequest checked every shape as it arrived.
-  ok.add_tensor_sizes(*ShapeElements("the shape", first.shape()));
-  return ok;
+  return ValidateTensor(name, *FirstOf(e), e.by_rank);
 }
 
 std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::RequestList& list,
@@ -371,7 +130,7 @@ std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::Req
     if (auto it = cache_.find(id); it != cache_.end()) req = it->second.request;
     if (auto it = retired_.find(id); req == nullptr && it != retired_.end()) req = it->second.request;
     if (req == nullptr) {
-      ready.push_back(Error(absl::StrCat("cache id ", id), absl::StatusCode::kInternal,
+      ready.push_back(ErrorResponse(absl::StrCat("cache id ", id), absl::StatusCode::kInternal,
                             absl::StrCat("rank ", rank, " sent response-cache id ", id,
                                          ", which the coordinator no longer knows")));
       continue;
@@ -390,7 +149,7 @@ std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::Req
     absl::StatusCode code = static_cast<absl::StatusCode>(f.error_code());
     if (code == absl::StatusCode::kOk) code = absl::StatusCode::kUnknown;
     FailEverywhere(f.name(),
-                   Error(f.name(), code,
+                   ErrorResponse(f.name(), code,
                          absl::StrCat("tensor '", Truncated(f.name(), kMaxNameBytes),
                                       "' failed on rank ", rank, ": ", cause)),
                    rank);
@@ -442,7 +201,7 @@ std::vector<std::string> NegotiationTable::ExpireOlderThan(absl::Duration timeou
         absl::FormatDuration(timeout), " (BRAID_NEGOTIATION_TIMEOUT_S): submitted by ",
         Ranks(p.ready_ranks), " but not by ", Ranks(p.missing_ranks),
         " (ranks calling collectives under different names, or a rank that never calls it)");
-    FailEverywhere(p.name, Error(p.name, absl::StatusCode::kDeadlineExceeded, msg),
+    FailEverywhere(p.name, ErrorResponse(p.name, absl::StatusCode::kDeadlineExceeded, msg),
                    /*reporter=*/-1);
     messages.push_back(std::move(msg));
   }
@@ -455,8 +214,8 @@ void NegotiationTable::SubmitOne(int rank, RequestPtr req, absl::Time now,
   if (SettleTombstone(rank, req->name(), /*reply=*/true)) return;
   if (absl::Status bad = ValidateRequest(rank, *req); !bad.ok()) {
     // The sender holds a handle for it: it is answered like the ranks that submitted before.
-    replies_[rank].push_back(Error(req->name(), bad.code(), std::string(bad.message())));
-    FailEverywhere(req->name(), Error(req->name(), bad.code(), std::string(bad.message())), rank);
+    replies_[rank].push_back(ErrorResponse(req->name(), bad.code(), std::string(bad.message())));
+    FailEverywhere(req->name(), ErrorResponse(req->name(), bad.code(), std::string(bad.message())), rank);
     return;
   }
   if (req->collective() == proto::JOIN) return SubmitJoin(rank, *req, now, ready);
@@ -468,7 +227,7 @@ void NegotiationTable::SubmitOne(int rank, RequestPtr req, absl::Time now,
     e.first_seen = now;
   }
   if (rank < 0 || rank >= world_size_ || e.by_rank[rank] != nullptr) {
-    ready->push_back(Error(req->name(), absl::StatusCode::kAlreadyExists,
+    ready->push_back(ErrorResponse(req->name(), absl::StatusCode::kAlreadyExists,
                            absl::StrCat("tensor '", req->name(), "': rank ", rank,
                                         " submitted it twice before it was negotiated")));
     table_.erase(it);
@@ -511,7 +270,7 @@ void NegotiationTable::Respond(const std::string& name_ref, absl::Time now,
       for (int rank : fill) resp.add_joined_ranks(rank);
       *resp.add_shapes()->mutable_dims() = first.shape();
     } else {
-      resp = Error(name, absl::StatusCode::kFailedPrecondition,
+      resp = ErrorResponse(name, absl::StatusCode::kFailedPrecondition,
                    absl::StrCat("tensor '", name, "': ", CollectiveName(first.collective()),
                                 " is not supported while rank", fill.size() > 1 ? "s " : " ",
                                 absl::StrJoin(fill, ", "), fill.size() > 1 ? " have" : " has",
@@ -547,7 +306,7 @@ void NegotiationTable::Respond(const std::string& name_ref, absl::Time now,
 void NegotiationTable::SubmitJoin(int rank, const proto::Request& req, absl::Time now,
                                   std::vector<proto::Response>* ready) {
   if (joined_.count(rank)) {
-    ready->push_back(Error(req.name(), absl::StatusCode::kAlreadyExists,
+    ready->push_back(ErrorResponse(req.name(), absl::StatusCode::kAlreadyExists,
                            absl::StrCat("join '", req.name(), "': rank ", rank,
                                         " joined twice before every rank had joined")));
     return;
@@ -572,7 +331,7 @@ void NegotiationTable::SubmitJoin(int rank, const proto::Request& req, absl::Tim
     resp.set_collective(proto::JOIN);
     resp.set_last_joined_rank(last_joined_);
   } else {
-    resp = Error(agreed, absl::StatusCode::kInvalidArgument,
+    resp = ErrorResponse(agreed, absl::StatusCode::kInvalidArgument,
                  MismatchMessage(agreed, "join name", names));
     for (const auto& [r, n] : names) {
       if (n != agreed) resp.add_names(n);
@@ -600,7 +359,7 @@ std::vector<proto::Response> NegotiationTable::FailTensorsWaitingFor(const std::
     std::set<std::string> names;
     for (const auto& [rank, name] : joined_) names.insert(name);
     for (const std::string& name : names) {
-      out.push_back(Error(name, absl::StatusCode::kFailedPrecondition,
+      out.push_back(ErrorResponse(name, absl::StatusCode::kFailedPrecondition,
                           absl::StrCat("join '", name, "' can never complete: rank",
                                        never.size() > 1 ? "s " : " ", absl::StrJoin(never, ", "),
                                        " shut down without joining")));
@@ -616,7 +375,7 @@ std::vector<proto::Response> NegotiationTable::FailTensorsWaitingFor(const std::
       ++it;
       continue;
     }
-    out.push_back(Error(it->first, absl::StatusCode::kFailedPrecondition,
+    out.push_back(ErrorResponse(it->first, absl::StatusCode::kFailedPrecondition,
                         absl::StrCat("tensor '", it->first, "' can never complete: rank",
                                      missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "),
                                      " already shut down")));

@@ -49,6 +49,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "coordinator/validation.h"
 #include "proto/braid.pb.h"
 
 namespace braid::coordinator {
@@ -133,7 +134,7 @@ class NegotiationTable {
  private:
   // Requests are shared, not copied: a response-cache hit on N ranks is N pointers to the
   // cache's one request (and N equal pointers agree without comparing a field).
-  using RequestPtr = std::shared_ptr<const proto::Request>;
+  using RequestPtr = coordinator::RequestPtr;
   // One tensor in negotiation. Indexed by rank: with N ranks and T tensors a step makes N·T
   // submissions, so each must cost O(1), not a tree insert and a copy.
   struct Entry {
@@ -200,19 +201,6 @@ class NegotiationTable {
   int64_t bytes_negotiated_ = 0;
   std::map<std::string, std::pair<int64_t, int64_t>> by_compression_;
 };
-
-// Text of the validation errors, exposed for tests: "tensor 'NAME': FIELD differs across
-// ranks: VALUE on ranks A, B; VALUE on rank C".
-std::string MismatchMessage(const std::string& name, const std::string& field,
-                            const std::map<int, std::string>& value_by_rank);
-
-// "[2, 3]" for a shape.
-std::string ShapeString(const proto::Request& r);
-
-// Checks one request as it arrives from `rank`, before anything is computed from it: the
-// name, enum values, the shape (dimensions, product, bytes: overflow-checked against
-// common/limits.h) and the compression spec's length. InvalidArgument names the field.
-absl::Status ValidateRequest(int rank, const proto::Request& req);
 
 }  // namespace braid::coordinator
 

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "runtime/runtime_impl.h"
@@ -91,7 +92,27 @@ void Runtime::Impl::Execute(const Bucket& bucket) {
     s = RunCollective(*entries[0], bucket);
     if (timeline) timeline->End(r.name, phase);
   }
+  if (s.code() == absl::StatusCode::kDeadlineExceeded) s = DataPlaneTimeout(bucket, s);
   FinishBucket(bucket.names, s);
+}
+
+absl::Status Runtime::Impl::DataPlaneTimeout(const Bucket& bucket, const absl::Status& s) {
+  // The communicator is poisoned from here on and repeats its first error: every later
+  // bucket gets the error that names the tensors the data plane stopped at.
+  if (!data_plane_timeout_.ok()) return data_plane_timeout_;
+  constexpr size_t kNamed = 5;
+  std::vector<std::string> quoted;
+  for (size_t i = 0; i < bucket.names.size() && i < kNamed; ++i) {
+    quoted.push_back(absl::StrCat("'", bucket.names[i], "'"));
+  }
+  std::string names = absl::StrJoin(quoted, ", ");
+  if (bucket.names.size() > kNamed) {
+    absl::StrAppend(&names, " and ", bucket.names.size() - kNamed, " more");
+  }
+  data_plane_timeout_ = absl::DeadlineExceededError(absl::StrCat(
+      CollectiveName(bucket.collective), " of ", bucket.names.size() == 1 ? "tensor " : "tensors ",
+      names, " (bucket ", bucket.id, ") timed out on the data plane: ", s.message()));
+  return data_plane_timeout_;
 }
 
 bool Runtime::Impl::JoinedIn(const Bucket& bucket) const {

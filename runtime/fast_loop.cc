@@ -4,6 +4,7 @@
 // and completes the Handle. No coordinator, no braid-coord-rx: one hand-off before the
 // first byte on the wire instead of three (and a gRPC round trip).
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
@@ -24,43 +25,7 @@ bool Runtime::Impl::FastCycle() {
   out.set_rank(rank_);
   Vote vote;
   std::deque<Bucket> replies;  // errors for this rank alone (OnMessage)
-  {
-    absl::MutexLock lock(&mu_);
-    auto event = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return stop_ || !abort_.ok() || !peer_left_.ok() ||
-             (!outgoing_.empty() && group_depth_ == 0) || received_count_ > applied_ ||
-             !failures_.empty() || !ready_.empty();
-    };
-    // A round right away when the last one ran something and tensors still wait (a step's
-    // next bucket); else on a new request or coordinator message, or after a cycle. A rank
-    // with nothing to send votes too (a rank holding a tensor another never sends must reach
-    // its fallback), but backs off to kMaxIdlePeriod so an idle job costs almost no CPU.
-    if (!round_progressed_ || table_.empty()) {
-      absl::Duration wait = std::max(config_.cycle_time, absl::Milliseconds(1));
-      if (table_.empty()) wait = std::min(wait * (int64_t{1} << std::min(idle_rounds_, 10)), kMaxIdlePeriod);
-      mu_.AwaitWithDeadline(absl::Condition(&event), last_round_ + wait);
-    }
-    if (stop_) return false;
-    if (!peer_left_.ok() && abort_.ok()) {
-      StopFastPathLocked();
-      return true;
-    }
-    if (!abort_.ok()) {
-      // No more rounds: the communicator is poisoned. Fail what is and what comes.
-      auto any = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stop_ || !table_.empty() || !outgoing_.empty();
-      };
-      mu_.Await(absl::Condition(&any));
-      if (stop_) return false;
-      FailEverythingLocked(abort_);
-      received_.clear();
-      return true;
-    }
-    RouteAndVoteLocked(absl::Now(), &out, &vote);
-    replies.swap(ready_);
-    executing_ = true;
-    voting_ = true;
-  }
+  if (std::optional<bool> done = BeginFastRound(&out, &vote, &replies)) return *done;
   if (out.requests_size() > 0 || out.failures_size() > 0) {
     absl::Status s = client_->Send(out);
     if (!s.ok()) AbortJob(s);
@@ -74,30 +39,9 @@ bool Runtime::Impl::FastCycle() {
     absl::MutexLock lock(&mu_);
     voting_ = false;
   }
-  absl::StatusOr<Agreement> agreed =
-      s.ok() ? Agree(gathered, size_, fast_cache_, applied_) : absl::StatusOr<Agreement>(s);
   proto::RequestList resend;
   resend.set_rank(rank_);
-  bool progressed = false;
-  if (agreed.ok()) {
-    progressed = !agreed->ready.empty() || !agreed->invalidate.empty() ||
-                 agreed->received > applied_;
-    ApplyAgreement(*agreed, &resend);
-  } else {
-    bool left;
-    {
-      // A vote also fails when a peer closed its endpoints. If it shut down cleanly, the
-      // coordinator's notice (ranks_left) is on its way: wait for it (briefly), so the work
-      // that peer never sends fails as on the slow path, not with the transport's error.
-      absl::MutexLock lock(&mu_);
-      auto told = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stop_ || !peer_left_.ok() || !abort_.ok();
-      };
-      mu_.AwaitWithDeadline(absl::Condition(&told), absl::Now() + kLeaveNoticeWait);
-      left = !peer_left_.ok();
-    }
-    if (!left) AbortJob(agreed.status());  // else the next cycle stops the fast path
-  }
+  const bool progressed = FinishFastRound(s, gathered, &resend);
   if (resend.requests_size() > 0) {
     {
       absl::MutexLock lock(&mu_);
@@ -112,6 +56,81 @@ bool Runtime::Impl::FastCycle() {
   round_progressed_ = progressed;
   idle_rounds_ = table_.empty() && !progressed ? idle_rounds_ + 1 : 0;
   return true;
+}
+
+std::optional<bool> Runtime::Impl::BeginFastRound(proto::RequestList* out, Vote* vote,
+                                                  std::deque<Bucket>* replies) {
+  absl::MutexLock lock(&mu_);
+  auto event = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return stop_ || !abort_.ok() || !peer_left_.ok() ||
+           (!outgoing_.empty() && group_depth_ == 0) || received_count_ > applied_ ||
+           !failures_.empty() || !ready_.empty();
+  };
+  // A round right away when the last one ran something and tensors still wait (a step's
+  // next bucket); else on a new request or coordinator message, or after a cycle. A rank
+  // with nothing to send votes too (a rank holding a tensor another never sends must reach
+  // its fallback), but backs off to kMaxIdlePeriod so an idle job costs almost no CPU.
+  if (!round_progressed_ || table_.empty()) {
+    absl::Duration wait = std::max(config_.cycle_time, absl::Milliseconds(1));
+    if (table_.empty()) wait = std::min(wait * (int64_t{1} << std::min(idle_rounds_, 10)), kMaxIdlePeriod);
+    mu_.AwaitWithDeadline(absl::Condition(&event), last_round_ + wait);
+  }
+  if (stop_) return false;
+  if (!peer_left_.ok() && abort_.ok()) {
+    StopFastPathLocked();
+    return true;
+  }
+  if (!abort_.ok()) {
+    // No more rounds: the communicator is poisoned. Fail what is and what comes.
+    auto any = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return stop_ || !table_.empty() || !outgoing_.empty();
+    };
+    mu_.Await(absl::Condition(&any));
+    if (stop_) return false;
+    FailEverythingLocked(abort_);
+    received_.clear();
+    return true;
+  }
+  RouteAndVoteLocked(absl::Now(), out, vote);
+  replies->swap(ready_);
+  executing_ = true;
+  voting_ = true;
+  return std::nullopt;
+}
+
+bool Runtime::Impl::FinishFastRound(const absl::Status& gathered_status,
+                                    const std::vector<uint64_t>& gathered,
+                                    proto::RequestList* resend) {
+  absl::Status vote_status = gathered_status;
+  if (vote_status.code() == absl::StatusCode::kDeadlineExceeded) {
+    // The data plane timed out in a bucket (whose error names its tensors) or in this vote.
+    if (data_plane_timeout_.ok()) {
+      data_plane_timeout_ = absl::DeadlineExceededError(absl::StrCat(
+          "the fast path's vote timed out on the data plane: ", vote_status.message()));
+    }
+    vote_status = data_plane_timeout_;
+  }
+  absl::StatusOr<Agreement> agreed =
+      vote_status.ok() ? Agree(gathered, size_, fast_cache_, applied_)
+                       : absl::StatusOr<Agreement>(vote_status);
+  if (agreed.ok()) {
+    ApplyAgreement(*agreed, resend);
+    return !agreed->ready.empty() || !agreed->invalidate.empty() || agreed->received > applied_;
+  }
+  bool left;
+  {
+    // A vote also fails when a peer closed its endpoints. If it shut down cleanly, the
+    // coordinator's notice (ranks_left) is on its way: wait for it (briefly), so the work
+    // that peer never sends fails as on the slow path, not with the transport's error.
+    absl::MutexLock lock(&mu_);
+    auto told = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return stop_ || !peer_left_.ok() || !abort_.ok();
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&told), absl::Now() + kLeaveNoticeWait);
+    left = !peer_left_.ok();
+  }
+  if (!left) AbortJob(agreed.status());  // else the next cycle stops the fast path
+  return false;
 }
 
 void Runtime::Impl::StopFastPathLocked() {

@@ -231,6 +231,7 @@ absl::Status Runtime::Impl::StartLoop() {
     stop_ = false;
     abort_ = absl::OkStatus();
     stats_ = transport::TransportStats{};
+    data_plane_timeout_ = absl::OkStatus();
     transport_description_ = comm_->Describe();
     negotiating_ = 0;
     group_depth_ = 0;

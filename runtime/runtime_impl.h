@@ -43,6 +43,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -173,6 +174,15 @@ class Runtime::Impl {
   // ---- fast_loop.cc (Note [Fast path], fast_path.h) ----
   // One round of the fast path; false when the loop must stop.
   bool FastCycle();
+  // FastCycle's first part, under mu_: waits for work or the round's time, then fills this
+  // rank's vote, the requests for the coordinator and the errors to report. A value when no
+  // vote follows (what FastCycle returns), nullopt when it does.
+  std::optional<bool> BeginFastRound(proto::RequestList* out, Vote* vote,
+                                     std::deque<Bucket>* replies);
+  // FastCycle's last part: applies the gathered votes (or handles the vote's failure: a peer
+  // that left, else an abort). True when the round ran or changed something.
+  bool FinishFastRound(const absl::Status& gathered_status,
+                       const std::vector<uint64_t>& gathered, proto::RequestList* resend);
   // Routes new requests (cached: held for the vote, else to `out`) and fills this rank's vote.
   void RouteAndVoteLocked(absl::Time now, proto::RequestList* out, Vote* vote)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -192,6 +202,10 @@ class Runtime::Impl {
   void Execute(const Bucket& bucket);
   absl::Status RunAllReduce(const Bucket& bucket, const std::vector<Entry*>& entries);
   absl::Status RunCollective(Entry& e, const Bucket& bucket);
+  // The error of a bucket whose collective timed out on the data plane (`s`, which names the
+  // peers waited on, transport/context.h): the same, naming the bucket's tensors too. The
+  // first such error is kept and returned for every later bucket.
+  absl::Status DataPlaneTimeout(const Bucket& bucket, const absl::Status& s);
   // Note [Join]: this rank has joined and takes part in `bucket` without entries of its own.
   bool JoinedIn(const Bucket& bucket) const;
   absl::Status RunJoined(const Bucket& bucket);
@@ -222,6 +236,9 @@ class Runtime::Impl {
   // Held for the whole of Init and Shutdown: they may be called from any thread.
   absl::Mutex lifecycle_mu_;
   transport::TransportStats stats_ ABSL_GUARDED_BY(mu_);  // snapshot of comm_->stats()
+  // DataPlaneTimeout's first error (or a fast-path vote's, FinishFastRound); braid-loop's
+  // alone (reset by Init before it starts).
+  absl::Status data_plane_timeout_;
   // comm_->Describe(), taken in Init before the background thread owns comm_.
   std::string transport_description_ ABSL_GUARDED_BY(mu_);
   // Created by Init (per job: compressor state and counters start fresh) before the client

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "transport/reduce.h"
@@ -64,7 +65,9 @@ Context::Context(std::unique_ptr<PointToPoint> p2p, CollectiveOptions options,
       options_(std::move(options)),
       kernels_(kernels != nullptr ? kernels : &HostKernels()),
       rank_(p2p_->rank()),
-      size_(p2p_->size()) {}
+      size_(p2p_->size()),
+      pending_recvs_(size_, 0),
+      pending_sends_(size_, 0) {}
 
 Context::~Context() {
   // The backend goes first: it may still hold requests pointing into the scratch buffers.
@@ -85,23 +88,58 @@ void Context::Count(const Request& r) {
   }
 }
 
+void Context::Track(const Request& r, int delta) {
+  if (r.peer < 0 || r.peer >= size_) return;
+  (r.is_recv ? pending_recvs_ : pending_sends_)[r.peer] += delta;
+}
+
 absl::Status Context::Send(int peer, Tag tag, const void* buf, size_t bytes, Request* req) {
   BRAID_RETURN_IF_ERROR(p2p_->PostSend(peer, tag, buf, bytes, req));
-  if (!req->pending) Count(*req);
+  if (req->pending) Track(*req, +1);
+  else Count(*req);
   return absl::OkStatus();
 }
 
 absl::Status Context::Recv(int peer, Tag tag, void* buf, size_t bytes, Request* req) {
   BRAID_RETURN_IF_ERROR(p2p_->PostRecv(peer, tag, buf, bytes, req));
-  if (!req->pending) Count(*req);
+  if (req->pending) Track(*req, +1);
+  else Count(*req);
   return absl::OkStatus();
 }
 
 absl::StatusOr<bool> Context::Test(Request* req) {
   if (!req->pending) return true;
-  BRAID_ASSIGN_OR_RETURN(bool done, p2p_->Test(req));
-  if (done) Count(*req);
+  const Request posted = *req;
+  absl::StatusOr<bool> done = p2p_->Test(req);
+  if (!req->pending) Track(posted, -1);  // completed or failed: released either way
+  if (!done.ok()) return done.status();
+  if (*done) Count(*req);
   return done;
+}
+
+void Context::Cancel(absl::Span<Request> reqs) {
+  for (const Request& r : reqs) {
+    if (r.pending) Track(r, -1);
+  }
+  p2p_->Cancel(reqs);
+}
+
+std::string Context::WaitingOn() const {
+  std::vector<int> recv_from, send_to;
+  for (int p = 0; p < size_; ++p) {
+    if (pending_recvs_[p] > 0) recv_from.push_back(p);
+    if (pending_sends_[p] > 0) send_to.push_back(p);
+  }
+  auto ranks = [](const std::vector<int>& v) {
+    return absl::StrCat(v.size() == 1 ? "rank " : "ranks ", absl::StrJoin(v, ", "));
+  };
+  std::vector<std::string> parts;
+  if (!recv_from.empty()) parts.push_back(absl::StrCat("a message from ", ranks(recv_from)));
+  if (!send_to.empty()) {
+    parts.push_back(absl::StrCat("the delivery of a message to ", ranks(send_to)));
+  }
+  if (parts.empty()) return "";
+  return absl::StrCat("; waiting for ", absl::StrJoin(parts, " and "));
 }
 
 absl::StatusOr<bool> Context::TestAll(absl::Span<Request> reqs) {
@@ -134,7 +172,7 @@ absl::Status Context::Drive(absl::FunctionRef<absl::StatusOr<bool>()> step) {
     if (now - last_progress >= options_.timeout) {
       return absl::DeadlineExceededError(absl::StrCat(
           "rank ", rank_, ": collective #", seq_ - 1, " made no progress for ",
-          absl::FormatDuration(options_.timeout), " (BRAID_TIMEOUT_S)"));
+          absl::FormatDuration(options_.timeout), " (BRAID_TIMEOUT_S)", WaitingOn()));
     }
     BRAID_RETURN_IF_ERROR(p2p_->Wait(last_progress, last_progress + options_.timeout));
   }

@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -94,12 +96,14 @@ class Context {
   absl::StatusOr<bool> TestAll(absl::Span<Request> reqs);
   // Waits for every request of `reqs`; on failure cancels those still pending.
   absl::Status WaitAll(absl::Span<Request> reqs);
-  void Cancel(absl::Span<Request> reqs) { p2p_->Cancel(reqs); }
+  // PointToPoint::Cancel, for requests posted through Send / Recv.
+  void Cancel(absl::Span<Request> reqs);
 
   // The progress loop: calls `step` until it returns true, blocking in PointToPoint::Wait
   // whenever a call found no message completed. `step` tests requests and advances the
   // algorithm. Fails with DeadlineExceeded when no message completes for options().timeout,
-  // or with the group's error (Abort's reason, a lost peer) or step's.
+  // or with the group's error (Abort's reason, a lost peer) or step's. The DeadlineExceeded
+  // names the peers this rank was still waiting on (a receive from, a send to).
   absl::Status Drive(absl::FunctionRef<absl::StatusOr<bool>()> step);
 
   // Grow-only buffers from kernels().Allocate: `Scratch` stages received pieces, `Work`
@@ -123,6 +127,11 @@ class Context {
     char* Get(const Kernels& k, size_t want);
   };
   void Count(const Request& r);
+  // Books a request posted (+1) or released (-1) in pending_recvs_ / pending_sends_.
+  void Track(const Request& r, int delta);
+  // "; waiting for a message from rank 1 and the delivery of a message to ranks 2, 3": the
+  // peers of the requests still pending, for the deadline's error; empty when none.
+  std::string WaitingOn() const;
 
   std::unique_ptr<PointToPoint> p2p_;
   CollectiveOptions options_;
@@ -132,6 +141,9 @@ class Context {
   uint32_t seq_ = 0;
   uint64_t completions_ = 0;  // messages completed: the progress the deadline watches
   TransportStats completed_;
+  // Per peer, the requests posted through Send / Recv and not yet completed or cancelled.
+  std::vector<int> pending_recvs_;
+  std::vector<int> pending_sends_;
   Buffer scratch_;
   Buffer work_;
   Buffer wide_;

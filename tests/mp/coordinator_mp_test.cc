@@ -5,12 +5,8 @@
 // coordinator's thread count is the same with 8 ranks as with 2 (streams cost no thread),
 // and `braidctl status --once` follows a job to its end.
 #include <dirent.h>
-#include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
-#include <spawn.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,10 +22,9 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "runtime/runtime.h"
+#include "tests/testing/coordinator_binary.h"
 #include "tests/testing/fork_ranks.h"
 #include "tests/testing/runtime_job.h"
-
-extern char** environ;
 
 namespace braid {
 namespace {
@@ -58,44 +53,11 @@ std::string ReadUntil(int fd, size_t want, absl::Time deadline, char stop = '\0'
   return got;
 }
 
-// braid-coordinator in its own process; stopped with SIGTERM. Its job secret is exported as
+// braid-coordinator as users run it, for any world size; its job secret is exported as
 // BRAID_JOB_SECRET into the test's process, which its ranks and braidctl inherit.
-class StandaloneCoordinator {
+class StandaloneCoordinator : public braid::testing::CoordinatorBinary {
  public:
-  StandaloneCoordinator() {
-    setenv("BRAID_JOB_SECRET", RandomSecret().c_str(), 1);
-    unsetenv("BRAID_JOB_SECRET_FILE");
-    int out[2];
-    if (pipe2(out, O_CLOEXEC) != 0) return;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
-    std::vector<std::string> args = {BRAID_COORDINATOR_PATH, "--port", "0"};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&fa);
-    close(out[1]);
-    // "braid-coordinator listening on 127.0.0.1:PORT"
-    std::string line = ReadUntil(out[0], 200, absl::Now() + absl::Seconds(30), '\n');
-    close(out[0]);
-    const std::string prefix = "braid-coordinator listening on ";
-    if (line.rfind(prefix, 0) == 0 && line.back() == '\n') {
-      address_ = line.substr(prefix.size(), line.size() - prefix.size() - 1);
-    }
-  }
-  ~StandaloneCoordinator() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
-  }
-  pid_t pid() const { return pid_; }
-  const std::string& address() const { return address_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string address_;
+  StandaloneCoordinator() : CoordinatorBinary(BRAID_COORDINATOR_PATH, {}, RandomSecret()) {}
 };
 
 // Threads of process `pid` and, in *names, how many have each name (/proc/PID/task/*/comm).

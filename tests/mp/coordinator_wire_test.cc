@@ -11,11 +11,6 @@
 //    default 4 MiB is negotiated: the stream is never closed on the client.
 // Every call carries the job secret, and the stream this rank's token (Note [Who may join] in
 // coordinator/admission.h), as a rank's client adds them.
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -33,65 +28,17 @@
 #include "coordinator/credentials.h"
 #include "gtest/gtest.h"
 #include "proto/braid.grpc.pb.h"
-
-extern char** environ;
+#include "tests/testing/coordinator_binary.h"
 
 namespace braid {
 namespace {
 
 constexpr char kSecret[] = "the-job-secret-of-the-wire-test";
 
-// braid-coordinator in its own process (its secret kSecret, from BRAID_JOB_SECRET), its
-// address read from its first line of output; stopped with SIGTERM.
-class CoordinatorDaemon {
+// braid-coordinator for a world of one, with the secret kSecret.
+class CoordinatorDaemon : public braid::testing::CoordinatorBinary {
  public:
-  CoordinatorDaemon() {
-    int out[2];
-    if (pipe2(out, O_CLOEXEC) != 0) return;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
-    std::vector<std::string> args = {BRAID_COORDINATOR_PATH, "--port", "0", "--size", "1"};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_text = {absl::StrCat("BRAID_JOB_SECRET=", kSecret)};
-    for (char** e = environ; *e != nullptr; ++e) {
-      const std::string v(*e);
-      if (v.rfind("BRAID_JOB_SECRET", 0) != 0) env_text.push_back(v);
-    }
-    std::vector<char*> envp;
-    for (std::string& v : env_text) envp.push_back(v.data());
-    envp.push_back(nullptr);
-    if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data()) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&fa);
-    close(out[1]);
-    std::string line;
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (absl::Now() < deadline && (line.empty() || line.back() != '\n')) {
-      pollfd p{out[0], POLLIN, 0};
-      if (poll(&p, 1, 100) != 1) continue;
-      char c;
-      if (read(out[0], &c, 1) != 1) break;
-      line.push_back(c);
-    }
-    close(out[0]);
-    const std::string prefix = "braid-coordinator listening on ";
-    if (line.rfind(prefix, 0) == 0 && line.back() == '\n') {
-      address_ = line.substr(prefix.size(), line.size() - prefix.size() - 1);
-    }
-  }
-  ~CoordinatorDaemon() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
-  }
-  pid_t pid() const { return pid_; }
-  const std::string& address() const { return address_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string address_;
+  CoordinatorDaemon() : CoordinatorBinary(BRAID_COORDINATOR_PATH, {"--size", "1"}, kSecret) {}
 };
 
 // Resident memory of `pid` in KiB (VmRSS), or -1.

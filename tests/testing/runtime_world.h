@@ -60,6 +60,11 @@ struct RuntimeWorldOptions {
   absl::Duration timeout = absl::Seconds(30);
   // Per-rank changes to the configuration before Init (compression default, cycle time...).
   std::function<void(int rank, RuntimeConfig* config)> configure;
+  // Replaces a rank's in-process communicator before Init hands it over (a test's stand-in
+  // that delegates to it and misbehaves on cue); unset: every rank gets its own.
+  std::function<std::unique_ptr<transport::Communicator>(
+      int rank, std::unique_ptr<transport::Communicator> comm)>
+      wrap_communicator;
 };
 
 // Options for a world of `size` ranks, everything else default.
@@ -96,6 +101,11 @@ class RuntimeWorld {
     co.timeout = o_.timeout;
     auto world = std::make_shared<LocalDataPlane::World>(
         transport::CreateLocalCommunicators(o_.size, co));
+    if (o_.wrap_communicator) {
+      for (int r = 0; r < o_.size; ++r) {
+        (*world)[r] = o_.wrap_communicator(r, std::move((*world)[r]));
+      }
+    }
     std::vector<absl::Status> out(o_.size);
     Run([&](int rank, Runtime& rt) {
       RuntimeConfig config;

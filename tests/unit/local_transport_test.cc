@@ -226,7 +226,9 @@ TEST(CommunicatorFailureTest, ASilentPeerGivesDeadlineExceededAndPoisons) {
     absl::Status s = comm.AllReduce(&x, &x, 1, DataType::kFloat32, ReduceOp::kSum);
     const absl::Duration took = absl::Now() - t0;
     EXPECT_EQ(s, absl::DeadlineExceededError(
-                     "rank 0: collective #0 made no progress for 200ms (BRAID_TIMEOUT_S)"));
+                     "rank 0: collective #0 made no progress for 200ms (BRAID_TIMEOUT_S); "
+                     "waiting for a message from rank 1 and the delivery of a message to "
+                     "rank 1"));
     EXPECT_GE(took, timeout);
     EXPECT_LT(took, timeout + absl::Seconds(2));
     EXPECT_EQ(comm.stats().collectives, 0u);
@@ -235,6 +237,36 @@ TEST(CommunicatorFailureTest, ASilentPeerGivesDeadlineExceededAndPoisons) {
     EXPECT_EQ(comm.Barrier(), s);
     EXPECT_LT(absl::Now() - t1, absl::Milliseconds(100));
     done.Notify();
+  });
+}
+
+// The deadline's error names the peers each rank still waited on. Recursive doubling on 4
+// ranks with rank 3 silent: rank 2 (its first partner) and rank 1 (its second) wait on rank
+// 3; rank 0 finishes its first round with rank 1, then waits on rank 2, stuck in its own.
+// What ranks 0 and 1 did complete before the failure is not counted.
+TEST(CommunicatorFailureTest, TheDeadlineNamesThePeersEachRankWaitsOn) {
+  const absl::Duration timeout = absl::Milliseconds(300);
+  absl::Notification done;
+  std::atomic<int> left{3};
+  const std::string waits_on[] = {"rank 2", "rank 3", "rank 3"};
+  RunLocalWorld(4, Options(timeout), [&](int rank, Communicator& comm) {
+    if (rank != 3) {
+      float x = 1;
+      absl::Status s = comm.AllReduce(&x, &x, 1, DataType::kFloat32, ReduceOp::kSum);
+      EXPECT_EQ(s, absl::DeadlineExceededError(absl::StrCat(
+                       "rank ", rank, ": collective #0 made no progress for 300ms "
+                       "(BRAID_TIMEOUT_S); waiting for a message from ", waits_on[rank],
+                       " and the delivery of a message to ", waits_on[rank])));
+      // Ranks 0 and 1 completed their first round's messages, but a call that fails adds
+      // nothing to the statistics (Note [Transport statistics]).
+      const TransportStats st = comm.stats();
+      EXPECT_EQ(st.collectives + st.messages_sent + st.messages_received + st.bytes_sent +
+                    st.bytes_received,
+                0u)
+          << "rank " << rank;
+      if (--left == 0) done.Notify();
+    }
+    done.WaitForNotification();  // nobody leaves early: a closed peer is another error
   });
 }
 

@@ -485,6 +485,83 @@ TEST(RuntimeTest, InitAgainStartsANewJob) {
   }
 }
 
+// A communicator that passes everything through, except that its all-reduces wait until
+// `release` is notified and then fail: a rank whose data plane stalls mid-collective.
+class StalledAllReduce final : public transport::Communicator {
+ public:
+  StalledAllReduce(std::unique_ptr<transport::Communicator> inner, absl::Notification* release)
+      : inner_(std::move(inner)), release_(release) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  absl::Status AllReduce(const void*, void*, size_t, DataType, ReduceOp) override {
+    release_->WaitForNotification();
+    return absl::CancelledError("stalled rank released");
+  }
+  absl::Status ReduceScatter(const void* send, void* recv, absl::Span<const size_t> counts,
+                             DataType dtype, ReduceOp op) override {
+    return inner_->ReduceScatter(send, recv, counts, dtype, op);
+  }
+  absl::Status AllGather(const void* send, size_t send_bytes, void* recv,
+                         absl::Span<const size_t> recv_bytes) override {
+    return inner_->AllGather(send, send_bytes, recv, recv_bytes);
+  }
+  absl::Status AllToAll(const void* send, absl::Span<const size_t> send_bytes, void* recv,
+                        absl::Span<const size_t> recv_bytes) override {
+    return inner_->AllToAll(send, send_bytes, recv, recv_bytes);
+  }
+  absl::Status Broadcast(void* buf, size_t bytes, int root) override {
+    return inner_->Broadcast(buf, bytes, root);
+  }
+  absl::Status Barrier() override { return inner_->Barrier(); }
+  void Abort(absl::Status reason) override { inner_->Abort(std::move(reason)); }
+  transport::TransportStats stats() const override { return inner_->stats(); }
+  std::string Describe() const override { return inner_->Describe(); }
+
+ private:
+  std::unique_ptr<transport::Communicator> inner_;
+  absl::Notification* release_;
+};
+
+// A collective that times out on the data plane fails with an error naming its tensors and
+// the peer this rank waited on, and every later collective repeats that error (the data
+// plane is poisoned), not a bare sequence number.
+TEST(RuntimeTest, ADataPlaneTimeoutNamesTheTensorsAndThePeer) {
+  for (bool fast_path : {false, true}) {
+    SCOPED_TRACE(fast_path ? "fast path" : "through the coordinator");
+    absl::Notification release;
+    RuntimeWorldOptions o = WorldOf(2);
+    o.timeout = absl::Milliseconds(500);
+    o.settings.set_fast_path(fast_path ? 1 : 0);
+    o.wrap_communicator = [&](int rank, std::unique_ptr<transport::Communicator> comm)
+        -> std::unique_ptr<transport::Communicator> {
+      if (rank == 0) return comm;
+      return std::make_unique<StalledAllReduce>(std::move(comm), &release);
+    };
+    RuntimeWorld world(o);
+    ASSERT_TRUE(world.InitOk());
+    std::vector<float> in(8, 1.0f), out(8), later(8);
+    auto h = world[0].Enqueue(AllReduce("layer1.grad", in.data(), out.data(), 8));
+    auto h1 = world[1].Enqueue(AllReduce("layer1.grad", in.data(), out.data(), 8));
+    ASSERT_TRUE(h.ok() && h1.ok());
+    const absl::Status s = WaitFor(h);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    const std::string prefix = "allreduce of tensor 'layer1.grad' (bucket ";
+    EXPECT_EQ(s.message().substr(0, prefix.size()), prefix) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), ") timed out on the data plane: rank 0: "
+                                               "collective #")) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), " made no progress for 500ms (BRAID_TIMEOUT_S); "
+                                               "waiting for a message from rank 1")) << s;
+    // Later work on the poisoned data plane fails with the error that names the tensor.
+    auto h2 = world[0].Enqueue(AllReduce("layer2.grad", in.data(), later.data(), 8));
+    auto h3 = world[1].Enqueue(AllReduce("layer2.grad", in.data(), later.data(), 8));
+    release.Notify();
+    EXPECT_EQ(WaitFor(h2), s);
+    EXPECT_FALSE(WaitFor(h1).ok());
+    EXPECT_FALSE(WaitFor(h3).ok());
+    world.Shutdown();
+  }
+}
+
 // Note [Threads and locks]: each running rank adds braid-loop, braid-coord-rx and
 // braid-heartbeat, as many as README.md says, and takes them all away at shutdown.
 TEST(RuntimeTest, EachRankRunsTheThreadsTheReadmeStates) {
