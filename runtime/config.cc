@@ -540,7 +540,8 @@ const std::vector<SettingFlag>& SettingFlags() {
   static const std::vector<SettingFlag> kFlags = {
       {"--timeout", "BRAID_TIMEOUT_S", "seconds a collective may make no progress"},
       {"--register-timeout", "BRAID_REGISTER_TIMEOUT_S",
-       "seconds the ranks may take to register, all of them (default: --timeout, at least 60)"},
+       "seconds the whole world may take to register (default: braidrun's and rank 0's "
+       "coordinator --timeout, at least 60; braid-coordinator 120)"},
       {"--fusion-threshold-mb", "BRAID_FUSION_THRESHOLD",
        "fusion bucket size in MiB (the variable is in bytes; 0: no fusion)"},
       {"--cycle-time-ms", "BRAID_CYCLE_TIME_MS", "batching window for new requests, in ms"},

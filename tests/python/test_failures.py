@@ -33,11 +33,14 @@ def job_env(build, secret, extra=None):
 
 
 def start_coordinator(build, size, register_timeout, tmp, secret):
+    """A braid-coordinator whose registration deadline comes from its environment
+    (BRAID_REGISTER_TIMEOUT_S; the other tests give it as --register-timeout)."""
     port_file = Path(tmp) / "port"
     coord = subprocess.Popen(
         [str(build / "tools" / "coordinator" / "braid-coordinator"), "--port", "0", "--size",
-         str(size), "--port-file", str(port_file), "--register-timeout", str(register_timeout)],
-        env=job_env(build, secret), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+         str(size), "--port-file", str(port_file)],
+        env=job_env(build, secret, {"BRAID_REGISTER_TIMEOUT_S": str(register_timeout)}),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True)
     deadline = time.monotonic() + 30
     while not (port_file.exists() and port_file.read_text().strip()):
