@@ -2,6 +2,7 @@
 processes: a standalone braid-coordinator and ranks started by hand or by braidrun.
 """
 
+import json
 import re
 import secrets
 import socket
@@ -51,12 +52,18 @@ def start_coordinator(build, size, register_timeout, tmp, secret):
 
 def test_a_world_that_never_fully_registers_names_the_missing_ranks():
     """Ranks 0 and 2 of a world of 4 register; after the register timeout (3 s) both fail
-    with DeadlineExceededError naming ranks 1 and 3."""
+    with DeadlineExceededError naming ranks 1 and 3, and the job ends failed with the same
+    reason: `braidctl status --once`, following it from the start, exits 1 with it."""
     build = braid_launch.build_dir()
     with tempfile.TemporaryDirectory(prefix="braid-register-") as tmp:
         secret = secrets.token_hex(32)
         coord, port = start_coordinator(build, 4, 3, tmp, secret)
+        follow = None
         try:
+            follow = subprocess.Popen(
+                [str(build / "tools" / "braidctl" / "braidctl"), "status", "--once", "--json",
+                 "--coordinator", f"127.0.0.1:{port}"], env=job_env(build, secret),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             procs = []
             for r in (0, 2):
                 env = job_env(build, secret, {"BRAID_COORDINATOR": f"127.0.0.1:{port}",
@@ -71,7 +78,17 @@ def test_a_world_that_never_fully_registers_names_the_missing_ranks():
                 assert m, out
                 assert "only 2 of 4 ranks registered within 3s: missing ranks 1, 3" in m.group(2), out
                 assert float(m.group(1)) < 15, out
+            out, err = follow.communicate(timeout=30)
+            assert follow.returncode == 1, err
+            status = json.loads(out)
+            assert status["job_id"] == "1" and status["phase"] == "JOB_ENDED", out
+            assert status["job_state"].startswith(
+                "ended, aborted: registration failed: only 2 of 4 ranks registered within 3s: "
+                "missing ranks 1, 3; registered: "), out
         finally:
+            if follow is not None and follow.poll() is None:
+                follow.kill()
+                follow.wait()
             coord.kill()
             coord.wait()
 
