@@ -357,7 +357,15 @@ void Job::Inspect(absl::Time now, Completions* out) {
                                    [&](const Pending& p) { return now >= p.deadline; });
   if (expired) {
     const absl::Status why = absl::DeadlineExceededError(MissingRegistrations());
+    const int world_size = world_size_;
     while (!pending_.empty()) RemoveRegistration(pending_.front().id, why, out);
+    // The job is over before it began, as when its registrations disagree (Form): its
+    // status says so, with the reason, and the next registration starts the next job.
+    world_size_ = world_size;
+    abort_ = absl::Status(why.code(), absl::StrCat("registration failed: ", why.message()));
+    phase_ = proto::JOB_ENDED;
+    LOG(WARNING) << "coordinator: job " << id() << " " << abort_.message();
+    return;
   }
   if (phase_ != proto::JOB_RUNNING) return;
   InspectLiveness(now);

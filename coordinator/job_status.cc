@@ -41,6 +41,7 @@ std::vector<proto::CompressionStat> Job::CompressionStats() const {
     }
   }
   for (const auto& [method, m] : FastPathByMethod()) {
+    if (method.empty()) continue;  // collectives other than all-reduce: totals only
     proto::CompressionStat& c = by_method[method];
     c.set_tensors(c.tensors() + m.tensors());
     c.set_bytes_before(c.bytes_before() + m.bytes());

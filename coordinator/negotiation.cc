@@ -291,10 +291,15 @@ void NegotiationTable::Respond(const std::string& name_ref, absl::Time now,
       const int64_t bytes = resp.tensor_sizes(0) *
                             static_cast<int64_t>(DataTypeSize(static_cast<DataType>(first.dtype())));
       bytes_negotiated_ += bytes;
-      auto& [tensors, total] =
-          by_compression_[first.compression().empty() ? "none" : first.compression()];
-      ++tensors;
-      total += bytes;
+      // Per compression method: all-reduces only, the one collective that compresses and
+      // the one the ranks' ledgers book (CompressionStat in proto/braid.proto), so that
+      // "none"'s bytes_before and bytes_after count the same tensors.
+      if (first.collective() == proto::ALLREDUCE) {
+        auto& [tensors, total] =
+            by_compression_[first.compression().empty() ? "none" : first.compression()];
+        ++tensors;
+        total += bytes;
+      }
     }
     // A response a joined rank takes part in is not cached: the joined rank holds no request
     // to cache, and every rank's cache must stay the same (Note [Fast path] in the runtime).

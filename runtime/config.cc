@@ -144,6 +144,10 @@ const Variable kVariables[] = {
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        return Assign(ParseSeconds(w, t, /*zero_allowed=*/false), &c->timeout);
      }},
+    {"BRAID_REGISTER_TIMEOUT_S",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       return AssignOptional(ParseSeconds(w, t, /*zero_allowed=*/false), &c->register_timeout);
+     }},
     {"BRAID_UCX_PEER_ERROR_HANDLING",
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        return Assign(ParseZeroOrOne(w, t), &c->ucx_peer_error_handling);
@@ -535,6 +539,9 @@ absl::StatusOr<RuntimeConfig> ConfigFromProcessEnv() {
 const std::vector<SettingFlag>& SettingFlags() {
   static const std::vector<SettingFlag> kFlags = {
       {"--timeout", "BRAID_TIMEOUT_S", "seconds a collective may make no progress"},
+      {"--register-timeout", "BRAID_REGISTER_TIMEOUT_S",
+       "seconds the whole world may take to register (default: braidrun's and rank 0's "
+       "coordinator --timeout, at least 60; braid-coordinator 120)"},
       {"--fusion-threshold-mb", "BRAID_FUSION_THRESHOLD",
        "fusion bucket size in MiB (the variable is in bytes; 0: no fusion)"},
       {"--cycle-time-ms", "BRAID_CYCLE_TIME_MS", "batching window for new requests, in ms"},
@@ -573,6 +580,7 @@ absl::StatusOr<std::string> SettingFlagValue(const SettingFlag& flag, absl::stri
 }
 
 absl::Duration RegistrationTimeout(const RuntimeConfig& config) {
+  if (config.register_timeout.has_value()) return *config.register_timeout;
   return std::max(config.timeout, absl::Seconds(60));
 }
 

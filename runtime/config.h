@@ -122,12 +122,15 @@ struct RuntimeConfig {
   uint64_t seed = 0;                     // BRAID_SEED: stochastic-rounding streams
   bool test_compressors = false;         // BRAID_TEST_COMPRESSORS: enables test-only methods
   absl::Duration timeout = absl::Seconds(60);  // BRAID_TIMEOUT_S
+  // BRAID_REGISTER_TIMEOUT_S: how long the ranks may take to register (RegistrationTimeout).
+  std::optional<absl::Duration> register_timeout;
   bool ucx_peer_error_handling = false;  // BRAID_UCX_PEER_ERROR_HANDLING
   JobSettings job;                       // proposed to the coordinator at registration
 };
 
-// How long a rank waits for the whole world to register: BRAID_TIMEOUT_S, but at least 60 s
-// (ranks of one job may start seconds apart, a Python rank after importing its framework).
+// How long a rank waits for the whole world to register: BRAID_REGISTER_TIMEOUT_S when set
+// (braidrun --register-timeout), else BRAID_TIMEOUT_S but at least 60 s (ranks of one job may
+// start seconds apart, a Python rank after importing its framework).
 // A coordinator hosted by rank 0 or by braidrun fails the waiting registrations at this time
 // with an error naming the missing ranks; the rank's own call allows 5 s more, so that error
 // is what every waiting rank sees.

@@ -286,7 +286,12 @@ void Runtime::Impl::CountFastBucket(const std::vector<int32_t>& ids) {
   ++fast_buckets_;
   for (int32_t id : ids) {
     const proto::Request& r = fast_cache_.Find(id)->request;
-    auto& [tensors, bytes] = fast_by_method_[r.compression().empty() ? "none" : r.compression()];
+    // Per method: all-reduces only, as the coordinator counts them; the other collectives
+    // under "" (in the job's totals, in no method's row).
+    const std::string method = r.collective() != proto::ALLREDUCE ? ""
+                               : r.compression().empty()          ? "none"
+                                                                  : r.compression();
+    auto& [tensors, bytes] = fast_by_method_[method];
     ++tensors;
     bytes += RequestBytes(r);
   }

@@ -647,6 +647,28 @@ TEST(Braidrun, ARankOverridingBraidrunsJobSettingIsRefused) {
       << r.err;
 }
 
+// --register-timeout bounds the wait for the whole world to register, also below the 60 s
+// floor of the default (BRAID_TIMEOUT_S): rank 1 never calls init, so rank 0's init fails
+// once the deadline passes, naming the missing rank, and braidrun ends the job.
+TEST(Braidrun, RegisterTimeoutBoundsTheWaitForMissingRanks) {
+  const auto start = Clock::now();
+  Result r = RunBraidrun(
+      {"-np", "2", "--register-timeout", "2", "/bin/sh", "-c",
+       "echo REG=$BRAID_REGISTER_TIMEOUT_S; if [ $BRAID_RANK = 1 ]; then exec sleep 60; fi; "
+       "exec " BRAID_EXAMPLE_PATH},
+      60, CleanEnv({"UCX_TLS=sm"}));
+  const double elapsed = SecondsSince(start);
+  EXPECT_EQ(r.exit_code(), 2) << r.err;  // the example's exit code for an API error
+  EXPECT_THAT(Lines(r.out), ::testing::IsSupersetOf({"[0] REG=2", "[1] REG=2"}));
+  EXPECT_THAT(r.err, HasSubstr("only 1 of 2 ranks registered within 2s: missing rank 1"))
+      << r.err;
+  EXPECT_LT(elapsed, 20.0) << "the default registration deadline is 60 s";
+  Result bad = RunBraidrun({"-np", "2", "--register-timeout", "0", "/bin/echo", "started"});
+  EXPECT_EQ(bad.exit_code(), 2);
+  EXPECT_THAT(bad.err, HasSubstr("braidrun: --register-timeout must be a positive number of "
+                                 "seconds, got '0'"));
+}
+
 TEST(Braidrun, MissingCommandExits127) {
   Result r = RunBraidrun({"-np", "2", "braid-no-such-command-xyz"});
   EXPECT_EQ(r.exit_code(), 127) << r.err;

@@ -150,6 +150,25 @@ def test_lost_host_ends_the_job_with_a_clear_error():
         assert hosts.wait_idle(["h0"]) == {}
 
 
+def test_ssh_port(hosts):
+    """--ssh-port reaches the other hosts' sshd on that port (the test hosts' also listen on
+    2222); a port nothing listens on loses the host at once."""
+    build = testhosts.build_dir()
+    r = hosts.run("h0", braidrun(build, "-np", "2", "-H", "h0:1,h1:1", "--ssh-port", "2222",
+                                 testhosts.PYTHON, JOB))
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = testhosts.results(r.stdout)
+    assert sorted(res) == [0, 1] and res[1]["host"] == "h1", r.stdout
+    assert all(x["transports"] == "ucx tcp/eth0" and x["wrong_elements"] == 0
+               for x in res.values()), res
+    r = hosts.run("h0", braidrun(build, "-np", "2", "-H", "h0:1,h1:1", "--ssh-port", "2223",
+                                 "/bin/true"), timeout=60)
+    assert r.returncode == 255, r.stderr
+    assert "rank 1 (on h1): lost host h1" in r.stderr, r.stderr
+    assert "port 2223: Connection refused" in r.stderr, r.stderr
+    assert hosts.wait_idle(["h0", "h1"]) == {}
+
+
 def test_unreachable_host_fails_fast(hosts):
     build = testhosts.build_dir()
     # 198.18.0.9 is on the test hosts' network but nobody has it: ssh cannot connect.

@@ -1,6 +1,7 @@
 """braid under the launchers users already run, without braidrun: Open MPI's mpirun (one host,
 and two test hosts with -H), torchrun's environment (set by hand: Debian's torchrun cannot
-start on Python 3.11) and Slurm's srun (a one-node cluster started by
+start on Python 3.11; also with torch.distributed's own store on MASTER_PORT beside braid's
+coordinator) and Slurm's srun (a one-node cluster started by
 tools/testhosts/braid-slurm-cluster). Each finds its coordinator from the launcher's own
 variables (README: "Without braidrun"); nothing is shared between hosts but the command line.
 
@@ -108,3 +109,53 @@ def test_slurm_srun_four_tasks(hosts):
     assert sorted(res[k]["local_rank"] for k in range(4)) == [0, 1, 2, 3]
     # The cluster's daemons are gone with it.
     assert hosts.wait_idle(["h0"]) == {}
+
+
+# torch's store and braid's coordinator side by side: torch.distributed's env:// rendezvous
+# binds MASTER_PORT on rank 0's host, and braid's rank 0 hosts its coordinator at the port
+# derived from it (README: "Without braidrun"), so neither takes the other's.
+TORCH_AND_BRAID = """
+import numpy as np, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+import braid
+braid.init()
+listening = set()  # TCP ports listening on this host, IPv4 and IPv6
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for line in open(table).read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if state == "0A":
+            listening.add(int(local.rsplit(":", 1)[1], 16))
+t = torch.full((4,), float(dist.get_rank() + 1))
+dist.all_reduce(t)
+x = braid.allreduce(np.full(1000, braid.rank() + 1, np.float32), name="x", op=braid.Sum)
+print("RANK", braid.rank(), "TORCH", float(t[0]), "BRAID", float(x.min()), float(x.max()),
+      "LISTENING", sorted(p for p in listening if p in (29500, 45884)),
+      "TRANSPORT", braid.transport_description(), flush=True)
+braid.shutdown()
+dist.destroy_process_group()
+"""
+
+
+def test_torch_store_and_braid_coordinator_share_master_port(hosts):
+    py = str(testhosts.build_dir() / "python")
+    procs = []
+    for rank in range(2):
+        env = {"RANK": rank, "WORLD_SIZE": 2, "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 1,
+               "MASTER_ADDR": "h0", "MASTER_PORT": 29500, "GLOO_SOCKET_IFNAME": "eth0",
+               "PYTHONPATH": py, "OMP_NUM_THREADS": 1}
+        procs.append(hosts.popen(f"h{rank}", [testhosts.PYTHON, "-c", TORCH_AND_BRAID], env=env))
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=120))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, out + err
+    rank0 = outs[0][0]
+    # On h0: torch's store on MASTER_PORT, braid's coordinator on 45884 (derived from 29500).
+    assert "RANK 0 TORCH 3.0 BRAID 3.0 3.0 LISTENING [29500, 45884] TRANSPORT ucx tcp/eth0" in rank0, rank0
+    assert "RANK 1 TORCH 3.0 BRAID 3.0 3.0 " in outs[1][0], outs[1]

@@ -102,6 +102,26 @@ def test_run_tears_down_on_sigterm():
     assert leftovers(prefix) == []
 
 
+def test_run_tears_down_on_ctrl_c():
+    """Ctrl-C at a terminal: SIGINT to the whole foreground process group (the tool and the
+    command it runs in a host), not to the tool alone."""
+    testhosts.require("ip", "tc", "unshare", "nsenter")
+    prefix = f"bt{os.getpid() % 100000}c"
+    p = subprocess.Popen([TOOL, "run", "--prefix", prefix, "-n", "2", "--rate", "100mbit", "--",
+                          "sh", "-c", "echo up; exec sleep 60"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert p.stdout.readline() == "up\n"
+        os.killpg(p.pid, signal.SIGINT)
+        p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 130
+    assert leftovers(prefix) == []
+
+
 def test_down_removes_a_set_whose_owner_died():
     """A crashed `up` caller leaves the set; `down` still removes everything, and `check` says
     whether anything is left."""

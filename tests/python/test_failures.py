@@ -2,6 +2,7 @@
 processes: a standalone braid-coordinator and ranks started by hand or by braidrun.
 """
 
+import json
 import re
 import secrets
 import socket
@@ -33,11 +34,14 @@ def job_env(build, secret, extra=None):
 
 
 def start_coordinator(build, size, register_timeout, tmp, secret):
+    """A braid-coordinator whose registration deadline comes from its environment
+    (BRAID_REGISTER_TIMEOUT_S; the other tests give it as --register-timeout)."""
     port_file = Path(tmp) / "port"
     coord = subprocess.Popen(
         [str(build / "tools" / "coordinator" / "braid-coordinator"), "--port", "0", "--size",
-         str(size), "--port-file", str(port_file), "--register-timeout", str(register_timeout)],
-        env=job_env(build, secret), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+         str(size), "--port-file", str(port_file)],
+        env=job_env(build, secret, {"BRAID_REGISTER_TIMEOUT_S": str(register_timeout)}),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True)
     deadline = time.monotonic() + 30
     while not (port_file.exists() and port_file.read_text().strip()):
@@ -48,12 +52,18 @@ def start_coordinator(build, size, register_timeout, tmp, secret):
 
 def test_a_world_that_never_fully_registers_names_the_missing_ranks():
     """Ranks 0 and 2 of a world of 4 register; after the register timeout (3 s) both fail
-    with DeadlineExceededError naming ranks 1 and 3."""
+    with DeadlineExceededError naming ranks 1 and 3, and the job ends failed with the same
+    reason: `braidctl status --once`, following it from the start, exits 1 with it."""
     build = braid_launch.build_dir()
     with tempfile.TemporaryDirectory(prefix="braid-register-") as tmp:
         secret = secrets.token_hex(32)
         coord, port = start_coordinator(build, 4, 3, tmp, secret)
+        follow = None
         try:
+            follow = subprocess.Popen(
+                [str(build / "tools" / "braidctl" / "braidctl"), "status", "--once", "--json",
+                 "--coordinator", f"127.0.0.1:{port}"], env=job_env(build, secret),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             procs = []
             for r in (0, 2):
                 env = job_env(build, secret, {"BRAID_COORDINATOR": f"127.0.0.1:{port}",
@@ -68,30 +78,43 @@ def test_a_world_that_never_fully_registers_names_the_missing_ranks():
                 assert m, out
                 assert "only 2 of 4 ranks registered within 3s: missing ranks 1, 3" in m.group(2), out
                 assert float(m.group(1)) < 15, out
+            out, err = follow.communicate(timeout=30)
+            assert follow.returncode == 1, err
+            status = json.loads(out)
+            assert status["job_id"] == "1" and status["phase"] == "JOB_ENDED", out
+            assert status["job_state"].startswith(
+                "ended, aborted: registration failed: only 2 of 4 ranks registered within 3s: "
+                "missing ranks 1, 3; registered: "), out
         finally:
+            if follow is not None and follow.poll() is None:
+                follow.kill()
+                follow.wait()
             coord.kill()
             coord.wait()
 
 
 def test_a_rank_hosting_the_coordinator_names_the_ranks_that_never_came():
     """torchrun-style launch (rank 0 hosts the coordinator) where rank 1 never starts: rank 0
-    fails after the registration timeout (BRAID_TIMEOUT_S, at least 60 s) naming rank 1, and
-    not with the bare deadline of its own call 5 s later. About 60 s."""
+    fails after the registration timeout (BRAID_REGISTER_TIMEOUT_S, 3 s, which wins over
+    BRAID_TIMEOUT_S) naming rank 1, and not with the bare deadline of its own call 5 s later.
+    (Without BRAID_REGISTER_TIMEOUT_S it is BRAID_TIMEOUT_S but at least 60 s: the same
+    RegistrationTimeout sets both deadlines, tests/unit/config_test.cc.)"""
     build = braid_launch.build_dir()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = braid_launch.rank_env(build, {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
                                         "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                                        "MASTER_PORT": str(port), "BRAID_TIMEOUT_S": "5"})
+                                        "MASTER_PORT": str(port), "BRAID_TIMEOUT_S": "5",
+                                        "BRAID_REGISTER_TIMEOUT_S": "3"})
     for k in ("BRAID_JOB_SECRET", "BRAID_JOB_SECRET_FILE", "BRAID_COORDINATOR_PORT"):
         env.pop(k, None)
     out = subprocess.run([braid_launch.PYTHON, "-c", INIT_ONLY], env=env, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120).stdout
     m = re.search(r"error after ([\d.]+) s: DeadlineExceededError: (.*)", out)
     assert m, out
-    assert "only 1 of 2 ranks registered within 1m: missing rank 1" in m.group(2), out
-    assert 55 < float(m.group(1)) < 64, out
+    assert "only 1 of 2 ranks registered within 3s: missing rank 1" in m.group(2), out
+    assert 2.5 < float(m.group(1)) < 7.5, out
 
 
 def test_a_local_failure_and_a_negotiation_deadline_reach_every_rank():

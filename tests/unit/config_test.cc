@@ -295,6 +295,29 @@ TEST(CoordinatorAddressTest, FirstAddressOfOmpiUri) {
             "U '1.0;tcp6://[::1]:5' has no tcp:// address");
 }
 
+// The registration deadline: BRAID_REGISTER_TIMEOUT_S as given (shorter than 60 s too);
+// else BRAID_TIMEOUT_S with a 60 s floor.
+TEST(ConfigTest, RegistrationTimeout) {
+  auto from = [](std::map<std::string, std::string> vars) {
+    Env env{std::move(vars)};
+    auto c = SettingsFromEnv(env.fn());
+    EXPECT_TRUE(c.ok()) << c.status();
+    return RegistrationTimeout(*c);
+  };
+  EXPECT_EQ(from({}), absl::Seconds(60));
+  EXPECT_EQ(from({{"BRAID_TIMEOUT_S", "5"}}), absl::Seconds(60));
+  EXPECT_EQ(from({{"BRAID_TIMEOUT_S", "90"}}), absl::Seconds(90));
+  EXPECT_EQ(from({{"BRAID_REGISTER_TIMEOUT_S", "2.5"}}), absl::Milliseconds(2500));
+  EXPECT_EQ(from({{"BRAID_REGISTER_TIMEOUT_S", "300"}, {"BRAID_TIMEOUT_S", "90"}}),
+            absl::Seconds(300));
+  Env zero{{{"BRAID_REGISTER_TIMEOUT_S", "0"}}};
+  EXPECT_EQ(SettingsFromEnv(zero.fn()).status().message(),
+            "BRAID_REGISTER_TIMEOUT_S must be a positive number of seconds, got '0'");
+  const SettingFlag* flag = FindSettingFlag("--register-timeout");
+  ASSERT_NE(flag, nullptr);
+  EXPECT_STREQ(flag->variable, "BRAID_REGISTER_TIMEOUT_S");
+}
+
 TEST(SettingFlagsTest, FlagsMapOntoVariablesAndErrorsNameTheFlag) {
   const SettingFlag* mb = FindSettingFlag("--fusion-threshold-mb");
   ASSERT_NE(mb, nullptr);

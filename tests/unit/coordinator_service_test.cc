@@ -153,9 +153,22 @@ TEST_F(ServiceTest, RegistrationsThatMissTheDeadlineFailAndFreeTheWorldSize) {
   EXPECT_EQ(results_.at(lonely).status().message(),
             "only 1 of 2 ranks registered within 30s: missing rank 1; registered: rank 0 (pid "
             "100 on h)");
-  // Nobody waits any more: a world of another size may form.
+  // The job failed, and its status says why (not "forming"), for braidctl.
+  proto::StatusResponse failed = Status();
+  EXPECT_EQ(failed.job_id(), 1);
+  EXPECT_EQ(failed.phase(), proto::JOB_ENDED);
+  EXPECT_EQ(failed.size(), 2);
+  EXPECT_EQ(failed.job_state(),
+            "ended, aborted: registration failed: only 1 of 2 ranks registered within 30s: "
+            "missing rank 1; registered: rank 0 (pid 100 on h)");
+  EXPECT_EQ(failed.abort_message(),
+            "registration failed: only 1 of 2 ranks registered within 30s: missing rank 1; "
+            "registered: rank 0 (pid 100 on h)");
+  // Nobody waits any more: the next job, of another size, may form.
   int64_t solo = Register(Reg(0, 1));
   EXPECT_TRUE(results_.at(solo).ok()) << results_.at(solo).status();
+  EXPECT_EQ(Status().job_id(), 2);
+  EXPECT_EQ(Status().phase(), proto::JOB_RUNNING);
 }
 
 TEST_F(ServiceTest, CancelledRegistrationIsAnsweredOnce) {

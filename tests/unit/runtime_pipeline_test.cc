@@ -363,6 +363,14 @@ TEST(RuntimePipelineTest, TheLedgerCountsEveryTensorUnderItsMethod) {
     ri.input = ri.output = ints.data();
     ri.op = ReduceOp::kSum;
     ASSERT_TRUE(WaitFor(rt.Enqueue(ri)).ok());
+    // A broadcast compresses nothing: in the job's bytes negotiated, in no method's row.
+    std::vector<float> params(250, rank == 0 ? 1.0f : 0.0f);
+    CollectiveRequest rp;
+    rp.name = "params";
+    rp.collective = Collective::kBroadcast;
+    rp.shape = {250};
+    rp.input = rp.output = params.data();
+    ASSERT_TRUE(WaitFor(rt.Enqueue(rp)).ok());
     const CompressionReport r = rt.compression_report().value();
     std::map<std::string, ByteStats> by;
     for (const auto& t : r.tensors) by[t.name + "/" + t.method] = t.bytes;
@@ -394,6 +402,13 @@ TEST(RuntimePipelineTest, TheLedgerCountsEveryTensorUnderItsMethod) {
   EXPECT_EQ(rows["powersgd"].payload_bytes(), 2 * ((64 + 32) * 4 + 32 * 4));
   EXPECT_EQ(rows["powersgd"].ranks_reporting(), 2);
   EXPECT_EQ(rows["none"].payload_bytes(), 2 * 400);
+  // "none" counts the same tensor before (negotiated) and after (reported): the int32
+  // all-reduce, one rank's share; not the 1000-byte broadcast.
+  EXPECT_EQ(rows["none"].tensors(), 1);
+  EXPECT_EQ(rows["none"].bytes_before(), 400);
+  EXPECT_EQ(rows["none"].bytes_after(), 400);
+  EXPECT_EQ(rows["none"].ratio(), 1.0);
+  EXPECT_EQ(status->bytes_negotiated(), (64 * 32 + 32) * 4 + 2 * 2000 + 400 + 1000);
 }
 
 TEST(StatisticsLedgerTest, TotalsAreTheSumsOfTheTensorRows) {

@@ -32,6 +32,7 @@
 #include "CLI/CLI.hpp"
 #include "tools/cli.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "coordinator/server.h"
 #include "glog/logging.h"
 #include "common/secret.h"
@@ -41,16 +42,19 @@ namespace {
 
 using braid::tools::kUsageError;
 
-// The flags of runtime/config.h that set job settings.
-constexpr const char* kJobFlags[] = {"--fusion-threshold-mb", "--cache-capacity",
-                                     "--stall-check-seconds", "--stall-shutdown-seconds",
-                                     "--heartbeat-timeout", "--negotiation-timeout"};
+// The flags of runtime/config.h it takes: the job settings, and the registration deadline.
+constexpr const char* kSettingFlags[] = {"--fusion-threshold-mb", "--cache-capacity",
+                                         "--stall-check-seconds", "--stall-shutdown-seconds",
+                                         "--heartbeat-timeout", "--negotiation-timeout",
+                                         "--register-timeout"};
+// The registration deadline without --register-timeout or BRAID_REGISTER_TIMEOUT_S: a
+// standalone coordinator's ranks may be started by hand, one host after the other.
+constexpr absl::Duration kDefaultRegisterTimeout = absl::Seconds(120);
 
 struct Flags {
   std::string bind = "127.0.0.1", port = "0", size = "0", secret, secret_file, port_file;
   std::string tls_cert, tls_key;
   bool secret_given = false;  // --secret: refused
-  std::string register_timeout = "120";
   std::map<std::string, std::string> settings;  // setting flag -> text, when given
 };
 
@@ -65,9 +69,6 @@ absl::StatusOr<braid::coordinator::ServerOptions> Options(const Flags& f) {
   auto size = braid::ParseInteger("--size", f.size, 0, 65536);
   if (!size.ok()) return size.status();
   o.world_size = static_cast<int>(*size);
-  auto timeout = braid::ParseSeconds("--register-timeout", f.register_timeout, false);
-  if (!timeout.ok()) return timeout.status();
-  o.register_timeout = *timeout;
   std::map<std::string, std::string> value_of, flag_of;  // variable -> value / flag
   for (const auto& [flag, text] : f.settings) {
     const braid::SettingFlag* sf = braid::FindSettingFlag(flag);
@@ -93,6 +94,7 @@ absl::StatusOr<braid::coordinator::ServerOptions> Options(const Flags& f) {
       });
   if (!config.ok()) return config.status();
   o.settings = braid::ToProto(config->job);
+  o.register_timeout = config->register_timeout.value_or(kDefaultRegisterTimeout);
   o.tls_cert_file = f.tls_cert.empty() ? config->tls_cert_file : f.tls_cert;
   o.tls_key_file = f.tls_key.empty() ? config->tls_key_file : f.tls_key;
   if (f.secret_given) {
@@ -139,15 +141,12 @@ int main(int argc, char** argv) {
   app.add_option("--tls-cert", f.tls_cert, "PEM certificate: serve TLS (default: BRAID_TLS_CERT)");
   app.add_option("--tls-key", f.tls_key, "PEM private key, mode 0600 (default: BRAID_TLS_KEY)");
   app.add_option("--port-file", f.port_file, "write the chosen port to this file once listening");
-  app.add_option("--register-timeout", f.register_timeout,
-                 "seconds a registration waits for the rest of the world")
-      ->capture_default_str();
-  for (const char* flag : kJobFlags) {
+  for (const char* flag : kSettingFlags) {
     const braid::SettingFlag* sf = braid::FindSettingFlag(flag);
     app.add_option(flag, f.settings[flag], absl::StrCat(sf->help, " (", sf->variable, ")"));
   }
   BRAID_CLI_PARSE(app, argc, argv);
-  for (const char* flag : kJobFlags) {
+  for (const char* flag : kSettingFlags) {
     if (app.get_option(flag)->count() == 0) f.settings.erase(flag);
   }
   f.secret_given = app.get_option("--secret")->count() > 0;
