@@ -259,7 +259,8 @@ TEST(BuildRankEnv, LauncherVariablesReplaceInheritedOnesInPlace) {
 TEST(BuildRankEnv, FlagsBecomeVariables) {
   JobEnv job = MinimalJob();
   const std::vector<std::pair<std::string, std::string>> given = {
-      {"--timeout", "30"},          {"--fusion-threshold-mb", "2"},
+      {"--timeout", "30"},          {"--register-timeout", "7.5"},
+      {"--fusion-threshold-mb", "2"},
       {"--cycle-time-ms", "5"},     {"--cache-capacity", "0"},
       {"--timeline-filename", "/tmp/tl.json"}, {"--stall-check-seconds", "0.5"},
       {"--stall-shutdown-seconds", "0"},       {"--heartbeat-timeout", "4"},
@@ -277,7 +278,7 @@ TEST(BuildRankEnv, FlagsBecomeVariables) {
   EXPECT_THAT(env,
               ElementsAre("BRAID_COORDINATOR=127.0.0.1:4242", "BRAID_RANK=1", "BRAID_SIZE=4",
                           "BRAID_LOCAL_RANK=0", "BRAID_LOCAL_SIZE=2", "BRAID_JOB_SECRET=s3cret",
-                          "PYTHONUNBUFFERED=1", "BRAID_TIMEOUT_S=30",
+                          "PYTHONUNBUFFERED=1", "BRAID_TIMEOUT_S=30", "BRAID_REGISTER_TIMEOUT_S=7.5",
                           "BRAID_FUSION_THRESHOLD=2097152", "BRAID_CYCLE_TIME_MS=5",
                           "BRAID_CACHE_CAPACITY=0", "BRAID_TIMELINE=/tmp/tl.json",
                           "BRAID_STALL_CHECK_S=0.5", "BRAID_STALL_SHUTDOWN_S=0",
