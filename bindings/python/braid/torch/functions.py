@@ -6,6 +6,8 @@ The Horovod recipe starts every rank from rank 0's weights and optimizer state::
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 """
 
+import hashlib
+
 import torch
 
 from .. import _objects, _ops
@@ -43,13 +45,75 @@ def broadcast_parameters(params, root_rank):
     broadcast under their names (a dict's keys, sorted), unnamed ones under
     ``"broadcast.noname.<n>"``; every rank must pass the same names, shapes and dtypes. All
     broadcasts run concurrently (the runtime fuses them); the call returns when all are done.
+    Before any broadcast, the ranks compare their lists of (name, shape, dtype) by an
+    all-gather of a 32-byte digest (as DDP verifies its parameters' shapes across ranks):
+    when they differ (a rank with an extra layer, a different shape), every rank raises
+    InvalidArgumentError naming the parameters and the ranks that differ from ``root_rank``,
+    instead of some ranks returning and others waiting for a broadcast that never comes.
     Raises InvalidArgumentError for a non-tensor entry and the collectives' errors.
     """
+    items = _named_tensors(params)
+    _verify_layout(items, root_rank)
     handles = [mpi_ops.broadcast_async_(t.data if isinstance(t, torch.nn.Parameter) else t,
                                         root_rank, name=name)
-               for name, t in _named_tensors(params)]
+               for name, t in items]
     for h in handles:
         mpi_ops.synchronize(h)
+
+
+def _layout(items):
+    """[(label, shape, dtype)]: a named tensor's label is its name, an unnamed one's its
+    position (``#i``)."""
+    return [(f"#{i}" if name is None else str(name), tuple(t.shape), str(t.dtype))
+            for i, (name, t) in enumerate(items)]
+
+
+def _layout_differences(mine, root, rank, root_rank, limit=4):
+    """What differs between rank ``rank``'s layout and the root's, as phrases (at most
+    ``limit``, then a count of the rest)."""
+    a, b = {n: (s, d) for n, s, d in root}, {n: (s, d) for n, s, d in mine}
+    out = []
+    for n, (s, d) in b.items():
+        if n not in a:
+            out.append(f"rank {rank} has '{n}' (shape {list(s)}, {d}), which rank {root_rank} "
+                       "lacks")
+        elif a[n] != (s, d):
+            out.append(f"'{n}' is shape {list(a[n][0])}, {a[n][1]} on rank {root_rank} but "
+                       f"shape {list(s)}, {d} on rank {rank}")
+    out += [f"rank {rank} lacks '{n}' (shape {list(s)}, {d}), which rank {root_rank} has"
+            for n, (s, d) in a.items() if n not in b]
+    if not out:  # the same entries in another order
+        out.append(f"rank {rank} passes them in another order than rank {root_rank}")
+    if len(out) > limit:
+        out = out[:limit] + [f"{len(out) - limit} more"]
+    return out
+
+
+def _verify_layout(items, root_rank):
+    """Raises InvalidArgumentError on every rank when the ranks' (name, shape, dtype) lists
+    differ: first an all-gather of each rank's 32-byte digest (cheap, the usual case), and
+    only on a mismatch an all-gather of the lists themselves, to name what differs."""
+    size = _ops.size()
+    if size == 1:
+        return
+    name = _ops._next_name("broadcast_parameters")
+    layout = _layout(items)
+    digest = hashlib.sha256(repr(layout).encode()).digest()
+    digests = mpi_ops.allgather(torch.tensor(list(digest), dtype=torch.uint8),
+                                name=name + ".layout_digest").view(size, len(digest))
+    if all(torch.equal(digests[r], digests[0]) for r in range(1, size)):
+        return
+    layouts = _objects.allgather_object(layout, name=name + ".layouts")
+    if not 0 <= root_rank < size:
+        raise InvalidArgumentError(f"broadcast_parameters: root_rank {root_rank} is not a "
+                                   f"rank of this job (size {size})")
+    differ = [r for r in range(size) if layouts[r] != layouts[root_rank]]
+    details = "; ".join(d for r in differ
+                        for d in _layout_differences(layouts[r], layouts[root_rank], r,
+                                                     root_rank))
+    raise InvalidArgumentError(
+        f"broadcast_parameters: the parameters of rank(s) {differ} differ from root rank "
+        f"{root_rank}'s (every rank must pass the same names, shapes and dtypes): {details}")
 
 
 class _TensorSlot:
