@@ -14,8 +14,23 @@ from .. import _objects, _ops
 from . import mpi_ops
 from ._handles import InvalidArgumentError
 
-broadcast_object = _objects.broadcast_object
-allgather_object = _objects.allgather_object
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """Returns ``root_rank``'s ``obj`` on every rank (pickled, sent as bytes); the object the
+    other ranks pass is ignored. ``name`` defaults to ``"broadcast_object.noname.<n>"`` (not
+    the object's type name, as Horovod does: the other ranks usually pass None).
+    ``process_set``: the global one only (InvalidArgumentError otherwise). See
+    ``braid.broadcast_object``."""
+    mpi_ops._check_process_set("broadcast_object", process_set)
+    return _objects.broadcast_object(obj, root_rank, name)
+
+
+def allgather_object(obj, name=None, process_set=None):
+    """Returns the list of every rank's ``obj`` in rank order (pickled, sent as bytes).
+    ``process_set``: the global one only. See ``braid.allgather_object``."""
+    mpi_ops._check_process_set("allgather_object", process_set)
+    return _objects.allgather_object(obj, name)
 
 
 def _named_tensors(params):
@@ -37,7 +52,7 @@ def _named_tensors(params):
     return items
 
 
-def broadcast_parameters(params, root_rank):
+def broadcast_parameters(params, root_rank, process_set=None):
     """Overwrites every tensor of ``params`` with ``root_rank``'s, in place.
 
     ``params``: ``model.state_dict()`` (parameters and buffers, such as batch norm's running
@@ -50,8 +65,10 @@ def broadcast_parameters(params, root_rank):
     when they differ (a rank with an extra layer, a different shape), every rank raises
     InvalidArgumentError naming the parameters and the ranks that differ from ``root_rank``,
     instead of some ranks returning and others waiting for a broadcast that never comes.
-    Raises InvalidArgumentError for a non-tensor entry and the collectives' errors.
+    ``process_set``: the global one only (InvalidArgumentError otherwise). Raises
+    InvalidArgumentError for a non-tensor entry and the collectives' errors.
     """
+    mpi_ops._check_process_set("broadcast_parameters", process_set)
     items = _named_tensors(params)
     _verify_layout(items, root_rank)
     handles = [mpi_ops.broadcast_async_(t.data if isinstance(t, torch.nn.Parameter) else t,
@@ -180,7 +197,8 @@ def _collect_slots(skel, out):
             _collect_slots(v, out)
 
 
-def broadcast_optimizer_state(optimizer, root_rank, lr_scheduler=None):
+def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=None,
+                              lr_scheduler=None):
     """Makes every rank's optimizer state ``root_rank``'s: per-parameter state (momentum
     buffers, Adam's moments and step counts, scalars included) and the parameter groups'
     options (learning rate, momentum, betas, ... and what LR schedulers keep there, such as
@@ -191,9 +209,13 @@ def broadcast_optimizer_state(optimizer, root_rank, lr_scheduler=None):
     groups (sizes and order) on every rank. A rank whose optimizer has no state yet gets the
     root's; nothing is stepped or initialised to make the state exist. ``lr_scheduler``
     (optional; one scheduler or a list): their ``state_dict()`` (epoch counters, ...) is
-    broadcast too. Raises the collectives' errors, and ValueError from
-    ``optimizer.load_state_dict`` when the parameter groups differ from the root's.
+    broadcast too. ``model`` is accepted for Horovod's signature and unused (no step is
+    taken to create state, so no model is needed); ``process_set``: the global one only.
+    Raises the collectives' errors, and ValueError from ``optimizer.load_state_dict`` when
+    the parameter groups differ from the root's.
     """
+    del model
+    mpi_ops._check_process_set("broadcast_optimizer_state", process_set)
     name = _ops._next_name("broadcast_optimizer_state")
     state = _broadcast_state(optimizer.state_dict(), root_rank, name)
     if _ops.rank() != root_rank:

@@ -460,7 +460,7 @@ class _DistributedMixin:
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         sparse_as_dense=False, num_groups=0, groups=None, process_set=None,
+                         num_groups=0, groups=None, sparse_as_dense=False, process_set=None,
                          gradient_as_bucket_view=False):
     """Wraps ``optimizer`` (any ``torch.optim.Optimizer``) for data-parallel training.
 
