@@ -62,6 +62,21 @@ absl::Status Runtime::Impl::LoadCompressionState(absl::string_view state) {
   return stage_->LoadState(state, rank_, size_);
 }
 
+absl::StatusOr<int> Runtime::Impl::ForgetCompressionState(absl::Span<const std::string> names) {
+  {
+    absl::MutexLock lock(&mu_);
+    BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+    for (const std::string& name : names) {
+      if (table_.find(name) != table_.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "forgetting the compression state of '", name, "' on rank ", rank_,
+            " while its all-reduce is in flight: synchronize it first"));
+      }
+    }
+  }
+  return stage_->ForgetTensors(names);
+}
+
 absl::Status Runtime::Impl::Init(const RuntimeConfig& config, RuntimeDeps deps) {
   absl::MutexLock lifecycle(&lifecycle_mu_);
   {
@@ -355,6 +370,9 @@ absl::StatusOr<std::string> Runtime::compression_state() const {
 }
 absl::Status Runtime::LoadCompressionState(absl::string_view state) {
   return impl_->LoadCompressionState(state);
+}
+absl::StatusOr<int> Runtime::ForgetCompressionState(absl::Span<const std::string> names) {
+  return impl_->ForgetCompressionState(names);
 }
 
 Runtime& GlobalRuntime() {

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "common/dtype.h"
 #include "proto/braid.pb.h"
 #include "runtime/config.h"
@@ -181,6 +182,14 @@ class Runtime {
   // step), so training continues bit-identically. FailedPrecondition as compression_state();
   // InvalidArgument, with nothing changed, when `state` is malformed.
   absl::Status LoadCompressionState(absl::string_view state);
+  // Forgets this rank's compression state of the tensors `names` (CompressionStage::
+  // ForgetTensors): their next all-reduce starts fresh, as in a new job (the Python
+  // DistributedOptimizer does it when a new optimizer takes the names of a dropped one).
+  // Call it at the same point of every rank's sequence of collectives. FailedPrecondition
+  // when not initialised, or while an all-reduce of one of `names` is in flight on this
+  // rank (naming it); nothing is forgotten then. Returns the (method, tensor) entries
+  // forgotten.
+  absl::StatusOr<int> ForgetCompressionState(absl::Span<const std::string> names);
 
   // Starts recording the timeline (runtime/timeline.h) into `path` while the job runs, as
   // Horovod's start_timeline: rank 0 writes `path`, rank r writes `path`.rank<r>, rotated

@@ -113,6 +113,7 @@ class Runtime::Impl {
   absl::StatusOr<CompressionReport> compression_report() const;
   absl::StatusOr<std::string> compression_state() const;
   absl::Status LoadCompressionState(absl::string_view state);
+  absl::StatusOr<int> ForgetCompressionState(absl::Span<const std::string> names);
   absl::Status StartTimeline(const std::string& path);
   absl::Status StopTimeline();
 

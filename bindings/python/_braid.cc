@@ -375,6 +375,15 @@ void LoadCompressionState(const py::bytes& state) {
   Check(s);
 }
 
+int ForgetCompressionState(const std::vector<std::string>& names) {
+  absl::StatusOr<int> forgotten;
+  {
+    py::gil_scoped_release release;  // may wait for a bucket being reduced
+    forgotten = braid::GlobalRuntime().ForgetCompressionState(names);
+  }
+  return Value(std::move(forgotten));
+}
+
 PyObject* NewError(py::module_& m, const char* name, PyObject* base, const char* doc) {
   std::string full = std::string("braid.") + name;
   PyObject* cls = PyErr_NewExceptionWithDoc(full.c_str(), doc, base, nullptr);
@@ -515,6 +524,9 @@ PYBIND11_MODULE(_braid, m) {
   m.def("compression_state", &CompressionState, "This rank's compression state (bytes).");
   m.def("load_compression_state", &LoadCompressionState, py::arg("state"),
         "Restores a compression_state() result.");
+  m.def("forget_compression_state", &ForgetCompressionState, py::arg("names"),
+        "Forgets this rank's compression state of the tensors `names`; returns the entries "
+        "forgotten.");
 
   py::class_<NativeHandle>(m, "NativeHandle")
       .def_property_readonly("name", &NativeHandle::name)

@@ -346,6 +346,12 @@ def compression_state():
     return _braid.compression_state()
 
 
+# Names of all-reduces whose DistributedOptimizer (braid.torch) was dropped: their compression
+# state is forgotten when a new optimizer takes them (braid/torch/_naming.py). A loaded state
+# is the one wanted, so load_compression_state() empties it.
+_released_names = set()
+
+
 def load_compression_state(state):
     """Restores a ``compression_state()`` result (``bytes``) on this rank, typically right
     after ``init()`` when resuming from a checkpoint, before the first step.
@@ -360,6 +366,7 @@ def load_compression_state(state):
         raise InvalidArgumentError(
             f"load_compression_state(): state must be bytes, got {type(state).__name__}")
     _braid.load_compression_state(bytes(state))
+    _released_names.clear()
 
 
 # --- argument conversion --------------------------------------------------------------------
