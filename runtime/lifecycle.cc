@@ -83,9 +83,23 @@ absl::Status Runtime::Impl::Init(const RuntimeConfig& config, RuntimeDeps deps) 
     absl::MutexLock lock(&mu_);
     if (state_ == State::kRunning) return absl::OkStatus();
   }
+  {
+    absl::MutexLock lock(&init_cancel_mu_);
+    init_cancelled_ = false;
+  }
   absl::Status s = InitLocked(config, std::move(deps));
+  {
+    absl::MutexLock lock(&init_cancel_mu_);
+    registering_ = nullptr;
+  }
   if (!s.ok()) ReleaseParts();
   return s;
+}
+
+void Runtime::Impl::CancelInit() {
+  absl::MutexLock lock(&init_cancel_mu_);
+  init_cancelled_ = true;
+  if (registering_ != nullptr) registering_->CancelRegister();
 }
 
 absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps deps) {
@@ -124,6 +138,11 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   std::unique_ptr<DataPlane> data_plane =
       deps.data_plane ? std::move(deps.data_plane)
                       : MakeUcxDataPlane(config, secret ? secret->secret : config.job_secret);
+  {
+    absl::MutexLock lock(&init_cancel_mu_);
+    if (init_cancelled_) return absl::CancelledError("init() was interrupted");
+    registering_ = client_.get();
+  }
   // Note [Peers at registration]: one Register RPC, then the data plane connects.
   auto join = JoinJob(config, launch, *client_, *data_plane);
   if (!join.ok()) return secret ? ExplainRefusedSecret(join.status(), *secret) : join.status();
@@ -335,6 +354,7 @@ absl::Status Runtime::Impl::Shutdown() {
 Runtime::Runtime() : impl_(std::make_unique<Impl>()) {}
 Runtime::~Runtime() = default;
 absl::Status Runtime::Init(const RuntimeConfig& config) { return impl_->Init(config, {}); }
+void Runtime::CancelInit() { impl_->CancelInit(); }
 absl::Status Runtime::Init(const RuntimeConfig& config, RuntimeDeps deps) {
   return impl_->Init(config, std::move(deps));
 }

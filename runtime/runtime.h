@@ -119,6 +119,12 @@ class Runtime {
   // The same with injected parts (Note [Injected parts]); `deps` is dropped when already
   // initialised.
   absl::Status Init(const RuntimeConfig& config, RuntimeDeps deps);
+  // Makes an Init in progress on another thread return Cancelled promptly while it waits
+  // for the other ranks to register (Ctrl-C in braid.init()); waits bounded by their own
+  // timeouts (reaching the coordinator, connecting the data plane) are not cut short. An
+  // Init that starts later is not affected; one that already succeeded stays initialised.
+  // Thread-safe; never waits for Init.
+  void CancelInit();
   // Fails every pending handle with Cancelled and leaves the job; returns within ~2 s even
   // when peers are gone. OK if not initialised. Init() may be called again afterwards.
   absl::Status Shutdown();
