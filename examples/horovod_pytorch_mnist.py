@@ -27,7 +27,7 @@ import torch.optim as optim
 import torch.utils.data.distributed
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _build_tree  # noqa: E402,F401  (braid from build/ when not installed)
+import _build_tree  # noqa: E402,F401  (the build tree's package when none is installed)
 import fashion_mnist_data  # noqa: E402
 
 import braid.torch as hvd  # noqa: E402
