@@ -142,7 +142,8 @@ def init():
 
     Raises InvalidArgumentError (bad configuration), DeadlineExceededError or
     UnavailableError (coordinator or peers unreachable), FailedPreconditionError (called in a
-    forked child of an initialized process).
+    forked child of an initialized process). Ctrl-C while it waits for the other ranks to
+    register raises KeyboardInterrupt promptly and leaves braid uninitialized.
     """
     global _init_pid, _atexit_registered, _topology
     _check_process("init()")
