@@ -173,6 +173,22 @@ constexpr char kStateMagic[8] = {'B', 'R', 'D', 'C', 'M', 'P', 'S', 'T'};
 constexpr uint32_t kStateVersion = 1;
 }  // namespace
 
+int CompressionStage::ForgetTensors(absl::Span<const std::string> names) {
+  absl::MutexLock lock(&state_mu_);
+  absl::MutexLock methods_lock(&methods_mu_);
+  int forgotten = 0;
+  for (auto& [spec, m] : methods_) {
+    for (const std::string& name : names) {
+      auto it = m->steps_.find(name);
+      if (it == m->steps_.end()) continue;
+      m->steps_.erase(it);
+      if (m->compressor_ != nullptr) m->compressor_->Reset(name);
+      ++forgotten;
+    }
+  }
+  return forgotten;
+}
+
 std::string CompressionStage::SaveState(int rank, int world_size) const {
   absl::MutexLock lock(&state_mu_);
   absl::MutexLock methods_lock(&methods_mu_);

@@ -136,6 +136,13 @@ class CompressionStage {
   // that rank's). InvalidArgument, with nothing changed, when `state` is malformed, names an
   // unknown method or holds a state its compressor refuses. Thread-safe.
   absl::Status LoadState(absl::string_view state, int rank, int world_size);
+  // Forgets what every method keeps for the tensors `names` (Compressor::Reset: residuals,
+  // PowerSGD's Q; and their step counters, so warm-up starts over): their next reduction
+  // starts as the first one of a new job would. Names never reduced are ignored. Returns
+  // how many (method, tensor) entries were forgotten. Thread-safe; waits for a bucket being
+  // reduced. The caller makes sure no reduction of these tensors is queued, and that every
+  // rank forgets them at the same point of its sequence of collectives.
+  int ForgetTensors(absl::Span<const std::string> names);
 
  private:
   CompressionMethod* FindOrAddLocked(CompressionSpec spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(methods_mu_);

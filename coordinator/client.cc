@@ -68,6 +68,11 @@ class GrpcStore final : public Store {
   const std::string* secret_;  // the client's
 };
 
+absl::Status RegisterCancelled() {
+  return absl::CancelledError("registration cancelled (interrupted while waiting for the "
+                              "other ranks)");
+}
+
 class GrpcClient final : public CoordinatorClient {
  public:
   GrpcClient(const ClientOptions& o, std::shared_ptr<grpc::Channel> channel)
@@ -82,9 +87,19 @@ class GrpcClient final : public CoordinatorClient {
     ctx.set_deadline(Deadline(timeout + absl::Seconds(5)));
     ctx.set_wait_for_ready(true);
     AddCallCredentials(&ctx, opts_.job_secret);
+    {
+      absl::MutexLock lock(&register_mu_);
+      if (register_cancelled_) return RegisterCancelled();
+      register_ctx_ = &ctx;
+    }
     proto::RegisterResponse resp;
-    absl::Status s = FromGrpcStatus(stub_->Register(&ctx, req, &resp),
-                                    "registering with the coordinator at " + opts_.address);
+    grpc::Status g = stub_->Register(&ctx, req, &resp);
+    {
+      absl::MutexLock lock(&register_mu_);
+      register_ctx_ = nullptr;
+      if (register_cancelled_) return RegisterCancelled();
+    }
+    absl::Status s = FromGrpcStatus(g, "registering with the coordinator at " + opts_.address);
     if (!s.ok()) return s;
     rank_token_ = resp.rank_token();
     if (resp.settings().has_heartbeat_timeout_ms()) {
@@ -94,6 +109,12 @@ class GrpcClient final : public CoordinatorClient {
           absl::Milliseconds(resp.settings().heartbeat_timeout_ms()));
     }
     return resp;
+  }
+
+  void CancelRegister() override {
+    absl::MutexLock lock(&register_mu_);
+    register_cancelled_ = true;
+    if (register_ctx_ != nullptr) register_ctx_->TryCancel();
   }
 
   Store* store() override { return &store_; }
@@ -225,6 +246,9 @@ class GrpcClient final : public CoordinatorClient {
   std::thread reader_;
   std::thread heartbeat_;
   absl::Mutex write_mu_;  // one Write at a time
+  absl::Mutex register_mu_;  // a leaf
+  grpc::ClientContext* register_ctx_ ABSL_GUARDED_BY(register_mu_) = nullptr;  // Register's
+  bool register_cancelled_ ABSL_GUARDED_BY(register_mu_) = false;
   absl::Mutex mu_;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

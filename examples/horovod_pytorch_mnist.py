@@ -13,7 +13,8 @@ with ``allreduce``. The only line that names braid is the import: with
 
 Two differences, both about data, not Horovod's API: the images are Fashion-MNIST read from
 Debian's dataset-fashion-mnist package (no download, no torchvision), and
-``--train-subset N`` can shorten the run (tests use it).
+``--train-subset N`` can shorten the run (tests use it). (``_build_tree`` only lets the
+script find braid in a source checkout's build/ without PYTHONPATH.)
 """
 import argparse
 import os
@@ -26,6 +27,7 @@ import torch.optim as optim
 import torch.utils.data.distributed
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _build_tree  # noqa: E402,F401  (the build tree's package when none is installed)
 import fashion_mnist_data  # noqa: E402
 
 import braid.torch as hvd  # noqa: E402

@@ -29,6 +29,7 @@ import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
+import _build_tree  # noqa: F401  (braid from build/ when not installed)
 import braid
 
 

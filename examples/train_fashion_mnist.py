@@ -37,6 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _build_tree  # noqa: E402,F401  (braid from build/ when not installed)
 import fashion_mnist_data as fmnist  # noqa: E402
 
 import braid.torch as hvd  # noqa: E402

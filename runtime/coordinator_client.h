@@ -22,6 +22,10 @@ class CoordinatorClient {
   // trip per rank.
   virtual absl::StatusOr<proto::RegisterResponse> Register(const proto::RegisterRequest& req,
                                                            absl::Duration timeout) = 0;
+  // Makes a Register in progress on another thread, and any later one, return Cancelled
+  // promptly (Ctrl-C while waiting for the other ranks). Thread-safe. The default does
+  // nothing: Register then runs to its timeout.
+  virtual void CancelRegister() {}
   // The coordinator's key-value store (for tools; peers come with registration).
   virtual Store* store() = 0;
 

@@ -62,15 +62,44 @@ absl::Status Runtime::Impl::LoadCompressionState(absl::string_view state) {
   return stage_->LoadState(state, rank_, size_);
 }
 
+absl::StatusOr<int> Runtime::Impl::ForgetCompressionState(absl::Span<const std::string> names) {
+  {
+    absl::MutexLock lock(&mu_);
+    BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+    for (const std::string& name : names) {
+      if (table_.find(name) != table_.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "forgetting the compression state of '", name, "' on rank ", rank_,
+            " while its all-reduce is in flight: synchronize it first"));
+      }
+    }
+  }
+  return stage_->ForgetTensors(names);
+}
+
 absl::Status Runtime::Impl::Init(const RuntimeConfig& config, RuntimeDeps deps) {
   absl::MutexLock lifecycle(&lifecycle_mu_);
   {
     absl::MutexLock lock(&mu_);
     if (state_ == State::kRunning) return absl::OkStatus();
   }
+  {
+    absl::MutexLock lock(&init_cancel_mu_);
+    init_cancelled_ = false;
+  }
   absl::Status s = InitLocked(config, std::move(deps));
+  {
+    absl::MutexLock lock(&init_cancel_mu_);
+    registering_ = nullptr;
+  }
   if (!s.ok()) ReleaseParts();
   return s;
+}
+
+void Runtime::Impl::CancelInit() {
+  absl::MutexLock lock(&init_cancel_mu_);
+  init_cancelled_ = true;
+  if (registering_ != nullptr) registering_->CancelRegister();
 }
 
 absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps deps) {
@@ -109,6 +138,11 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   std::unique_ptr<DataPlane> data_plane =
       deps.data_plane ? std::move(deps.data_plane)
                       : MakeUcxDataPlane(config, secret ? secret->secret : config.job_secret);
+  {
+    absl::MutexLock lock(&init_cancel_mu_);
+    if (init_cancelled_) return absl::CancelledError("init() was interrupted");
+    registering_ = client_.get();
+  }
   // Note [Peers at registration]: one Register RPC, then the data plane connects.
   auto join = JoinJob(config, launch, *client_, *data_plane);
   if (!join.ok()) return secret ? ExplainRefusedSecret(join.status(), *secret) : join.status();
@@ -321,6 +355,7 @@ absl::Status Runtime::Impl::Shutdown() {
 Runtime::Runtime() : impl_(std::make_unique<Impl>()) {}
 Runtime::~Runtime() = default;
 absl::Status Runtime::Init(const RuntimeConfig& config) { return impl_->Init(config, {}); }
+void Runtime::CancelInit() { impl_->CancelInit(); }
 absl::Status Runtime::Init(const RuntimeConfig& config, RuntimeDeps deps) {
   return impl_->Init(config, std::move(deps));
 }
@@ -356,6 +391,9 @@ absl::StatusOr<std::string> Runtime::compression_state() const {
 }
 absl::Status Runtime::LoadCompressionState(absl::string_view state) {
   return impl_->LoadCompressionState(state);
+}
+absl::StatusOr<int> Runtime::ForgetCompressionState(absl::Span<const std::string> names) {
+  return impl_->ForgetCompressionState(names);
 }
 
 Runtime& GlobalRuntime() {

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "common/dtype.h"
 #include "proto/braid.pb.h"
 #include "runtime/config.h"
@@ -118,6 +119,12 @@ class Runtime {
   // The same with injected parts (Note [Injected parts]); `deps` is dropped when already
   // initialised.
   absl::Status Init(const RuntimeConfig& config, RuntimeDeps deps);
+  // Makes an Init in progress on another thread return Cancelled promptly while it waits
+  // for the other ranks to register (Ctrl-C in braid.init()); waits bounded by their own
+  // timeouts (reaching the coordinator, connecting the data plane) are not cut short. An
+  // Init that starts later is not affected; one that already succeeded stays initialised.
+  // Thread-safe; never waits for Init.
+  void CancelInit();
   // Fails every pending handle with Cancelled and leaves the job; returns within ~2 s even
   // when peers are gone. OK if not initialised. Init() may be called again afterwards.
   absl::Status Shutdown();
@@ -181,6 +188,14 @@ class Runtime {
   // step), so training continues bit-identically. FailedPrecondition as compression_state();
   // InvalidArgument, with nothing changed, when `state` is malformed.
   absl::Status LoadCompressionState(absl::string_view state);
+  // Forgets this rank's compression state of the tensors `names` (CompressionStage::
+  // ForgetTensors): their next all-reduce starts fresh, as in a new job (the Python
+  // DistributedOptimizer does it when a new optimizer takes the names of a dropped one).
+  // Call it at the same point of every rank's sequence of collectives. FailedPrecondition
+  // when not initialised, or while an all-reduce of one of `names` is in flight on this
+  // rank (naming it); nothing is forgotten then. Returns the (method, tensor) entries
+  // forgotten.
+  absl::StatusOr<int> ForgetCompressionState(absl::Span<const std::string> names);
 
   // Starts recording the timeline (runtime/timeline.h) into `path` while the job runs, as
   // Horovod's start_timeline: rank 0 writes `path`, rank r writes `path`.rank<r>, rotated

@@ -102,6 +102,7 @@ class Runtime::Impl {
   ~Impl();  // shuts down if still running
 
   absl::Status Init(const RuntimeConfig& config, RuntimeDeps deps);
+  void CancelInit();
   absl::Status Shutdown();
   bool initialized() const;
   absl::StatusOr<int> Get(int Impl::*field) const;
@@ -114,6 +115,7 @@ class Runtime::Impl {
   absl::StatusOr<CompressionReport> compression_report() const;
   absl::StatusOr<std::string> compression_state() const;
   absl::Status LoadCompressionState(absl::string_view state);
+  absl::StatusOr<int> ForgetCompressionState(absl::Span<const std::string> names);
   absl::Status StartTimeline(const std::string& path);
   absl::Status StopTimeline();
 
@@ -235,6 +237,10 @@ class Runtime::Impl {
   absl::Time last_send_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Held for the whole of Init and Shutdown: they may be called from any thread.
   absl::Mutex lifecycle_mu_;
+  // CancelInit's view of an Init in progress (a leaf: CancelInit never waits for Init).
+  absl::Mutex init_cancel_mu_;
+  bool init_cancelled_ ABSL_GUARDED_BY(init_cancel_mu_) = false;
+  CoordinatorClient* registering_ ABSL_GUARDED_BY(init_cancel_mu_) = nullptr;
   transport::TransportStats stats_ ABSL_GUARDED_BY(mu_);  // snapshot of comm_->stats()
   // DataPlaneTimeout's first error (or a fast-path vote's, FinishFastRound); braid-loop's
   // alone (reset by Init before it starts).

@@ -20,9 +20,11 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
@@ -375,6 +377,65 @@ void LoadCompressionState(const py::bytes& state) {
   Check(s);
 }
 
+int ForgetCompressionState(const std::vector<std::string>& names) {
+  absl::StatusOr<int> forgotten;
+  {
+    py::gil_scoped_release release;  // may wait for a bucket being reduced
+    forgotten = braid::GlobalRuntime().ForgetCompressionState(names);
+  }
+  return Value(std::move(forgotten));
+}
+
+// braid.init(): Runtime::Init runs on a helper thread while this one waits in 100 ms slices
+// without the GIL, running pending signal handlers in between, so that Ctrl-C during the
+// wait for the other ranks raises KeyboardInterrupt: Init is then cancelled
+// (Runtime::CancelInit) and waited for, so no Init outlives the call.
+void Init() {
+  InitLogging();
+  struct Outcome {
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::Status status ABSL_GUARDED_BY(mu);
+  };
+  auto outcome = std::make_shared<Outcome>();
+  std::thread worker([outcome] {
+    absl::Status s;
+    {
+      std::lock_guard<std::mutex> lock(LifecycleMutex());
+      auto config = braid::ConfigFromProcessEnv();
+      s = config.ok() ? braid::GlobalRuntime().Init(*config) : config.status();
+    }
+    absl::MutexLock lock(&outcome->mu);
+    outcome->status = s;
+    outcome->done = true;
+  });
+  // Waits up to a slice for Init to finish (without the GIL); whether it has.
+  auto finished = [&outcome](bool cancel) {
+    py::gil_scoped_release release;
+    // Repeated on every slice: a cancel that came before Init started is reset by it.
+    if (cancel) braid::GlobalRuntime().CancelInit();
+    absl::MutexLock lock(&outcome->mu);
+    return outcome->mu.AwaitWithTimeout(absl::Condition(&outcome->done),
+                                        absl::Milliseconds(100));
+  };
+  while (!finished(false)) {
+    if (PyErr_CheckSignals() != 0) {
+      py::error_already_set interrupted;  // takes the pending KeyboardInterrupt (or other)
+      while (!finished(true)) {
+      }
+      worker.join();
+      throw interrupted;
+    }
+  }
+  worker.join();
+  absl::Status s;
+  {
+    absl::MutexLock lock(&outcome->mu);
+    s = outcome->status;
+  }
+  Check(s);
+}
+
 PyObject* NewError(py::module_& m, const char* name, PyObject* base, const char* doc) {
   std::string full = std::string("braid.") + name;
   PyObject* cls = PyErr_NewExceptionWithDoc(full.c_str(), doc, base, nullptr);
@@ -410,20 +471,8 @@ PYBIND11_MODULE(_braid, m) {
                                   "A peer rank or the coordinator was lost.");
   g_errors.internal = NewError(m, "InternalError", g_errors.base, "A bug in braid.");
 
-  m.def(
-      "init",
-      []() {
-        InitLogging();
-        absl::Status s;
-        {
-          py::gil_scoped_release release;
-          std::lock_guard<std::mutex> lock(LifecycleMutex());
-          auto config = braid::ConfigFromProcessEnv();
-          s = config.ok() ? braid::GlobalRuntime().Init(*config) : config.status();
-        }
-        Check(s);
-      },
-      "Joins the job described by the environment (BRAID_*). OK if already initialized.");
+  m.def("init", &Init,
+        "Joins the job described by the environment (BRAID_*). OK if already initialized.");
   m.def(
       "shutdown",
       []() {
@@ -515,6 +564,9 @@ PYBIND11_MODULE(_braid, m) {
   m.def("compression_state", &CompressionState, "This rank's compression state (bytes).");
   m.def("load_compression_state", &LoadCompressionState, py::arg("state"),
         "Restores a compression_state() result.");
+  m.def("forget_compression_state", &ForgetCompressionState, py::arg("names"),
+        "Forgets this rank's compression state of the tensors `names`; returns the entries "
+        "forgotten.");
 
   py::class_<NativeHandle>(m, "NativeHandle")
       .def_property_readonly("name", &NativeHandle::name)

@@ -90,3 +90,56 @@ def test_single_process_without_launcher():
     p = subprocess.run([braid_launch.PYTHON, "-c", SINGLE], env=env, capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 0 and "single OK" in p.stdout, p.stdout + p.stderr
+
+
+INTERRUPTED_INIT = r"""
+import signal, sys, braid
+entered = False
+def on_sigint(signum, frame):  # Ctrl-C counts once init() is entered; earlier ones are ignored
+    if entered:
+        raise KeyboardInterrupt
+signal.signal(signal.SIGINT, on_sigint)
+print("calling init", flush=True)
+try:
+    entered = True
+    braid.init()
+except KeyboardInterrupt:
+    print("KeyboardInterrupt from init; initialized:", braid.is_initialized(), flush=True)
+    sys.exit(3)
+print("init returned", flush=True)
+"""
+
+
+def test_ctrl_c_interrupts_init_waiting_for_registration():
+    """Rank 0 of a job of 2 whose rank 1 never comes waits in init() for registration (up to
+    the registration timeout, 10 minutes here); Ctrl-C (SIGINT) there raises
+    KeyboardInterrupt within a second, and braid is left uninitialized."""
+    import signal
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = braid_launch.rank_env(braid_launch.build_dir(), {
+        "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1", "BRAID_COORDINATOR_PORT": str(port),
+        "BRAID_TIMEOUT_S": "600"})
+    p = subprocess.Popen([braid_launch.PYTHON, "-c", INTERRUPTED_INIT], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert p.stdout.readline().strip() == "calling init"
+        # Ctrl-C until the child exits (one that lands before init() is ignored), for far
+        # less than the registration timeout.
+        for _ in range(60):
+            p.send_signal(signal.SIGINT)
+            try:
+                p.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+        out = p.communicate(timeout=5)[0]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 3, out
+    assert "KeyboardInterrupt from init; initialized: False" in out, out

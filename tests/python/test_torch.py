@@ -126,6 +126,41 @@ for n in hvd.__all__:
     obj = getattr(hvd, n)
     if inspect.isfunction(obj) or inspect.isclass(obj):
         assert obj.__doc__, f"braid.torch.{n} has no docstring"
+# Horovod's signatures (parameter names in order, as horovod.torch 0.28 declares them): a
+# script calling with Horovod's positional or keyword arguments means the same here.
+HOROVOD = {
+    "allreduce": "tensor average name compression op prescale_factor postscale_factor process_set",
+    "allreduce_": "tensor average name op prescale_factor postscale_factor process_set",
+    "allreduce_async": "tensor average name op prescale_factor postscale_factor process_set",
+    "allreduce_async_": "tensor average name op prescale_factor postscale_factor process_set",
+    "grouped_allreduce":
+        "tensors average name compression op prescale_factor postscale_factor process_set",
+    "grouped_allreduce_": "tensors average name op prescale_factor postscale_factor process_set",
+    "grouped_allreduce_async":
+        "tensors average name op prescale_factor postscale_factor process_set",
+    "grouped_allreduce_async_":
+        "tensors average name op prescale_factor postscale_factor process_set",
+    "allgather": "tensor name process_set", "allgather_async": "tensor name process_set",
+    "broadcast": "tensor root_rank name process_set",
+    "broadcast_": "tensor root_rank name process_set",
+    "broadcast_async": "tensor root_rank name process_set",
+    "broadcast_async_": "tensor root_rank name process_set",
+    "alltoall": "tensor splits name process_set",
+    "alltoall_async": "tensor splits name process_set",
+    "reducescatter": "tensor name compression op process_set prescale_factor postscale_factor",
+    "reducescatter_async": "tensor name op process_set prescale_factor postscale_factor",
+    "synchronize": "handle", "poll": "handle", "barrier": "process_set", "join": "device",
+    "broadcast_parameters": "params root_rank process_set",
+    "broadcast_optimizer_state": "optimizer root_rank model process_set",
+    "broadcast_object": "obj root_rank name process_set",
+    "allgather_object": "obj name process_set",
+    "DistributedOptimizer": "optimizer named_parameters compression backward_passes_per_step op "
+                            "gradient_predivide_factor num_groups groups sparse_as_dense "
+                            "process_set",
+}
+for fn, want in HOROVOD.items():
+    got = list(inspect.signature(getattr(hvd, fn)).parameters)
+    assert got[:len(want.split())] == want.split(), f"{fn}{inspect.signature(getattr(hvd, fn))}"
 hvd.init()
 assert (hvd.size(), hvd.rank(), hvd.cross_size(), hvd.cross_rank()) == (1, 0, 1, 0)
 torch.manual_seed(0)
@@ -136,6 +171,11 @@ opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momen
                                named_parameters=model.named_parameters(),
                                compression=hvd.Compression.fp4)
 ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+gps = hvd.global_process_set
+hvd.broadcast_parameters(model.state_dict(), 0, process_set=gps)
+hvd.broadcast_optimizer_state(opt, 0, model=model, process_set=gps)
+assert hvd.broadcast_object({"a": 1}, 0, process_set=gps) == {"a": 1}
+assert hvd.allgather_object(3, process_set=gps) == [3]
 assert not opt._grad_accs, "hooks registered in a world of one rank"
 for step in range(3):
     x = torch.randn(5, 4)

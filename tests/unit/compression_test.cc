@@ -431,6 +431,33 @@ TEST(StageTest, WarmUpRunsPlainThenCompressesAndCountsBytes) {
   EXPECT_NE(state.find(std::string("\x03\0\0\0\0\0\0\0", 8)), std::string::npos);
 }
 
+TEST(StageTest, ForgottenTensorsStartOverAsInAFreshStage) {
+  // Two steps of "a" (warm-up, then 4-bit with error feedback), ForgetTensors, two more
+  // steps: bit for bit what a fresh stage gives for its first two steps.
+  auto two_steps = [](CompressionStage& stage, std::vector<float>* out) {
+    SelfCommunicator comm;
+    const CompressionMethod& method = *stage.Resolve("fp4:ef=1,start_step=1").value();
+    std::vector<int64_t> shape = {1000};
+    for (int step = 0; step < 2; ++step) {
+      out->resize(1000);
+      for (size_t i = 0; i < out->size(); ++i) (*out)[i] = 0.001f * static_cast<float>(i) + 0.0003f;
+      std::vector<TensorView> bucket = {{"a", shape, out->data(), out->size()}};
+      std::vector<TensorBytes> bytes(1);
+      ASSERT_TRUE(stage.Reduce(method, bucket, ReduceOp::kAverage, comm, absl::MakeSpan(bytes)).ok());
+      EXPECT_EQ(bytes[0].warm_up, step == 0) << "step " << step;
+    }
+  };
+  CompressionStage fresh(StageOptions{}), reused(StageOptions{});
+  std::vector<float> want, got;
+  two_steps(fresh, &want);
+  two_steps(reused, &got);
+  const std::vector<std::string> names = {"a", "never_reduced"};
+  EXPECT_EQ(reused.ForgetTensors(names), 1);
+  two_steps(reused, &got);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(reused.SaveState(0, 1), fresh.SaveState(0, 1));
+}
+
 TEST(StageTest, CastCompressorRoundsThroughHalfPrecision) {
   CompressionStage stage(StageOptions{});
   SelfCommunicator comm;

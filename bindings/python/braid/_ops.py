@@ -142,7 +142,8 @@ def init():
 
     Raises InvalidArgumentError (bad configuration), DeadlineExceededError or
     UnavailableError (coordinator or peers unreachable), FailedPreconditionError (called in a
-    forked child of an initialized process).
+    forked child of an initialized process). Ctrl-C while it waits for the other ranks to
+    register raises KeyboardInterrupt promptly and leaves braid uninitialized.
     """
     global _init_pid, _atexit_registered, _topology
     _check_process("init()")
@@ -346,6 +347,12 @@ def compression_state():
     return _braid.compression_state()
 
 
+# Names of all-reduces whose DistributedOptimizer (braid.torch) was dropped: their compression
+# state is forgotten when a new optimizer takes them (braid/torch/_naming.py). A loaded state
+# is the one wanted, so load_compression_state() empties it.
+_released_names = set()
+
+
 def load_compression_state(state):
     """Restores a ``compression_state()`` result (``bytes``) on this rank, typically right
     after ``init()`` when resuming from a checkpoint, before the first step.
@@ -360,6 +367,7 @@ def load_compression_state(state):
         raise InvalidArgumentError(
             f"load_compression_state(): state must be bytes, got {type(state).__name__}")
     _braid.load_compression_state(bytes(state))
+    _released_names.clear()
 
 
 # --- argument conversion --------------------------------------------------------------------
@@ -516,23 +524,20 @@ def _check_op(op):
 
 # --- handles --------------------------------------------------------------------------------
 
-class Handle:
-    """An asynchronous collective in flight. Pass it to ``synchronize()`` or ``poll()``.
+class _HandleBase:
+    """What the NumPy and torch handles share: the native handle, the objects the runtime
+    reads and writes (kept until completion), and the result or error once it completed.
+    Subclasses set ``_label`` and compute their result in ``_result_of()`` (called once, on
+    success) and drop their buffers in ``_release()``."""
 
-    It holds references to the collective's input and output arrays until the collective
-    completes, so they stay valid while the runtime uses them.
-    """
+    __slots__ = ("_native", "_collective", "_keep", "_result", "_error", "_done",
+                 "__weakref__")
+    _label = "braid.Handle"
 
-    __slots__ = ("_native", "_collective", "_keep", "_output", "_target", "_dtype",
-                 "_result", "_error", "_done", "__weakref__")
-
-    def __init__(self, native, collective, keep, output, target, dtype):
+    def __init__(self, native, collective, keep):
         self._native = native
         self._collective = collective
-        self._keep = keep          # arrays the runtime reads or writes
-        self._output = output      # pre-allocated result array, or None: the runtime's
-        self._target = target      # array the result is copied back into (in-place copies)
-        self._dtype = dtype
+        self._keep = keep          # objects the runtime reads or writes
         self._result = None
         self._error = None
         self._done = False
@@ -543,8 +548,23 @@ class Handle:
         return self._native.name
 
     def __repr__(self):
-        state = "done" if self._done or self._native.poll() else "pending"
-        return f"<braid.Handle {self._collective} '{self.name}' {state}>"
+        state = "done" if self._poll() else "pending"
+        return f"<{self._label} {self._collective} '{self.name}' {state}>"
+
+    def _poll(self):
+        return self._done or self._native.poll()
+
+    def _wait(self, timeout):
+        """The result (or the collective's error) once completed; DeadlineExceededError when
+        still running after ``timeout`` seconds (None: no limit; the handle stays valid)."""
+        if not self._done:
+            if not self._native.wait(timeout, 0.1):
+                raise DeadlineExceededError(
+                    f"{self._collective} '{self.name}' is still running after {timeout} s")
+            self._finish()
+        if self._error is not None:
+            raise self._error
+        return self._result
 
     def _finish(self):
         """Called once the native handle completed: result or stored error."""
@@ -552,25 +572,50 @@ class Handle:
             return
         try:
             self._native.check()
-            if self._collective == "barrier":
-                result = None
-            elif self._collective == "join":
-                result = int(self._native.output(np.dtype(np.int32)))
-            elif self._output is not None:
-                result = self._output
-            else:
-                result = self._native.output(self._dtype)
-            if self._target is not None:
-                np.copyto(self._target, result.reshape(self._target.shape), casting="unsafe")
-                result = self._target
-            self._result = result
+            self._result = self._result_of()
         except BraidError as e:
             self._error = e
         finally:
             self._done = True
             self._keep = None
-            self._output = None
+            self._release()
             _forget(self)
+
+    def _result_of(self):
+        raise NotImplementedError
+
+    def _release(self):
+        pass
+
+
+class Handle(_HandleBase):
+    """An asynchronous collective in flight. Pass it to ``synchronize()`` or ``poll()``.
+
+    It holds references to the collective's input and output arrays until the collective
+    completes, so they stay valid while the runtime uses them.
+    """
+
+    __slots__ = ("_output", "_target", "_dtype")
+
+    def __init__(self, native, collective, keep, output, target, dtype):
+        super().__init__(native, collective, keep)
+        self._output = output      # pre-allocated result array, or None: the runtime's
+        self._target = target      # array the result is copied back into (in-place copies)
+        self._dtype = dtype
+
+    def _result_of(self):
+        if self._collective == "barrier":
+            return None
+        if self._collective == "join":
+            return int(self._native.output(np.dtype(np.int32)))
+        result = self._output if self._output is not None else self._native.output(self._dtype)
+        if self._target is not None:
+            np.copyto(self._target, result.reshape(self._target.shape), casting="unsafe")
+            result = self._target
+        return result
+
+    def _release(self):
+        self._output = None
 
 
 def _reports_failures(fn):
@@ -641,7 +686,7 @@ def poll(handle):
     """True once the collective behind ``handle`` has completed (successfully or not).
 
     Never blocks and never raises the collective's error (``synchronize`` does)."""
-    return handle._done or handle._native.poll()
+    return handle._poll()
 
 
 def synchronize(handle, timeout=None):
@@ -657,15 +702,7 @@ def synchronize(handle, timeout=None):
     DeadlineExceededError (no progress for BRAID_TIMEOUT_S), InternalError. Calling it again
     on a completed handle returns the same result (or raises the same error).
     """
-    timeout = _check_timeout(timeout)
-    if not handle._done:
-        if not handle._native.wait(timeout, 0.1):
-            raise DeadlineExceededError(
-                f"{handle._collective} '{handle.name}' is still running after {timeout} s")
-        handle._finish()
-    if handle._error is not None:
-        raise handle._error
-    return handle._result
+    return handle._wait(_check_timeout(timeout))
 
 
 # --- all-reduce -----------------------------------------------------------------------------

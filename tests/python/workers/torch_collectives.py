@@ -268,6 +268,30 @@ def check_objects_and_state(size, rank):
           "broadcast_parameters: parameters differ from rank 0's")
 
 
+def check_parameter_mismatch(size, rank):
+    """Models that differ across ranks: broadcast_parameters fails at once on every rank,
+    naming the parameter and the ranks, and the job goes on (no broadcast left pending)."""
+    E = hvd.InvalidArgumentError
+    last = size - 1
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    if rank == last:
+        model.add_module("extra", torch.nn.Linear(2, 2))  # one rank has an extra layer
+    expect_raises(E, lambda: hvd.broadcast_parameters(model.state_dict(), root_rank=0),
+                  "an extra layer on one rank",
+                  contains=(f"rank(s) [{last}]", f"rank {last} has 'extra.weight' (shape [2, 2], "
+                            "torch.float32), which rank 0 lacks", "'extra.bias'"))
+    model = torch.nn.Linear(4, 3 + (rank == 1))  # another shape on rank 1
+    expect_raises(E, lambda: hvd.broadcast_parameters(model.named_parameters(), root_rank=1),
+                  "a parameter of another shape",
+                  contains=("root rank 1", "'weight' is shape [4, 4], torch.float32 on rank 1 "
+                            "but shape [3, 4], torch.float32 on rank 0", "'bias'"))
+    # Unnamed parameters are compared by position; after the errors the job still works.
+    model = torch.nn.Linear(4, 3)
+    torch.nn.init.constant_(model.weight, float(rank))
+    hvd.broadcast_parameters(model.parameters(), root_rank=last)
+    check(bool((model.weight == last).all()), "broadcast_parameters after a mismatch")
+
+
 def check_errors(size, rank):
     E = hvd.InvalidArgumentError
     expect_raises(E, lambda: hvd.allreduce(torch.ones(2, dtype=torch.int8), name="e.i8"),
@@ -300,7 +324,7 @@ def body():
           f"Compression is not the registry's: {hvd.Compression}")
     for fn in (check_allreduce, check_zero_copy, check_async_and_grouped, check_scale_factors,
                check_allgather, check_broadcast, check_alltoall_reducescatter, check_autograd,
-               check_objects_and_state, check_errors):
+               check_objects_and_state, check_parameter_mismatch, check_errors):
         fn(size, rank)
     # A compressed all-reduce is close to the exact one (fp16 rounds once per addition).
     x = make("fp16", rank, (1000,), torch.float32)

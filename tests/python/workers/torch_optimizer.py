@@ -16,6 +16,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+import braid  # noqa: E402
 import braid.torch as hvd  # noqa: E402
 from _common import check, expect_raises, log, main  # noqa: E402
 from _torch_common import check_tensor  # noqa: E402
@@ -407,6 +408,62 @@ def check_same_names(size, rank):
     log("two optimizers with the same parameter names: same results as distinct names")
 
 
+def _first_grads(rank, spec, step):
+    """A new model and DistributedOptimizer named "drop.<name>" under `spec`; one backward on
+    batch `step`, synchronized. Returns (optimizer, model, {name: averaged gradient})."""
+    model = new_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=[(f"drop.{n}", p)
+                                                     for n, p in model.named_parameters()],
+                                   compression=spec)
+    x, y = batch(step, rank)
+    F.cross_entropy(model(x), y).backward()
+    opt.synchronize()
+    return opt, model, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def check_fresh_state_after_drop(size, rank):
+    """A new DistributedOptimizer taking the names of a dropped one starts with fresh
+    compression state, as in a new job: under "fp4:ef=1,start_step=1" its first step is the
+    warm-up, a float32 all-reduce equal to the exact average, not a 4-bit step carrying the
+    dropped optimizer's residuals. A state restored by load_compression_state() is kept."""
+    spec = "fp4:ef=1,start_step=1"
+    ref = new_model()
+    xs, ys = zip(*(batch(500, r) for r in range(size)))
+    F.cross_entropy(ref(torch.cat(xs)), torch.cat(ys)).backward()
+    exact = {n: p.grad for n, p in ref.named_parameters()}
+
+    def trained_and_dropped():
+        opt, model, _ = _first_grads(rank, spec, 400)
+        with opt.skip_synchronize():
+            opt.step()
+        for step in (401, 402):
+            opt.zero_grad()
+            x, y = batch(step, rank)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        del opt, model
+
+    trained_and_dropped()
+    opt, _, grads = _first_grads(rank, spec, 500)
+    check(opt._prefix == "", f"prefix {opt._prefix!r}: the dropped optimizer's names are free")
+    for n, g in grads.items():
+        check_tensor(g, exact[n], f"first step after a dropped optimizer's names: {n}",
+                     tol=TOL)
+    with opt.skip_synchronize():
+        opt.step()
+    del opt
+    # Restoring a state (resuming from a checkpoint) keeps it for the new optimizer.
+    trained_and_dropped()
+    braid.load_compression_state(braid.compression_state())
+    opt, _, grads = _first_grads(rank, spec, 500)
+    worst = max(float((g - exact[n]).abs().max()) for n, g in grads.items())
+    check(worst > 1e-3, f"after load_compression_state the step was not compressed ({worst})")
+    with opt.skip_synchronize():
+        opt.step()
+    log("a dropped optimizer's names start fresh; a loaded state is kept")
+
+
 def check_add_param_group(size, rank):
     """Parameters added by add_param_group() are averaged like the others (named from the
     construction's named_parameters, or "param.<group>.<i>" without names; with and
@@ -457,7 +514,7 @@ def body():
     only = os.environ.get("TORCH_OPTIMIZER_CHECKS")  # comma-separated names, for debugging
     for fn in (check_equivalence, check_unused_and_synchronize, check_sparse, check_rewrap,
                check_misuse, check_bucket_view, check_replaced_grad, check_same_names,
-               check_add_param_group):
+               check_add_param_group, check_fresh_state_after_drop):
         if not only or fn.__name__ in only.split(","):
             fn(size, rank)
     hvd.shutdown()

@@ -200,60 +200,25 @@ def _nbytes(t):
 
 # --- handles --------------------------------------------------------------------------------
 
-class Handle:
+class Handle(_ops._HandleBase):
     """An asynchronous collective in flight; pass it to ``synchronize()`` or ``poll()``.
 
     It holds the tensors the runtime reads and writes until the collective completes.
     """
 
-    __slots__ = ("_native", "_collective", "_keep", "_finish_fn", "_result", "_error",
-                 "_done", "__weakref__")
+    __slots__ = ("_finish_fn",)
+    _label = "braid.torch.Handle"
 
     def __init__(self, native, collective, keep, finish_fn):
-        self._native = native
-        self._collective = collective
-        self._keep = keep
+        super().__init__(native, collective, keep)
         self._finish_fn = finish_fn  # native -> result tensor (after success)
-        self._result = None
-        self._error = None
-        self._done = False
 
-    @property
-    def name(self):
-        """The collective's name (the one negotiated across ranks)."""
-        return self._native.name
+    def _result_of(self):
+        with torch.no_grad():
+            return self._finish_fn(self._native)
 
-    def __repr__(self):
-        state = "done" if self._done or self._native.poll() else "pending"
-        return f"<braid.torch.Handle {self._collective} '{self.name}' {state}>"
-
-    def _poll(self):
-        return self._done or self._native.poll()
-
-    def _wait(self, timeout):
-        if not self._done:
-            if not self._native.wait(timeout, 0.1):
-                raise DeadlineExceededError(
-                    f"{self._collective} '{self.name}' is still running after {timeout} s")
-            self._finish()
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    def _finish(self):
-        if self._done:
-            return
-        try:
-            self._native.check()
-            with torch.no_grad():
-                self._result = self._finish_fn(self._native)
-        except BraidError as e:
-            self._error = e
-        finally:
-            self._done = True
-            self._keep = None
-            self._finish_fn = None
-            _ops._forget(self)
+    def _release(self):
+        self._finish_fn = None
 
 
 class _MultiHandle:
@@ -317,8 +282,6 @@ def poll(handle):
     """True once the collective behind ``handle`` has completed (successfully or not).
 
     Never blocks and never raises the collective's error (``synchronize`` does)."""
-    if isinstance(handle, _ops.Handle):
-        return _ops.poll(handle)
     return handle._poll()
 
 
@@ -335,8 +298,6 @@ def synchronize(handle, timeout=None):
     DeadlineExceededError (no progress for BRAID_TIMEOUT_S), InternalError. Calling it again
     on a completed handle returns the same result (or raises the same error).
     """
-    if isinstance(handle, _ops.Handle):
-        return _ops.synchronize(handle, timeout)
     return handle._wait(_ops._check_timeout(timeout))
 
 

@@ -1,9 +1,18 @@
 """Names of DistributedOptimizer's all-reduces: from named_parameters, and unique among the
-DistributedOptimizers alive in the process (the runtime keeps per-tensor state by name)."""
+DistributedOptimizers alive in the process (the runtime keeps per-tensor state by name).
+
+A new optimizer that takes the names of a dropped one starts with fresh compression state
+(error-feedback residuals, PowerSGD's Q, warm-up step counts), as a new optimizer in a new
+job would: what the runtime kept for those names is forgotten when the new optimizer is
+constructed (not when the old one is dropped: construction is at the same point of every
+rank's sequence of collectives, a garbage collection is not). A state restored by
+``braid.load_compression_state()`` is kept: loading it clears the record of dropped names.
+"""
 
 import gc
 import weakref
 
+from .. import _braid, _ops
 from ._handles import InvalidArgumentError
 
 
@@ -90,7 +99,7 @@ def names_in_use(exclude=None):
     for key, (ref, names) in list(_live.items()):
         opt = ref()
         if opt is None:
-            _live.pop(key, None)
+            _forget(key)
         elif opt is not exclude:
             used |= names
     return used
@@ -113,16 +122,38 @@ def claim_prefix(opt, names):
         if not any(prefix + n in used for n in names):
             break
         i += 1
-    _live[id(opt)] = (weakref.ref(opt, lambda _, key=id(opt): _forget(key)),
-                      {prefix + n for n in names})
+    full = {prefix + n for n in names}
+    _forget_released(full)
+    _live[id(opt)] = (weakref.ref(opt, lambda _, key=id(opt): _forget(key)), full)
     return prefix
 
 
 def _forget(key):
-    _live.pop(key, None)
+    """A DistributedOptimizer was dropped: its names are free, and their runtime state is
+    stale (forgotten when a new optimizer takes them)."""
+    entry = _live.pop(key, None)
+    if entry is not None:
+        _ops._released_names.update(ALLREDUCE_PREFIX + n for n in entry[1])
+
+
+ALLREDUCE_PREFIX = "grad."  # a gradient's all-reduce is named "grad.<prefix><name>"
+
+
+def _forget_released(names):
+    """Forgets the runtime's compression state of the `names` (prefix included) that a
+    dropped optimizer used. FailedPreconditionError (naming the tensor) when one of their
+    all-reduces is still in flight: synchronize the dropped optimizer's step first."""
+    stale = sorted({ALLREDUCE_PREFIX + n for n in names} & _ops._released_names)
+    if not stale:
+        return
+    if _braid.is_initialized():
+        _braid.forget_compression_state(stale)
+    _ops._released_names.difference_update(stale)
 
 
 def update_names(opt):
     """Records opt's names again (after add_param_group)."""
+    full = {opt._prefix + n for n in opt._names.values()}
+    _forget_released(full)
     ref = _live[id(opt)][0] if id(opt) in _live else weakref.ref(opt)
-    _live[id(opt)] = (ref, {opt._prefix + n for n in opt._names.values()})
+    _live[id(opt)] = (ref, full)

@@ -6,14 +6,31 @@ The Horovod recipe starts every rank from rank 0's weights and optimizer state::
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 """
 
+import hashlib
+
 import torch
 
 from .. import _objects, _ops
 from . import mpi_ops
 from ._handles import InvalidArgumentError
 
-broadcast_object = _objects.broadcast_object
-allgather_object = _objects.allgather_object
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """Returns ``root_rank``'s ``obj`` on every rank (pickled, sent as bytes); the object the
+    other ranks pass is ignored. ``name`` defaults to ``"broadcast_object.noname.<n>"`` (not
+    the object's type name, as Horovod does: the other ranks usually pass None).
+    ``process_set``: the global one only (InvalidArgumentError otherwise). See
+    ``braid.broadcast_object``."""
+    mpi_ops._check_process_set("broadcast_object", process_set)
+    return _objects.broadcast_object(obj, root_rank, name)
+
+
+def allgather_object(obj, name=None, process_set=None):
+    """Returns the list of every rank's ``obj`` in rank order (pickled, sent as bytes).
+    ``process_set``: the global one only. See ``braid.allgather_object``."""
+    mpi_ops._check_process_set("allgather_object", process_set)
+    return _objects.allgather_object(obj, name)
 
 
 def _named_tensors(params):
@@ -35,7 +52,7 @@ def _named_tensors(params):
     return items
 
 
-def broadcast_parameters(params, root_rank):
+def broadcast_parameters(params, root_rank, process_set=None):
     """Overwrites every tensor of ``params`` with ``root_rank``'s, in place.
 
     ``params``: ``model.state_dict()`` (parameters and buffers, such as batch norm's running
@@ -43,13 +60,77 @@ def broadcast_parameters(params, root_rank):
     broadcast under their names (a dict's keys, sorted), unnamed ones under
     ``"broadcast.noname.<n>"``; every rank must pass the same names, shapes and dtypes. All
     broadcasts run concurrently (the runtime fuses them); the call returns when all are done.
-    Raises InvalidArgumentError for a non-tensor entry and the collectives' errors.
+    Before any broadcast, the ranks compare their lists of (name, shape, dtype) by an
+    all-gather of a 32-byte digest (as DDP verifies its parameters' shapes across ranks):
+    when they differ (a rank with an extra layer, a different shape), every rank raises
+    InvalidArgumentError naming the parameters and the ranks that differ from ``root_rank``,
+    instead of some ranks returning and others waiting for a broadcast that never comes.
+    ``process_set``: the global one only (InvalidArgumentError otherwise). Raises
+    InvalidArgumentError for a non-tensor entry and the collectives' errors.
     """
+    mpi_ops._check_process_set("broadcast_parameters", process_set)
+    items = _named_tensors(params)
+    _verify_layout(items, root_rank)
     handles = [mpi_ops.broadcast_async_(t.data if isinstance(t, torch.nn.Parameter) else t,
                                         root_rank, name=name)
-               for name, t in _named_tensors(params)]
+               for name, t in items]
     for h in handles:
         mpi_ops.synchronize(h)
+
+
+def _layout(items):
+    """[(label, shape, dtype)]: a named tensor's label is its name, an unnamed one's its
+    position (``#i``)."""
+    return [(f"#{i}" if name is None else str(name), tuple(t.shape), str(t.dtype))
+            for i, (name, t) in enumerate(items)]
+
+
+def _layout_differences(mine, root, rank, root_rank, limit=4):
+    """What differs between rank ``rank``'s layout and the root's, as phrases (at most
+    ``limit``, then a count of the rest)."""
+    a, b = {n: (s, d) for n, s, d in root}, {n: (s, d) for n, s, d in mine}
+    out = []
+    for n, (s, d) in b.items():
+        if n not in a:
+            out.append(f"rank {rank} has '{n}' (shape {list(s)}, {d}), which rank {root_rank} "
+                       "lacks")
+        elif a[n] != (s, d):
+            out.append(f"'{n}' is shape {list(a[n][0])}, {a[n][1]} on rank {root_rank} but "
+                       f"shape {list(s)}, {d} on rank {rank}")
+    out += [f"rank {rank} lacks '{n}' (shape {list(s)}, {d}), which rank {root_rank} has"
+            for n, (s, d) in a.items() if n not in b]
+    if not out:  # the same entries in another order
+        out.append(f"rank {rank} passes them in another order than rank {root_rank}")
+    if len(out) > limit:
+        out = out[:limit] + [f"{len(out) - limit} more"]
+    return out
+
+
+def _verify_layout(items, root_rank):
+    """Raises InvalidArgumentError on every rank when the ranks' (name, shape, dtype) lists
+    differ: first an all-gather of each rank's 32-byte digest (cheap, the usual case), and
+    only on a mismatch an all-gather of the lists themselves, to name what differs."""
+    size = _ops.size()
+    if size == 1:
+        return
+    name = _ops._next_name("broadcast_parameters")
+    layout = _layout(items)
+    digest = hashlib.sha256(repr(layout).encode()).digest()
+    digests = mpi_ops.allgather(torch.tensor(list(digest), dtype=torch.uint8),
+                                name=name + ".layout_digest").view(size, len(digest))
+    if all(torch.equal(digests[r], digests[0]) for r in range(1, size)):
+        return
+    layouts = _objects.allgather_object(layout, name=name + ".layouts")
+    if not 0 <= root_rank < size:
+        raise InvalidArgumentError(f"broadcast_parameters: root_rank {root_rank} is not a "
+                                   f"rank of this job (size {size})")
+    differ = [r for r in range(size) if layouts[r] != layouts[root_rank]]
+    details = "; ".join(d for r in differ
+                        for d in _layout_differences(layouts[r], layouts[root_rank], r,
+                                                     root_rank))
+    raise InvalidArgumentError(
+        f"broadcast_parameters: the parameters of rank(s) {differ} differ from root rank "
+        f"{root_rank}'s (every rank must pass the same names, shapes and dtypes): {details}")
 
 
 class _TensorSlot:
@@ -116,7 +197,8 @@ def _collect_slots(skel, out):
             _collect_slots(v, out)
 
 
-def broadcast_optimizer_state(optimizer, root_rank, lr_scheduler=None):
+def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=None,
+                              lr_scheduler=None):
     """Makes every rank's optimizer state ``root_rank``'s: per-parameter state (momentum
     buffers, Adam's moments and step counts, scalars included) and the parameter groups'
     options (learning rate, momentum, betas, ... and what LR schedulers keep there, such as
@@ -127,9 +209,13 @@ def broadcast_optimizer_state(optimizer, root_rank, lr_scheduler=None):
     groups (sizes and order) on every rank. A rank whose optimizer has no state yet gets the
     root's; nothing is stepped or initialised to make the state exist. ``lr_scheduler``
     (optional; one scheduler or a list): their ``state_dict()`` (epoch counters, ...) is
-    broadcast too. Raises the collectives' errors, and ValueError from
-    ``optimizer.load_state_dict`` when the parameter groups differ from the root's.
+    broadcast too. ``model`` is accepted for Horovod's signature and unused (no step is
+    taken to create state, so no model is needed); ``process_set``: the global one only.
+    Raises the collectives' errors, and ValueError from ``optimizer.load_state_dict`` when
+    the parameter groups differ from the root's.
     """
+    del model
+    mpi_ops._check_process_set("broadcast_optimizer_state", process_set)
     name = _ops._next_name("broadcast_optimizer_state")
     state = _broadcast_state(optimizer.state_dict(), root_rank, name)
     if _ops.rank() != root_rank:

@@ -460,7 +460,7 @@ class _DistributedMixin:
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         sparse_as_dense=False, num_groups=0, groups=None, process_set=None,
+                         num_groups=0, groups=None, sparse_as_dense=False, process_set=None,
                          gradient_as_bucket_view=False):
     """Wraps ``optimizer`` (any ``torch.optim.Optimizer``) for data-parallel training.
 
@@ -478,7 +478,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         ``"grad.opt<i>/<name>"`` with the smallest i >= 1 whose names are free (the second
         optimizer of a GAN: ``"grad.opt1/weight"``). Every rank that constructs and keeps
         its optimizers in the same order picks the same names; an optimizer alone, or
-        constructed after the previous one was dropped, keeps the plain names.
+        constructed after the previous one was dropped, keeps the plain names, and starts
+        with fresh compression state for them as in a new job (what the runtime kept for
+        the dropped optimizer's names is forgotten at construction; FailedPreconditionError
+        if one of their all-reduces is still in flight), unless
+        ``braid.load_compression_state()`` restored a state since the drop.
         ``add_param_group()`` takes the new parameters' names from here (a frozen layer
         named by ``model.named_parameters()`` can be added later), or from the group's
         ``"named_parameters"`` entry; without names, ``"param.<group>.<i>"``.
