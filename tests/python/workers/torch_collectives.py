@@ -285,6 +285,18 @@ def check_parameter_mismatch(size, rank):
                   "a parameter of another shape",
                   contains=("root rank 1", "'weight' is shape [4, 4], torch.float32 on rank 1 "
                             "but shape [3, 4], torch.float32 on rank 0", "'bias'"))
+    # Optimizers whose parameter groups differ: every rank raises, the root included (it
+    # used to return while the others failed in load_state_dict).
+    opt_model = torch.nn.Linear(4, 3)
+    groups = [{"params": [opt_model.weight]}, {"params": [opt_model.bias]}]
+    if rank == last:
+        groups = [{"params": [opt_model.weight, opt_model.bias]}]  # one group, not two
+    opt = torch.optim.SGD(groups, lr=0.1, momentum=0.9)
+    expect_raises(E, lambda: hvd.broadcast_optimizer_state(opt, root_rank=0),
+                  "optimizers with other parameter groups",
+                  contains=("broadcast_optimizer_state", f"rank(s) [{last}]",
+                            f"rank {last} lacks 'param_groups[1][0]' (shape [3], "
+                            "torch.float32), which rank 0 has"))
     # Unnamed parameters are compared by position; after the errors the job still works.
     model = torch.nn.Linear(4, 3)
     torch.nn.init.constant_(model.weight, float(rank))

@@ -106,14 +106,15 @@ def _layout_differences(mine, root, rank, root_rank, limit=4):
     return out
 
 
-def _verify_layout(items, root_rank):
+def _verify_layout(items, root_rank, what="broadcast_parameters"):
     """Raises InvalidArgumentError on every rank when the ranks' (name, shape, dtype) lists
     differ: first an all-gather of each rank's 32-byte digest (cheap, the usual case), and
-    only on a mismatch an all-gather of the lists themselves, to name what differs."""
+    only on a mismatch an all-gather of the lists themselves, to name what differs. ``what``
+    is the calling function, named in the error and in the collectives' names."""
     size = _ops.size()
     if size == 1:
         return
-    name = _ops._next_name("broadcast_parameters")
+    name = _ops._next_name(what)
     layout = _layout(items)
     digest = hashlib.sha256(repr(layout).encode()).digest()
     digests = mpi_ops.allgather(torch.tensor(list(digest), dtype=torch.uint8),
@@ -122,14 +123,14 @@ def _verify_layout(items, root_rank):
         return
     layouts = _objects.allgather_object(layout, name=name + ".layouts")
     if not 0 <= root_rank < size:
-        raise InvalidArgumentError(f"broadcast_parameters: root_rank {root_rank} is not a "
+        raise InvalidArgumentError(f"{what}: root_rank {root_rank} is not a "
                                    f"rank of this job (size {size})")
     differ = [r for r in range(size) if layouts[r] != layouts[root_rank]]
     details = "; ".join(d for r in differ
                         for d in _layout_differences(layouts[r], layouts[root_rank], r,
                                                      root_rank))
     raise InvalidArgumentError(
-        f"broadcast_parameters: the parameters of rank(s) {differ} differ from root rank "
+        f"{what}: the parameters of rank(s) {differ} differ from root rank "
         f"{root_rank}'s (every rank must pass the same names, shapes and dtypes): {details}")
 
 
@@ -211,11 +212,18 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=None
     (optional; one scheduler or a list): their ``state_dict()`` (epoch counters, ...) is
     broadcast too. ``model`` is accepted for Horovod's signature and unused (no step is
     taken to create state, so no model is needed); ``process_set``: the global one only.
-    Raises the collectives' errors, and ValueError from ``optimizer.load_state_dict`` when
-    the parameter groups differ from the root's.
+    Before any state moves, the ranks compare their parameter groups (each group's
+    parameters' shapes and dtypes, in order) as ``broadcast_parameters`` compares its
+    tensors: when they differ, every rank raises InvalidArgumentError naming the groups'
+    entries (``param_groups[g][i]``) and the ranks that differ from ``root_rank``. Raises the
+    collectives' errors.
     """
     del model
     mpi_ops._check_process_set("broadcast_optimizer_state", process_set)
+    _verify_layout([(f"param_groups[{g}][{i}]", p)
+                    for g, group in enumerate(optimizer.param_groups)
+                    for i, p in enumerate(group["params"])],
+                   root_rank, "broadcast_optimizer_state")
     name = _ops._next_name("broadcast_optimizer_state")
     state = _broadcast_state(optimizer.state_dict(), root_rank, name)
     if _ops.rank() != root_rank:
