@@ -149,7 +149,7 @@ HOROVOD = {
     "alltoall_async": "tensor splits name process_set",
     "reducescatter": "tensor name compression op process_set prescale_factor postscale_factor",
     "reducescatter_async": "tensor name op process_set prescale_factor postscale_factor",
-    "synchronize": "handle", "poll": "handle", "barrier": "process_set", "join": "device",
+    "init": "comm process_sets", "synchronize": "handle", "poll": "handle", "barrier": "process_set", "join": "device",
     "broadcast_parameters": "params root_rank process_set",
     "broadcast_optimizer_state": "optimizer root_rank model process_set",
     "broadcast_object": "obj root_rank name process_set",
@@ -161,7 +161,13 @@ HOROVOD = {
 for fn, want in HOROVOD.items():
     got = list(inspect.signature(getattr(hvd, fn)).parameters)
     assert got[:len(want.split())] == want.split(), f"{fn}{inspect.signature(getattr(hvd, fn))}"
-hvd.init()
+for kwargs, words in (({"comm": [0]}, "comm=[0]"), ({"process_sets": "dynamic"}, "process sets")):
+    try:
+        hvd.init(**kwargs)
+        raise AssertionError(f"init({kwargs}) did not raise")
+    except hvd.InvalidArgumentError as e:
+        assert words in str(e) and not hvd.is_initialized(), (kwargs, str(e))
+hvd.init(comm=None, process_sets=[])
 assert (hvd.size(), hvd.rank(), hvd.cross_size(), hvd.cross_rank()) == (1, 0, 1, 0)
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 2)

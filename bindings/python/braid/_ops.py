@@ -132,7 +132,7 @@ def _atexit_shutdown():
 
 # --- lifecycle ------------------------------------------------------------------------------
 
-def init():
+def init(comm=None, process_sets=None):
     """Joins the job described by the environment and starts braid's background thread.
 
     The launcher (``braidrun``, torchrun, srun, mpirun) provides the rank, world size and the
@@ -144,8 +144,21 @@ def init():
     UnavailableError (coordinator or peers unreachable), FailedPreconditionError (called in a
     forked child of an initialized process). Ctrl-C while it waits for the other ranks to
     register raises KeyboardInterrupt promptly and leaves braid uninitialized.
+
+    ``comm`` and ``process_sets`` are Horovod's parameters, so that its calls mean the same
+    here: braid always joins the whole job (``comm=None``) and has only the global process
+    set (``process_sets`` None or empty); anything else raises InvalidArgumentError before
+    joining.
     """
     global _init_pid, _atexit_registered, _topology
+    if comm is not None:
+        raise InvalidArgumentError(
+            f"init(comm={comm!r}): braid always joins the whole job its launcher describes; "
+            "communicators and subsets of ranks are not supported (pass comm=None)")
+    if process_sets is not None and (isinstance(process_sets, str) or list(process_sets)):
+        raise InvalidArgumentError(
+            f"init(process_sets={process_sets!r}): process sets other than the global one "
+            "are not supported yet (pass process_sets=None)")
     _check_process("init()")
     was = _braid.is_initialized()
     _braid.init()
