@@ -304,6 +304,46 @@ def check_parameter_mismatch(size, rank):
     check(bool((model.weight == last).all()), "broadcast_parameters after a mismatch")
 
 
+def check_negative_views(size, rank):
+    """Tensors with PyTorch's lazy negation bit (contiguous, memory holding the negatives):
+    every collective sees their values, not their memory; in-place forms write values."""
+    vals = [make("neg", r, (5,), torch.float32) for r in range(size)]
+    neg = [(-v).clone()._neg_view() for v in vals]  # values vals[r], memory -vals[r]
+    mine = neg[rank]
+    check(mine.is_neg() and mine.is_contiguous() and torch.equal(mine, vals[rank]),
+          "the test's negative view is not what it means to be")
+    check_tensor(hvd.allreduce(mine, name="neg.sum", op=hvd.Sum), sum(vals), "neg-view Sum")
+    check_tensor(hvd.allreduce(mine, name="neg.max", op=hvd.Max),
+                 torch.stack(vals).max(0).values, "neg-view Max")
+    check_tensor(hvd.allgather(mine, name="neg.gather"), torch.cat(vals), "neg-view allgather")
+    check_tensor(hvd.broadcast(mine, 0, name="neg.bcast"), vals[0], "neg-view broadcast")
+    inplace = (-vals[rank]).clone()._neg_view()
+    hvd.allreduce_(inplace, name="neg.sum_", op=hvd.Sum)
+    check_tensor(inplace, sum(vals), "neg-view in-place Sum")
+    inplace = (-vals[rank]).clone()._neg_view()
+    hvd.broadcast_(inplace, size - 1, name="neg.bcast_")
+    check_tensor(inplace, vals[size - 1], "neg-view in-place broadcast")
+
+
+def check_job_default_skips_direct_calls(size, rank):
+    """Under a job default (BRAID_COMPRESSION=fp4, set by the test), a direct allreduce with
+    compression=None is exact (Horovod's Compression.none) while DistributedOptimizer's
+    gradients take the default."""
+    if os.environ.get("BRAID_COMPRESSION") != "fp4":
+        return
+    got = [hvd.allreduce(torch.tensor(0.3), name=f"metric.{i}").item() for i in range(4)]
+    check(got == [torch.tensor(0.3).item()] * 4, f"a metric under a 4-bit job default: {got}")
+    model = torch.nn.Linear(64, 64)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    model(torch.ones(2, 64)).sum().backward()
+    opt.step()
+    tensors = hvd.compression_stats()["tensors"]
+    check(tensors["metric.0"]["method"] == "none", f"metric counted as {tensors['metric.0']}")
+    check(tensors["grad.weight"]["method"] == "fp4",
+          f"the optimizer's gradient did not take the job default: {tensors['grad.weight']}")
+
+
 def check_errors(size, rank):
     E = hvd.InvalidArgumentError
     expect_raises(E, lambda: hvd.allreduce(torch.ones(2, dtype=torch.int8), name="e.i8"),
@@ -336,7 +376,8 @@ def body():
           f"Compression is not the registry's: {hvd.Compression}")
     for fn in (check_allreduce, check_zero_copy, check_async_and_grouped, check_scale_factors,
                check_allgather, check_broadcast, check_alltoall_reducescatter, check_autograd,
-               check_objects_and_state, check_parameter_mismatch, check_errors):
+               check_objects_and_state, check_parameter_mismatch, check_negative_views,
+               check_job_default_skips_direct_calls, check_errors):
         fn(size, rank)
     # A compressed all-reduce is close to the exact one (fp16 rounds once per addition).
     x = make("fp16", rank, (1000,), torch.float32)

@@ -182,12 +182,21 @@ def staging_copies():
     return _staging_copies
 
 
+def _direct(t):
+    """Whether the runtime may read and write ``t``'s memory as it is: contiguous, and
+    without PyTorch's lazy negation bit (``is_neg()``: a view such as ``x._neg_view()`` or
+    the imaginary part of a conjugate, whose memory holds the values' negatives)."""
+    return t.is_contiguous() and not t.is_neg()
+
+
 def _contiguous(t):
+    """``t`` itself when the runtime can use its memory (_direct), else a contiguous copy of
+    its values (the negation bit resolved), counted in staging_copies()."""
     global _staging_copies
-    if t.is_contiguous():
+    if _direct(t):
         return t
     _staging_copies += 1
-    return t.contiguous()
+    return t.resolve_neg().contiguous()
 
 
 def _empty_like(t):

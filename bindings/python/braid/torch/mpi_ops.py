@@ -47,6 +47,7 @@ from ._handles import (  # noqa: F401  (re-exported)
     _check_process_set,
     _check_scale,
     _contiguous,
+    _direct,
     _empty_like,
     _enqueue,
     _result_from_bytes,
@@ -76,6 +77,18 @@ def _needs_grad(tensor):
 
 # --- all-reduce -----------------------------------------------------------------------------
 
+# What DistributedOptimizer passes for compression=None: the job's default
+# (BRAID_COMPRESSION, braidrun --compression). A direct call's None is Horovod's default,
+# Compression.none, so a metric averaged with allreduce() is exact under any job default.
+_JOB_DEFAULT = object()
+
+
+def _direct_compression(compression):
+    if compression is None:
+        return "none"
+    return None if compression is _JOB_DEFAULT else compression
+
+
 def _allreduce_async(fn, tensor, name, op, prescale_factor, postscale_factor, compression,
                      inplace):
     name = _ops._next_name("allreduce") if name is None else name
@@ -99,7 +112,7 @@ def _allreduce_async(fn, tensor, name, op, prescale_factor, postscale_factor, co
         out = _empty_like(t)
         torch.mul(t, prescale_factor, out=out)
         inp = out
-    elif t.is_contiguous():
+    elif _direct(t):
         inp, out = t, _empty_like(t)
     else:
         inp = out = _contiguous(t)  # the staging copy is the output: reduce it in place
@@ -128,14 +141,17 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     sum divided by the world size, floating-point dtypes only), Sum, Min, Max, Product.
     ``prescale_factor``/``postscale_factor`` multiply the input before and the result after
     the reduction (floating-point dtypes). ``compression``: a spec string ("fp16",
-    "fp4:ef=1", ...) or a ``Compression`` member, the same on every rank; None uses the
-    job's default (BRAID_COMPRESSION), which applies only to floating-point Sum/Average.
+    "fp4:ef=1", ...) or a ``Compression`` member, the same on every rank; None (the default)
+    is ``none``, as Horovod's ``Compression.none``: the job's default (BRAID_COMPRESSION,
+    braidrun --compression) applies to DistributedOptimizer's gradients, never to a direct
+    call, so metrics and other values averaged by hand stay exact.
     ``average`` (deprecated, Horovod's): True is Average, False is Sum.
     """
     _check_process_set("allreduce_async", process_set)
     op = _check_op("allreduce_async", name, op, average)
     return _allreduce_async("allreduce_async", tensor, name, op, prescale_factor,
-                            postscale_factor, compression, inplace=False)
+                            postscale_factor, _direct_compression(compression),
+                            inplace=False)
 
 
 @_ops._reports_failures
@@ -151,7 +167,8 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     _check_process_set("allreduce_async_", process_set)
     op = _check_op("allreduce_async_", name, op, average)
     return _allreduce_async("allreduce_async_", tensor, name, op, prescale_factor,
-                            postscale_factor, compression, inplace=True)
+                            postscale_factor, _direct_compression(compression),
+                            inplace=True)
 
 
 class _AllreduceFn(torch.autograd.Function):
@@ -184,7 +201,8 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
     """
     _check_process_set("allreduce", process_set)
     op = _check_op("allreduce", name, op, average)
-    spec, hook = _compression.resolve(compression, f"allreduce '{name}'")
+    spec, hook = _compression.resolve(_direct_compression(compression),
+                                      f"allreduce '{name}'")
     if hook is not None:
         compressed, ctx = hook.compress(tensor)
         reduced = allreduce(compressed, name=name, op=op, prescale_factor=prescale_factor,
@@ -216,6 +234,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     dtype and fit under BRAID_FUSION_THRESHOLD; braid._ops.group). See allreduce_async."""
     _check_process_set("grouped_allreduce_async", process_set)
     op = _check_op("grouped_allreduce_async", name, op, average)
+    compression = _direct_compression(compression)
     with _ops.group():
         hs = [_allreduce_async("grouped_allreduce_async", t, n, op, prescale_factor,
                                postscale_factor, compression, inplace=False)
@@ -236,6 +255,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     returns ``tensors``."""
     _check_process_set("grouped_allreduce_async_", process_set)
     op = _check_op("grouped_allreduce_async_", name, op, average)
+    compression = _direct_compression(compression)
     with _ops.group():
         hs = [_allreduce_async("grouped_allreduce_async_", t, n, op, prescale_factor,
                                postscale_factor, compression, inplace=True)

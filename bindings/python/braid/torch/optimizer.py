@@ -246,8 +246,9 @@ class _DistributedMixin:
             h = mpi_ops.allreduce_async_(compressed, name=name, op=self._op, prescale_factor=pre,
                                          postscale_factor=post, compression="none")
             return ("framework", h, ctx)
+        compression = mpi_ops._JOB_DEFAULT if self._compression is None else self._compression
         h = mpi_ops.allreduce_async_(grad, name=name, op=self._op, prescale_factor=pre,
-                                     postscale_factor=post, compression=self._compression)
+                                     postscale_factor=post, compression=compression)
         return ("dense", h, grad)  # grad: the tensor reduced in place
 
     def _start_sparse(self, p, grad, name):
