@@ -698,8 +698,16 @@ def group():
 def poll(handle):
     """True once the collective behind ``handle`` has completed (successfully or not).
 
-    Never blocks and never raises the collective's error (``synchronize`` does)."""
+    Never blocks and never raises the collective's error (``synchronize`` does).
+    InvalidArgumentError if ``handle`` is not a Handle."""
+    _check_handle("poll", handle)
     return handle._poll()
+
+
+def _check_handle(fn, handle):
+    if not isinstance(handle, Handle):
+        raise InvalidArgumentError(f"{fn}: expected a Handle returned by an *_async call, "
+                                   f"got {type(handle).__name__} {handle!r}")
 
 
 def synchronize(handle, timeout=None):
@@ -713,8 +721,10 @@ def synchronize(handle, timeout=None):
     Raises the collective's error: InvalidArgumentError (mismatch across ranks),
     CancelledError (shut down meanwhile), UnavailableError (a peer was lost),
     DeadlineExceededError (no progress for BRAID_TIMEOUT_S), InternalError. Calling it again
-    on a completed handle returns the same result (or raises the same error).
+    on a completed handle returns the same result (or raises the same error), and
+    InvalidArgumentError if ``handle`` is not a Handle.
     """
+    _check_handle("synchronize", handle)
     return handle._wait(_check_timeout(timeout))
 
 

@@ -358,6 +358,13 @@ def check_errors(size, rank):
                   "allgather of a scalar", contains=("e.scalar", "dimension"))
     expect_raises(E, lambda: hvd.allreduce([1.0, 2.0], name="e.list"), "a list",
                   contains=("e.list", "torch.Tensor"))
+    for fn in (hvd.allreduce_, lambda t, name: hvd.broadcast_(t, 0, name=name)):
+        expect_raises(E, lambda: fn(torch.ones(1).expand(4), name="e.expand"),
+                      "in place on an expanded tensor",
+                      contains=("e.expand", "share memory", "strides [0]"))
+    for fn in (hvd.poll, hvd.synchronize, braid.poll, braid.synchronize):
+        expect_raises(E, lambda: fn(12345), f"{fn.__module__}.{fn.__name__} of an int",
+                      contains=(fn.__name__, "*_async", "int 12345"))
     expect_raises(E, lambda: hvd.allreduce(torch.ones(2), process_set=object()),
                   "process set", contains=("process sets",))
     # A mismatch across ranks is reported on every rank, naming the tensor.

@@ -199,6 +199,17 @@ def _contiguous(t):
     return t.resolve_neg().contiguous()
 
 
+def _check_writable(fn, name, tensor):
+    """An in-place collective writes every element: refuse a tensor whose elements share
+    memory (a stride of 0 over a dimension of size > 1, as expand() makes), which PyTorch
+    itself refuses to write with a RuntimeError naming no tensor."""
+    if any(st == 0 and sz > 1 for st, sz in zip(tensor.stride(), tensor.shape)):
+        raise InvalidArgumentError(
+            f"{fn} '{name}': in-place on a tensor whose elements share memory (shape "
+            f"{list(tensor.shape)}, strides {list(tensor.stride())}, as expand() makes): "
+            "reduce a copy (tensor.clone()) or use the out-of-place form")
+
+
 def _empty_like(t):
     return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
@@ -290,8 +301,16 @@ def _enqueue(collective, name, inp, code, out=None, op=Average, root_rank=0, spl
 def poll(handle):
     """True once the collective behind ``handle`` has completed (successfully or not).
 
-    Never blocks and never raises the collective's error (``synchronize`` does)."""
+    Never blocks and never raises the collective's error (``synchronize`` does).
+    InvalidArgumentError if ``handle`` is not a handle an ``*_async`` call returned."""
+    _check_handle("poll", handle)
     return handle._poll()
+
+
+def _check_handle(fn, handle):
+    if not isinstance(handle, (Handle, _MultiHandle)):
+        raise InvalidArgumentError(f"{fn}: expected a handle returned by an *_async call, "
+                                   f"got {type(handle).__name__} {handle!r}")
 
 
 def synchronize(handle, timeout=None):
@@ -305,8 +324,10 @@ def synchronize(handle, timeout=None):
     Raises the collective's error: InvalidArgumentError (mismatch across ranks, named),
     CancelledError (shut down meanwhile), UnavailableError (a peer was lost),
     DeadlineExceededError (no progress for BRAID_TIMEOUT_S), InternalError. Calling it again
-    on a completed handle returns the same result (or raises the same error).
+    on a completed handle returns the same result (or raises the same error), and
+    InvalidArgumentError if ``handle`` is not a handle an ``*_async`` call returned.
     """
+    _check_handle("synchronize", handle)
     return handle._wait(_ops._check_timeout(timeout))
 
 

@@ -46,6 +46,7 @@ from ._handles import (  # noqa: F401  (re-exported)
     _check_op,
     _check_process_set,
     _check_scale,
+    _check_writable,
     _contiguous,
     _direct,
     _empty_like,
@@ -102,6 +103,7 @@ def _allreduce_async(fn, tensor, name, op, prescale_factor, postscale_factor, co
     _check_scale(fn, name, tensor, prescale_factor, postscale_factor)
     target = None
     if inplace:
+        _check_writable(fn, name, tensor)
         buf = _contiguous(t)
         if buf is not t:
             target = tensor  # reduce a contiguous copy; copy the result back at the end
@@ -335,6 +337,7 @@ def _broadcast_async(fn, tensor, root_rank, name, inplace):
     t, code, _ = _wire(fn, name, tensor)
     target = None
     if inplace:
+        _check_writable(fn, name, tensor)
         inp = out = _contiguous(t)
         if inp is not t:
             target = tensor
