@@ -14,8 +14,10 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 # Run time, beyond the shared libraries: the Python package's numpy, the ssh client braidrun
-# starts remote ranks with, setsid (util-linux) on the hosts it reaches.
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "python3 (>= 3.11), python3-numpy, openssh-client, util-linux")
+# starts remote ranks with, setsid (util-linux) on the hosts it reaches, and OpenBLAS, which
+# PowerSGD opens with dlopen (so dpkg-shlibdeps cannot see it).
+set(CPACK_DEBIAN_PACKAGE_DEPENDS
+    "python3 (>= 3.11), python3-numpy, openssh-client, util-linux, libopenblas0")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "python3-torch, openmpi-bin, slurm-client")
 # Debug information stays in the build tree; the package carries stripped binaries.
 set(CPACK_STRIP_FILES ON)

@@ -25,7 +25,7 @@ for f in ./usr/bin/braidrun ./usr/bin/braidctl ./usr/bin/braid-coordinator ./usr
   grep -qxF "$f" <<<"$files" || fail "the package lacks $f"
 done
 depends=$(dpkg-deb -f "$deb" Depends)
-for d in libucx0 libgrpc++1.51 python3-numpy openssh-client; do
+for d in libucx0 libgrpc++1.51 python3-numpy openssh-client libopenblas0; do
   grep -q "$d" <<<"$depends" || fail "Depends lacks $d: $depends"
 done
 echo "deb_test: Depends: $depends"

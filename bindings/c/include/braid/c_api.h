@@ -152,8 +152,9 @@ typedef struct braid_allreduce_opts {
                                another op */
   const char* compression;  /* NULL or "" = BRAID_COMPRESSION (default "none"), which applies
                                to floating-point sum/average all-reduces only; else a spec:
-                               "none", "fp16", "bf16", "fp4", "int4", "scalecomp", "topk",
-                               "randomk", with options such as "fp4:chunk=128,ef=1" or
+                               "none", "fp16", "bf16", "fp4", "int4", "powersgd",
+                               "scalecomp", "topk", "randomk", with options such as
+                               "fp4:chunk=128,ef=1", "powersgd:rank=2" or
                                "scalecomp:ratio=100" (README: Compression). Unknown method or
                                option, or a method on an integer tensor / other op:
                                BRAID_INVALID_ARGUMENT. Copied at enqueue time. */
