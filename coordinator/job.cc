@@ -431,7 +431,8 @@ void Job::InspectLiveness(absl::Time now) {
     if (r.state == RankState::kNegotiating && now - r.last_seen >= heartbeat_timeout()) {
       Lose(static_cast<int>(i),
            absl::StrCat("rank ", i, " (pid ", r.pid, " on ", r.host, ") was lost: silent for ",
-                        absl::FormatDuration(now - r.last_seen), " (BRAID_HEARTBEAT_TIMEOUT_S)"));
+                        absl::FormatDuration(absl::Trunc(now - r.last_seen, absl::Milliseconds(10))),
+                        " (BRAID_HEARTBEAT_TIMEOUT_S)"));
     } else if (r.state == RankState::kRegistered && now - formed_at_ >= heartbeat_timeout()) {
       Lose(static_cast<int>(i),
            absl::StrCat("rank ", i, " (pid ", r.pid, " on ", r.host,

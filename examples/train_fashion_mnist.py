@@ -58,6 +58,15 @@ def non_negative_int(text):
     return value
 
 
+def fraction(text):
+    """An accuracy as a fraction: 0.88, not 88 (which would never be reached)."""
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], such as 0.88, got "
+                                         f"{text}")
+    return value
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=positive_int, default=3)
@@ -71,7 +80,7 @@ def parse_args(argv=None):
     p.add_argument("--compression", default=None,
                    help="gradient compression spec (fp16, fp4, 'fp4:ef=1', ...); default: "
                         "BRAID_COMPRESSION, else none")
-    p.add_argument("--target-accuracy", type=float, default=0.88,
+    p.add_argument("--target-accuracy", type=fraction, default=0.88,
                    help="report the time until the test accuracy first reaches this (0..1)")
     p.add_argument("--train-subset", type=non_negative_int, default=0,
                    help="train on the first N training images only (0: all 60,000)")

@@ -119,7 +119,9 @@ def test_horovod_style_example_runs_with_only_the_import_changed():
 @pytest.mark.parametrize("flag,value,message", [
     ("--epochs", "0", "argument --epochs: must be at least 1, got 0"),
     ("--batch-size", "-3", "argument --batch-size: must be at least 1, got -3"),
-    ("--train-subset", "-1", "argument --train-subset: must be 0 or more, got -1")])
+    ("--train-subset", "-1", "argument --train-subset: must be 0 or more, got -1"),
+    ("--target-accuracy", "88",
+     "argument --target-accuracy: must be a fraction in (0, 1], such as 0.88, got 88")])
 def test_fashion_mnist_example_refuses_a_run_that_trains_nothing(flag, value, message):
     out = launch(1, [str(REPO / "examples" / "train_fashion_mnist.py"), flag, value], 120)
     assert out.returncode != 0, out.stdout + out.stderr
