@@ -109,6 +109,17 @@ void Job::FillStatus(absl::Time now, proto::StatusResponse* resp) const {
                                 ? -1
                                 : absl::ToInt64Milliseconds(now - ranks_[r].last_seen));
   }
+  // While the job forms, the ranks that registered so far (a rank of -1 has not been
+  // assigned one yet: the coordinator assigns them in registration order when it forms).
+  for (const Pending& p : pending_) {
+    proto::RankStatus* s = resp->add_ranks();
+    s->set_rank(p.request.rank());
+    s->set_host(p.request.host());
+    s->set_pid(p.request.pid());
+    s->set_state(std::string(RankStateName(RankState::kRegistered)));
+    s->set_last_seen_ms_ago(
+        absl::ToInt64Milliseconds(now - (p.deadline - opts_.register_timeout)));
+  }
   for (proto::CompressionStat& c : CompressionStats()) *resp->add_compression() = std::move(c);
   if (!table_) return;
   resp->set_tensors_negotiated(table_->tensors_negotiated() + fast_tensors);

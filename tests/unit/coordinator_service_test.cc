@@ -146,6 +146,15 @@ TEST_F(ServiceTest, RegistrationsThatMissTheDeadlineFailAndFreeTheWorldSize) {
   now_ += absl::Seconds(29);
   service_->Inspect();
   EXPECT_TRUE(results_.empty());
+  // While the job forms, its status lists the ranks registered so far (braidctl's table).
+  proto::StatusResponse forming = Status();
+  EXPECT_EQ(forming.phase(), proto::JOB_FORMING);
+  ASSERT_EQ(forming.ranks_size(), 1);
+  EXPECT_EQ(forming.ranks(0).rank(), 0);
+  EXPECT_EQ(forming.ranks(0).host(), "h");
+  EXPECT_EQ(forming.ranks(0).pid(), 100);
+  EXPECT_EQ(forming.ranks(0).state(), "registered");
+  EXPECT_EQ(forming.ranks(0).last_seen_ms_ago(), 29000);
   now_ += absl::Seconds(1);
   service_->Inspect();
   ASSERT_EQ(results_.count(lonely), 1u);
@@ -366,7 +375,9 @@ TEST_F(ServiceTest, TheNextJobStartsFromZeroAndTheEndedOneStaysReadable) {
   EXPECT_EQ(second.register_rpcs(), 1);
   EXPECT_EQ(second.tensors_negotiated(), 0);
   EXPECT_EQ(second.cycles(), 0);
-  EXPECT_EQ(second.ranks_size(), 0);
+  // Its one registered rank only, none of the ended job's two.
+  ASSERT_EQ(second.ranks_size(), 1);
+  EXPECT_EQ(second.ranks(0).state(), "registered");
   // The ended job by its id, unchanged; a stale stream of it touches nothing.
   EXPECT_EQ(Status(1).SerializeAsString().size(), first.SerializeAsString().size());
   EXPECT_EQ(Status(1).tensors_negotiated(), 2);

@@ -100,7 +100,9 @@ void PrintTable(const braid::proto::StatusResponse& s, const std::string& addres
   if (s.compression_size() > 0) PrintCompression(s);
   std::printf("\n%-5s %-20s %-8s %-12s %s\n", "RANK", "HOST", "PID", "STATE", "LAST SEEN");
   for (const auto& r : s.ranks()) {
-    std::printf("%-5d %-20s %-8lld %-12s %s\n", r.rank(), r.host().c_str(),
+    // A rank of -1 registered without one; the coordinator assigns it when the job forms.
+    std::printf("%-5s %-20s %-8lld %-12s %s\n",
+                r.rank() < 0 ? "-" : std::to_string(r.rank()).c_str(), r.host().c_str(),
                 static_cast<long long>(r.pid()), r.state().c_str(),
                 r.last_seen_ms_ago() < 0 ? "never" : (Duration(r.last_seen_ms_ago()) + " ago").c_str());
   }
