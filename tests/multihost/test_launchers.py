@@ -10,7 +10,6 @@ whatever else runs on the machine.
 """
 
 import re
-import subprocess
 
 import hosts as testhosts
 
@@ -36,6 +35,23 @@ def check_job(out, n, hosts_of_ranks, across_hosts):
             assert "tcp" not in t and SHM.search(t), res[k]
     return res
 
+
+
+def _all_succeed(procs, timeout):
+    """Every process's (stdout, stderr), after asserting each exited 0; a process still
+    running when another fails or the timeout passes is killed."""
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, out + err
+    return outs
 
 def test_mpirun_one_host(hosts):
     testhosts.require("mpirun")
@@ -80,17 +96,7 @@ def test_torchrun_environment_across_two_hosts(hosts):
                    "MASTER_PORT": 29500, "PYTHONPATH": py, "OMP_NUM_THREADS": 1}
             procs.append(hosts.popen(f"h{node}", [testhosts.PYTHON, EXAMPLE, "--epochs", "3"],
                                      env=env))
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=180))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, out + err
+    outs = _all_succeed(procs, timeout=180)
     rank0 = outs[0][0]
     assert re.search(r"^4 ranks; rank 0's data plane: ucx .*tcp/eth0", rank0, re.M), rank0
     assert SHM.search(rank0), rank0  # rank 1 is on h0 too
@@ -144,17 +150,7 @@ def test_torch_store_and_braid_coordinator_share_master_port(hosts):
                "MASTER_ADDR": "h0", "MASTER_PORT": 29500, "GLOO_SOCKET_IFNAME": "eth0",
                "PYTHONPATH": py, "OMP_NUM_THREADS": 1}
         procs.append(hosts.popen(f"h{rank}", [testhosts.PYTHON, "-c", TORCH_AND_BRAID], env=env))
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=120))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, out + err
+    outs = _all_succeed(procs, timeout=120)
     rank0 = outs[0][0]
     # On h0: torch's store on MASTER_PORT, braid's coordinator on 45884 (derived from 29500).
     assert "RANK 0 TORCH 3.0 BRAID 3.0 3.0 LISTENING [29500, 45884] TRANSPORT ucx tcp/eth0" in rank0, rank0
