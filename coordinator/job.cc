@@ -48,6 +48,7 @@ void Job::AddRegistration(int64_t call_id, const proto::RegisterRequest& req,
   auto refuse = [&](absl::Status s) {
     out->push_back([done = std::move(done), s = std::move(s)] { done(s); });
   };
+  if (!refusal_.ok()) return refuse(refusal_);
   if (phase_ != proto::JOB_FORMING) {
     return refuse(absl::FailedPreconditionError(absl::StrCat("job ", id(), " already formed")));
   }
@@ -61,13 +62,44 @@ void Job::AddRegistration(int64_t call_id, const proto::RegisterRequest& req,
     world_size_ = opts_.world_size;
     return refuse(absl::InvalidArgumentError("world size unknown: set BRAID_SIZE"));
   }
-  if (req.size() != 0 && req.size() != world_size_) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-        "pid ", req.pid(), " on ", req.host(), " expects world size ", req.size(),
-        " but the job has ", world_size_)));
-  }
+  if (req.size() != 0 && req.size() != world_size_) return refuse(DisagreeOnWorldSize(req, out));
   pending_.push_back({call_id, req, now + opts_.register_timeout, std::move(done)});
   if (static_cast<int>(pending_.size()) == world_size_) Form(now, out);
+}
+
+namespace {
+
+// "rank 1 (pid 7 on h)", or "pid 7 on h" without a rank of its own.
+std::string Registrant(const proto::RegisterRequest& r) {
+  std::string who = absl::StrCat("pid ", r.pid(), " on ", r.host());
+  return r.rank() >= 0 ? absl::StrCat("rank ", r.rank(), " (", who, ")") : who;
+}
+
+}  // namespace
+
+absl::Status Job::DisagreeOnWorldSize(const proto::RegisterRequest& req, Completions* out) {
+  // The ranks disagree, so this world can never form: the newcomer and every rank waiting
+  // fail now with both sizes named, rather than the waiting ranks at the register timeout.
+  std::vector<std::string> others;
+  for (const Pending& p : pending_) others.push_back(Registrant(p.request));
+  const std::string why = absl::StrCat(
+      "the ranks disagree on the world size (", req.size(), " vs ", world_size_, "): ",
+      Registrant(req), " expects ", req.size(), " but ",
+      others.empty() ? std::string("this coordinator was started for")
+                     : absl::StrCat(absl::StrJoin(others, ", "),
+                                    others.size() > 1 ? " expect" : " expects"),
+      " ", world_size_, ": give every rank the same world size (WORLD_SIZE, BRAID_SIZE, ...)");
+  const absl::Status status = absl::InvalidArgumentError(why);
+  if (pending_.empty() && !opts_.one_job) return status;
+  if (opts_.one_job) refusal_ = status;
+  const int world_size = world_size_;
+  while (!pending_.empty()) RemoveRegistration(pending_.front().id, status, out);
+  // As when registrations miss their deadline (Inspect): the job is over before it began.
+  world_size_ = world_size;
+  abort_ = absl::Status(status.code(), absl::StrCat("registration failed: ", why));
+  phase_ = proto::JOB_ENDED;
+  LOG(WARNING) << "coordinator: job " << id() << " " << abort_.message();
+  return status;
 }
 
 void Job::Form(absl::Time now, Completions* out) {

@@ -31,10 +31,11 @@ absl::Status MakePrivateDirs(const std::string& dir) {
 
 std::string JobIdentity(const RuntimeConfig& config, const LaunchInfo& launch) {
   // Length-prefixed fields: no two different identities serialize alike.
-  std::string id = "braid job identity v1";
-  for (const std::string& field :
-       {launch.source, launch.job_id, config.coordinator_host,
-        absl::StrCat(config.coordinator_port), absl::StrCat(launch.size)}) {
+  // Not the world size: ranks that disagree on it must meet, so the coordinator can refuse
+  // them naming both sizes, rather than be refused for a wrong secret that names neither.
+  std::string id = "braid job identity v2";
+  for (const std::string& field : {launch.source, launch.job_id, config.coordinator_host,
+                                   absl::StrCat(config.coordinator_port)}) {
     absl::StrAppend(&id, "|", field.size(), ":", field);
   }
   return id;

@@ -12,8 +12,9 @@
 //      user key is 32 random bytes in $XDG_CONFIG_HOME/braid/user.key (else
 //      ~/.config/braid/user.key), made with mode 0600 by the first rank that needs it, so
 //      other users can neither read it nor compute the secret; the job identity is what the
-//      launcher says of the job: its job id where it has one (LaunchInfo::job_id), the
-//      coordinator's host and port and the world size. Every rank on a host (or on hosts
+//      launcher says of the job: its job id where it has one (LaunchInfo::job_id) and the
+//      coordinator's host and port; not the world size, which the coordinator checks at
+//      registration (ranks that disagree on it fail naming both sizes). Every rank on a host (or on hosts
 //      that share the home directory) derives the same secret; across hosts without a shared
 //      home, set BRAID_JOB_SECRET on every rank.
 // Two jobs pointed at the same coordinator port never mix: a second job's rank 0 cannot bind
@@ -41,7 +42,7 @@ struct JobSecret {
 };
 
 // The job identity of rule 3 (Note [Job identity]): launcher, its job id, the coordinator's
-// host and port, the world size.
+// host and port.
 std::string JobIdentity(const RuntimeConfig& config, const LaunchInfo& launch);
 
 // The secret this rank presents (Note [Job identity]); `alone`: a process with no launcher and
