@@ -68,7 +68,10 @@ using Getenv = std::function<const char*(const char*)>;
 // (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), Slurm (SLURM_PROCID, SLURM_NTASKS,
 // SLURM_LOCALID, SLURM_NTASKS_PER_NODE), Open MPI (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK,
 // _LOCAL_SIZE), and the launcher's job id. `getenv` returns nullptr for an unset variable.
-// InvalidArgument names a variable that is not an integer or is out of range.
+// InvalidArgument names a variable that is not an integer or is out of range, or the world
+// size missing beside a rank where the launcher always sets both (torchrun's RANK without
+// WORLD_SIZE, Open MPI's); ConfigFromEnv also refuses BRAID_RANK without BRAID_SIZE or
+// BRAID_COORDINATOR (a standalone coordinator knows the size).
 absl::StatusOr<LaunchInfo> LaunchInfoFromEnv(const Getenv& getenv);
 
 // ---- Settings ----

@@ -65,6 +65,32 @@ TEST(LaunchInfoTest, BadValuesAreNamed) {
             "BRAID_RANK=2 is outside the world of size 2");
 }
 
+// torchrun and mpirun always set the world size with the rank: a rank alone is a hand-made
+// environment missing it (RANK=1 alone waited a minute for a coordinator, RANK=0 alone ran
+// as a world of one). Slurm's batch step has SLURM_PROCID without SLURM_NTASKS; braid's own
+// rank may take the size from a standalone coordinator, but not from nowhere.
+TEST(LaunchInfoTest, ARankWithoutTheWorldSizeIsAnErrorWhereTheLauncherSetsBoth) {
+  Env torchrun{{{"RANK", "1"}}};
+  EXPECT_EQ(LaunchInfoFromEnv(torchrun.fn()).status().message(),
+            "RANK=1 is set but WORLD_SIZE is not: set both (WORLD_SIZE is the number of ranks "
+            "in the job)");
+  Env torchrun0{{{"RANK", "0"}}};
+  EXPECT_EQ(ConfigFromEnv(torchrun0.fn()).status().code(), absl::StatusCode::kInvalidArgument);
+  Env mpi{{{"OMPI_COMM_WORLD_RANK", "0"}}};
+  EXPECT_EQ(LaunchInfoFromEnv(mpi.fn()).status().message(),
+            "OMPI_COMM_WORLD_RANK=0 is set but OMPI_COMM_WORLD_SIZE is not: set both "
+            "(OMPI_COMM_WORLD_SIZE is the number of ranks in the job)");
+  Env slurm{{{"SLURM_PROCID", "0"}}};
+  EXPECT_TRUE(ConfigFromEnv(slurm.fn()).ok());
+  Env braid{{{"BRAID_RANK", "1"}}};
+  EXPECT_EQ(ConfigFromEnv(braid.fn()).status().message(),
+            "BRAID_RANK=1 is set but neither BRAID_SIZE nor BRAID_COORDINATOR: set BRAID_SIZE "
+            "(the number of ranks in the job), or BRAID_COORDINATOR to a braid-coordinator "
+            "started with --size");
+  Env standalone{{{"BRAID_RANK", "1"}, {"BRAID_COORDINATOR", "h:1"}}};
+  EXPECT_TRUE(ConfigFromEnv(standalone.fn()).ok());
+}
+
 TEST(LaunchInfoTest, LocalRankOutsideLocalSizeIsAnError) {
   Env env{{{"BRAID_RANK", "0"}, {"BRAID_SIZE", "2"}, {"BRAID_LOCAL_RANK", "2"},
            {"BRAID_LOCAL_SIZE", "2"}}};

@@ -85,8 +85,9 @@ TEST(JobIdentityTest, CoordinatorPortFollowsMasterPortUnlessSetItself) {
 TEST(JobIdentityTest, LauncherJobIds) {
   auto id = [](Env e) { return LaunchInfoFromEnv(e.fn())->job_id; };
   EXPECT_EQ(id(Env{{{"RANK", "0"}, {"WORLD_SIZE", "2"}}}), "");
-  EXPECT_EQ(id(Env{{{"RANK", "0"}, {"TORCHELASTIC_RUN_ID", "none"}}}), "");
-  EXPECT_EQ(id(Env{{{"RANK", "0"}, {"TORCHELASTIC_RUN_ID", "abc"}}}), "torchrun:abc");
+  EXPECT_EQ(id(Env{{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "none"}}}), "");
+  EXPECT_EQ(id(Env{{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "abc"}}}),
+            "torchrun:abc");
   EXPECT_EQ(id(Env{{{"SLURM_PROCID", "1"}, {"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "3"}}}),
             "slurm:77.3");
   EXPECT_EQ(id(Env{{{"OMPI_MCA_ess_base_jobid", "12345"}}}), "openmpi:12345");
