@@ -13,6 +13,7 @@
 #include "glog/logging.h"
 #include "runtime/heartbeat_report.h"
 #include "runtime/job_identity.h"
+#include "runtime/resolve.h"
 #include "runtime/registration.h"
 #include "runtime/runtime_impl.h"
 
@@ -178,6 +179,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Runtime::Impl::ConnectDefault
       // No launcher and no peers: a private coordinator on a free port.
       launch->rank = 0;
       launch->size = 1;
+    }
+    if (!alone) {
+      // Once, with a bounded wait: a host that does not resolve fails every rank at once
+      // naming it, not rank 0 as "cannot listen" and the others a minute later.
+      BRAID_RETURN_IF_ERROR(
+          CheckHostResolves(config.coordinator_host, config.coordinator_host_from));
     }
     if (launch->rank == 0) {
       coordinator::ServerOptions so;

@@ -155,6 +155,28 @@ def test_ranks_that_disagree_on_the_world_size_both_fail_at_once_naming_both_siz
         assert float(m.group(1)) < 20, out
 
 
+def test_a_master_addr_that_does_not_resolve_fails_every_rank_at_once_naming_it():
+    """MASTER_ADDR=no-such-host.invalid: rank 0 and rank 1 both fail within seconds saying
+    the host does not resolve (not 'cannot listen' on rank 0 and 'cannot reach the
+    coordinator' on rank 1 a minute later)."""
+    build = braid_launch.build_dir()
+    procs = []
+    for r in (0, 1):
+        env = torchrun_env(build, r, 2, 29500)
+        env["MASTER_ADDR"] = "no-such-host.invalid"
+        procs.append(subprocess.Popen([braid_launch.PYTHON, "-c", INIT_ONLY], env=env,
+                                      text=True, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT))
+    for p in procs:
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 1, out
+        m = re.search(r"error after ([\d.]+) s: UnavailableError: (.*)", out)
+        assert m, out
+        assert m.group(2).startswith(
+            "cannot resolve the coordinator's host 'no-such-host.invalid' (MASTER_ADDR): "), out
+        assert float(m.group(1)) < 10, out
+
+
 def test_a_wrong_job_secret_is_an_invalid_argument_error_saying_where_it_came_from():
     """A rank whose secret is not the coordinator's: InvalidArgumentError (one of the README's
     subclasses, not a bare BraidError 'PERMISSION_DENIED: ...') saying where the secret came
