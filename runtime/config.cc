@@ -551,8 +551,24 @@ absl::StatusOr<RuntimeConfig> ConfigFromEnv(const Getenv& env) {
   return c;
 }
 
+const std::vector<std::string>& KnownBraidVariables() {
+  static const std::vector<std::string>* const kKnown = [] {
+    auto* known = new std::vector<std::string>{
+        "BRAID_RANK", "BRAID_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_SIZE",
+        // The test suite's: the build tree (tests/python), coordinator_wire_test's report.
+        "BRAID_BUILD_DIR", "BRAID_MEMORY_TEST_OMIT_APPLIED"};
+    for (const Variable& v : kVariables) {
+      if (absl::StartsWith(v.name, "BRAID_")) known->push_back(v.name);
+    }
+    return known;
+  }();
+  return *kKnown;
+}
+
 absl::StatusOr<RuntimeConfig> ConfigFromProcessEnv() {
-  return ConfigFromEnv([](const char* n) { return std::getenv(n); });
+  auto c = ConfigFromEnv([](const char* n) { return std::getenv(n); });
+  if (c.ok()) c->environment_warnings = EnvironmentWarnings(ProcessEnvironmentNames());
+  return c;
 }
 
 const std::vector<SettingFlag>& SettingFlags() {

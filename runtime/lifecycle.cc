@@ -105,6 +105,13 @@ void Runtime::Impl::CancelInit() {
 
 absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps deps) {
   config_ = config;
+  // Misspelt BRAID_ and Horovod's variables (config.h: EnvironmentWarnings): braidrun warned
+  // once for the whole job; without it, the first local rank of each host does, once.
+  static bool warned = false;
+  if (!warned && config.launch.source != "braid" && config.launch.local_rank <= 0) {
+    for (const std::string& w : config.environment_warnings) LOG(WARNING) << "braid: " << w;
+    warned = true;
+  }
   // Before the client: its heartbeats read the ledger (braidctl status).
   ledger_ = std::make_unique<StatisticsLedger>();
   compression::StageOptions stage_options;

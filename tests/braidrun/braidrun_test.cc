@@ -582,6 +582,21 @@ TEST(Braidrun, UsageErrorsExit2) {
   EXPECT_EQ(RunBraidrun({"--help"}).exit_code(), 0);
 }
 
+// A misspelt BRAID_ variable is a warning printed once, by braidrun, not an error.
+TEST(Braidrun, AMisspeltVariableIsAWarningPrintedOnce) {
+  Result r = RunBraidrun({"-np", "2", "/bin/true"}, 30,
+                         CleanEnv({"BRAID_COMPRESION=fp16", "HOROVOD_FUSION_THRESHOLD=1"}));
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
+  const std::string warning =
+      "braidrun: warning: BRAID_COMPRESION is not a braid variable and is ignored: did you "
+      "mean BRAID_COMPRESSION?\n";
+  ASSERT_THAT(r.err, HasSubstr(warning));
+  EXPECT_EQ(r.err.find(warning), r.err.rfind(warning)) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("braidrun: warning: HOROVOD_FUSION_THRESHOLD is Horovod's and "
+                               "braid ignores it: set BRAID_FUSION_THRESHOLD (the same unit) "
+                               "instead\n"));
+}
+
 TEST(Braidrun, BadCompressionSpecIsAUsageError) {
   Result r = RunBraidrun({"-np", "2", "--compression", "fp5", "/bin/echo", "started"});
   EXPECT_EQ(r.exit_code(), 2);

@@ -91,6 +91,31 @@ TEST(LaunchInfoTest, ARankWithoutTheWorldSizeIsAnErrorWhereTheLauncherSetsBoth) 
   EXPECT_TRUE(ConfigFromEnv(standalone.fn()).ok());
 }
 
+// A misspelt BRAID_ variable, or a Horovod one with a braid equivalent, is a warning naming
+// what to set instead; braid's own names and everything else are not.
+TEST(ConfigWarningsTest, UnknownBraidAndHorovodVariablesAreNamedWithWhatToSet) {
+  EXPECT_EQ(EnvironmentWarnings({"BRAID_COMPRESION", "BRAID_FUSION_THRESHOLD_MB", "BRAID_TIMEOUT_S",
+                                 "BRAID_RANK", "BRAID_XYZZY_PLUGH_FOO", "HOROVOD_CYCLE_TIME",
+                                 "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_WITH_PYTORCH",
+                                 "PATH"}),
+            (std::vector<std::string>{
+                "BRAID_COMPRESION is not a braid variable and is ignored: did you mean "
+                "BRAID_COMPRESSION?",
+                "BRAID_FUSION_THRESHOLD_MB is not a braid variable and is ignored: did you "
+                "mean BRAID_FUSION_THRESHOLD?",
+                "BRAID_XYZZY_PLUGH_FOO is not a braid variable and is ignored (the README's "
+                "Configuration lists them)",
+                "HOROVOD_CYCLE_TIME is Horovod's and braid ignores it: set BRAID_CYCLE_TIME_MS "
+                "(the same unit) instead",
+                "HOROVOD_STALL_CHECK_TIME_SECONDS is Horovod's and braid ignores it: set "
+                "BRAID_STALL_CHECK_S (the same unit) instead"}));
+  // Every variable the parser reads, and every flag's, is known: none warns.
+  std::vector<std::string> names(KnownBraidVariables());
+  for (const SettingFlag& f : SettingFlags()) names.push_back(f.variable);
+  EXPECT_EQ(EnvironmentWarnings(names), std::vector<std::string>{});
+  EXPECT_GT(KnownBraidVariables().size(), 25u);
+}
+
 TEST(LaunchInfoTest, LocalRankOutsideLocalSizeIsAnError) {
   Env env{{{"BRAID_RANK", "0"}, {"BRAID_SIZE", "2"}, {"BRAID_LOCAL_RANK", "2"},
            {"BRAID_LOCAL_SIZE", "2"}}};

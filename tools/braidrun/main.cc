@@ -379,6 +379,10 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   std::optional<Args> args = ParseArgs(argc, argv, &exit_code);
   if (!args) return exit_code;
+  // Once for the whole job (the ranks, started by braidrun, do not repeat them).
+  for (const std::string& w : braid::EnvironmentWarnings(braid::ProcessEnvironmentNames())) {
+    Fail(absl::StrCat("warning: ", w));
+  }
   auto places = PlaceJob(*args);
   if (!places.ok()) {
     Fail(std::string(places.status().message()));
