@@ -204,9 +204,8 @@ absl::Status CheckArgs(const std::string& np, const std::string& port,
 
 // Parses and checks the command line; nullopt with *exit_code set when braidrun must exit.
 std::optional<Args> ParseArgs(int argc, char** argv, int* exit_code) {
-  CLI::App app{
-      "braidrun: start a braid job of N ranks, on this host or across hosts over ssh\n"
-      "  braidrun -np N [-H host:slots,...] [OPTIONS] COMMAND [ARGS...]"};
+  CLI::App app{"braidrun: start a braid job of N ranks, on this host or across hosts over ssh"};
+  braid::tools::SetUsage(app, "braidrun -np N [-H host:slots,...] [OPTIONS] COMMAND [ARGS...]");
   app.footer(
       "COMMAND runs once per rank (rank r of N) with BRAID_RANK, BRAID_SIZE, BRAID_LOCAL_RANK,\n"
       "BRAID_LOCAL_SIZE, BRAID_COORDINATOR (the coordinator braidrun hosts), BRAID_JOB_SECRET,\n"
