@@ -408,26 +408,30 @@ void Job::Inspect(absl::Time now, Completions* out) {
 
 std::string Job::MissingRegistrations() const {
   // Who came, and which ranks did not: the ranks AssignRanks would give the registrations
-  // without a rank of their own are the lowest free ones, in registration order.
+  // without a rank of their own are the lowest free ones, in registration order; each is
+  // named with the rank it was given ("assigned"), not as a bare pid.
   std::set<int> claimed;
-  int unassigned = 0;
+  for (const Pending& p : pending_) {
+    if (p.request.rank() >= 0) claimed.insert(p.request.rank());
+  }
+  std::vector<int> free;
+  for (int r = 0; r < world_size_; ++r) {
+    if (!claimed.count(r)) free.push_back(r);
+  }
+  size_t next_free = 0;
   std::vector<std::string> came;
   for (const Pending& p : pending_) {
     const proto::RegisterRequest& r = p.request;
-    if (r.rank() >= 0) claimed.insert(r.rank());
-    else ++unassigned;
-    came.push_back(absl::StrCat(r.rank() >= 0 ? absl::StrCat("rank ", r.rank(), " (") : "(",
-                                "pid ", r.pid(), " on ", r.host(), ")"));
-  }
-  std::vector<int> missing;
-  for (int r = 0; r < world_size_; ++r) {
-    if (claimed.count(r)) continue;
-    if (unassigned > 0) {
-      --unassigned;
-      continue;
+    const std::string who = absl::StrCat("pid ", r.pid(), " on ", r.host());
+    if (r.rank() >= 0) {
+      came.push_back(absl::StrCat("rank ", r.rank(), " (", who, ")"));
+    } else if (next_free < free.size()) {
+      came.push_back(absl::StrCat("rank ", free[next_free++], " (assigned; ", who, ")"));
+    } else {
+      came.push_back(absl::StrCat("unassigned (", who, ")"));
     }
-    missing.push_back(r);
   }
+  std::vector<int> missing(free.begin() + std::min(next_free, free.size()), free.end());
   // Named one by one up to a point: a world of thousands would make an unreadable message.
   constexpr size_t kNamed = 32;
   std::string missing_list = absl::StrJoin(
