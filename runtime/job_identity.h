@@ -21,7 +21,8 @@
 // the port (SO_REUSEPORT is off) and fails at once naming it; a second job's other ranks
 // reach the first job's coordinator and are refused, at once, either for a wrong secret
 // (another user, another launcher job id) or because that coordinator's one job is already
-// running (coordinator/service.h: single_job). Only two jobs of one user with the same
+// running (coordinator/service.h: single_job), or, when it is still forming, because the
+// world sizes disagree (which fails that job too). Only two jobs of one user with the same
 // identity (same launcher variables, no launcher job id) that register at the very same time
 // cannot be told apart: give each job its own BRAID_JOB_SECRET, or its own port.
 #ifndef BRAID_RUNTIME_JOB_IDENTITY_H_
