@@ -62,8 +62,17 @@ absl::StatusOr<JobSecret> ResolveJobSecret(const RuntimeConfig& config, const La
   }
   auto key = ReadOrCreateSecretFile("the key for derived job secrets", path);
   if (!key.ok()) return key.status();
-  return JobSecret{absl::BytesToHexString(HmacSha256(*key, JobIdentity(config, launch))),
-                   absl::StrCat("derived from ", path)};
+  // The inputs, named in a refusal: ranks that reach one coordinator by different names
+  // ("localhost" and "127.0.0.1") or under different launcher job ids derive different
+  // secrets, and only the inputs say which.
+  return JobSecret{
+      absl::BytesToHexString(HmacSha256(*key, JobIdentity(config, launch))),
+      absl::StrCat("derived from ", path, " and the job identity (launcher ",
+                   launch.source.empty() ? "none" : launch.source, ", launcher job id ",
+                   launch.job_id.empty() ? "none" : absl::StrCat("'", launch.job_id, "'"),
+                   ", coordinator host '", config.coordinator_host, "' from ",
+                   config.coordinator_host_from, ", port ", config.coordinator_port, " from ",
+                   config.coordinator_port_from, ")")};
 }
 
 absl::Status ExplainRefusedSecret(const absl::Status& s, const JobSecret& secret) {

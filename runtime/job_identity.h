@@ -38,7 +38,9 @@ namespace braid {
 
 struct JobSecret {
   std::string secret;
-  // Where it came from, for errors: "BRAID_JOB_SECRET", "random", "derived from KEYFILE".
+  // Where it came from, for errors: "BRAID_JOB_SECRET(_FILE)", "random", "derived from
+  // KEYFILE and the job identity (launcher torchrun, launcher job id none, coordinator host
+  // '127.0.0.1' from MASTER_ADDR, port 45884 from MASTER_PORT)".
   std::string origin;
 };
 

@@ -142,6 +142,19 @@ TEST(JobIdentityTest, DerivedSecretsAgreeWithinAJobAndDifferAcrossJobs) {
   // Another user (another key) derives another secret for the same job.
   ASSERT_EQ(unlink((home + "/config/braid/user.key").c_str()), 0);
   EXPECT_NE(derive(rank1), s0);
+  // A refusal names the derivation's inputs (two ranks that name rank 0's host differently
+  // derive different secrets).
+  {
+    Env e = rank0;
+    e.vars["XDG_CONFIG_HOME"] = home + "/config";
+    e.vars["MASTER_ADDR"] = "localhost";
+    RuntimeConfig c = Config(e);
+    auto s = ResolveJobSecret(c, c.launch, false);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->origin, "derived from " + home + "/config/braid/user.key and the job identity "
+                         "(launcher torchrun, launcher job id none, coordinator host 'localhost' "
+                         "from MASTER_ADDR, port 45884 from MASTER_PORT)");
+  }
   // The identity names every field, length-prefixed.
   RuntimeConfig c = Config(rank0);
   EXPECT_EQ(JobIdentity(c, c.launch),
