@@ -48,6 +48,7 @@ void Job::AddRegistration(int64_t call_id, const proto::RegisterRequest& req,
   auto refuse = [&](absl::Status s) {
     out->push_back([done = std::move(done), s = std::move(s)] { done(s); });
   };
+  if (!refusal_.ok()) return refuse(refusal_);
   if (phase_ != proto::JOB_FORMING) {
     return refuse(absl::FailedPreconditionError(absl::StrCat("job ", id(), " already formed")));
   }
@@ -61,13 +62,44 @@ void Job::AddRegistration(int64_t call_id, const proto::RegisterRequest& req,
     world_size_ = opts_.world_size;
     return refuse(absl::InvalidArgumentError("world size unknown: set BRAID_SIZE"));
   }
-  if (req.size() != 0 && req.size() != world_size_) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-        "pid ", req.pid(), " on ", req.host(), " expects world size ", req.size(),
-        " but the job has ", world_size_)));
-  }
+  if (req.size() != 0 && req.size() != world_size_) return refuse(DisagreeOnWorldSize(req, out));
   pending_.push_back({call_id, req, now + opts_.register_timeout, std::move(done)});
   if (static_cast<int>(pending_.size()) == world_size_) Form(now, out);
+}
+
+namespace {
+
+// "rank 1 (pid 7 on h)", or "pid 7 on h" without a rank of its own.
+std::string Registrant(const proto::RegisterRequest& r) {
+  std::string who = absl::StrCat("pid ", r.pid(), " on ", r.host());
+  return r.rank() >= 0 ? absl::StrCat("rank ", r.rank(), " (", who, ")") : who;
+}
+
+}  // namespace
+
+absl::Status Job::DisagreeOnWorldSize(const proto::RegisterRequest& req, Completions* out) {
+  // The ranks disagree, so this world can never form: the newcomer and every rank waiting
+  // fail now with both sizes named, rather than the waiting ranks at the register timeout.
+  std::vector<std::string> others;
+  for (const Pending& p : pending_) others.push_back(Registrant(p.request));
+  const std::string why = absl::StrCat(
+      "the ranks disagree on the world size (", req.size(), " vs ", world_size_, "): ",
+      Registrant(req), " expects ", req.size(), " but ",
+      others.empty() ? std::string("this coordinator was started for")
+                     : absl::StrCat(absl::StrJoin(others, ", "),
+                                    others.size() > 1 ? " expect" : " expects"),
+      " ", world_size_, ": give every rank the same world size (WORLD_SIZE, BRAID_SIZE, ...)");
+  const absl::Status status = absl::InvalidArgumentError(why);
+  if (pending_.empty() && !opts_.one_job) return status;
+  if (opts_.one_job) refusal_ = status;
+  const int world_size = world_size_;
+  while (!pending_.empty()) RemoveRegistration(pending_.front().id, status, out);
+  // As when registrations miss their deadline (Inspect): the job is over before it began.
+  world_size_ = world_size;
+  abort_ = absl::Status(status.code(), absl::StrCat("registration failed: ", why));
+  phase_ = proto::JOB_ENDED;
+  LOG(WARNING) << "coordinator: job " << id() << " " << abort_.message();
+  return status;
 }
 
 void Job::Form(absl::Time now, Completions* out) {
@@ -376,26 +408,30 @@ void Job::Inspect(absl::Time now, Completions* out) {
 
 std::string Job::MissingRegistrations() const {
   // Who came, and which ranks did not: the ranks AssignRanks would give the registrations
-  // without a rank of their own are the lowest free ones, in registration order.
+  // without a rank of their own are the lowest free ones, in registration order; each is
+  // named with the rank it was given ("assigned"), not as a bare pid.
   std::set<int> claimed;
-  int unassigned = 0;
+  for (const Pending& p : pending_) {
+    if (p.request.rank() >= 0) claimed.insert(p.request.rank());
+  }
+  std::vector<int> free;
+  for (int r = 0; r < world_size_; ++r) {
+    if (!claimed.count(r)) free.push_back(r);
+  }
+  size_t next_free = 0;
   std::vector<std::string> came;
   for (const Pending& p : pending_) {
     const proto::RegisterRequest& r = p.request;
-    if (r.rank() >= 0) claimed.insert(r.rank());
-    else ++unassigned;
-    came.push_back(absl::StrCat(r.rank() >= 0 ? absl::StrCat("rank ", r.rank(), " (") : "(",
-                                "pid ", r.pid(), " on ", r.host(), ")"));
-  }
-  std::vector<int> missing;
-  for (int r = 0; r < world_size_; ++r) {
-    if (claimed.count(r)) continue;
-    if (unassigned > 0) {
-      --unassigned;
-      continue;
+    const std::string who = absl::StrCat("pid ", r.pid(), " on ", r.host());
+    if (r.rank() >= 0) {
+      came.push_back(absl::StrCat("rank ", r.rank(), " (", who, ")"));
+    } else if (next_free < free.size()) {
+      came.push_back(absl::StrCat("rank ", free[next_free++], " (assigned; ", who, ")"));
+    } else {
+      came.push_back(absl::StrCat("unassigned (", who, ")"));
     }
-    missing.push_back(r);
   }
+  std::vector<int> missing(free.begin() + std::min(next_free, free.size()), free.end());
   // Named one by one up to a point: a world of thousands would make an unreadable message.
   constexpr size_t kNamed = 32;
   std::string missing_list = absl::StrJoin(

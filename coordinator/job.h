@@ -75,6 +75,10 @@ class Job {
     proto::JobSettings settings;         // the coordinator's own (Note [Job settings])
     absl::Duration register_timeout = absl::Seconds(120);
     KeyValueLimits kv_limits;
+    // The coordinator exists for this one job (ServerOptions::single_job: hosted by rank 0 or
+    // braidrun): ranks that disagree on the world size end it for every rank, those still to
+    // register included (refusal()), not only for the ranks waiting.
+    bool one_job = false;
   };
   Job(const Options& options, absl::Time now);
 
@@ -82,6 +86,9 @@ class Job {
   proto::JobPhase phase() const { return phase_; }
   int world_size() const { return world_size_; }
   bool ended() const { return phase_ == proto::JOB_ENDED; }
+  // Not OK once the job refuses every registration (Options::one_job): the next registration
+  // gets this, rather than starting another job.
+  const absl::Status& refusal() const { return refusal_; }
   // Whether process `pid` on `host` is one of the job's ranks.
   bool HasRankProcess(const std::string& host, int64_t pid) const;
   // Whether anything happened yet (a registration arrived).
@@ -171,6 +178,9 @@ class Job {
   void NoteApplied(int rank, const proto::RequestList& msg);
   // "only 2 of 4 ranks registered within 2m: ...; missing: ranks 1, 3".
   std::string MissingRegistrations() const;
+  // The error for `req`, whose world size is not the job's; fails every waiting registration
+  // with it too (the world cannot form) and ends the job.
+  absl::Status DisagreeOnWorldSize(const proto::RegisterRequest& req, Completions* out);
   void InspectLiveness(absl::Time now);
   void InspectStalls(absl::Time now);
   // OK when `token` is `rank`'s (`rank` in range); PermissionDenied naming `what` else.
@@ -196,6 +206,7 @@ class Job {
   std::vector<Rank> ranks_;
   std::set<int> clean_;           // ranks that said goodbye
   absl::Status abort_;
+  absl::Status refusal_;
   bool shutting_down_ = false;
   std::set<std::string> stall_logged_;
   std::map<std::string, std::string> kv_;

@@ -31,6 +31,7 @@ Job::Options CoordinatorService::JobOptions(int64_t id) const {
   o.settings = opts_.settings;
   o.register_timeout = opts_.register_timeout;
   o.kv_limits = opts_.kv_limits;
+  o.one_job = opts_.single_job;
   return o;
 }
 
@@ -76,7 +77,7 @@ void CoordinatorService::Register(int64_t call_id, const Caller& caller,
 
 void CoordinatorService::RegisterLocked(int64_t id, const proto::RegisterRequest& req,
                                         RegisterDone done, absl::Time now, Completions* out) {
-  if (job_->ended()) NextJobLocked(out);
+  if (job_->ended() && job_->refusal().ok()) NextJobLocked(out);
   if (job_->phase() == proto::JOB_RUNNING) {
     // Note [One job at a time]: wait for the running job to end.
     queued_.push_back({id, req, now + opts_.register_timeout, std::move(done)});

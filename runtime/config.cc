@@ -209,6 +209,11 @@ struct Scheme {
   const char* size;
   const char* local_rank;
   const char* local_size;
+  // Whether the launcher always sets the size with the rank, so a rank without it is a
+  // hand-made environment missing a variable: torchrun and mpirun do; braidrun's rank may
+  // take the size from a standalone coordinator (BRAID_COORDINATOR, checked in
+  // ConfigFromEnv), and a Slurm batch script has SLURM_PROCID without SLURM_NTASKS.
+  bool size_required;
 };
 
 // Reads an integer variable into *out when it is set; false when unset.
@@ -355,11 +360,12 @@ absl::StatusOr<int64_t> ParseMebibytes(absl::string_view what, absl::string_view
 
 absl::StatusOr<LaunchInfo> LaunchInfoFromEnv(const Getenv& env) {
   static const Scheme kSchemes[] = {
-      {"braid", "BRAID_RANK", "BRAID_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_SIZE"},
-      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+      {"braid", "BRAID_RANK", "BRAID_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_SIZE", false},
+      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", true},
+      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
+       false},
       {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-       "OMPI_COMM_WORLD_LOCAL_SIZE"},
+       "OMPI_COMM_WORLD_LOCAL_SIZE", true},
   };
   LaunchInfo info;
   for (const Scheme& s : kSchemes) {
@@ -369,6 +375,11 @@ absl::StatusOr<LaunchInfo> LaunchInfoFromEnv(const Getenv& env) {
     auto has_size = ReadInt(env, s.size, &size);
     if (!has_size.ok()) return has_size.status();
     if (!*has_rank && !*has_size) continue;
+    if (*has_rank && !*has_size && s.size_required) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          s.rank, "=", rank, " is set but ", s.size, " is not: set both (", s.size,
+          " is the number of ranks in the job)"));
+    }
     if (*has_size && (size < 1 || size > (1 << 16))) {
       return absl::InvalidArgumentError(
           absl::StrCat(s.size, " must be in [1, 65536], got ", size));
@@ -525,6 +536,14 @@ absl::StatusOr<RuntimeConfig> ConfigFromEnv(const Getenv& env) {
   auto c = SettingsFromEnv(env);
   if (!c.ok()) return c.status();
   c->launch = *launch;
+  if (c->coordinator.empty() && launch->source == "braid" && launch->rank >= 0 &&
+      launch->size == 0) {
+    // Without a standalone coordinator to take the world size from, nobody knows it.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BRAID_RANK=", launch->rank, " is set but neither BRAID_SIZE nor BRAID_COORDINATOR: "
+        "set BRAID_SIZE (the number of ranks in the job), or BRAID_COORDINATOR to a "
+        "braid-coordinator started with --size"));
+  }
   if (c->coordinator.empty()) {
     absl::Status s = ResolveCoordinatorAddress(env, &*c);
     if (!s.ok()) return s;
@@ -532,8 +551,24 @@ absl::StatusOr<RuntimeConfig> ConfigFromEnv(const Getenv& env) {
   return c;
 }
 
+const std::vector<std::string>& KnownBraidVariables() {
+  static const std::vector<std::string>* const kKnown = [] {
+    auto* known = new std::vector<std::string>{
+        "BRAID_RANK", "BRAID_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_SIZE",
+        // The test suite's: the build tree (tests/python), coordinator_wire_test's report.
+        "BRAID_BUILD_DIR", "BRAID_MEMORY_TEST_OMIT_APPLIED"};
+    for (const Variable& v : kVariables) {
+      if (absl::StartsWith(v.name, "BRAID_")) known->push_back(v.name);
+    }
+    return known;
+  }();
+  return *kKnown;
+}
+
 absl::StatusOr<RuntimeConfig> ConfigFromProcessEnv() {
-  return ConfigFromEnv([](const char* n) { return std::getenv(n); });
+  auto c = ConfigFromEnv([](const char* n) { return std::getenv(n); });
+  if (c.ok()) c->environment_warnings = EnvironmentWarnings(ProcessEnvironmentNames());
+  return c;
 }
 
 const std::vector<SettingFlag>& SettingFlags() {

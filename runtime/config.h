@@ -68,7 +68,10 @@ using Getenv = std::function<const char*(const char*)>;
 // (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), Slurm (SLURM_PROCID, SLURM_NTASKS,
 // SLURM_LOCALID, SLURM_NTASKS_PER_NODE), Open MPI (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK,
 // _LOCAL_SIZE), and the launcher's job id. `getenv` returns nullptr for an unset variable.
-// InvalidArgument names a variable that is not an integer or is out of range.
+// InvalidArgument names a variable that is not an integer or is out of range, or the world
+// size missing beside a rank where the launcher always sets both (torchrun's RANK without
+// WORLD_SIZE, Open MPI's); ConfigFromEnv also refuses BRAID_RANK without BRAID_SIZE or
+// BRAID_COORDINATOR (a standalone coordinator knows the size).
 absl::StatusOr<LaunchInfo> LaunchInfoFromEnv(const Getenv& getenv);
 
 // ---- Settings ----
@@ -126,6 +129,8 @@ struct RuntimeConfig {
   std::optional<absl::Duration> register_timeout;
   bool ucx_peer_error_handling = false;  // BRAID_UCX_PEER_ERROR_HANDLING
   JobSettings job;                       // proposed to the coordinator at registration
+  // ConfigFromProcessEnv's EnvironmentWarnings, for the runtime to print at init.
+  std::vector<std::string> environment_warnings;
 };
 
 // How long a rank waits for the whole world to register: BRAID_REGISTER_TIMEOUT_S when set
@@ -168,12 +173,28 @@ absl::StatusOr<std::string> FirstAddressOfOmpiUri(absl::string_view what, absl::
 // Every variable above, launch info included, and the coordinator's address when rank 0
 // hosts it (Note [Coordinator address]). InvalidArgument names the variable and value.
 absl::StatusOr<RuntimeConfig> ConfigFromEnv(const Getenv& getenv);
-// Same, from the process environment.
+// Same, from the process environment, with its EnvironmentWarnings.
 absl::StatusOr<RuntimeConfig> ConfigFromProcessEnv();
 // The settings only (launch info left unknown), for the tools: braidrun checks its whole
 // environment with it before starting a rank, braid-coordinator reads its job settings.
 // `name_of` (null: the variable's own name) is what errors call each variable.
 absl::StatusOr<RuntimeConfig> SettingsFromEnv(const Getenv& getenv, const NameOf& name_of = {});
+
+// ---- Names that are not braid's ----
+
+// Warnings (never errors) about the variables named `names`: a BRAID_ variable braid does not
+// read ("BRAID_COMPRESION is not a braid variable and is ignored: did you mean
+// BRAID_COMPRESSION?" when a known name is a few edits away), and a HOROVOD_ variable that
+// has a braid equivalent ("HOROVOD_CYCLE_TIME is Horovod's and braid ignores it: set
+// BRAID_CYCLE_TIME_MS (the same unit) instead"). One per variable, in the order of `names`.
+// braidrun prints them once for the job; the runtime at init when no braid launcher did
+// (runtime/lifecycle.cc).
+// Every BRAID_ variable braid reads: the settings above, the launch variables (BRAID_RANK,
+// ...) and the test suite's own.
+const std::vector<std::string>& KnownBraidVariables();
+std::vector<std::string> EnvironmentWarnings(const std::vector<std::string>& names);
+// The names of this process's environment variables, sorted.
+std::vector<std::string> ProcessEnvironmentNames();
 
 // ---- Command-line flags of braidrun and braid-coordinator: each sets one variable ----
 

@@ -31,10 +31,11 @@ absl::Status MakePrivateDirs(const std::string& dir) {
 
 std::string JobIdentity(const RuntimeConfig& config, const LaunchInfo& launch) {
   // Length-prefixed fields: no two different identities serialize alike.
-  std::string id = "braid job identity v1";
-  for (const std::string& field :
-       {launch.source, launch.job_id, config.coordinator_host,
-        absl::StrCat(config.coordinator_port), absl::StrCat(launch.size)}) {
+  // Not the world size: ranks that disagree on it must meet, so the coordinator can refuse
+  // them naming both sizes, rather than be refused for a wrong secret that names neither.
+  std::string id = "braid job identity v2";
+  for (const std::string& field : {launch.source, launch.job_id, config.coordinator_host,
+                                   absl::StrCat(config.coordinator_port)}) {
     absl::StrAppend(&id, "|", field.size(), ":", field);
   }
   return id;
@@ -61,8 +62,17 @@ absl::StatusOr<JobSecret> ResolveJobSecret(const RuntimeConfig& config, const La
   }
   auto key = ReadOrCreateSecretFile("the key for derived job secrets", path);
   if (!key.ok()) return key.status();
-  return JobSecret{absl::BytesToHexString(HmacSha256(*key, JobIdentity(config, launch))),
-                   absl::StrCat("derived from ", path)};
+  // The inputs, named in a refusal: ranks that reach one coordinator by different names
+  // ("localhost" and "127.0.0.1") or under different launcher job ids derive different
+  // secrets, and only the inputs say which.
+  return JobSecret{
+      absl::BytesToHexString(HmacSha256(*key, JobIdentity(config, launch))),
+      absl::StrCat("derived from ", path, " and the job identity (launcher ",
+                   launch.source.empty() ? "none" : launch.source, ", launcher job id ",
+                   launch.job_id.empty() ? "none" : absl::StrCat("'", launch.job_id, "'"),
+                   ", coordinator host '", config.coordinator_host, "' from ",
+                   config.coordinator_host_from, ", port ", config.coordinator_port, " from ",
+                   config.coordinator_port_from, ")")};
 }
 
 absl::Status ExplainRefusedSecret(const absl::Status& s, const JobSecret& secret) {

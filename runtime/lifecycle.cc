@@ -13,6 +13,7 @@
 #include "glog/logging.h"
 #include "runtime/heartbeat_report.h"
 #include "runtime/job_identity.h"
+#include "runtime/resolve.h"
 #include "runtime/registration.h"
 #include "runtime/runtime_impl.h"
 
@@ -104,6 +105,13 @@ void Runtime::Impl::CancelInit() {
 
 absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps deps) {
   config_ = config;
+  // Misspelt BRAID_ and Horovod's variables (config.h: EnvironmentWarnings): braidrun warned
+  // once for the whole job; without it, the first local rank of each host does, once.
+  static bool warned = false;
+  if (!warned && config.launch.source != "braid" && config.launch.local_rank <= 0) {
+    for (const std::string& w : config.environment_warnings) LOG(WARNING) << "braid: " << w;
+    warned = true;
+  }
   // Before the client: its heartbeats read the ledger (braidctl status).
   ledger_ = std::make_unique<StatisticsLedger>();
   compression::StageOptions stage_options;
@@ -178,6 +186,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Runtime::Impl::ConnectDefault
       // No launcher and no peers: a private coordinator on a free port.
       launch->rank = 0;
       launch->size = 1;
+    }
+    if (!alone) {
+      // Once, with a bounded wait: a host that does not resolve fails every rank at once
+      // naming it, not rank 0 as "cannot listen" and the others a minute later.
+      BRAID_RETURN_IF_ERROR(
+          CheckHostResolves(config.coordinator_host, config.coordinator_host_from));
     }
     if (launch->rank == 0) {
       coordinator::ServerOptions so;

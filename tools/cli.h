@@ -1,9 +1,14 @@
 // Command-line parsing shared by braid's tools: every usage error exits with code 2 and a
-// message naming the flag, whatever CLI11's own exit code for it would be (CLI11 uses 100
-// and up: 105 for an unknown flag, 106 for a value that does not convert, ...); --help and
-// --version exit 0.
+// message that starts with the tool's name and names the flag ("braidrun: The following
+// argument was not expected: --bogus"), whatever CLI11's own exit code for it would be
+// (CLI11 uses 100 and up: 105 for an unknown flag, 106 for a value that does not convert,
+// ...); --help and --version exit 0.
 #ifndef BRAID_TOOLS_CLI_H_
 #define BRAID_TOOLS_CLI_H_
+
+#include <memory>
+#include <string>
+#include <utility>
 
 #include "CLI/CLI.hpp"
 
@@ -11,10 +16,37 @@ namespace braid::tools {
 
 inline constexpr int kUsageError = 2;
 
-// CLI11's app.exit(error) (prints the message: "--np: Value 1.5 could not be converted"),
-// mapped onto braid's exit codes.
+// The tool's name for messages: the last component of the program path CLI11 keeps.
+inline std::string ToolName(const CLI::App& app) {
+  const std::string& path = app.get_name();
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// CLI11's app.exit(error) mapped onto braid's exit codes; a usage error is printed as
+// "TOOL: MESSAGE" ("braidrun: --np: Value 1.5 could not be converted") with CLI11's hint.
 inline int ExitCodeFor(CLI::App& app, const CLI::ParseError& e) {
+  app.failure_message([](const CLI::App* a, const CLI::Error& error) {
+    return ToolName(*a) + ": " + CLI::FailureMessage::simple(a, error);
+  });
   return app.exit(e) == 0 ? 0 : kUsageError;
+}
+
+// CLI11 (2.1) writes its own "Usage: NAME [OPTIONS]" line under the description; a tool
+// whose usage says more (braidrun's COMMAND) gives it here, so --help shows one usage line.
+class UsageFormatter : public CLI::Formatter {
+ public:
+  explicit UsageFormatter(std::string usage) : usage_(std::move(usage)) {}
+  std::string make_usage(const CLI::App*, std::string) const override {
+    return get_label("Usage") + ": " + usage_ + "\n";
+  }
+
+ private:
+  std::string usage_;
+};
+
+inline void SetUsage(CLI::App& app, std::string usage) {
+  app.formatter(std::make_shared<UsageFormatter>(std::move(usage)));
 }
 
 }  // namespace braid::tools

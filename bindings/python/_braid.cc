@@ -56,6 +56,8 @@ PyObject* ErrorClassFor(absl::StatusCode code) {
   switch (code) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kOutOfRange:
+    // A wrong job secret: a setting that does not match the job's (README: Who may join).
+    case absl::StatusCode::kPermissionDenied:
       return g_errors.invalid_argument;
     case absl::StatusCode::kAlreadyExists: return g_errors.already_exists;
     case absl::StatusCode::kFailedPrecondition: return g_errors.failed_precondition;
@@ -65,13 +67,13 @@ PyObject* ErrorClassFor(absl::StatusCode code) {
     case absl::StatusCode::kInternal:
     case absl::StatusCode::kDataLoss:
       return g_errors.internal;
-    default: return g_errors.base;  // Unknown, Aborted, PermissionDenied, ...
+    default: return g_errors.base;  // Unknown, Aborted, ...
   }
 }
 
 // Raises the braid.BraidError subclass named after the status code, with its message. The
-// message is used verbatim; codes without a subclass of their own (PermissionDenied,
-// Aborted, ...) raise BraidError with the code's name prefixed.
+// message is used verbatim; codes without a subclass of their own (Aborted, ...) raise
+// BraidError with the code's name prefixed.
 [[noreturn]] void Raise(const absl::Status& s) {
   PyObject* cls = ErrorClassFor(s.code());
   std::string msg(s.message());

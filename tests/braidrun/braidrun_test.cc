@@ -574,12 +574,39 @@ TEST(Braidrun, LocalHostListIsAccepted) {
   EXPECT_THAT(r.err, HasSubstr("fewer than -np 3"));
 }
 
+// Every usage error exits 2 with a message starting "braidrun: ", CLI11's own included
+// (tools/cli.h); --help shows one usage line, braidrun's.
 TEST(Braidrun, UsageErrorsExit2) {
   EXPECT_EQ(RunBraidrun({"-np", "2"}).exit_code(), 2);
   EXPECT_EQ(RunBraidrun({"/bin/true"}).exit_code(), 2);
   EXPECT_EQ(RunBraidrun({"-np", "0", "/bin/true"}).exit_code(), 2);
-  EXPECT_EQ(RunBraidrun({"-np", "1", "--bogus", "/bin/true"}).exit_code(), 2);
-  EXPECT_EQ(RunBraidrun({"--help"}).exit_code(), 0);
+  Result r = RunBraidrun({"-np", "1", "--bogus", "/bin/true"});
+  EXPECT_EQ(r.exit_code(), 2);
+  EXPECT_THAT(r.err, ::testing::StartsWith(
+                         "braidrun: The following argument was not expected: --bogus\n"));
+  r = RunBraidrun({"-np", "1", "--np", "2", "/bin/true"});
+  EXPECT_EQ(r.exit_code(), 2);
+  EXPECT_THAT(r.err, ::testing::StartsWith("braidrun: --np: At Most 1 required but received 2\n"));
+  r = RunBraidrun({"--help"});
+  EXPECT_EQ(r.exit_code(), 0);
+  EXPECT_THAT(r.out, HasSubstr("\nUsage: braidrun -np N [-H host:slots,...] [OPTIONS] COMMAND "
+                               "[ARGS...]\n"));
+  EXPECT_EQ(r.out.find("Usage:"), r.out.rfind("Usage:")) << r.out;
+}
+
+// A misspelt BRAID_ variable is a warning printed once, by braidrun, not an error.
+TEST(Braidrun, AMisspeltVariableIsAWarningPrintedOnce) {
+  Result r = RunBraidrun({"-np", "2", "/bin/true"}, 30,
+                         CleanEnv({"BRAID_COMPRESION=fp16", "HOROVOD_FUSION_THRESHOLD=1"}));
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
+  const std::string warning =
+      "braidrun: warning: BRAID_COMPRESION is not a braid variable and is ignored: did you "
+      "mean BRAID_COMPRESSION?\n";
+  ASSERT_THAT(r.err, HasSubstr(warning));
+  EXPECT_EQ(r.err.find(warning), r.err.rfind(warning)) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("braidrun: warning: HOROVOD_FUSION_THRESHOLD is Horovod's and "
+                               "braid ignores it: set BRAID_FUSION_THRESHOLD (the same unit) "
+                               "instead\n"));
 }
 
 TEST(Braidrun, BadCompressionSpecIsAUsageError) {

@@ -59,3 +59,42 @@ def test_tool_usage_errors_exit_2_naming_the_flag():
                              text=True, timeout=60)
         assert res.returncode == 2, (argv, res.returncode, res.stderr)
         assert want in res.stderr, (argv, res.stderr)
+
+
+# CLI11's own usage errors (an unknown flag) start with the tool's name, as braid's do.
+CLI11_CASES = [
+    (["tools/braidrun/braidrun", "-np", "1", "--bogus", "true"],
+     "braidrun: The following argument was not expected: --bogus\n"),
+    (["tools/coordinator/braid-coordinator", "--no-such-flag"],
+     "braid-coordinator: The following argument was not expected: --no-such-flag\n"),
+    (["tools/braidctl/braidctl", "status", "--bogus"],
+     "braidctl: The following argument was not expected: --bogus\n"),
+]
+
+
+def test_every_tool_names_itself_in_cli11_usage_errors():
+    build = braid_launch.build_dir()
+    env = braid_launch.rank_env(build)
+    for argv, want in CLI11_CASES:
+        res = subprocess.run([str(build / argv[0])] + argv[1:], env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert res.returncode == 2, (argv, res.returncode, res.stderr)
+        assert res.stderr.startswith(want), (argv, res.stderr)
+
+
+def test_a_misspelt_or_horovod_variable_is_a_warning_at_init_without_braidrun():
+    """A process without braidrun warns once at init about a BRAID_ variable braid does not
+    read (naming the closest one) and a Horovod variable with a braid equivalent, and runs."""
+    build = braid_launch.build_dir()
+    env = braid_launch.rank_env(build, {"BRAID_COMPRESION": "fp16",
+                                        "HOROVOD_CYCLE_TIME": "5"})
+    res = subprocess.run([braid_launch.PYTHON, "-c",
+                          "import braid; braid.init(); braid.init(); print('ok', braid.size())"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "ok 1\n", res.stdout
+    warning = ("braid: BRAID_COMPRESION is not a braid variable and is ignored: did you mean "
+               "BRAID_COMPRESSION?\n")
+    assert res.stderr.count(warning) == 1, res.stderr
+    assert res.stderr.count("braid: HOROVOD_CYCLE_TIME is Horovod's and braid ignores it: set "
+                            "BRAID_CYCLE_TIME_MS (the same unit) instead\n") == 1, res.stderr

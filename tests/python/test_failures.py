@@ -117,6 +117,88 @@ def test_a_rank_hosting_the_coordinator_names_the_ranks_that_never_came():
     assert 2.5 < float(m.group(1)) < 7.5, out
 
 
+def torchrun_env(build, rank, world_size, port):
+    """A rank started by hand as torchrun would start it: no braidrun, no braid variable, the
+    job's secret derived from the user's key (README: Who may join)."""
+    env = braid_launch.rank_env(build, {"RANK": str(rank), "WORLD_SIZE": str(world_size),
+                                        "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+                                        "MASTER_PORT": str(port), "BRAID_TIMEOUT_S": "30"})
+    for k in ("BRAID_JOB_SECRET", "BRAID_JOB_SECRET_FILE", "BRAID_COORDINATOR_PORT",
+              "LOCAL_WORLD_SIZE"):
+        env.pop(k, None)
+    return env
+
+
+def test_ranks_that_disagree_on_the_world_size_both_fail_at_once_naming_both_sizes():
+    """torchrun-style launch where rank 0 has WORLD_SIZE=2 and rank 1 WORLD_SIZE=3: both fail
+    within seconds with InvalidArgumentError naming both sizes (not a wrong-secret refusal on
+    rank 1 and 'only 1 of 2 ranks registered' on rank 0 a minute later)."""
+    build = braid_launch.build_dir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([braid_launch.PYTHON, "-c", INIT_ONLY],
+                              env=torchrun_env(build, r, size, port), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for r, size in ((0, 2), (1, 3))]
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 1, out
+        m = re.search(r"error after ([\d.]+) s: InvalidArgumentError: (.*)", out)
+        assert m, out
+        # Rank 0 registered first (it waited) or not yet (it came after, and was refused).
+        assert re.fullmatch(
+            r"registering with the coordinator at 127\.0\.0\.1:\d+: the ranks disagree on the "
+            r"world size \(3 vs 2\): rank 1 \(pid \d+ on [^)]+\) expects 3 but "
+            r"(rank 0 \(pid \d+ on [^)]+\) expects|this coordinator was started for) 2: give "
+            r"every rank the same world size \(WORLD_SIZE, BRAID_SIZE, \.\.\.\)", m.group(2)), out
+        assert float(m.group(1)) < 20, out
+
+
+def test_a_master_addr_that_does_not_resolve_fails_every_rank_at_once_naming_it():
+    """MASTER_ADDR=no-such-host.invalid: rank 0 and rank 1 both fail within seconds saying
+    the host does not resolve (not 'cannot listen' on rank 0 and 'cannot reach the
+    coordinator' on rank 1 a minute later)."""
+    build = braid_launch.build_dir()
+    procs = []
+    for r in (0, 1):
+        env = torchrun_env(build, r, 2, 29500)
+        env["MASTER_ADDR"] = "no-such-host.invalid"
+        procs.append(subprocess.Popen([braid_launch.PYTHON, "-c", INIT_ONLY], env=env,
+                                      text=True, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT))
+    for p in procs:
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 1, out
+        m = re.search(r"error after ([\d.]+) s: UnavailableError: (.*)", out)
+        assert m, out
+        assert m.group(2).startswith(
+            "cannot resolve the coordinator's host 'no-such-host.invalid' (MASTER_ADDR): "), out
+        assert float(m.group(1)) < 10, out
+
+
+def test_a_wrong_job_secret_is_an_invalid_argument_error_saying_where_it_came_from():
+    """A rank whose secret is not the coordinator's: InvalidArgumentError (one of the README's
+    subclasses, not a bare BraidError 'PERMISSION_DENIED: ...') saying where the secret came
+    from."""
+    build = braid_launch.build_dir()
+    with tempfile.TemporaryDirectory(prefix="braid-secret-") as tmp:
+        coord, port = start_coordinator(build, 1, 30, tmp, secrets.token_hex(32))
+        try:
+            env = job_env(build, secrets.token_hex(32), {
+                "BRAID_COORDINATOR": f"127.0.0.1:{port}", "BRAID_RANK": "0", "BRAID_SIZE": "1"})
+            out = subprocess.run([braid_launch.PYTHON, "-c", INIT_ONLY], env=env, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 timeout=60).stdout
+            m = re.search(r"error after [\d.]+ s: InvalidArgumentError: (.*)", out)
+            assert m, out
+            assert "the coordinator refused Register: wrong job secret" in m.group(1), out
+            assert m.group(1).endswith("this rank's secret is BRAID_JOB_SECRET(_FILE)"), out
+        finally:
+            coord.kill()
+            coord.wait()
+
+
 def test_a_local_failure_and_a_negotiation_deadline_reach_every_rank():
     """workers/failures.py on 2 ranks with BRAID_NEGOTIATION_TIMEOUT_S=5: a collective one
     rank refuses (in the runtime, then in the Python layer) fails on the other within 2 s

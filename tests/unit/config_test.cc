@@ -65,6 +65,57 @@ TEST(LaunchInfoTest, BadValuesAreNamed) {
             "BRAID_RANK=2 is outside the world of size 2");
 }
 
+// torchrun and mpirun always set the world size with the rank: a rank alone is a hand-made
+// environment missing it (RANK=1 alone waited a minute for a coordinator, RANK=0 alone ran
+// as a world of one). Slurm's batch step has SLURM_PROCID without SLURM_NTASKS; braid's own
+// rank may take the size from a standalone coordinator, but not from nowhere.
+TEST(LaunchInfoTest, ARankWithoutTheWorldSizeIsAnErrorWhereTheLauncherSetsBoth) {
+  Env torchrun{{{"RANK", "1"}}};
+  EXPECT_EQ(LaunchInfoFromEnv(torchrun.fn()).status().message(),
+            "RANK=1 is set but WORLD_SIZE is not: set both (WORLD_SIZE is the number of ranks "
+            "in the job)");
+  Env torchrun0{{{"RANK", "0"}}};
+  EXPECT_EQ(ConfigFromEnv(torchrun0.fn()).status().code(), absl::StatusCode::kInvalidArgument);
+  Env mpi{{{"OMPI_COMM_WORLD_RANK", "0"}}};
+  EXPECT_EQ(LaunchInfoFromEnv(mpi.fn()).status().message(),
+            "OMPI_COMM_WORLD_RANK=0 is set but OMPI_COMM_WORLD_SIZE is not: set both "
+            "(OMPI_COMM_WORLD_SIZE is the number of ranks in the job)");
+  Env slurm{{{"SLURM_PROCID", "0"}}};
+  EXPECT_TRUE(ConfigFromEnv(slurm.fn()).ok());
+  Env braid{{{"BRAID_RANK", "1"}}};
+  EXPECT_EQ(ConfigFromEnv(braid.fn()).status().message(),
+            "BRAID_RANK=1 is set but neither BRAID_SIZE nor BRAID_COORDINATOR: set BRAID_SIZE "
+            "(the number of ranks in the job), or BRAID_COORDINATOR to a braid-coordinator "
+            "started with --size");
+  Env standalone{{{"BRAID_RANK", "1"}, {"BRAID_COORDINATOR", "h:1"}}};
+  EXPECT_TRUE(ConfigFromEnv(standalone.fn()).ok());
+}
+
+// A misspelt BRAID_ variable, or a Horovod one with a braid equivalent, is a warning naming
+// what to set instead; braid's own names and everything else are not.
+TEST(ConfigWarningsTest, UnknownBraidAndHorovodVariablesAreNamedWithWhatToSet) {
+  EXPECT_EQ(EnvironmentWarnings({"BRAID_COMPRESION", "BRAID_FUSION_THRESHOLD_MB", "BRAID_TIMEOUT_S",
+                                 "BRAID_RANK", "BRAID_XYZZY_PLUGH_FOO", "HOROVOD_CYCLE_TIME",
+                                 "HOROVOD_STALL_CHECK_TIME_SECONDS", "HOROVOD_WITH_PYTORCH",
+                                 "PATH"}),
+            (std::vector<std::string>{
+                "BRAID_COMPRESION is not a braid variable and is ignored: did you mean "
+                "BRAID_COMPRESSION?",
+                "BRAID_FUSION_THRESHOLD_MB is not a braid variable and is ignored: did you "
+                "mean BRAID_FUSION_THRESHOLD?",
+                "BRAID_XYZZY_PLUGH_FOO is not a braid variable and is ignored (the README's "
+                "Configuration lists them)",
+                "HOROVOD_CYCLE_TIME is Horovod's and braid ignores it: set BRAID_CYCLE_TIME_MS "
+                "(the same unit) instead",
+                "HOROVOD_STALL_CHECK_TIME_SECONDS is Horovod's and braid ignores it: set "
+                "BRAID_STALL_CHECK_S (the same unit) instead"}));
+  // Every variable the parser reads, and every flag's, is known: none warns.
+  std::vector<std::string> names(KnownBraidVariables());
+  for (const SettingFlag& f : SettingFlags()) names.push_back(f.variable);
+  EXPECT_EQ(EnvironmentWarnings(names), std::vector<std::string>{});
+  EXPECT_GT(KnownBraidVariables().size(), 25u);
+}
+
 TEST(LaunchInfoTest, LocalRankOutsideLocalSizeIsAnError) {
   Env env{{{"BRAID_RANK", "0"}, {"BRAID_SIZE", "2"}, {"BRAID_LOCAL_RANK", "2"},
            {"BRAID_LOCAL_SIZE", "2"}}};

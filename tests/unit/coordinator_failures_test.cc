@@ -299,7 +299,8 @@ TEST_F(FailuresTest, TheDefaultNegotiationTimeoutIsHalfAnHour) {
 }
 
 // A world that never fully registers names the missing ranks: those claimed by nobody, after
-// the registrations without a rank took the lowest free ones. When the first registration's
+// the registrations without a rank took the lowest free ones, which name that rank (not a
+// bare "(pid 200 on h)"). When the first registration's
 // deadline passes, every waiting one fails with it (the world cannot form any more).
 TEST_F(FailuresTest, TheRegistrationDeadlineNamesTheMissingRanks) {
   const int64_t first = Register(Reg(0, 5));
@@ -315,7 +316,7 @@ TEST_F(FailuresTest, TheRegistrationDeadlineNamesTheMissingRanks) {
   service_->Inspect();
   const std::string want =
       "only 3 of 5 ranks registered within 30s: missing ranks 2, 4; registered: rank 0 (pid "
-      "100 on h), rank 3 (pid 103 on h), (pid 200 on h)";
+      "100 on h), rank 3 (pid 103 on h), rank 1 (assigned; pid 200 on h)";
   for (int64_t id : {first, second, third}) {
     ASSERT_EQ(results_.count(id), 1u);
     EXPECT_EQ(results_.at(id).status().code(), absl::StatusCode::kDeadlineExceeded);

@@ -134,11 +134,39 @@ TEST_F(ServiceTest, RegistrationIsOneCallPerRankAndReturnsEveryPeer) {
   EXPECT_EQ(s.settings().heartbeat_timeout_ms(), 10000);
 }
 
-TEST_F(ServiceTest, WorldSizeMismatchIsRefusedAtOnce) {
-  Register(Reg(0, 2));
+// Ranks that disagree on the world size can never form a world: the newcomer and every rank
+// already waiting fail at once, naming both sizes (not the waiting ones at the deadline).
+TEST_F(ServiceTest, WorldSizeMismatchFailsEveryRankAtOnce) {
+  int64_t first = Register(Reg(0, 2));
   int64_t mismatch = Register(Reg(1, 3));
-  EXPECT_EQ(results_.at(mismatch).status().message(),
-            "pid 101 on h expects world size 3 but the job has 2");
+  const std::string why =
+      "the ranks disagree on the world size (3 vs 2): rank 1 (pid 101 on h) expects 3 but "
+      "rank 0 (pid 100 on h) expects 2: give every rank the same world size (WORLD_SIZE, "
+      "BRAID_SIZE, ...)";
+  EXPECT_EQ(results_.at(mismatch).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(results_.at(mismatch).status().message(), why);
+  EXPECT_EQ(results_.at(first).status().message(), why);
+  EXPECT_EQ(Status().phase(), proto::JOB_ENDED);
+}
+
+// A coordinator hosted for one job (rank 0's, braidrun's): a rank with another world size
+// may come before rank 0 registers; rank 0 then gets the same error at once, not the
+// register timeout, and so does every later registration.
+TEST_F(ServiceTest, OnAOneJobCoordinatorAWorldSizeMismatchRefusesTheRanksStillToCome) {
+  ServiceOptions o;
+  o.world_size = 2;
+  o.single_job = true;
+  Restart(o);
+  int64_t early = Register(Reg(1, 3));
+  int64_t rank0 = Register(Reg(0, 2));
+  const std::string why =
+      "the ranks disagree on the world size (3 vs 2): rank 1 (pid 101 on h) expects 3 but "
+      "this coordinator was started for 2: give every rank the same world size (WORLD_SIZE, "
+      "BRAID_SIZE, ...)";
+  EXPECT_EQ(results_.at(early).status().message(), why);
+  ASSERT_EQ(results_.count(rank0), 1u);
+  EXPECT_EQ(results_.at(rank0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(results_.at(rank0).status().message(), why);
 }
 
 TEST_F(ServiceTest, RegistrationsThatMissTheDeadlineFailAndFreeTheWorldSize) {

@@ -85,8 +85,9 @@ TEST(JobIdentityTest, CoordinatorPortFollowsMasterPortUnlessSetItself) {
 TEST(JobIdentityTest, LauncherJobIds) {
   auto id = [](Env e) { return LaunchInfoFromEnv(e.fn())->job_id; };
   EXPECT_EQ(id(Env{{{"RANK", "0"}, {"WORLD_SIZE", "2"}}}), "");
-  EXPECT_EQ(id(Env{{{"RANK", "0"}, {"TORCHELASTIC_RUN_ID", "none"}}}), "");
-  EXPECT_EQ(id(Env{{{"RANK", "0"}, {"TORCHELASTIC_RUN_ID", "abc"}}}), "torchrun:abc");
+  EXPECT_EQ(id(Env{{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "none"}}}), "");
+  EXPECT_EQ(id(Env{{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "abc"}}}),
+            "torchrun:abc");
   EXPECT_EQ(id(Env{{{"SLURM_PROCID", "1"}, {"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "3"}}}),
             "slurm:77.3");
   EXPECT_EQ(id(Env{{{"OMPI_MCA_ess_base_jobid", "12345"}}}), "openmpi:12345");
@@ -108,7 +109,8 @@ TEST(JobIdentityTest, ExplicitRandomOrRefused) {
 }
 
 // Rule 3: every rank of one job derives the same secret from the user's key and the job's
-// identity; another job, port, world size or user key gives another secret.
+// identity; another job, port or user key gives another secret. The world size is not part
+// of it: ranks that disagree on it reach the coordinator, which names both sizes.
 TEST(JobIdentityTest, DerivedSecretsAgreeWithinAJobAndDifferAcrossJobs) {
   const std::string home = TempDir();
   auto derive = [&](Env e) {
@@ -133,17 +135,30 @@ TEST(JobIdentityTest, DerivedSecretsAgreeWithinAJobAndDifferAcrossJobs) {
   EXPECT_NE(derive(other_port), s0);
   Env other_size = rank1;
   other_size.vars["WORLD_SIZE"] = "3";
-  EXPECT_NE(derive(other_size), s0);
+  EXPECT_EQ(derive(other_size), s0);
   Env other_job = rank1;
   other_job.vars["TORCHELASTIC_RUN_ID"] = "run-2";
   EXPECT_NE(derive(other_job), s0);
   // Another user (another key) derives another secret for the same job.
   ASSERT_EQ(unlink((home + "/config/braid/user.key").c_str()), 0);
   EXPECT_NE(derive(rank1), s0);
+  // A refusal names the derivation's inputs (two ranks that name rank 0's host differently
+  // derive different secrets).
+  {
+    Env e = rank0;
+    e.vars["XDG_CONFIG_HOME"] = home + "/config";
+    e.vars["MASTER_ADDR"] = "localhost";
+    RuntimeConfig c = Config(e);
+    auto s = ResolveJobSecret(c, c.launch, false);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->origin, "derived from " + home + "/config/braid/user.key and the job identity "
+                         "(launcher torchrun, launcher job id none, coordinator host 'localhost' "
+                         "from MASTER_ADDR, port 45884 from MASTER_PORT)");
+  }
   // The identity names every field, length-prefixed.
   RuntimeConfig c = Config(rank0);
   EXPECT_EQ(JobIdentity(c, c.launch),
-            "braid job identity v1|8:torchrun|0:|9:127.0.0.1|5:45884|1:2");
+            "braid job identity v2|8:torchrun|0:|9:127.0.0.1|5:45884");
 }
 
 TEST(JobIdentityTest, ARefusedDerivedSecretSaysWhereItCameFrom) {

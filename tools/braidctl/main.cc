@@ -23,20 +23,17 @@
 // coordinator/admission.h): --secret-file FILE (mode 0600), else BRAID_JOB_SECRET or
 // BRAID_JOB_SECRET_FILE; --secret is refused (ps would show it to every user). Over TLS:
 // --tls-ca FILE (or BRAID_TLS_CA), the certificate(s) to trust for the coordinator.
-#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
-#include <netdb.h>
-#include <sys/socket.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "CLI/CLI.hpp"
 #include "tools/cli.h"
+#include "runtime/resolve.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -155,53 +152,6 @@ class StatusClient {
   const std::string secret_;
 };
 
-// How long braidctl waits for the coordinator's host name to resolve.
-constexpr absl::Duration kResolveTimeout = absl::Seconds(3);
-
-// Checks that the host of `address` (HOST:PORT, [IPV6]:PORT; unix:PATH has none) resolves,
-// within kResolveTimeout, so that a misspelt or unknown host fails at once with its name and
-// the resolver's reason. gRPC would only say "Deadline Exceeded" when the name servers do not
-// answer in time. getaddrinfo has no timeout of its own, so it runs on a detached thread that
-// is left behind (and ends with the process) when it takes longer.
-absl::Status CheckHostResolves(const std::string& address) {
-  if (address.rfind("unix:", 0) == 0) return absl::OkStatus();
-  std::string host = address.substr(0, address.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  unsigned char buf[sizeof(struct in6_addr)];
-  if (inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1) {
-    return absl::OkStatus();
-  }
-  struct Lookup {
-    absl::Mutex mu;
-    bool done = false;
-    int rc = 0;
-  };
-  auto lookup = std::make_shared<Lookup>();
-  std::thread([lookup, host] {
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
-    if (res != nullptr) freeaddrinfo(res);
-    absl::MutexLock lock(&lookup->mu);
-    lookup->rc = rc;
-    lookup->done = true;
-  }).detach();
-  absl::MutexLock lock(&lookup->mu);
-  if (!lookup->mu.AwaitWithTimeout(absl::Condition(&lookup->done), kResolveTimeout)) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot resolve the coordinator's host '", host, "' (", address, "): no answer within ",
-        absl::FormatDuration(kResolveTimeout), " (are the name servers reachable?)"));
-  }
-  if (lookup->rc != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot resolve the coordinator's host '", host,
-                                               "' (", address, "): ", gai_strerror(lookup->rc)));
-  }
-  return absl::OkStatus();
-}
-
 struct Options {
   std::string address;
   std::string secret;
@@ -317,7 +267,11 @@ int main(int argc, char** argv) {
         "FILE (mode 0600) or BRAID_JOB_SECRET"));
   }
   if (absl::Status s = Credentials(secret_file, tls_ca, &o); !s.ok()) return fail(s);
-  if (absl::Status s = CheckHostResolves(o.address); !s.ok()) return fail(s);
+  // A misspelt or unknown host fails at once, naming it (runtime/resolve.h).
+  if (absl::Status s = braid::CheckHostResolves(braid::HostOfAddress(o.address), o.address);
+      !s.ok()) {
+    return fail(s);
+  }
   auto credentials = braid::coordinator::MakeChannelCredentials(o.tls_ca_file);
   if (!credentials.ok()) return fail(credentials.status());
   StatusClient client(o.address, *credentials, o.secret);

@@ -204,9 +204,8 @@ absl::Status CheckArgs(const std::string& np, const std::string& port,
 
 // Parses and checks the command line; nullopt with *exit_code set when braidrun must exit.
 std::optional<Args> ParseArgs(int argc, char** argv, int* exit_code) {
-  CLI::App app{
-      "braidrun: start a braid job of N ranks, on this host or across hosts over ssh\n"
-      "  braidrun -np N [-H host:slots,...] [OPTIONS] COMMAND [ARGS...]"};
+  CLI::App app{"braidrun: start a braid job of N ranks, on this host or across hosts over ssh"};
+  braid::tools::SetUsage(app, "braidrun -np N [-H host:slots,...] [OPTIONS] COMMAND [ARGS...]");
   app.footer(
       "COMMAND runs once per rank (rank r of N) with BRAID_RANK, BRAID_SIZE, BRAID_LOCAL_RANK,\n"
       "BRAID_LOCAL_SIZE, BRAID_COORDINATOR (the coordinator braidrun hosts), BRAID_JOB_SECRET,\n"
@@ -379,6 +378,10 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   std::optional<Args> args = ParseArgs(argc, argv, &exit_code);
   if (!args) return exit_code;
+  // Once for the whole job (the ranks, started by braidrun, do not repeat them).
+  for (const std::string& w : braid::EnvironmentWarnings(braid::ProcessEnvironmentNames())) {
+    Fail(absl::StrCat("warning: ", w));
+  }
   auto places = PlaceJob(*args);
   if (!places.ok()) {
     Fail(std::string(places.status().message()));
