@@ -297,6 +297,13 @@ def check_parameter_mismatch(size, rank):
                   contains=("broadcast_optimizer_state", f"rank(s) [{last}]",
                             f"rank {last} lacks 'param_groups[1][0]' (shape [3], "
                             "torch.float32), which rank 0 has"))
+    # Optimizers of another class (SGD's state would replace Adam's options, betas lost).
+    opt = (torch.optim.SGD(opt_model.parameters(), lr=0.1, momentum=0.9) if rank == 0 else
+           torch.optim.Adam(opt_model.parameters(), lr=0.01))
+    expect_raises(E, lambda: hvd.broadcast_optimizer_state(opt, root_rank=0),
+                  "optimizers of another class",
+                  contains=("broadcast_optimizer_state", "'optimizer' is SGD on rank 0 but Adam "
+                            "on rank 1", "'param_groups[0] options' is options "))
     # Unnamed parameters are compared by position; after the errors the job still works.
     model = torch.nn.Linear(4, 3)
     torch.nn.init.constant_(model.weight, float(rank))

@@ -89,15 +89,19 @@ def _layout_differences(mine, root, rank, root_rank, limit=4):
     """What differs between rank ``rank``'s layout and the root's, as phrases (at most
     ``limit``, then a count of the rest)."""
     a, b = {n: (s, d) for n, s, d in root}, {n: (s, d) for n, s, d in mine}
+
+    def described(s, d):  # an entry without a shape (None) is described by d alone
+        return d if s is None else f"shape {list(s)}, {d}"
+
     out = []
     for n, (s, d) in b.items():
         if n not in a:
-            out.append(f"rank {rank} has '{n}' (shape {list(s)}, {d}), which rank {root_rank} "
+            out.append(f"rank {rank} has '{n}' ({described(s, d)}), which rank {root_rank} "
                        "lacks")
         elif a[n] != (s, d):
-            out.append(f"'{n}' is shape {list(a[n][0])}, {a[n][1]} on rank {root_rank} but "
-                       f"shape {list(s)}, {d} on rank {rank}")
-    out += [f"rank {rank} lacks '{n}' (shape {list(s)}, {d}), which rank {root_rank} has"
+            out.append(f"'{n}' is {described(*a[n])} on rank {root_rank} but "
+                       f"{described(s, d)} on rank {rank}")
+    out += [f"rank {rank} lacks '{n}' ({described(s, d)}), which rank {root_rank} has"
             for n, (s, d) in a.items() if n not in b]
     if not out:  # the same entries in another order
         out.append(f"rank {rank} passes them in another order than rank {root_rank}")
@@ -106,16 +110,17 @@ def _layout_differences(mine, root, rank, root_rank, limit=4):
     return out
 
 
-def _verify_layout(items, root_rank, what="broadcast_parameters"):
+def _verify_layout(items, root_rank, what="broadcast_parameters", extra=()):
     """Raises InvalidArgumentError on every rank when the ranks' (name, shape, dtype) lists
     differ: first an all-gather of each rank's 32-byte digest (cheap, the usual case), and
     only on a mismatch an all-gather of the lists themselves, to name what differs. ``what``
-    is the calling function, named in the error and in the collectives' names."""
+    is the calling function, named in the error and in the collectives' names; ``extra``:
+    more (label, None, description) entries that must agree too."""
     size = _ops.size()
     if size == 1:
         return
     name = _ops._next_name(what)
-    layout = _layout(items)
+    layout = _layout(items) + list(extra)
     digest = hashlib.sha256(repr(layout).encode()).digest()
     digests = mpi_ops.allgather(torch.tensor(list(digest), dtype=torch.uint8),
                                 name=name + ".layout_digest").view(size, len(digest))
@@ -198,6 +203,18 @@ def _collect_slots(skel, out):
             _collect_slots(v, out)
 
 
+def _optimizer_kind(optimizer):
+    """(label, None, description) entries for the optimizer's class (torch's, under a
+    DistributedOptimizer) and each parameter group's option names: an SGD state loaded
+    into an Adam would silently drop its betas."""
+    cls = next((c for c in type(optimizer).__mro__ if c.__module__.startswith("torch.optim.")),
+               type(optimizer))
+    return [("optimizer", None, cls.__qualname__)] + [
+        (f"param_groups[{g}] options", None,
+         "options " + ", ".join(sorted(k for k in group if k != "params")))
+        for g, group in enumerate(optimizer.param_groups)]
+
+
 def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=None,
                               lr_scheduler=None):
     """Makes every rank's optimizer state ``root_rank``'s: per-parameter state (momentum
@@ -212,10 +229,11 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=None
     (optional; one scheduler or a list): their ``state_dict()`` (epoch counters, ...) is
     broadcast too. ``model`` is accepted for Horovod's signature and unused (no step is
     taken to create state, so no model is needed); ``process_set``: the global one only.
-    Before any state moves, the ranks compare their parameter groups (each group's
-    parameters' shapes and dtypes, in order) as ``broadcast_parameters`` compares its
-    tensors: when they differ, every rank raises InvalidArgumentError naming the groups'
-    entries (``param_groups[g][i]``) and the ranks that differ from ``root_rank``. Raises the
+    Before any state moves, the ranks compare their optimizers' classes, each parameter
+    group's option names and parameters' shapes and dtypes, in order, as
+    ``broadcast_parameters`` compares its tensors: when they differ, every rank raises
+    InvalidArgumentError naming what differs (``optimizer``, ``param_groups[g] options``,
+    ``param_groups[g][i]``) and the ranks that differ from ``root_rank``. Raises the
     collectives' errors.
     """
     del model
@@ -223,7 +241,7 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=None
     _verify_layout([(f"param_groups[{g}][{i}]", p)
                     for g, group in enumerate(optimizer.param_groups)
                     for i, p in enumerate(group["params"])],
-                   root_rank, "broadcast_optimizer_state")
+                   root_rank, "broadcast_optimizer_state", _optimizer_kind(optimizer))
     name = _ops._next_name("broadcast_optimizer_state")
     state = _broadcast_state(optimizer.state_dict(), root_rank, name)
     if _ops.rank() != root_rank:
