@@ -276,11 +276,20 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectCoordinator(const Clie
   auto credentials = MakeChannelCredentials(o.tls_ca_file);
   if (!credentials.ok()) return credentials.status();
   auto channel = grpc::CreateCustomChannel(o.address, *credentials, args);
-  if (!channel->WaitForConnected(Deadline(o.connect_timeout))) {
+  // In slices, so that a Ctrl-C in init() (o.cancelled) ends the wait at once.
+  const absl::Time deadline = absl::Now() + o.connect_timeout;
+  bool connected = false;
+  while (!connected && absl::Now() < deadline) {
+    if (o.cancelled && o.cancelled()) return absl::CancelledError("init() was interrupted");
+    connected = channel->WaitForConnected(
+        absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Milliseconds(100))));
+  }
+  if (!connected) {
     return absl::UnavailableError(absl::StrCat(
         "cannot reach the coordinator at ", o.address, " within ",
         absl::FormatDuration(o.connect_timeout),
-        o.tls_ca_file.empty() ? "" : " (over TLS: is its certificate signed by BRAID_TLS_CA?)"));
+        o.tls_ca_file.empty() ? "" : " (over TLS: is its certificate signed by BRAID_TLS_CA?)",
+        o.unreachable_hint));
   }
   return std::unique_ptr<CoordinatorClient>(std::make_unique<GrpcClient>(o, std::move(channel)));
 }

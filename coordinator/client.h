@@ -19,6 +19,12 @@ struct ClientOptions {
   // TLS: the PEM certificate(s) to trust for the coordinator; "" = plaintext.
   std::string tls_ca_file;
   absl::Duration connect_timeout = absl::Seconds(60);
+  // Polled while waiting to connect (every 100 ms): true ends the wait with Cancelled (a
+  // Ctrl-C in init()). Null: wait until connect_timeout.
+  std::function<bool()> cancelled;
+  // Appended to the Unavailable error when the coordinator cannot be reached: what the
+  // caller knows about where the address came from (e.g. MASTER_ADDR and MASTER_PORT).
+  std::string unreachable_hint;
   // gRPC shares one connection among the channels of a process that name the same address;
   // true gives this client a connection of its own (a load generator simulating many ranks
   // in one process, each as its own connection, as separate processes would be).

@@ -219,7 +219,19 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Runtime::Impl::ConnectDefault
   co.address = address;
   co.job_secret = secret.secret;
   co.tls_ca_file = config.tls_ca_file;
-  co.connect_timeout = std::max(config.timeout, absl::Seconds(30));
+  // Waiting for the coordinator to come up is part of registering: BRAID_REGISTER_TIMEOUT_S
+  // bounds it when set.
+  co.connect_timeout = config.register_timeout.value_or(std::max(config.timeout, absl::Seconds(30)));
+  co.cancelled = [this] {
+    absl::MutexLock lock(&init_cancel_mu_);
+    return init_cancelled_;
+  };
+  if (hosted_ == nullptr && config.coordinator.empty()) {
+    co.unreachable_hint = absl::StrCat(
+        ": rank 0 hosts it, on ", config.coordinator_host, " (", config.coordinator_host_from,
+        ") at port ", config.coordinator_port, " (", config.coordinator_port_from,
+        "): is rank 0 running, and do every rank's settings of these agree?");
+  }
   // Registration replaces it with the job's (coordinator/client.h).
   if (config.job.heartbeat_timeout) {
     co.heartbeat_interval = coordinator::HeartbeatInterval(*config.job.heartbeat_timeout);

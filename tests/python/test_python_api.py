@@ -110,19 +110,24 @@ print("init returned", flush=True)
 """
 
 
-def test_ctrl_c_interrupts_init_waiting_for_registration():
-    """Rank 0 of a job of 2 whose rank 1 never comes waits in init() for registration (up to
-    the registration timeout, 10 minutes here); Ctrl-C (SIGINT) there raises
-    KeyboardInterrupt within a second, and braid is left uninitialized."""
-    import signal
+def _free_port():
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_ctrl_c_interrupts_init_waiting_for_registration(rank):
+    """Rank 0 of a job of 2 whose rank 1 never comes waits in init() for registration, and
+    rank 1 whose rank 0 never comes waits for the coordinator to come up (each up to 10
+    minutes here); Ctrl-C (SIGINT) there raises KeyboardInterrupt within a second, and braid
+    is left uninitialized."""
+    import signal
     env = braid_launch.rank_env(braid_launch.build_dir(), {
-        "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
-        "MASTER_ADDR": "127.0.0.1", "BRAID_COORDINATOR_PORT": str(port),
-        "BRAID_TIMEOUT_S": "600"})
+        "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+        "BRAID_COORDINATOR_PORT": str(_free_port()), "BRAID_TIMEOUT_S": "600"})
     p = subprocess.Popen([braid_launch.PYTHON, "-c", INTERRUPTED_INIT], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -143,3 +148,26 @@ def test_ctrl_c_interrupts_init_waiting_for_registration():
             p.wait()
     assert p.returncode == 3, out
     assert "KeyboardInterrupt from init; initialized: False" in out, out
+
+
+def test_a_rank_that_cannot_reach_rank_0_says_where_it_looked():
+    """Rank 1 of a torchrun-style job whose rank 0 never starts gives up at
+    BRAID_REGISTER_TIMEOUT_S (waiting for the coordinator is part of registering), naming
+    where rank 0 should host it and which variables said so."""
+    import re
+    import time
+    port = _free_port()
+    env = braid_launch.rank_env(braid_launch.build_dir(), {
+        "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1", "BRAID_COORDINATOR_PORT": str(port),
+        "BRAID_REGISTER_TIMEOUT_S": "2"})
+    t0 = time.monotonic()
+    p = subprocess.run([braid_launch.PYTHON, "-c", "import braid; braid.init()"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    assert p.returncode != 0 and took < 20, (took, p.stdout + p.stderr)
+    want = (f"UnavailableError: cannot reach the coordinator at 127.0.0.1:{port} within 2s: "
+            f"rank 0 hosts it, on 127.0.0.1 (MASTER_ADDR) at port {port} "
+            "(BRAID_COORDINATOR_PORT): is rank 0 running, and do every rank's settings of "
+            "these agree?")
+    assert want in p.stderr, p.stderr
