@@ -186,7 +186,8 @@ absl::StatusOr<RuntimeConfig> SettingsFromEnv(const Getenv& getenv, const NameOf
 // read ("BRAID_COMPRESION is not a braid variable and is ignored: did you mean
 // BRAID_COMPRESSION?" when a known name is a few edits away), and a HOROVOD_ variable that
 // has a braid equivalent ("HOROVOD_CYCLE_TIME is Horovod's and braid ignores it: set
-// BRAID_CYCLE_TIME_MS (the same unit) instead"). One per variable, in the order of `names`.
+// BRAID_CYCLE_TIME_MS (milliseconds, as Horovod's) instead"). One per variable, in the
+// order of `names`.
 // braidrun prints them once for the job; the runtime at init when no braid launcher did
 // (runtime/lifecycle.cc).
 // Every BRAID_ variable braid reads: the settings above, the launch variables (BRAID_RANK,

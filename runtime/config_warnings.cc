@@ -13,17 +13,23 @@ namespace braid {
 namespace {
 
 // Horovod's variables that have a braid equivalent (same unit), for users migrating.
-const std::pair<const char*, const char*> kHorovodEquivalents[] = {
-    {"HOROVOD_FUSION_THRESHOLD", "BRAID_FUSION_THRESHOLD"},
-    {"HOROVOD_CYCLE_TIME", "BRAID_CYCLE_TIME_MS"},
-    {"HOROVOD_CACHE_CAPACITY", "BRAID_CACHE_CAPACITY"},
-    {"HOROVOD_TIMELINE", "BRAID_TIMELINE"},
-    {"HOROVOD_STALL_CHECK_TIME_SECONDS", "BRAID_STALL_CHECK_S"},
-    {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "BRAID_STALL_SHUTDOWN_S"},
-    {"HOROVOD_RANK", "BRAID_RANK"},
-    {"HOROVOD_SIZE", "BRAID_SIZE"},
-    {"HOROVOD_LOCAL_RANK", "BRAID_LOCAL_RANK"},
-    {"HOROVOD_LOCAL_SIZE", "BRAID_LOCAL_SIZE"},
+struct HorovodEquivalent {
+  const char* horovod;
+  const char* braid;
+  const char* same;  // what the two share, for the warning
+};
+const HorovodEquivalent kHorovodEquivalents[] = {
+    {"HOROVOD_FUSION_THRESHOLD", "BRAID_FUSION_THRESHOLD", " (bytes, as Horovod's)"},
+    {"HOROVOD_CYCLE_TIME", "BRAID_CYCLE_TIME_MS", " (milliseconds, as Horovod's)"},
+    {"HOROVOD_CACHE_CAPACITY", "BRAID_CACHE_CAPACITY", " (entries, as Horovod's)"},
+    {"HOROVOD_TIMELINE", "BRAID_TIMELINE", " (a file path, as Horovod's)"},
+    {"HOROVOD_STALL_CHECK_TIME_SECONDS", "BRAID_STALL_CHECK_S", " (seconds, as Horovod's)"},
+    {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "BRAID_STALL_SHUTDOWN_S",
+     " (seconds, as Horovod's)"},
+    {"HOROVOD_RANK", "BRAID_RANK", ""},
+    {"HOROVOD_SIZE", "BRAID_SIZE", ""},
+    {"HOROVOD_LOCAL_RANK", "BRAID_LOCAL_RANK", ""},
+    {"HOROVOD_LOCAL_SIZE", "BRAID_LOCAL_SIZE", ""},
 };
 
 // Levenshtein distance (insertions, deletions, substitutions), hand-rolled: neither Abseil
@@ -66,10 +72,10 @@ std::vector<std::string> EnvironmentWarnings(const std::vector<std::string>& nam
               : absl::StrCat(name, " is not a braid variable and is ignored (the README's "
                                    "Configuration lists them)"));
     } else if (absl::StartsWith(name, "HOROVOD_")) {
-      for (const auto& [horovod, braid] : kHorovodEquivalents) {
-        if (name != horovod) continue;
-        warnings.push_back(absl::StrCat(name, " is Horovod's and braid ignores it: set ", braid,
-                                        " (the same unit) instead"));
+      for (const HorovodEquivalent& e : kHorovodEquivalents) {
+        if (name != e.horovod) continue;
+        warnings.push_back(absl::StrCat(name, " is Horovod's and braid ignores it: set ",
+                                        e.braid, e.same, " instead"));
       }
     }
   }

@@ -605,8 +605,8 @@ TEST(Braidrun, AMisspeltVariableIsAWarningPrintedOnce) {
   ASSERT_THAT(r.err, HasSubstr(warning));
   EXPECT_EQ(r.err.find(warning), r.err.rfind(warning)) << r.err;
   EXPECT_THAT(r.err, HasSubstr("braidrun: warning: HOROVOD_FUSION_THRESHOLD is Horovod's and "
-                               "braid ignores it: set BRAID_FUSION_THRESHOLD (the same unit) "
-                               "instead\n"));
+                               "braid ignores it: set BRAID_FUSION_THRESHOLD (bytes, as "
+                               "Horovod's) instead\n"));
 }
 
 TEST(Braidrun, BadCompressionSpecIsAUsageError) {

@@ -97,4 +97,5 @@ def test_a_misspelt_or_horovod_variable_is_a_warning_at_init_without_braidrun():
                "BRAID_COMPRESSION?\n")
     assert res.stderr.count(warning) == 1, res.stderr
     assert res.stderr.count("braid: HOROVOD_CYCLE_TIME is Horovod's and braid ignores it: set "
-                            "BRAID_CYCLE_TIME_MS (the same unit) instead\n") == 1, res.stderr
+                            "BRAID_CYCLE_TIME_MS (milliseconds, as Horovod's) instead\n") == 1, \
+        res.stderr

@@ -106,9 +106,9 @@ TEST(ConfigWarningsTest, UnknownBraidAndHorovodVariablesAreNamedWithWhatToSet) {
                 "BRAID_XYZZY_PLUGH_FOO is not a braid variable and is ignored (the README's "
                 "Configuration lists them)",
                 "HOROVOD_CYCLE_TIME is Horovod's and braid ignores it: set BRAID_CYCLE_TIME_MS "
-                "(the same unit) instead",
+                "(milliseconds, as Horovod's) instead",
                 "HOROVOD_STALL_CHECK_TIME_SECONDS is Horovod's and braid ignores it: set "
-                "BRAID_STALL_CHECK_S (the same unit) instead"}));
+                "BRAID_STALL_CHECK_S (seconds, as Horovod's) instead"}));
   // Every variable the parser reads, and every flag's, is known: none warns.
   std::vector<std::string> names(KnownBraidVariables());
   for (const SettingFlag& f : SettingFlags()) names.push_back(f.variable);
