@@ -102,9 +102,39 @@ absl::Status ResolveCoordinatorAddress(const Getenv& env, RuntimeConfig* c) {
 
 }  // namespace
 
+namespace {
+
+// torchrun's RANK/WORLD_SIZE left in the environment of processes mpirun started (`-x RANK=0
+// -x WORLD_SIZE=1`, or a shell that had them) win over Open MPI's own variables
+// (LaunchInfoFromEnv's order, right for torchrun started by mpirun), and split one job into
+// worlds that each train alone. torchrun itself always sets TORCHELASTIC_RUN_ID, so
+// torchrun's variables without it beside Open MPI's that disagree are a mistake. (Not
+// Slurm's: an sbatch script's own SLURM_PROCID and SLURM_NTASKS stay beside ranks started
+// by hand.)
+absl::Status CheckAgainstOpenMpi(const Getenv& env, const LaunchInfo& launch) {
+  if (launch.source != "torchrun" || env("TORCHELASTIC_RUN_ID") != nullptr) {
+    return absl::OkStatus();
+  }
+  const char* rank_text = env("OMPI_COMM_WORLD_RANK");
+  const char* size_text = env("OMPI_COMM_WORLD_SIZE");
+  int64_t rank = -1, size = 0;
+  if (rank_text == nullptr || size_text == nullptr || !absl::SimpleAtoi(rank_text, &rank) ||
+      !absl::SimpleAtoi(size_text, &size) || (rank == launch.rank && size == launch.size)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "RANK=", launch.rank, " and WORLD_SIZE=", launch.size, " (torchrun's variables, without "
+      "torchrun's TORCHELASTIC_RUN_ID) disagree with mpirun's OMPI_COMM_WORLD_RANK=", rank,
+      " and OMPI_COMM_WORLD_SIZE=", size, ": under mpirun, unset RANK and WORLD_SIZE (braid "
+      "reads Open MPI's own)"));
+}
+
+}  // namespace
+
 absl::StatusOr<RuntimeConfig> ConfigFromEnv(const Getenv& env) {
   auto launch = LaunchInfoFromEnv(env);
   if (!launch.ok()) return launch.status();
+  if (absl::Status s = CheckAgainstOpenMpi(env, *launch); !s.ok()) return s;
   auto c = SettingsFromEnv(env);
   if (!c.ok()) return c.status();
   c->launch = *launch;

@@ -91,6 +91,24 @@ TEST(LaunchInfoTest, ARankWithoutTheWorldSizeIsAnErrorWhereTheLauncherSetsBoth) 
   EXPECT_TRUE(ConfigFromEnv(standalone.fn()).ok());
 }
 
+// Stale torchrun variables under mpirun split one job into worlds of one, each training
+// alone; torchrun started by mpirun (TORCHELASTIC_RUN_ID) and agreeing values are fine.
+TEST(LaunchInfoTest, TorchrunVariablesThatDisagreeWithMpirunsAreAnError) {
+  Env stale{{{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"OMPI_COMM_WORLD_RANK", "1"},
+             {"OMPI_COMM_WORLD_SIZE", "2"}}};
+  EXPECT_EQ(ConfigFromEnv(stale.fn()).status().message(),
+            "RANK=0 and WORLD_SIZE=1 (torchrun's variables, without torchrun's "
+            "TORCHELASTIC_RUN_ID) disagree with mpirun's OMPI_COMM_WORLD_RANK=1 and "
+            "OMPI_COMM_WORLD_SIZE=2: under mpirun, unset RANK and WORLD_SIZE (braid reads "
+            "Open MPI's own)");
+  Env torchrun{{{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"TORCHELASTIC_RUN_ID", "r"},
+                {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}}};
+  EXPECT_TRUE(ConfigFromEnv(torchrun.fn()).ok());
+  Env agreeing{{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"},
+                {"OMPI_COMM_WORLD_SIZE", "2"}}};
+  EXPECT_TRUE(ConfigFromEnv(agreeing.fn()).ok());
+}
+
 // A misspelt BRAID_ variable, or a Horovod one with a braid equivalent, is a warning naming
 // what to set instead; braid's own names and everything else are not.
 TEST(ConfigWarningsTest, UnknownBraidAndHorovodVariablesAreNamedWithWhatToSet) {
