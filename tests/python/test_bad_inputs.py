@@ -51,14 +51,19 @@ TOOL_CASES = [
 ]
 
 
-def test_tool_usage_errors_exit_2_naming_the_flag():
+def _usage_error(argv):
+    """stderr of build-tree tool argv[0] run with argv[1:], after asserting it exited 2."""
     build = braid_launch.build_dir()
-    env = braid_launch.rank_env(build)
+    res = subprocess.run([str(build / argv[0])] + argv[1:], env=braid_launch.rank_env(build),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, (argv, res.returncode, res.stderr)
+    return res.stderr
+
+
+def test_tool_usage_errors_exit_2_naming_the_flag():
     for argv, want in TOOL_CASES:
-        res = subprocess.run([str(build / argv[0])] + argv[1:], env=env, capture_output=True,
-                             text=True, timeout=60)
-        assert res.returncode == 2, (argv, res.returncode, res.stderr)
-        assert want in res.stderr, (argv, res.stderr)
+        err = _usage_error(argv)
+        assert want in err, (argv, err)
 
 
 # CLI11's own usage errors (an unknown flag) start with the tool's name, as braid's do.
@@ -73,13 +78,9 @@ CLI11_CASES = [
 
 
 def test_every_tool_names_itself_in_cli11_usage_errors():
-    build = braid_launch.build_dir()
-    env = braid_launch.rank_env(build)
     for argv, want in CLI11_CASES:
-        res = subprocess.run([str(build / argv[0])] + argv[1:], env=env, capture_output=True,
-                             text=True, timeout=60)
-        assert res.returncode == 2, (argv, res.returncode, res.stderr)
-        assert res.stderr.startswith(want), (argv, res.stderr)
+        err = _usage_error(argv)
+        assert err.startswith(want), (argv, err)
 
 
 def test_a_misspelt_or_horovod_variable_is_a_warning_at_init_without_braidrun():
