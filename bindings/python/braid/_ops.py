@@ -704,9 +704,11 @@ def poll(handle):
     return handle._poll()
 
 
-def _check_handle(fn, handle):
-    if not isinstance(handle, Handle):
-        raise InvalidArgumentError(f"{fn}: expected a Handle returned by an *_async call, "
+def _check_handle(fn, handle, kinds=None):
+    """InvalidArgumentError naming ``fn`` unless ``handle`` is one of ``kinds`` (default: this
+    module's Handle; braid.torch passes its own)."""
+    if not isinstance(handle, kinds or Handle):
+        raise InvalidArgumentError(f"{fn}: expected a handle returned by an *_async call, "
                                    f"got {type(handle).__name__} {handle!r}")
 
 

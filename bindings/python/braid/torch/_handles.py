@@ -303,14 +303,8 @@ def poll(handle):
 
     Never blocks and never raises the collective's error (``synchronize`` does).
     InvalidArgumentError if ``handle`` is not a handle an ``*_async`` call returned."""
-    _check_handle("poll", handle)
+    _ops._check_handle("poll", handle, (Handle, _MultiHandle))
     return handle._poll()
-
-
-def _check_handle(fn, handle):
-    if not isinstance(handle, (Handle, _MultiHandle)):
-        raise InvalidArgumentError(f"{fn}: expected a handle returned by an *_async call, "
-                                   f"got {type(handle).__name__} {handle!r}")
 
 
 def synchronize(handle, timeout=None):
@@ -327,7 +321,7 @@ def synchronize(handle, timeout=None):
     on a completed handle returns the same result (or raises the same error), and
     InvalidArgumentError if ``handle`` is not a handle an ``*_async`` call returned.
     """
-    _check_handle("synchronize", handle)
+    _ops._check_handle("synchronize", handle, (Handle, _MultiHandle))
     return handle._wait(_ops._check_timeout(timeout))
 
 
