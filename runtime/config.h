@@ -182,6 +182,9 @@ absl::StatusOr<RuntimeConfig> SettingsFromEnv(const Getenv& getenv, const NameOf
 
 // ---- Names that are not braid's ----
 
+// Every BRAID_ variable braid reads: the settings above, the launch variables (BRAID_RANK,
+// ...) and the test suite's own.
+const std::vector<std::string>& KnownBraidVariables();
 // Warnings (never errors) about the variables named `names`: a BRAID_ variable braid does not
 // read ("BRAID_COMPRESION is not a braid variable and is ignored: did you mean
 // BRAID_COMPRESSION?" when a known name is a few edits away), and a HOROVOD_ variable that
@@ -190,9 +193,6 @@ absl::StatusOr<RuntimeConfig> SettingsFromEnv(const Getenv& getenv, const NameOf
 // order of `names`.
 // braidrun prints them once for the job; the runtime at init when no braid launcher did
 // (runtime/lifecycle.cc).
-// Every BRAID_ variable braid reads: the settings above, the launch variables (BRAID_RANK,
-// ...) and the test suite's own.
-const std::vector<std::string>& KnownBraidVariables();
 std::vector<std::string> EnvironmentWarnings(const std::vector<std::string>& names);
 // The names of this process's environment variables, sorted.
 std::vector<std::string> ProcessEnvironmentNames();
