@@ -92,14 +92,19 @@ absl::Status Job::DisagreeOnWorldSize(const proto::RegisterRequest& req, Complet
   const absl::Status status = absl::InvalidArgumentError(why);
   if (pending_.empty() && !opts_.one_job) return status;
   if (opts_.one_job) refusal_ = status;
-  const int world_size = world_size_;
-  while (!pending_.empty()) RemoveRegistration(pending_.front().id, status, out);
-  // As when registrations miss their deadline (Inspect): the job is over before it began.
+  FailRegistrations(status, out);
+  return status;
+}
+
+void Job::FailRegistrations(const absl::Status& why, Completions* out) {
+  const int world_size = world_size_;  // RemoveRegistration frees it with the last one
+  while (!pending_.empty()) RemoveRegistration(pending_.front().id, why, out);
+  // The job is over before it began: its status says so, with the reason, and the next
+  // registration starts the next job.
   world_size_ = world_size;
-  abort_ = absl::Status(status.code(), absl::StrCat("registration failed: ", why));
+  abort_ = absl::Status(why.code(), absl::StrCat("registration failed: ", why.message()));
   phase_ = proto::JOB_ENDED;
   LOG(WARNING) << "coordinator: job " << id() << " " << abort_.message();
-  return status;
 }
 
 void Job::Form(absl::Time now, Completions* out) {
@@ -388,15 +393,7 @@ void Job::Inspect(absl::Time now, Completions* out) {
   const bool expired = std::any_of(pending_.begin(), pending_.end(),
                                    [&](const Pending& p) { return now >= p.deadline; });
   if (expired) {
-    const absl::Status why = absl::DeadlineExceededError(MissingRegistrations());
-    const int world_size = world_size_;
-    while (!pending_.empty()) RemoveRegistration(pending_.front().id, why, out);
-    // The job is over before it began, as when its registrations disagree (Form): its
-    // status says so, with the reason, and the next registration starts the next job.
-    world_size_ = world_size;
-    abort_ = absl::Status(why.code(), absl::StrCat("registration failed: ", why.message()));
-    phase_ = proto::JOB_ENDED;
-    LOG(WARNING) << "coordinator: job " << id() << " " << abort_.message();
+    FailRegistrations(absl::DeadlineExceededError(MissingRegistrations()), out);
     return;
   }
   if (phase_ != proto::JOB_RUNNING) return;
@@ -422,13 +419,12 @@ std::string Job::MissingRegistrations() const {
   std::vector<std::string> came;
   for (const Pending& p : pending_) {
     const proto::RegisterRequest& r = p.request;
-    const std::string who = absl::StrCat("pid ", r.pid(), " on ", r.host());
     if (r.rank() >= 0) {
-      came.push_back(absl::StrCat("rank ", r.rank(), " (", who, ")"));
+      came.push_back(Registrant(r));
     } else if (next_free < free.size()) {
-      came.push_back(absl::StrCat("rank ", free[next_free++], " (assigned; ", who, ")"));
+      came.push_back(absl::StrCat("rank ", free[next_free++], " (assigned; ", Registrant(r), ")"));
     } else {
-      came.push_back(absl::StrCat("unassigned (", who, ")"));
+      came.push_back(absl::StrCat("unassigned (", Registrant(r), ")"));
     }
   }
   std::vector<int> missing(free.begin() + std::min(next_free, free.size()), free.end());
@@ -465,10 +461,10 @@ void Job::InspectLiveness(absl::Time now) {
   for (size_t i = 0; i < ranks_.size(); ++i) {
     Rank& r = ranks_[i];
     if (r.state == RankState::kNegotiating && now - r.last_seen >= heartbeat_timeout()) {
+      const absl::Duration silent = absl::Trunc(now - r.last_seen, absl::Milliseconds(10));
       Lose(static_cast<int>(i),
            absl::StrCat("rank ", i, " (pid ", r.pid, " on ", r.host, ") was lost: silent for ",
-                        absl::FormatDuration(absl::Trunc(now - r.last_seen, absl::Milliseconds(10))),
-                        " (BRAID_HEARTBEAT_TIMEOUT_S)"));
+                        absl::FormatDuration(silent), " (BRAID_HEARTBEAT_TIMEOUT_S)"));
     } else if (r.state == RankState::kRegistered && now - formed_at_ >= heartbeat_timeout()) {
       Lose(static_cast<int>(i),
            absl::StrCat("rank ", i, " (pid ", r.pid, " on ", r.host,

@@ -181,6 +181,10 @@ class Job {
   // The error for `req`, whose world size is not the job's; fails every waiting registration
   // with it too (the world cannot form) and ends the job.
   absl::Status DisagreeOnWorldSize(const proto::RegisterRequest& req, Completions* out);
+  // Fails every waiting registration with `why` and ends the job before it began (its
+  // status "registration failed: WHY"): registrations that missed their deadline, or that
+  // disagree on the world size.
+  void FailRegistrations(const absl::Status& why, Completions* out);
   void InspectLiveness(absl::Time now);
   void InspectStalls(absl::Time now);
   // OK when `token` is `rank`'s (`rank` in range); PermissionDenied naming `what` else.
