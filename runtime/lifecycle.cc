@@ -165,8 +165,14 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   // Note [Fast path]: job-wide, so every rank votes or none does.
   fast_path_ = job.fast_path() != 0 && job.cache_capacity() > 0;
   fusion_threshold_ = job.fusion_threshold_bytes();
-  // Well before the stall check, so a tensor a rank stopped sending is reported in time.
+  // Well before the stall check, so a tensor a rank stopped sending is reported in time, and
+  // before the negotiation deadline, so a tensor held for the vote reaches the coordinator
+  // before that deadline makes the job out of step (Note [Resynchronization]).
   fallback_after_ = std::min(absl::Seconds(1), absl::Milliseconds(job.stall_check_ms()) / 2);
+  if (job.negotiation_timeout_ms() > 0) {
+    fallback_after_ =
+        std::min(fallback_after_, absl::Milliseconds(job.negotiation_timeout_ms()) / 2);
+  }
   timeline_max_bytes_ = config.timeline_max_bytes;
   BRAID_RETURN_IF_ERROR(OpenTimeline(config.timeline_path));
   pipeline_ = std::make_unique<AllReducePipeline>(stage_.get(), ledger_.get());
