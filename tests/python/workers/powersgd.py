@@ -124,15 +124,17 @@ def reference():
     log(f"rank {rank}: reference matched over 5 steps")
 
     # The state cannot be taken while a compressed all-reduce is in flight: rank 0 submits
-    # one that rank 1 holds back until after a barrier.
+    # one that rank 1 holds back until rank 0 says go (an all-reduce: a barrier would end
+    # the pairing of what was submitted before it, README: Failures, deadlines and limits).
     x = np.ones((40, 24), np.float32)
+    go = np.zeros(1, np.float32)
     if rank == 0:
         h = braid.allreduce_async(x, name="inflight", compression=SPEC)
         expect_raises(braid.FailedPreconditionError, braid.compression_state,
                       "compression_state() in flight", contains="'inflight' is in flight")
         expect_raises(braid.InvalidArgumentError, lambda: braid.load_compression_state("x"),
                       "load_compression_state(str)", contains="must be bytes")
-    braid.barrier()
+    braid.allreduce(go, name="inflight.go", compression="none")
     if rank != 0:
         h = braid.allreduce_async(x, name="inflight", compression=SPEC)
     braid.synchronize(h)
