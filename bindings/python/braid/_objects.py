@@ -8,19 +8,20 @@ others unpickle), and can fail there: a lambda, an object whose class another ra
 import. Such a failure must not leave the other ranks waiting for a collective this rank
 skipped, nor shift the names of the next object collectives. So a rank that fails still
 takes part in every collective of the call, and says so in-band: its length is -1, and a
-last all-gather of every rank's outcome (``NAME.status``: a flag and the first bytes of the
-error message) tells every rank which ranks failed and why. Every rank then raises the same
-InvalidArgumentError, and every rank has run the same collectives under the same names,
-whatever failed. No failure report to the coordinator is needed, so no name is left failed
-for the ranks' next call.
+last all-reduce (max) of every rank's failure flag (``NAME.status``, one byte) tells every
+rank whether any rank failed; only then an all-gather of the ranks' outcomes
+(``NAME.causes``: a flag and the first bytes of the error message) tells them which and why.
+Every rank then raises the same InvalidArgumentError, and every rank has run the same
+collectives under the same names, whatever failed. No failure report to the coordinator is
+needed, so no name is left failed for the ranks' next call.
 """
 
 import pickle
 
 import numpy as np
 
-from ._ops import (InvalidArgumentError, _next_name, allgather, allgather_async, broadcast_,
-                   rank, size, synchronize)
+from ._ops import (InvalidArgumentError, Max, _next_name, allgather, allgather_async,
+                   allreduce, broadcast_, rank, size, synchronize)
 
 _STATUS_BYTES = 512  # one rank's outcome: a failure flag, then its UTF-8 message (truncated)
 
@@ -59,18 +60,19 @@ class _Failure:
 
 
 def _agree(kind, name, failure):
-    """Every rank's outcome of the call, by an all-gather (Note [Object failures]): returns
-    when no rank failed, else raises InvalidArgumentError on every rank naming the failed
-    ranks and their causes (chained to this rank's own exception)."""
+    """Every rank's outcome of the call (Note [Object failures]): returns when no rank
+    failed, else raises InvalidArgumentError on every rank naming the failed ranks and their
+    causes (chained to this rank's own exception)."""
+    failed_here = np.array([failure is not None], np.uint8)
+    if not allreduce(failed_here, name=name + ".status", op=Max)[0]:
+        return
     record = np.zeros(_STATUS_BYTES, np.uint8)
     if failure is not None:
         text = failure.message().encode("utf-8", "replace")[:_STATUS_BYTES - 1]
         record[0] = 1
         record[1:1 + len(text)] = np.frombuffer(text, np.uint8)
-    rows = allgather(record, name=name + ".status").reshape(size(), _STATUS_BYTES)
+    rows = allgather(record, name=name + ".causes").reshape(size(), _STATUS_BYTES)
     failed = [r for r in range(size()) if rows[r, 0]]
-    if not failed:
-        return
     causes = "; ".join(rows[r, 1:].tobytes().rstrip(b"\0").decode("utf-8", "replace")
                        for r in failed)
     error = InvalidArgumentError(f"{kind} '{name}' failed on rank(s) {failed}: {causes}")
@@ -83,8 +85,9 @@ def broadcast_object(obj, root_rank=0, name=None):
     Every rank calls it; the object other ranks pass is ignored (None is usual). ``obj``
     must be picklable (the standard ``pickle`` module; lambdas and local classes are not).
     Collectives, named ``NAME.size``, ``NAME.bytes`` and ``NAME.status``: a broadcast of the
-    pickle's length (int64), one of its bytes (uint8), and an all-gather of each rank's
-    outcome; ``name`` defaults to ``"broadcast_object.noname.<n>"``. Ranks unpickle what
+    pickle's length (int64), one of its bytes (uint8), and an all-reduce of the ranks'
+    failure flags (after a failure, ``NAME.causes`` gathers the messages); ``name``
+    defaults to ``"broadcast_object.noname.<n>"``. Ranks unpickle what
     the root sends: use it only among the ranks of one job, which trust each other.
 
     Raises InvalidArgumentError on every rank, naming ``name``, the ranks that failed and
@@ -115,12 +118,13 @@ def allgather_object(obj, name=None):
     """Returns the list of every rank's ``obj``, in rank order (pickled, sent as bytes).
 
     Two all-gathers run concurrently: the pickles' lengths (int64) and their bytes (uint8),
-    named ``NAME.size`` and ``NAME.bytes``; then an all-gather of each rank's outcome,
-    ``NAME.status``; ``name`` defaults to ``"allgather_object.noname.<n>"``. ``obj`` must
-    be picklable. As with broadcast_object, ranks unpickle each other's bytes: use it only
-    within one job. Raises InvalidArgumentError on every rank, naming ``name``, the ranks
-    that failed and why, when a rank cannot pickle its object or cannot unpickle another's;
-    and the collectives' errors.
+    named ``NAME.size`` and ``NAME.bytes``; then an all-reduce of the ranks' failure flags,
+    ``NAME.status`` (and ``NAME.causes`` after a failure); ``name`` defaults to
+    ``"allgather_object.noname.<n>"``. ``obj`` must be picklable. As with broadcast_object,
+    ranks unpickle each other's bytes: use it only within one job. Raises
+    InvalidArgumentError on every rank, naming ``name``, the ranks that failed and why, when
+    a rank cannot pickle its object or cannot unpickle another's; and the collectives'
+    errors.
     """
     name = _default_object_name("allgather_object", name)
     payload, error = _pickled(obj)
