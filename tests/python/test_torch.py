@@ -192,6 +192,11 @@ hvd.broadcast_parameters(model.state_dict(), 0, process_set=gps)
 hvd.broadcast_optimizer_state(opt, 0, model=model, process_set=gps)
 assert hvd.broadcast_object({"a": 1}, 0, process_set=gps) == {"a": 1}
 assert hvd.allgather_object(3, process_set=gps) == [3]
+try:
+    hvd.broadcast_object(lambda: 1, 0)
+    raise AssertionError("an unpicklable object was broadcast")
+except hvd.InvalidArgumentError as e:  # the same error as in a larger world
+    assert "failed on rank(s) [0]: rank 0 could not pickle its object" in str(e), e
 assert not opt._grad_accs, "hooks registered in a world of one rank"
 for step in range(3):
     x = torch.randn(5, 4)

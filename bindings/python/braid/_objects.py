@@ -63,9 +63,22 @@ def _agree(kind, name, failure):
     """Every rank's outcome of the call (Note [Object failures]): returns when no rank
     failed, else raises InvalidArgumentError on every rank naming the failed ranks and their
     causes (chained to this rank's own exception)."""
-    failed_here = np.array([failure is not None], np.uint8)
-    if not allreduce(failed_here, name=name + ".status", op=Max)[0]:
-        return
+    if size() == 1:  # nobody to tell
+        if failure is None:
+            return
+        failed, causes = [rank()], failure.message()
+    else:
+        failed_here = np.array([failure is not None], np.uint8)
+        if not allreduce(failed_here, name=name + ".status", op=Max)[0]:
+            return
+        failed, causes = _causes(name, failure)
+    error = InvalidArgumentError(f"{kind} '{name}' failed on rank(s) {failed}: {causes}")
+    raise error from (failure.error if failure is not None else None)
+
+
+def _causes(name, failure):
+    """(the failed ranks, their messages joined): an all-gather of every rank's outcome, a
+    flag and the start of its message."""
     record = np.zeros(_STATUS_BYTES, np.uint8)
     if failure is not None:
         text = failure.message().encode("utf-8", "replace")[:_STATUS_BYTES - 1]
@@ -73,10 +86,8 @@ def _agree(kind, name, failure):
         record[1:1 + len(text)] = np.frombuffer(text, np.uint8)
     rows = allgather(record, name=name + ".causes").reshape(size(), _STATUS_BYTES)
     failed = [r for r in range(size()) if rows[r, 0]]
-    causes = "; ".join(rows[r, 1:].tobytes().rstrip(b"\0").decode("utf-8", "replace")
-                       for r in failed)
-    error = InvalidArgumentError(f"{kind} '{name}' failed on rank(s) {failed}: {causes}")
-    raise error from (failure.error if failure is not None else None)
+    return failed, "; ".join(rows[r, 1:].tobytes().rstrip(b"\0").decode("utf-8", "replace")
+                             for r in failed)
 
 
 def broadcast_object(obj, root_rank=0, name=None):
