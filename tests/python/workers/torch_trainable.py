@@ -27,11 +27,11 @@ from torch_optimizer import TOL, batch, make_opt, new_model  # noqa: E402
 
 def _train(schedule, rank, size, distributed, opt_kind="sgd", set_to_none=True,
            frozen_at_wrap=(), **kw):
-    """Trains new_model() through `schedule` (one callable per step, called with the model
-    before the step's zero_grad) and returns (model, {step: parameters after it}); the
-    layers `frozen_at_wrap` are frozen before the optimizer is built. Distributed: this
-    rank's batch under a DistributedOptimizer; else one process on every rank's batch (the
-    reference)."""
+    """Trains new_model() through `schedule` (per step, a callable called with the model
+    before the step's zero_grad, or a pair of callables: before and after it) and returns
+    (model, {step: parameters after it}); the layers `frozen_at_wrap` are frozen before the
+    optimizer is built; zero_grad runs under torch.no_grad(). Distributed: this rank's batch
+    under a DistributedOptimizer; else one process on every rank's batch (the reference)."""
     model = new_model()
     for layer in frozen_at_wrap:
         getattr(model, layer).requires_grad_(False)
@@ -40,8 +40,11 @@ def _train(schedule, rank, size, distributed, opt_kind="sgd", set_to_none=True,
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **kw)
     history = {}
     for step, action in enumerate(schedule):
-        action(model)
-        opt.zero_grad(set_to_none=set_to_none)
+        before, after = action if isinstance(action, tuple) else (action, _keep)
+        before(model)
+        with torch.no_grad():
+            opt.zero_grad(set_to_none=set_to_none)
+        after(model)
         if distributed:
             x, y = batch(step, rank)
         else:
@@ -75,17 +78,24 @@ def _same_as_reference(schedule, rank, size, what, **kw):
 
 
 def check_unfrozen_later_is_averaged(size, rank):
-    """fc1 frozen when the optimizer is wrapped, unfrozen after 2 steps: from then on it is
-    averaged (it matches the reference; without averaging the ranks drift apart)."""
+    """fc1 frozen when the optimizer is wrapped, unfrozen after 2 steps (before zero_grad;
+    or after it, while fc2 is frozen before it): from then on it is averaged (it matches the
+    reference; without averaging the ranks drift apart), and fc2 stays still."""
+    swap = (_freeze("fc2"), _freeze("fc1", False))
     for view in (False, True):
-        schedule = [_keep, _keep, _freeze("fc1", False), _keep, _keep]
-        model, history = _same_as_reference(schedule, rank, size,
-                                            f"unfrozen later (bucket view={view})",
-                                            frozen_at_wrap=("fc1",),
-                                            gradient_as_bucket_view=view)
-        check(all(torch.equal(a, b) for a, b in zip(history[0][2:4], history[1][2:4])),
-              "fc1 moved while frozen")
-        check(not torch.equal(history[1][2], history[4][2]), "fc1 did not move once unfrozen")
+        for third in (_freeze("fc1", False), swap):
+            what = f"unfrozen later (bucket view={view}, fc2 frozen={third is swap})"
+            model, history = _same_as_reference([_keep, _keep, third, _keep, _keep], rank,
+                                                size, what, frozen_at_wrap=("fc1",),
+                                                gradient_as_bucket_view=view)
+            check(all(torch.equal(a, b) for a, b in zip(history[0][2:4], history[1][2:4])),
+                  f"{what}: fc1 moved while frozen")
+            check(not torch.equal(history[1][2], history[4][2]),
+                  f"{what}: fc1 did not move once unfrozen")
+            if third is swap:
+                check(model.fc2.weight.grad is None and
+                      all(torch.equal(history[1][i], history[4][i]) for i in (4, 5)),
+                      f"{what}: fc2 moved while frozen, or has a gradient")
     log("a layer frozen at wrapping and unfrozen later is averaged from then on")
 
 
