@@ -237,37 +237,54 @@ void NegotiationTable::Resynchronize(const std::string& barrier) {
   }
 }
 
+bool NegotiationTable::IsBarrier(const std::string& name) const {
+  auto it = table_.find(name);
+  return it != table_.end() && FirstOf(it->second)->collective() == proto::BARRIER;
+}
+
 std::vector<std::string> NegotiationTable::ExpireOlderThan(absl::Duration timeout,
                                                            absl::Time now) {
   std::vector<std::string> messages;
   std::vector<Pending> pending = PendingTensors(now);
   std::string first;  // the oldest expired tensor's message
+  bool others = false;  // a tensor other than a barrier is pending
   for (const Pending& p : pending) {
+    others = others || !IsBarrier(p.name);
     if (p.waiting < timeout) continue;
-    std::string msg = absl::StrCat(
-        "tensor '", p.name, "' was not negotiated within ",
-        absl::FormatDuration(timeout), " (BRAID_NEGOTIATION_TIMEOUT_S): submitted by ",
-        Ranks(p.ready_ranks), " but not by ", Ranks(p.missing_ranks),
-        " (ranks calling collectives under different names, or a rank that never calls it)");
-    // Before any error goes out: the flush must precede them (Note [Resynchronization]).
-    if (first.empty()) Desynchronize(first = msg);
-    FailEverywhere(p.name, ErrorResponse(p.name, absl::StatusCode::kDeadlineExceeded, msg),
-                   /*reporter=*/-1, /*may_poison=*/false);
-    messages.push_back(std::move(msg));
+    messages.push_back(absl::StrCat(
+        "tensor '", p.name, "' was not negotiated within ", absl::FormatDuration(timeout),
+        " (BRAID_NEGOTIATION_TIMEOUT_S): submitted by ", Ranks(p.ready_ranks), " but not by ",
+        Ranks(p.missing_ranks),
+        " (ranks calling collectives under different names, or a rank that never calls it)"));
+    if (first.empty()) first = messages.back();
   }
   if (first.empty()) return messages;
-  // Out of step: what else waits fails with it, barriers excepted (they resynchronize).
+  // Out of step (Note [Resynchronization]): the flush goes before any error.
+  Desynchronize(first);
+  size_t m = 0;
   for (const Pending& p : pending) {
-    auto it = table_.find(p.name);
-    if (it == table_.end() || FirstOf(it->second)->collective() == proto::BARRIER) continue;
+    const bool expired = p.waiting >= timeout;
+    const std::string msg = expired ? messages[m++] : "";
+    if (IsBarrier(p.name)) {
+      // A barrier is how the ranks resynchronize: while other calls keep some ranks from
+      // it, they fail now and the barrier waits on for them; alone, it expires.
+      if (!expired) continue;
+      if (others) {
+        table_.at(p.name).first_seen = now;
+        continue;
+      }
+    }
     FailEverywhere(
         p.name,
-        ErrorResponse(p.name, absl::StatusCode::kFailedPrecondition,
-                      absl::StrCat("tensor '", p.name, "' (submitted by ", Ranks(p.ready_ranks),
-                                   " but not yet by ", Ranks(p.missing_ranks),
-                                   ") fails with the job's negotiation deadline: ", first,
-                                   "; every collective fails on every rank until all ranks "
-                                   "call barrier()")),
+        expired ? ErrorResponse(p.name, absl::StatusCode::kDeadlineExceeded, msg)
+                : ErrorResponse(p.name, absl::StatusCode::kFailedPrecondition,
+                                absl::StrCat("tensor '", p.name, "' (submitted by ",
+                                             Ranks(p.ready_ranks), " but not yet by ",
+                                             Ranks(p.missing_ranks),
+                                             ") fails with the job's negotiation deadline: ",
+                                             first,
+                                             "; every collective fails on every rank until "
+                                             "all ranks call barrier()")),
         /*reporter=*/-1, /*may_poison=*/false);
   }
   return messages;

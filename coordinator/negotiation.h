@@ -110,10 +110,11 @@ class NegotiationTable {
 
   // Fails every tensor some ranks submitted more than `timeout` ago (Note [Failure
   // reports]): DeadlineExceeded naming the ranks that did and did not submit it; if one did,
-  // the job is out of step (Note [Resynchronization]): every other pending tensor but a
-  // barrier fails too, the response cache is flushed (TakeEvictions) and later submissions
-  // fail until a barrier. Returns the messages (for the log); the errors wait in
-  // TakeReplies().
+  // the job is out of step (Note [Resynchronization]): every other pending tensor fails too,
+  // the response cache is flushed (TakeEvictions) and later submissions fail until a
+  // barrier. A pending barrier never fails while anything else is pending (those calls are
+  // what keeps ranks from it): its deadline starts again. Returns the messages (for the
+  // log); the errors wait in TakeReplies().
   std::vector<std::string> ExpireOlderThan(absl::Duration timeout, absl::Time now);
 
   // ERROR responses for single ranks, by rank, since the last call: to send to each alone.
@@ -206,6 +207,7 @@ class NegotiationTable {
   void Resynchronize(const std::string& barrier);
   // The negotiation deadline failed a tensor with `cause`: the job is out of step.
   void Desynchronize(const std::string& cause);
+  bool IsBarrier(const std::string& name) const;  // a pending barrier
   // Id of `agreed` in the cache (inserted or refreshed), or 0 when it is not cacheable.
   int32_t CacheInsert(const RequestPtr& agreed);
 

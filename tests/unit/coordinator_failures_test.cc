@@ -281,6 +281,47 @@ TEST_F(FailuresTest, ACallStillPendingWhenABarrierCompletesFailsInsteadOfPairing
   }
 }
 
+// Rank 1 skipped 'x' and waits in the barrier; rank 0 waits in 'x'. The barrier reaches the
+// negotiation deadline first, but the barrier is how the ranks resynchronize: 'x' fails
+// instead (the job is out of step), and the barrier waits on, completing once rank 0, freed,
+// comes to it; then the job runs again.
+TEST_F(FailuresTest, ABarrierWaitsOnWhileACallKeepsARankFromIt) {
+  StartJob(2);
+  Submit(1, {Barrier("b")});
+  now_ += absl::Seconds(1);
+  Submit(0, {Request("x")});
+  now_ += absl::Seconds(4);
+  Beat();
+  service_->Inspect();  // the barrier is 5 s old, 'x' 4 s
+  EXPECT_TRUE(sinks_[1]->sent.empty()) << "the barrier must not fail";
+  auto got = sinks_[0]->Take();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].names(0), "x");
+  EXPECT_EQ(got[0].error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(got[0].error_message(),
+            "tensor 'x' (submitted by rank 0 but not yet by rank 1) fails with the job's "
+            "negotiation deadline: tensor 'b' was not negotiated within 5s "
+            "(BRAID_NEGOTIATION_TIMEOUT_S): submitted by rank 1 but not by rank 0 (ranks "
+            "calling collectives under different names, or a rank that never calls it); every "
+            "collective fails on every rank until all ranks call barrier()");
+  now_ += absl::Seconds(4);  // the barrier's deadline started again
+  Beat();
+  service_->Inspect();
+  EXPECT_TRUE(sinks_[1]->sent.empty());
+  Submit(0, {Barrier("b")});
+  for (int r = 0; r < 2; ++r) {
+    auto done = sinks_[r]->Take();
+    ASSERT_EQ(done.size(), 1u) << r;
+    EXPECT_EQ(done[0].type(), proto::Response::OK) << done[0].error_message();
+  }
+  for (int r = 0; r < 2; ++r) Submit(r, {Request("x")});
+  for (int r = 0; r < 2; ++r) {
+    auto after = sinks_[r]->Take();
+    ASSERT_EQ(after.size(), 1u) << r;
+    EXPECT_EQ(after[0].type(), proto::Response::OK) << after[0].error_message();
+  }
+}
+
 // A barrier that fails one-sidedly is not poisoned (a poisoned barrier could never
 // resynchronize): the late rank's barrier waits for the next one of that name.
 TEST_F(FailuresTest, AFailedBarrierIsNotPoisoned) {
