@@ -109,6 +109,14 @@ class FailuresTest : public ::testing::Test {
     f->set_in_collective(in_collective);
     service_->OnRequests(keys_[rank], l);
   }
+  // Each of the first `n` ranks received exactly one response since the last Take: an OK.
+  void ExpectOkOnEveryRank(int n) {
+    for (int r = 0; r < n; ++r) {
+      auto got = sinks_[r]->Take();
+      ASSERT_EQ(got.size(), 1u) << r;
+      EXPECT_EQ(got[0].type(), proto::Response::OK) << got[0].error_message();
+    }
+  }
   void Beat() {  // every rank alive
     for (size_t r = 0; r < keys_.size(); ++r) {
       proto::HeartbeatRequest hb;
@@ -213,11 +221,7 @@ TEST_F(FailuresTest, AOneSidedReportFailsEveryLaterCallOfTheNameUntilABarrier) {
     EXPECT_EQ(got[0].cache_ids(0), 0) << "a barrier is never cached";
   }
   for (int r : {0, 1, 2}) Submit(r, {Request("w")});  // after the barrier: pairs again
-  for (int r = 0; r < 3; ++r) {
-    auto got = sinks_[r]->Take();
-    ASSERT_EQ(got.size(), 1u) << r;
-    EXPECT_EQ(got[0].type(), proto::Response::OK) << got[0].error_message();
-  }
+  ExpectOkOnEveryRank(3);
 }
 
 // A rank's report and its next call of the same name in one list: the report is the earlier
@@ -239,11 +243,7 @@ TEST_F(FailuresTest, AReportAndTheNextCallInOneListAreTakenInThatOrder) {
               "tensor 'w' failed on rank 1: bad splits");
   EXPECT_TRUE(sinks_[1]->sent.empty());
   Submit(0, {Request("w")});  // rank 0's next step meets rank 1's
-  for (int r = 0; r < 2; ++r) {
-    auto got = sinks_[r]->Take();
-    ASSERT_EQ(got.size(), 1u) << r;
-    EXPECT_EQ(got[0].type(), proto::Response::OK) << got[0].error_message();
-  }
+  ExpectOkOnEveryRank(2);
 }
 
 // What the coordinator still holds when a barrier completes was called before the barrier
@@ -274,11 +274,7 @@ TEST_F(FailuresTest, ACallStillPendingWhenABarrierCompletesFailsInsteadOfPairing
   ASSERT_EQ(got1.size(), 1u);
   EXPECT_EQ(got1[0].names(0), "b");
   for (int r : {1, 0, 2}) Submit(r, {Request("x")});
-  for (int r = 0; r < 3; ++r) {
-    auto got = sinks_[r]->Take();
-    ASSERT_EQ(got.size(), 1u) << r;
-    EXPECT_EQ(got[0].type(), proto::Response::OK) << got[0].error_message();
-  }
+  ExpectOkOnEveryRank(3);
 }
 
 // Rank 1 skipped 'x' and waits in the barrier; rank 0 waits in 'x'. The barrier reaches the
@@ -309,17 +305,9 @@ TEST_F(FailuresTest, ABarrierWaitsOnWhileACallKeepsARankFromIt) {
   service_->Inspect();
   EXPECT_TRUE(sinks_[1]->sent.empty());
   Submit(0, {Barrier("b")});
-  for (int r = 0; r < 2; ++r) {
-    auto done = sinks_[r]->Take();
-    ASSERT_EQ(done.size(), 1u) << r;
-    EXPECT_EQ(done[0].type(), proto::Response::OK) << done[0].error_message();
-  }
+  ExpectOkOnEveryRank(2);
   for (int r = 0; r < 2; ++r) Submit(r, {Request("x")});
-  for (int r = 0; r < 2; ++r) {
-    auto after = sinks_[r]->Take();
-    ASSERT_EQ(after.size(), 1u) << r;
-    EXPECT_EQ(after[0].type(), proto::Response::OK) << after[0].error_message();
-  }
+  ExpectOkOnEveryRank(2);
 }
 
 // A barrier that fails one-sidedly is not poisoned (a poisoned barrier could never
@@ -336,11 +324,7 @@ TEST_F(FailuresTest, AFailedBarrierIsNotPoisoned) {
   Submit(1, {Barrier("b")});
   EXPECT_TRUE(sinks_[1]->sent.empty());
   Submit(0, {Barrier("b")});
-  for (int r = 0; r < 2; ++r) {
-    auto done = sinks_[r]->Take();
-    ASSERT_EQ(done.size(), 1u) << r;
-    EXPECT_EQ(done[0].type(), proto::Response::OK) << done[0].error_message();
-  }
+  ExpectOkOnEveryRank(2);
 }
 
 // A rank that fails inside a collective (the others may be blocked in it): the job is
@@ -442,11 +426,7 @@ TEST_F(FailuresTest, TheNegotiationDeadlineFailsTensorsNamingTheRanks) {
   for (int r = 0; r < 3; ++r) Submit(r, {Barrier("resync")});
   for (int r = 0; r < 3; ++r) sinks_[r]->Take();
   for (int r = 0; r < 3; ++r) Submit(r, {Request("a")});
-  for (int r = 0; r < 3; ++r) {
-    auto after = sinks_[r]->Take();
-    ASSERT_EQ(after.size(), 1u) << r;
-    EXPECT_EQ(after[0].type(), proto::Response::OK) << after[0].error_message();
-  }
+  ExpectOkOnEveryRank(3);
   // Nothing is left pending, and the job runs on.
   std::optional<absl::StatusOr<proto::StatusResponse>> status;
   service_->Status(service_->NewCallId(), Job(), {}, [&](auto s) { status = std::move(s); });
