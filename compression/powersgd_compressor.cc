@@ -157,6 +157,7 @@ class PowerSgdCompressor : public Compressor {
 
   absl::Status SaveState(std::string* out) const override;
   absl::Status LoadState(absl::string_view state) override;
+  void DescribeSharedState(std::vector<SharedStateField>* out) const override;
 
  private:
   struct TensorState {
@@ -426,16 +427,17 @@ absl::Status PowerSgdCompressor::LoadState(absl::string_view state) {
   const uint32_t version = in.U32();
   in.Check(version == kStateVersion,
            absl::StrCat("version ", version, ", this braid reads version ", kStateVersion));
-  const uint32_t count = in.U32();
+  // The least a tensor takes: empty name, rows, cols, rank, empty Q and residual.
+  const uint32_t count = in.Count("tensor count", 8 + 8 + 8 + 4 + 8 + 8);
   std::map<std::string, TensorState, std::less<>> loaded;
   for (uint32_t i = 0; i < count && in.status().ok(); ++i) {
-    const std::string name = in.String();
+    const std::string name = in.String("tensor name");
     TensorState s;
     s.rows = in.I64();
     s.cols = in.I64();
     s.rank = static_cast<int>(in.U32());
-    s.q = in.Floats();
-    s.residual = in.Floats();
+    s.q = in.Floats(absl::StrCat("tensor '", name, "': Q"));
+    s.residual = in.Floats(absl::StrCat("tensor '", name, "': residual"));
     if (!in.status().ok()) break;
     const std::string what = absl::StrCat("tensor '", name, "'");
     const uint64_t qn = static_cast<uint64_t>(s.cols) * s.rank;
@@ -461,6 +463,19 @@ absl::Status PowerSgdCompressor::LoadState(absl::string_view state) {
   if (!in.status().ok()) return in.status();
   states_ = std::move(loaded);
   return absl::OkStatus();
+}
+
+// Q is the same on every rank after every step (all-reduce #2, then the same redraws), and
+// so are the matrix shapes and the residuals' lengths (not their values).
+void PowerSgdCompressor::DescribeSharedState(std::vector<SharedStateField>* out) const {
+  for (const auto& [name, s] : states_) {
+    out->push_back({name, "matrix rows", static_cast<uint64_t>(s.rows)});
+    out->push_back({name, "matrix cols", static_cast<uint64_t>(s.cols)});
+    const bool kept = s.has_q && o_.warm_start;
+    out->push_back({name, "Q", kept ? StableHash(s.q.data(), s.q.size() * sizeof(float)) : 0,
+                    /*hashed=*/true});
+    out->push_back({name, "residual length", s.residual.size()});
+  }
 }
 
 }  // namespace
