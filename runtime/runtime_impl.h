@@ -1,6 +1,7 @@
 // Internal: the state behind braid::Runtime (runtime.h), its members split by responsibility:
 //   lifecycle.cc          Init (the injected parts, registration, the coordinator this rank may
 //                         host), Shutdown, the public facade
+//   checkpoint.cc         the compression state: saved, restored (collectively), forgotten
 //   enqueue.cc            validating a request, resolving its compression, the tensor table
 //   loop.cc               the background loop: requests out, agreed buckets in, the response
 //                         cache, aborts
@@ -160,6 +161,12 @@ class Runtime::Impl {
       const CollectiveRequest& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FailedPrecondition when not running or while a compressed all-reduce is in flight.
   absl::Status CheckNoCompressionInFlight(absl::string_view what) const;
+
+  // ---- checkpoint.cc ----
+  // Every rank's report (Note [Restoring compression state], compression/state_summary.h),
+  // in rank order, by an all-gather every rank runs.
+  absl::StatusOr<std::vector<compression::LoadReport>> GatherLoadReports(
+      const compression::LoadReport& mine);
 
   // ---- loop.cc ----
   void Loop();
