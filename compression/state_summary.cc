@@ -187,8 +187,12 @@ absl::StatusOr<LoadReport> DecodeLoadReport(absl::string_view bytes) {
   LoadReport r;
   in.Check(in.U32() == kReportVersion, "another version of braid");
   const uint32_t code = in.U32();
-  const std::string message = in.String();
-  if (code != 0) r.refused = absl::Status(static_cast<absl::StatusCode>(code), message);
+  const std::string message = in.String("message");
+  in.Check(code <= static_cast<uint32_t>(absl::StatusCode::kUnauthenticated),
+           absl::StrCat("status code ", code));
+  if (code != 0 && in.status().ok()) {
+    r.refused = absl::Status(static_cast<absl::StatusCode>(code), message);
+  }
   r.saved_rank = static_cast<int32_t>(in.U32());
   r.saved_world_size = static_cast<int32_t>(in.U32());
   // The least a tensor takes: empty method and name, steps, no dims, no fields.
