@@ -44,7 +44,7 @@ struct TensorRecord {
 };
 using TensorRecords = std::map<std::string, TensorRecord, std::less<>>;
 
-// One canonical spec, its Compressor (created at its first reduction, or by LoadState) and
+// One canonical spec, its Compressor (created at its first reduction, or by ApplyState) and
 // its tensors' step counts. Owned by the stage, which never moves or destroys it while it
 // lives, so a pointer resolved when a collective is enqueued stays valid.
 class CompressionMethod {

@@ -31,7 +31,8 @@
 //
 // Lock order (a thread holding one may take those to its right, never the reverse):
 //   lifecycle_mu_ -> mu_ -> { Handle::mu_, Timeline's, stage's methods_mu_ (Resolve) }
-//   stage's state_mu_ (held by braid-loop for a bucket; SaveState / LoadState) -> methods_mu_
+//   stage's state_mu_ (held by braid-loop for a bucket; SaveState, Summarize, ApplyState)
+//     -> methods_mu_
 //   StatisticsLedger's mutex, timeline_mu_ and fast_stats_mu_: leaves.
 // No runtime lock is held while calling the coordinator client (Send, Close) or the
 // communicator (collectives, Abort): those have locks of their own and may block. One
