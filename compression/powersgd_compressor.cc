@@ -442,17 +442,18 @@ absl::Status PowerSgdCompressor::LoadState(absl::string_view state) {
     const std::string what = absl::StrCat("tensor '", name, "'");
     const uint64_t qn = static_cast<uint64_t>(s.cols) * s.rank;
     in.Check(!loaded.count(name), absl::StrCat(what, " appears twice"));
-    in.Check(s.rows > 0 && s.cols > 0 && s.rows <= (int64_t{1} << 40) / s.cols,
-             absl::StrCat(what, ": bad matrix shape ", s.rows, " x ", s.cols));
+    const bool shape_ok = s.rows > 0 && s.cols > 0 && s.rows <= (int64_t{1} << 40) / s.cols;
+    in.Check(shape_ok, absl::StrCat(what, ": bad matrix shape ", s.rows, " x ", s.cols));
+    // rows·cols only once the shape is known to be sane: a crafted one would overflow.
+    const uint64_t elements = shape_ok ? static_cast<uint64_t>(s.rows * s.cols) : 0;
     in.Check(s.rank == o_.rank, absl::StrCat(what, ": saved with rank ", s.rank,
                                              ", but this compressor's rank is ", o_.rank));
     in.Check(s.q.empty() || (o_.warm_start && s.q.size() == qn),
              absl::StrCat(what, ": Q of ", s.q.size(), " values, expected ",
                           o_.warm_start ? absl::StrCat(qn, " or 0") : "0 (warm_start=0)"));
-    in.Check(s.residual.empty() ||
-                 (o_.error_feedback && s.residual.size() == static_cast<uint64_t>(s.rows * s.cols)),
+    in.Check(s.residual.empty() || (o_.error_feedback && s.residual.size() == elements),
              absl::StrCat(what, ": residual of ", s.residual.size(), " values, expected ",
-                          o_.error_feedback ? absl::StrCat(s.rows * s.cols, " or 0") : "0 (ef=0)"));
+                          o_.error_feedback ? absl::StrCat(elements, " or 0") : "0 (ef=0)"));
     in.Check(AllFinite(s.q.data(), s.q.size()) &&
                  AllFinite(s.residual.data(), s.residual.size()),
              absl::StrCat(what, ": non-finite values"));

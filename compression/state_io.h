@@ -55,7 +55,7 @@ class StateReader {
       std::memset(p, 0, n);
       return false;
     }
-    std::memcpy(p, data_.data(), n);
+    if (n > 0) std::memcpy(p, data_.data(), n);  // an empty array's data() may be null
     data_.remove_prefix(n);
     consumed_ += n;
     return true;
