@@ -1,8 +1,9 @@
 // Little-endian writer and bounds-checked reader for the compression state formats
-// (stage.h, powersgd.h, error_feedback.h), and the stable hash their digests use. Hand-rolled rather than protobuf: the state is a handful of integers,
-// length-prefixed strings and raw float32 arrays (residuals as large as the model), which a
-// byte layout stores without copies, and the compression library then needs no generated code
-// of its own (proto/ is the coordinator's wire contract).
+// (stage.h, powersgd.h, error_feedback.h), and the stable hash their digests use. Hand-rolled
+// rather than protobuf: the state is a handful of integers, length-prefixed strings and raw
+// float32 arrays (residuals as large as the model), which a byte layout stores without
+// copies, and the compression library then needs no generated code of its own (proto/ is the
+// coordinator's wire contract).
 #ifndef BRAID_COMPRESSION_STATE_IO_H_
 #define BRAID_COMPRESSION_STATE_IO_H_
 

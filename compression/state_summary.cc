@@ -50,7 +50,9 @@ std::string ByValue(const std::vector<std::string>& value_of_rank) {
     it->second.push_back(static_cast<int>(r));
   }
   std::vector<std::string> parts;
-  for (const auto& [value, ranks] : groups) parts.push_back(absl::StrCat(value, " on ", Ranks(ranks)));
+  for (const auto& [value, ranks] : groups) {
+    parts.push_back(absl::StrCat(value, " on ", Ranks(ranks)));
+  }
   return absl::StrJoin(parts, ", ");
 }
 

@@ -15,6 +15,9 @@
 // those summaries (LoadReport). Every rank then runs CheckLoadAgreement on the same reports,
 // so every rank reaches the same verdict: all apply their state, or none does and all return
 // the same error naming the ranks, the tensors and the fields that differ.
+// A state also carries the digest of its own summary (stage.h), so what a summary holds
+// (TensorSummary, each compressor's SharedStateFields) is part of the state format:
+// changing it needs a new format version.
 #ifndef BRAID_COMPRESSION_STATE_SUMMARY_H_
 #define BRAID_COMPRESSION_STATE_SUMMARY_H_
 

@@ -77,7 +77,9 @@ absl::StatusOr<std::vector<compression::LoadReport>> Runtime::Impl::GatherLoadRe
   std::vector<compression::LoadReport> all;
   for (int rank = 0; rank < size_ && in.status().ok(); ++rank) {
     auto report = compression::DecodeLoadReport(in.String());
-    if (!report.ok()) return absl::InternalError(absl::StrCat("rank ", rank, "'s ", report.status().message()));
+    if (!report.ok()) {
+      return absl::InternalError(absl::StrCat("rank ", rank, "'s ", report.status().message()));
+    }
     all.push_back(*std::move(report));
   }
   in.Check(in.done(), "bytes left over");
