@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "compression/state_io.h"
+#include "glog/logging.h"
 #include "runtime/runtime_impl.h"
 
 namespace braid {
@@ -48,6 +49,11 @@ absl::Status Runtime::Impl::LoadCompressionState(absl::string_view state) {
   }
   BRAID_ASSIGN_OR_RETURN(std::vector<compression::LoadReport> all, GatherLoadReports(mine));
   BRAID_RETURN_IF_ERROR(compression::CheckLoadAgreement(all, size_));
+  if (parsed->saved_rank != rank_) {  // the ranks' states permuted: the sum is unchanged
+    LOG(WARNING) << "compression state saved by rank " << parsed->saved_rank
+                 << " is loaded on rank " << rank_
+                 << ": its error-feedback residuals are that rank's";
+  }
   stage_->ApplyState(std::move(parsed));
   return absl::OkStatus();
 }
