@@ -53,31 +53,6 @@ absl::StatusOr<CompressionReport> Runtime::Impl::compression_report() const {
   return ledger_->Report();  // ledger_ changes only in Init, before the state is kRunning
 }
 
-absl::StatusOr<std::string> Runtime::Impl::compression_state() const {
-  BRAID_RETURN_IF_ERROR(CheckNoCompressionInFlight("compression_state()"));
-  return stage_->SaveState(rank_, size_);
-}
-
-absl::Status Runtime::Impl::LoadCompressionState(absl::string_view state) {
-  BRAID_RETURN_IF_ERROR(CheckNoCompressionInFlight("load_compression_state()"));
-  return stage_->LoadState(state, rank_, size_);
-}
-
-absl::StatusOr<int> Runtime::Impl::ForgetCompressionState(absl::Span<const std::string> names) {
-  {
-    absl::MutexLock lock(&mu_);
-    BRAID_RETURN_IF_ERROR(CheckRunningLocked());
-    for (const std::string& name : names) {
-      if (table_.find(name) != table_.end()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "forgetting the compression state of '", name, "' on rank ", rank_,
-            " while its all-reduce is in flight: synchronize it first"));
-      }
-    }
-  }
-  return stage_->ForgetTensors(names);
-}
-
 absl::Status Runtime::Impl::Init(const RuntimeConfig& config, RuntimeDeps deps) {
   absl::MutexLock lifecycle(&lifecycle_mu_);
   {

@@ -1,6 +1,7 @@
 // Internal: the state behind braid::Runtime (runtime.h), its members split by responsibility:
 //   lifecycle.cc          Init (the injected parts, registration, the coordinator this rank may
 //                         host), Shutdown, the public facade
+//   checkpoint.cc         the compression state: saved, restored (collectively), forgotten
 //   enqueue.cc            validating a request, resolving its compression, the tensor table
 //   loop.cc               the background loop: requests out, agreed buckets in, the response
 //                         cache, aborts
@@ -30,7 +31,8 @@
 //
 // Lock order (a thread holding one may take those to its right, never the reverse):
 //   lifecycle_mu_ -> mu_ -> { Handle::mu_, Timeline's, stage's methods_mu_ (Resolve) }
-//   stage's state_mu_ (held by braid-loop for a bucket; SaveState / LoadState) -> methods_mu_
+//   stage's state_mu_ (held by braid-loop for a bucket; SaveState, Summarize, ApplyState)
+//     -> methods_mu_
 //   StatisticsLedger's mutex, timeline_mu_ and fast_stats_mu_: leaves.
 // No runtime lock is held while calling the coordinator client (Send, Close) or the
 // communicator (collectives, Abort): those have locks of their own and may block. One
@@ -171,6 +173,12 @@ class Runtime::Impl {
       const CollectiveRequest& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FailedPrecondition when not running or while a compressed all-reduce is in flight.
   absl::Status CheckNoCompressionInFlight(absl::string_view what) const;
+
+  // ---- checkpoint.cc ----
+  // Every rank's report (Note [Restoring compression state], compression/state_summary.h),
+  // in rank order, by an all-gather every rank runs.
+  absl::StatusOr<std::vector<compression::LoadReport>> GatherLoadReports(
+      const compression::LoadReport& mine);
 
   // ---- loop.cc ----
   void Loop();

@@ -50,7 +50,8 @@ def grad(tag, rank, step, t, shape):
 
 def state_bytes(rank, size, qs):
     """A compression state holding the given Q (name -> cols x R float32) and no residuals,
-    in the format of compression/stage.h around the one of compression/powersgd.h."""
+    in version 1 of the format of compression/stage.h (still read; it has no digest to
+    compute, nor shapes) around the one of compression/powersgd.h."""
     def s(text):
         b = text.encode()
         return struct.pack("<Q", len(b)) + b
@@ -140,6 +141,18 @@ def reference():
     braid.synchronize(h)
     expect_raises(braid.InvalidArgumentError, lambda: braid.load_compression_state(b"BRDCMPST"),
                   "load_compression_state(truncated)", contains="truncated")
+    # 2^32 - 1 tensors declared in 51 bytes: refused by that count on every rank, before
+    # anything is allocated for them (not a MemoryError from a loader that believed it).
+    crafted = (b"BRDCMPST" + struct.pack("<IiiIQ", 1, rank, size, 1, len(SPEC)) + SPEC.encode()
+               + struct.pack("<I", 0xFFFFFFFF))
+    expect_raises(braid.InvalidArgumentError, lambda: braid.load_compression_state(crafted),
+                  "load_compression_state(crafted)",
+                  exact="load_compression_state: rank 0: compression state: tensor count of "
+                        "'powersgd:rank=2' 4294967295 declared, but the 0 bytes left hold at most "
+                        "0 (at byte 51); rank 1: compression state: tensor count of "
+                        "'powersgd:rank=2' 4294967295 declared, but the 0 bytes left hold at most "
+                        "0 (at byte 51); no rank loaded its state (every rank keeps the one it "
+                        "had)")
 
 
 def checkpoint(directory, mode):
