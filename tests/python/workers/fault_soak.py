@@ -20,8 +20,9 @@ barrier completes instead of at the negotiation deadline). The next step repeats
 collective. Checks, on every rank:
 - every call that returns is checked against the exact value of that step on that rank (the
   data names the step: a call paired with another rank's other step gives another value);
-  PowerSGD (rank-1 data, reconstructed exactly up to float rounding) and int4 (scale
-  arithmetic) to a relative 1e-4 and 1e-6;
+  PowerSGD (rank-1 data, reconstructed exactly up to float rounding; without error feedback,
+  which would accumulate that rounding) and int4 (scale arithmetic) to a relative 1e-4 and
+  1e-6;
 - every call a fault touched fails on this rank, within the configured bounds; every other
   call returns;
 - no wait outlives its bound (a hang), and no step outlives the watchdog.
@@ -185,7 +186,10 @@ MENU = [
     Spec("ar.bf16", "allreduce", np.float32, braid.Sum, "bf16"),
     Spec("ar.fp4", "allreduce", np.float32, braid.Sum, "fp4:ef=1"),
     Spec("ar.int4", "allreduce", np.float32, braid.Sum, "int4", rtol=1e-6),
-    Spec("ar.powersgd", "allreduce", np.float32, braid.Sum, "powersgd:rank=1", rtol=1e-4),
+    # Without error feedback: the rounding of each step's rank-1 reconstruction, fed back,
+    # would build up outside the rank-1 subspace step after step (after 3,000 steps 1e-4 of
+    # the values), which no tolerance of one step can allow for.
+    Spec("ar.powersgd", "allreduce", np.float32, braid.Sum, "powersgd:rank=1,ef=0", rtol=1e-4),
     Spec("ar.scalecomp", "allreduce", np.float32, braid.Sum, "scalecomp:ratio=1"),
     Spec("ar.topk", "allreduce", np.float32, braid.Sum, "topk:ratio=1"),
     Spec("ar.randomk", "allreduce", np.float32, braid.Sum, "randomk:ratio=1"),
