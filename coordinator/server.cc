@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/limits.h"
+#include "common/secret.h"
 #include "coordinator/admission.h"
 #include "coordinator/credentials.h"
 #include "coordinator/grpc_status.h"
@@ -296,6 +297,11 @@ class GrpcCoordinatorServer final : public CoordinatorServer {
     if (opts_.job_secret.empty()) {
       return absl::InvalidArgumentError(
           "a coordinator needs a job secret (Note [Who may join]): none was given");
+    }
+    // Whoever embeds a coordinator gets the same floor as the tools (Note [Secret strength]).
+    if (absl::Status s = CheckSecret("the coordinator's job secret", opts_.job_secret);
+        !s.ok()) {
+      return s;
     }
     auto credentials = MakeServerCredentials(opts_.tls_cert_file, opts_.tls_key_file);
     if (!credentials.ok()) return credentials.status();

@@ -21,7 +21,8 @@ struct ServerOptions {
   // World size; 0 takes it from the first rank that registers (per job).
   int world_size = 0;
   // Every call must present this secret (Note [Who may join] in admission.h). Required:
-  // StartCoordinator refuses to start without one.
+  // StartCoordinator refuses to start without one, or with a weak one (Note [Secret
+  // strength] in common/secret.h).
   std::string job_secret;
   // TLS: both set, the server speaks only TLS with this PEM certificate and private key
   // (mode 0600); both empty, plaintext (one host, or a trusted network).
@@ -61,7 +62,8 @@ class CoordinatorServer {
 
 // Starts the server. Errors: Unavailable when the address cannot be bound (the port is in
 // use: SO_REUSEPORT is off so a second coordinator cannot silently share it);
-// InvalidArgument without a job secret, or for bad TLS files (credentials.h).
+// InvalidArgument without a job secret or with a weak one, or for bad TLS files
+// (credentials.h).
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> StartCoordinator(const ServerOptions& options);
 
 }  // namespace braid::coordinator

@@ -169,10 +169,16 @@ TEST(CoordinatorServerTest, CallsWithoutTheSecretOrTheRanksTokenAreRefused) {
   stream->ctx.TryCancel();
 }
 
-TEST(CoordinatorServerTest, NoServerWithoutASecret) {
+TEST(CoordinatorServerTest, NoServerWithoutASecretOrWithAWeakOne) {
   ServerOptions o;
   auto s = StartCoordinator(o);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  o.job_secret = "x";  // Note [Secret strength]
+  s = StartCoordinator(o);
+  EXPECT_TRUE(absl::StartsWith(s.status().message(),
+                               "the coordinator's job secret: the secret is too weak: a secret "
+                               "must hold at least 128 bits"))
+      << s.status();
 }
 
 TEST(CoordinatorServerTest, OverTlsOnlyClientsThatTrustTheCertificateGetIn) {
@@ -187,7 +193,7 @@ TEST(CoordinatorServerTest, OverTlsOnlyClientsThatTrustTheCertificateGetIn) {
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   chmod(key.c_str(), 0644);
   ServerOptions o;
-  o.job_secret = "s";
+  o.job_secret = RandomSecret();
   o.tls_cert_file = cert;
   o.tls_key_file = key;
   EXPECT_TRUE(absl::StrContains(StartCoordinator(o).status().message(), "has mode 0644"));

@@ -141,8 +141,10 @@ int Outsider(const std::string& dir, const std::string& address, const std::stri
   }
   if (run_braidctl) {
     int rc = 0;
-    std::string out = Shell(absl::StrCat("BRAID_JOB_SECRET=guess ", braidctl,
-                                         " status --coordinator ", address), &rc);
+    // A guess strong enough to be presented at all (Note [Secret strength]), but wrong.
+    std::string out = Shell(absl::StrCat("BRAID_JOB_SECRET=0123456789abcdef0123456789abcdef ",
+                                         braidctl, " status --coordinator ", address),
+                            &rc);
     c.Expect(rc == 2 && absl::StrContains(out, "refused Status: wrong job secret"),
              "braidctl with a wrong secret: " + out);
   }
