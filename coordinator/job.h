@@ -117,6 +117,10 @@ class Job {
   // `rank`'s stream `sink` ended; without a goodbye the rank is lost and the job aborted.
   void OnStreamEnd(int rank, const StreamSink* sink, absl::Time now);
 
+  // Whether `token` is `rank`'s token in this job (compared in constant time).
+  bool IsRankToken(int rank, absl::string_view token) const {
+    return !token.empty() && CheckToken(rank, token, "").ok();
+  }
   // PermissionDenied unless `token` is req.rank's; FailedPrecondition before the job formed.
   absl::Status Heartbeat(const proto::HeartbeatRequest& req, absl::string_view token,
                          absl::Time now);

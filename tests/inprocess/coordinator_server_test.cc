@@ -137,20 +137,6 @@ TEST(CoordinatorServerTest, CallsWithoutTheSecretOrTheRanksTokenAreRefused) {
   proto::RequestList hello;
   hello.set_rank(0);
   ASSERT_TRUE(stream->stream->Write(hello));
-  for (const std::string& wrong : {std::string(), std::string("wrong")}) {
-    proto::RegisterResponse r;
-    EXPECT_EQ(raw.Register(wrong, req, &r).error_code(), kDenied);
-    EXPECT_EQ(raw.KeyValueSet(wrong, "k", "v").error_code(), kDenied);
-    proto::KeyValueGetResponse g;
-    EXPECT_EQ(raw.KeyValueGet(wrong, "k", &g).error_code(), kDenied);
-    EXPECT_EQ(raw.NegotiateRefused(wrong, reg.rank_token(), 0).error_code(), kDenied);
-    EXPECT_EQ(raw.Heartbeat(wrong, reg.rank_token(), 0).error_code(), kDenied);
-    proto::StatusResponse s;
-    grpc::Status st = raw.Status(wrong, &s);
-    EXPECT_EQ(st.error_code(), kDenied);
-    EXPECT_TRUE(absl::StrContains(st.error_message(), "the coordinator refused Status"));
-    EXPECT_EQ(raw.Shutdown(wrong).error_code(), kDenied);
-  }
   // The secret without the rank's token: no stream, no heartbeat for it.
   grpc::Status st = raw.NegotiateRefused(secret, "", 0);
   EXPECT_EQ(st.error_code(), kDenied);
@@ -166,6 +152,33 @@ TEST(CoordinatorServerTest, CallsWithoutTheSecretOrTheRanksTokenAreRefused) {
   EXPECT_TRUE(raw.KeyValueSet(secret, "k", "v").ok());
   EXPECT_EQ(raw.KeyValueSet(secret, "big", std::string(64 * 1024 + 1, 'x')).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
+  // Last, as they spend 127.0.0.1's refusal budget (Note [Refusal budget]); past it the
+  // refusals are unchecked, with the same code.
+  for (const std::string& wrong : {std::string(), std::string("wrong")}) {
+    proto::RegisterResponse r;
+    EXPECT_EQ(raw.Register(wrong, req, &r).error_code(), kDenied);
+    EXPECT_EQ(raw.KeyValueSet(wrong, "k", "v").error_code(), kDenied);
+    proto::KeyValueGetResponse g;
+    EXPECT_EQ(raw.KeyValueGet(wrong, "k", &g).error_code(), kDenied);
+    EXPECT_EQ(raw.NegotiateRefused(wrong, reg.rank_token(), 0).error_code(), kDenied);
+    EXPECT_EQ(raw.Heartbeat(wrong, reg.rank_token(), 0).error_code(), kDenied);
+    proto::StatusResponse s;
+    grpc::Status st = raw.Status(wrong, &s);
+    EXPECT_EQ(st.error_code(), kDenied);
+    EXPECT_TRUE(absl::StrContains(st.error_message(), "the coordinator refused Status"));
+    EXPECT_EQ(raw.Shutdown(wrong).error_code(), kDenied);
+  }
+  // The budget is spent (20 more wrong guesses keep it so, however slow this machine): even
+  // the secret is not checked from this address now.
+  for (int i = 0; i < 20; ++i) raw.Status("wrong", &s);
+  grpc::Status spent = raw.Status(secret, &s);
+  EXPECT_EQ(spent.error_code(), kDenied);
+  EXPECT_TRUE(absl::StartsWith(spent.error_message(),
+                               "the coordinator refused Status: too many calls with a wrong job "
+                               "secret from ipv4:127.0.0.1 (at most 10 a second per address)"))
+      << spent.error_message();
+  // A rank's heartbeat, which carries its token, still goes through.
+  EXPECT_TRUE(raw.Heartbeat(secret, reg.rank_token(), 0).ok());
   stream->ctx.TryCancel();
 }
 
