@@ -42,8 +42,10 @@ Admission::Bucket* Admission::BucketLocked(const std::string& address, absl::Tim
   auto it = buckets_.find(address);
   if (it == buckets_.end()) {
     if (!create) return nullptr;
-    if (buckets_.size() >= kMaxTrackedAddresses) {
-      // Full buckets hold nothing a new one would not: drop them before sharing one.
+    if (buckets_.size() >= kMaxTrackedAddresses && now - swept_ >= absl::Seconds(1)) {
+      // Full buckets hold nothing a new one would not: drop them before sharing one. At most
+      // once a second, so a flood from many addresses does not sweep the table per call.
+      swept_ = now;
       for (auto b = buckets_.begin(); b != buckets_.end();) {
         const double refilled =
             b->second.tokens + absl::ToDoubleSeconds(now - b->second.at) * kRefusalsPerSecond;

@@ -105,6 +105,7 @@ class Admission {
   const std::function<absl::Time()> clock_;
   mutable absl::Mutex mu_;
   std::map<std::string, Bucket> buckets_ ABSL_GUARDED_BY(mu_);  // by PeerAddress
+  absl::Time swept_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // full buckets last dropped
   int64_t refusals_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t unlogged_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_logged_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
