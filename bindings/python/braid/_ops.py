@@ -261,7 +261,8 @@ def compression_stats():
     all-reduces count under "none". All counts are ints, cumulative over steps, for this rank
     only (``braidctl status`` shows them summed over ranks):
 
-    - ``tensors``: distinct tensor names all-reduced with the method;
+    - ``tensors``: distinct tensor names all-reduced with the method (a name that the
+      per-tensor table dropped, below, counts again if it returns);
     - ``reductions``: all-reduces counted (one per tensor per step);
     - ``uncompressed_bytes``: the tensors' size in their own dtype, in bytes;
     - ``payload_bytes``: bytes of the compressed representation this rank contributed
@@ -275,6 +276,9 @@ def compression_stats():
 
     A tensor all-reduced with several methods over time (rare) has one entry whose byte
     fields are summed over them and whose ``method`` joins their specs with " + ".
+    ``"tensors"`` holds the 4096 names all-reduced most recently at most: a new name drops
+    the least recently all-reduced one (so names made up anew every step do not grow it for
+    ever), while ``"methods"`` counts every all-reduce.
 
     Raises FailedPreconditionError before ``init()``, after ``shutdown()`` and in a forked
     child of an initialized process.
