@@ -47,7 +47,7 @@ class CoordinatorServer {
  public:
   virtual ~CoordinatorServer() = default;
   virtual int port() const = 0;
-  // "host:port" ranks connect to.
+  // "host:port" ranks connect to ("[host]:port" for an IPv6 address).
   virtual std::string address() const = 0;
   // Ends every negotiation stream with a shutdown message and stops the server; open
   // calls are cancelled after `grace`.
@@ -60,8 +60,9 @@ class CoordinatorServer {
   virtual bool WaitForJobEnd(absl::Duration timeout) = 0;
 };
 
-// Starts the server. Errors: Unavailable when the address cannot be bound (the port is in
-// use: SO_REUSEPORT is off so a second coordinator cannot silently share it);
+// Starts the server. Errors: Unavailable when the address cannot be bound, naming bind()'s
+// error (the port is in use: SO_REUSEPORT is off so a second coordinator cannot silently
+// share it; the address is not this host's; ...);
 // InvalidArgument without a job secret or with a weak one, or for bad TLS files
 // (credentials.h).
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> StartCoordinator(const ServerOptions& options);

@@ -208,3 +208,42 @@ def test_a_local_failure_and_a_negotiation_deadline_reach_every_rank():
                                   env={"BRAID_NEGOTIATION_TIMEOUT_S": "5"})
     assert res.returncode == 0, res.output
     assert res.output.count("all checks passed") == 2, res.output
+
+
+def test_the_standalone_coordinator_names_the_real_cause_of_a_failed_start():
+    """An unwritable --port-file ends braid-coordinator (exit 2) naming the path and the
+    system's reason, instead of a coordinator that runs on where nobody can find it; --bind
+    ::1 listens on [::1]:PORT (gRPC read an unbracketed '::1:0' as an address without a port,
+    and braid said "the port is in use"), and braidctl reaches it there."""
+    build = braid_launch.build_dir()
+    coordinator = str(build / "tools" / "coordinator" / "braid-coordinator")
+    secret = secrets.token_hex(32)
+    res = subprocess.run([coordinator, "--port", "0", "--port-file", "/nonexistent-dir/port"],
+                         env=job_env(build, secret), capture_output=True, text=True, timeout=20)
+    assert res.returncode == 2, res
+    assert ("braid-coordinator: --port-file: cannot write '/nonexistent-dir/port' (through "
+            "'/nonexistent-dir/port.tmp'): No such file or directory\n") in res.stderr, res
+    with socket.socket(socket.AF_INET6) as s:
+        try:
+            s.bind(("::1", 0))
+        except OSError:
+            return  # no IPv6 here: tests/inprocess/coordinator_server_test.cc checks the error
+    with tempfile.TemporaryDirectory(prefix="braid-ipv6-") as tmp:
+        port_file = Path(tmp) / "port"
+        coord = subprocess.Popen([coordinator, "--bind", "::1", "--port", "0", "--port-file",
+                                  str(port_file)], env=job_env(build, secret),
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            line = coord.stdout.readline()
+            assert re.fullmatch(r"braid-coordinator listening on \[::1\]:(\d+)\n", line), line
+            port = int(port_file.read_text())
+            assert line == f"braid-coordinator listening on [::1]:{port}\n", line
+            st = subprocess.run([str(build / "tools" / "braidctl" / "braidctl"), "status",
+                                 "--coordinator", f"[::1]:{port}", "--json"],
+                                env=job_env(build, secret), capture_output=True, text=True,
+                                timeout=30)
+            assert st.returncode == 0, st
+            assert json.loads(st.stdout)["phase"] == "JOB_FORMING", st.stdout
+        finally:
+            coord.kill()
+            coord.wait()
