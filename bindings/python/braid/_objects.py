@@ -7,12 +7,14 @@ import pickle
 
 import numpy as np
 
-from ._ops import _next_name, allgather_async, broadcast_, rank, synchronize
+from ._ops import _next_name, _utf8, allgather_async, broadcast_, rank, synchronize
 
 
 def _default_object_name(kind, name):
     # Not the object's type name (as some frameworks do): a non-root rank usually passes None,
     # and the names must agree across ranks.
+    if isinstance(name, str):
+        _utf8(kind, "name", name)  # named as the caller gave it, not as NAME.size
     return _next_name(kind) if name is None else name
 
 
