@@ -345,6 +345,7 @@ ServiceOptions ServiceOptionsFrom(const ServerOptions& o) {
   s.single_job = o.single_job;
   s.register_timeout = o.register_timeout;
   s.settings = o.settings;
+  s.on_rank_lost = o.on_rank_lost;
   return s;
 }
 

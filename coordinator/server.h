@@ -5,6 +5,7 @@
 #ifndef BRAID_COORDINATOR_SERVER_H_
 #define BRAID_COORDINATOR_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -41,6 +42,10 @@ struct ServerOptions {
   proto::JobSettings settings;
   // How often the monitor (monitor.h) inspects liveness, stalls and deadlines.
   absl::Duration monitor_period = absl::Milliseconds(100);
+  // Told of every rank the coordinator declares lost, with the reason, from the server's
+  // threads (the service's lock held: it must return at once and not call the server).
+  // braidrun's: Note [Lost ranks] in tools/braidrun/launcher.h.
+  std::function<void(int rank, const std::string& why)> on_rank_lost;
 };
 
 class CoordinatorServer {

@@ -38,6 +38,8 @@ def config_cases():
         ("BRAID_COORDINATOR", "localhost", "BRAID_COORDINATOR must be HOST:PORT"),
         ("BRAID_COORDINATOR", "[::1]:99999", "BRAID_COORDINATOR must be HOST:PORT"),
         ("BRAID_SIZE", "2.0", "BRAID_SIZE must be an integer, got '2.0'"),
+        ("BRAID_LAUNCHER_PIPE", "3", "BRAID_LAUNCHER_PIPE must be FD:INODE (braidrun sets it), "
+                                     "got '3'"),
     ]
     for var, value, want in bad_env:
         os.environ[var] = value
