@@ -36,15 +36,6 @@ namespace {
 
 class NegotiateReactor;
 
-// "host:port", the host bracketed when it is an IPv6 address ("[::1]:5"), as gRPC and
-// BRAID_COORDINATOR read it: "::1:5" would be the IPv6 address ::1:5 with no port.
-std::string HostPort(const std::string& host, int port) {
-  if (absl::StrContains(host, ':') && !absl::StartsWith(host, "[")) {
-    return absl::StrCat("[", host, "]:", port);
-  }
-  return absl::StrCat(host, ":", port);
-}
-
 // What a failed bind() of errno `e` means for a coordinator's address.
 std::string BindHint(int e) {
   switch (e) {
@@ -453,6 +444,13 @@ class GrpcCoordinatorServer final : public CoordinatorServer {
 };
 
 }  // namespace
+
+std::string HostPort(const std::string& host, int port) {
+  if (absl::StrContains(host, ':') && !absl::StartsWith(host, "[")) {
+    return absl::StrCat("[", host, "]:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> StartCoordinator(const ServerOptions& options) {
   auto server = std::make_unique<GrpcCoordinatorServer>(options);

@@ -65,6 +65,10 @@ class CoordinatorServer {
   virtual bool WaitForJobEnd(absl::Duration timeout) = 0;
 };
 
+// "host:port", the host bracketed when it is an IPv6 address ("[::1]:5"), as gRPC and
+// BRAID_COORDINATOR read it: gRPC reads "::1:5" as the IPv6 address ::1:5 without a port.
+std::string HostPort(const std::string& host, int port);
+
 // Starts the server. Errors: Unavailable when the address cannot be bound, naming bind()'s
 // error (the port is in use: SO_REUSEPORT is off so a second coordinator cannot silently
 // share it; the address is not this host's; ...);

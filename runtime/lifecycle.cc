@@ -221,7 +221,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Runtime::Impl::ConnectDefault
           "BRAID_COORDINATOR is not set and this process has no rank from a launcher "
           "(BRAID_RANK, RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK): run under braidrun");
     } else {
-      address = absl::StrCat(config.coordinator_host, ":", config.coordinator_port);
+      address = coordinator::HostPort(config.coordinator_host, config.coordinator_port);
     }
   }
   coordinator::ClientOptions co;

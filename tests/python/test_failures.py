@@ -210,6 +210,28 @@ def test_a_local_failure_and_a_negotiation_deadline_reach_every_rank():
     assert res.output.count("all checks passed") == 2, res.output
 
 
+def test_a_torchrun_style_job_on_ipv6_loopback():
+    """MASTER_ADDR=::1: rank 0 hosts the coordinator on [::1]:PORT and rank 1 reaches it there
+    (both wrote "::1:PORT", which gRPC reads as an IPv6 address without a port)."""
+    with socket.socket(socket.AF_INET6) as s:
+        try:
+            s.bind(("::1", 0))
+        except OSError:
+            return  # no IPv6 here
+        port = s.getsockname()[1]
+    build = braid_launch.build_dir()
+    script = ("import braid, numpy as np\nbraid.init()\n"
+              "print('sum', braid.allreduce(np.full(2, braid.rank() + 1.0, np.float32), "
+              "name='x', op=braid.Sum).tolist(), flush=True)\nbraid.shutdown()\n")
+    procs = [subprocess.Popen([braid_launch.PYTHON, "-c", script],
+                              env=dict(torchrun_env(build, r, 2, port), MASTER_ADDR="::1"),
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for r in (0, 1)]
+    for p in procs:
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0 and "sum [3.0, 3.0]" in out, out
+
+
 def test_the_standalone_coordinator_names_the_real_cause_of_a_failed_start():
     """An unwritable --port-file ends braid-coordinator (exit 2) naming the path and the
     system's reason, instead of a coordinator that runs on where nobody can find it; --bind
