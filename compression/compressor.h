@@ -17,6 +17,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
+
 #include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
@@ -61,6 +63,17 @@ struct StepContext {
   absl::Span<uint64_t> payload_bytes;
 };
 
+// One fact about a tensor's state that every rank holds alike after every step (PowerSGD's
+// matrix shape and its Q; the length of an error-feedback residual, whose values differ by
+// rank). Ranks that restored checkpoints disagreeing on one are told before a step runs
+// (CompressionStage::Summarize, state_summary.h).
+struct SharedStateField {
+  std::string tensor;
+  std::string field;       // e.g. "residual length", "Q"
+  uint64_t value = 0;      // the value itself, or a StableHash of it (state_io.h)
+  bool hashed = false;     // `value` is a hash: messages say "differs" instead of printing it
+};
+
 class Compressor {
  public:
   virtual ~Compressor() = default;
@@ -86,18 +99,20 @@ class Compressor {
   virtual void Reset(absl::string_view name) {}
 
   // Checkpointing. SaveState appends the per-tensor state this compressor keeps across steps
-  // (residuals, PowerSGD's Q, ...) to `out` in the method's own versioned format (documented
-  // with the method), so that LoadState into a fresh compressor of the same spec continues
-  // bit-identically. Methods that keep no state, or cannot save it yet, append nothing.
+  // (error-feedback residuals, PowerSGD's Q, ...) to `out` in the method's own versioned
+  // format (documented with the method), so that LoadState into a fresh compressor of the
+  // same spec continues bit-identically. Methods that keep no state append nothing.
   virtual absl::Status SaveState(std::string* out) const { return absl::OkStatus(); }
   // Replaces every tensor's state by `state` (what SaveState wrote). InvalidArgument when it
-  // is malformed or not this method's; then the state is unchanged. The default accepts only
-  // an empty state.
+  // is malformed or not this method's (refused by its declared sizes before anything is
+  // allocated for them); then the state is unchanged. The default accepts only an empty state.
   virtual absl::Status LoadState(absl::string_view state) {
     if (state.empty()) return absl::OkStatus();
     return absl::InvalidArgumentError("compression '" + spec() +
                                       "' keeps no state, but a non-empty one was given");
   }
+  // Appends what every rank must hold alike of each tensor's state (SharedStateField).
+  virtual void DescribeSharedState(std::vector<SharedStateField>* out) const {}
 };
 
 }  // namespace braid::compression

@@ -1,5 +1,10 @@
 #include "compression/error_feedback.h"
 
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "compression/state_io.h"
 #include "glog/logging.h"
 
 namespace braid::compression {
@@ -52,6 +57,54 @@ const std::vector<float>& ErrorFeedback::residual(absl::string_view name) const 
 void ErrorFeedback::Reset(absl::string_view name) {
   auto it = residuals_.find(name);
   if (it != residuals_.end()) residuals_.erase(it);
+}
+
+namespace {
+constexpr char kMagic[4] = {'E', 'F', 'B', 'K'};
+constexpr uint32_t kVersion = 1;
+// The least a tensor takes in the format: an empty name and an empty residual.
+constexpr size_t kMinTensorBytes = 2 * sizeof(uint64_t);
+}  // namespace
+
+void ErrorFeedback::Save(std::string* out) const {
+  StateWriter w(out);
+  w.Bytes(kMagic, sizeof kMagic);
+  w.U32(kVersion);
+  w.U32(static_cast<uint32_t>(residuals_.size()));
+  for (const auto& [name, e] : residuals_) {
+    w.String(name);
+    w.Floats(e);
+  }
+}
+
+absl::Status ErrorFeedback::Load(absl::string_view state, absl::string_view what) {
+  StateReader in(state, absl::StrCat(what, ": error-feedback state"));
+  char magic[sizeof kMagic];
+  in.Bytes(magic, sizeof magic);
+  in.Check(std::memcmp(magic, kMagic, sizeof magic) == 0, "does not start with \"EFBK\"");
+  const uint32_t version = in.U32();
+  in.Check(version == kVersion,
+           absl::StrCat("version ", version, ", this braid reads version ", kVersion));
+  const uint32_t count = in.Count("tensor count", kMinTensorBytes);
+  std::map<std::string, std::vector<float>, std::less<>> loaded;
+  for (uint32_t i = 0; i < count && in.status().ok(); ++i) {
+    std::string name = in.String("tensor name");
+    std::vector<float> e = in.Floats(absl::StrCat("tensor '", name, "': residual"));
+    if (!in.status().ok()) break;
+    bool finite = true;
+    for (float v : e) finite &= std::isfinite(v);
+    in.Check(finite, absl::StrCat("tensor '", name, "': non-finite residual values"));
+    in.Check(loaded.count(name) == 0, absl::StrCat("tensor '", name, "' appears twice"));
+    loaded.emplace(std::move(name), std::move(e));
+  }
+  in.Check(in.done(), "bytes left over after the last tensor");
+  if (!in.status().ok()) return in.status();
+  residuals_ = std::move(loaded);
+  return absl::OkStatus();
+}
+
+void ErrorFeedback::Describe(std::vector<SharedStateField>* out) const {
+  for (const auto& [name, e] : residuals_) out->push_back({name, "residual length", e.size()});
 }
 
 }  // namespace braid::compression

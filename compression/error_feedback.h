@@ -14,8 +14,11 @@
 #include <cstddef>
 #include <map>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "compression/compressor.h"
 
 namespace braid::compression {
 
@@ -44,6 +47,19 @@ class ErrorFeedback {
 
   void Reset(absl::string_view name);
   float beta() const { return beta_; }
+
+  // Checkpoints (Compressor::SaveState of fp4/int4 with ef=1, scalecomp, topk, randomk): every
+  // residual, in this format (integers little-endian):
+  //   "EFBK" (4 bytes), version u32 = 1, tensor count u32, then per tensor, by name:
+  //     name (u64 length + bytes), residual (u64 count + float32 values).
+  void Save(std::string* out) const;
+  // Replaces every residual by those of `state` (Save's format). InvalidArgument naming
+  // `what` (e.g. "compression 'fp4:ef=1'") and the field, with nothing changed, when it is
+  // malformed, names a tensor twice or holds a non-finite value (Update never keeps one).
+  absl::Status Load(absl::string_view state, absl::string_view what);
+  // Per tensor its "residual length" (SharedStateField: the values differ by rank, their
+  // number does not).
+  void Describe(std::vector<SharedStateField>* out) const;
 
  private:
   std::vector<float>& Slot(absl::string_view name, size_t count);

@@ -84,6 +84,24 @@ class FourBitCompressor : public Compressor {
 
   void Reset(absl::string_view name) override { ef_.Reset(name); }
 
+  // With ef=1 the residuals (error_feedback.h's format); without, nothing: the stochastic
+  // rounding streams follow the stage's step counters.
+  absl::Status SaveState(std::string* out) const override {
+    if (o_.error_feedback) ef_.Save(out);
+    return absl::OkStatus();
+  }
+  absl::Status LoadState(absl::string_view state) override {
+    if (!o_.error_feedback) return Compressor::LoadState(state);
+    if (state.empty()) {  // the first state format (version 1) kept no residuals here
+      ef_ = ErrorFeedback(o_.beta);
+      return absl::OkStatus();
+    }
+    return ef_.Load(state, "compression '" + spec_ + "'");
+  }
+  void DescribeSharedState(std::vector<SharedStateField>* out) const override {
+    ef_.Describe(out);
+  }
+
   absl::Status Reduce(absl::Span<const TensorView> tensors, transport::Communicator& comm,
                       StepContext& ctx) override {
     const int n = comm.size(), rank = comm.rank();

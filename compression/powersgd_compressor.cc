@@ -157,6 +157,7 @@ class PowerSgdCompressor : public Compressor {
 
   absl::Status SaveState(std::string* out) const override;
   absl::Status LoadState(absl::string_view state) override;
+  void DescribeSharedState(std::vector<SharedStateField>* out) const override;
 
  private:
   struct TensorState {
@@ -426,31 +427,33 @@ absl::Status PowerSgdCompressor::LoadState(absl::string_view state) {
   const uint32_t version = in.U32();
   in.Check(version == kStateVersion,
            absl::StrCat("version ", version, ", this braid reads version ", kStateVersion));
-  const uint32_t count = in.U32();
+  // The least a tensor takes: empty name, rows, cols, rank, empty Q and residual.
+  const uint32_t count = in.Count("tensor count", 8 + 8 + 8 + 4 + 8 + 8);
   std::map<std::string, TensorState, std::less<>> loaded;
   for (uint32_t i = 0; i < count && in.status().ok(); ++i) {
-    const std::string name = in.String();
+    const std::string name = in.String("tensor name");
     TensorState s;
     s.rows = in.I64();
     s.cols = in.I64();
     s.rank = static_cast<int>(in.U32());
-    s.q = in.Floats();
-    s.residual = in.Floats();
+    s.q = in.Floats(absl::StrCat("tensor '", name, "': Q"));
+    s.residual = in.Floats(absl::StrCat("tensor '", name, "': residual"));
     if (!in.status().ok()) break;
     const std::string what = absl::StrCat("tensor '", name, "'");
     const uint64_t qn = static_cast<uint64_t>(s.cols) * s.rank;
     in.Check(!loaded.count(name), absl::StrCat(what, " appears twice"));
-    in.Check(s.rows > 0 && s.cols > 0 && s.rows <= (int64_t{1} << 40) / s.cols,
-             absl::StrCat(what, ": bad matrix shape ", s.rows, " x ", s.cols));
+    const bool shape_ok = s.rows > 0 && s.cols > 0 && s.rows <= (int64_t{1} << 40) / s.cols;
+    in.Check(shape_ok, absl::StrCat(what, ": bad matrix shape ", s.rows, " x ", s.cols));
+    // rows·cols only once the shape is known to be sane: a crafted one would overflow.
+    const uint64_t elements = shape_ok ? static_cast<uint64_t>(s.rows * s.cols) : 0;
     in.Check(s.rank == o_.rank, absl::StrCat(what, ": saved with rank ", s.rank,
                                              ", but this compressor's rank is ", o_.rank));
     in.Check(s.q.empty() || (o_.warm_start && s.q.size() == qn),
              absl::StrCat(what, ": Q of ", s.q.size(), " values, expected ",
                           o_.warm_start ? absl::StrCat(qn, " or 0") : "0 (warm_start=0)"));
-    in.Check(s.residual.empty() ||
-                 (o_.error_feedback && s.residual.size() == static_cast<uint64_t>(s.rows * s.cols)),
+    in.Check(s.residual.empty() || (o_.error_feedback && s.residual.size() == elements),
              absl::StrCat(what, ": residual of ", s.residual.size(), " values, expected ",
-                          o_.error_feedback ? absl::StrCat(s.rows * s.cols, " or 0") : "0 (ef=0)"));
+                          o_.error_feedback ? absl::StrCat(elements, " or 0") : "0 (ef=0)"));
     in.Check(AllFinite(s.q.data(), s.q.size()) &&
                  AllFinite(s.residual.data(), s.residual.size()),
              absl::StrCat(what, ": non-finite values"));
@@ -461,6 +464,19 @@ absl::Status PowerSgdCompressor::LoadState(absl::string_view state) {
   if (!in.status().ok()) return in.status();
   states_ = std::move(loaded);
   return absl::OkStatus();
+}
+
+// Q is the same on every rank after every step (all-reduce #2, then the same redraws), and
+// so are the matrix shapes and the residuals' lengths (not their values).
+void PowerSgdCompressor::DescribeSharedState(std::vector<SharedStateField>* out) const {
+  for (const auto& [name, s] : states_) {
+    out->push_back({name, "matrix rows", static_cast<uint64_t>(s.rows)});
+    out->push_back({name, "matrix cols", static_cast<uint64_t>(s.cols)});
+    const bool kept = s.has_q && o_.warm_start;
+    out->push_back({name, "Q", kept ? StableHash(s.q.data(), s.q.size() * sizeof(float)) : 0,
+                    /*hashed=*/true});
+    out->push_back({name, "residual length", s.residual.size()});
+  }
 }
 
 }  // namespace

@@ -9,13 +9,9 @@
 namespace braid::compression {
 namespace {
 
-class ScaleCompCompressor : public Compressor {
+class ScaleCompCompressor : public SparseCompressor {
  public:
-  ScaleCompCompressor(const SparseOptions& o, std::string spec)
-      : o_(o), spec_(std::move(spec)), bucket_(o, spec_) {}
-
-  const std::string& spec() const override { return spec_; }
-  void Reset(absl::string_view name) override { bucket_.Reset(name); }
+  using SparseCompressor::SparseCompressor;
 
   absl::Status Reduce(absl::Span<const TensorView> tensors, transport::Communicator& comm,
                       StepContext& ctx) override {
@@ -65,9 +61,6 @@ class ScaleCompCompressor : public Compressor {
   }
 
  private:
-  SparseOptions o_;
-  std::string spec_;
-  SparseBucket bucket_;
   std::vector<uint8_t> wire_;
   std::vector<uint64_t> indices_;
 };

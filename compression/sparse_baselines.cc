@@ -11,13 +11,9 @@
 namespace braid::compression {
 namespace {
 
-class TopKCompressor : public Compressor {
+class TopKCompressor : public SparseCompressor {
  public:
-  TopKCompressor(const SparseOptions& o, std::string spec)
-      : spec_(std::move(spec)), bucket_(o, spec_) {}
-
-  const std::string& spec() const override { return spec_; }
-  void Reset(absl::string_view name) override { bucket_.Reset(name); }
+  using SparseCompressor::SparseCompressor;
 
   absl::Status Reduce(absl::Span<const TensorView> tensors, transport::Communicator& comm,
                       StepContext& ctx) override {
@@ -75,8 +71,6 @@ class TopKCompressor : public Compressor {
   }
 
  private:
-  std::string spec_;
-  SparseBucket bucket_;
   std::vector<uint8_t> send_, recv_;
   std::vector<uint64_t> indices_;
   std::vector<std::vector<uint64_t>> all_;
@@ -95,13 +89,9 @@ void StratifiedIndices(uint64_t seed, uint64_t first, uint64_t count, size_t k,
   }
 }
 
-class SharedRandomKCompressor : public Compressor {
+class SharedRandomKCompressor : public SparseCompressor {
  public:
-  SharedRandomKCompressor(const SparseOptions& o, std::string spec)
-      : o_(o), spec_(std::move(spec)), bucket_(o, spec_) {}
-
-  const std::string& spec() const override { return spec_; }
-  void Reset(absl::string_view name) override { bucket_.Reset(name); }
+  using SparseCompressor::SparseCompressor;
 
   absl::Status Reduce(absl::Span<const TensorView> tensors, transport::Communicator& comm,
                       StepContext& ctx) override {
@@ -130,9 +120,6 @@ class SharedRandomKCompressor : public Compressor {
   }
 
  private:
-  SparseOptions o_;
-  std::string spec_;
-  SparseBucket bucket_;
   std::vector<uint64_t> indices_;
 };
 

@@ -87,6 +87,7 @@ class SparseBucket {
 
   void Reset(absl::string_view name) { memory_.Reset(name); }
   const ErrorFeedback& memory() const { return memory_; }
+  ErrorFeedback& mutable_memory() { return memory_; }
 
  private:
   SparseOptions o_;
@@ -100,6 +101,37 @@ class SparseBucket {
   std::vector<float> values_, saved_;
   std::vector<uint64_t> part_;
   std::vector<int64_t> status_;
+};
+
+// What scalecomp, topk and randomk share as Compressors: the spec, the bucket (its memory), and
+// checkpoints of that memory (error_feedback.h's format). Everything else a sparsifier uses
+// across steps derives from the stage's step counters (randomk's indices, scalecomp's leader).
+class SparseCompressor : public Compressor {
+ public:
+  SparseCompressor(const SparseOptions& o, std::string spec)
+      : o_(o), spec_(std::move(spec)), bucket_(o, spec_) {}
+
+  const std::string& spec() const override { return spec_; }
+  void Reset(absl::string_view name) override { bucket_.Reset(name); }
+  absl::Status SaveState(std::string* out) const override {
+    bucket_.memory().Save(out);
+    return absl::OkStatus();
+  }
+  absl::Status LoadState(absl::string_view state) override {
+    if (state.empty()) {  // the first state format (version 1) kept no memory here
+      bucket_.mutable_memory() = ErrorFeedback(o_.beta);
+      return absl::OkStatus();
+    }
+    return bucket_.mutable_memory().Load(state, "compression '" + spec_ + "'");
+  }
+  void DescribeSharedState(std::vector<SharedStateField>* out) const override {
+    bucket_.memory().Describe(out);
+  }
+
+ protected:
+  const SparseOptions o_;
+  const std::string spec_;
+  SparseBucket bucket_;
 };
 
 }  // namespace braid::compression

@@ -54,8 +54,8 @@ void CompressionStage::Plan(CompressionMethod& m, absl::Span<const BucketTensor>
       p.separate_input = true;
       continue;
     }
-    auto step = m.steps_.find(tensors[i].name);
-    p.step = step == m.steps_.end() ? 0 : step->second;
+    auto record = m.tensors_.find(tensors[i].name);
+    p.step = record == m.tensors_.end() ? 0 : record->second.steps;
     p.warm_up = p.step < m.spec_.start_step;
     const bool native = !p.warm_up && m.compressor_->TakesNatively(tensors[i].dtype);
     p.work_dtype = native ? tensors[i].dtype : DataType::kFloat32;
@@ -114,9 +114,12 @@ absl::Status CompressionStage::Reduce(const CompressionMethod& method,
     if (!s.ok()) return s;
     if (m.is_none()) continue;
     for (size_t i : part_index_) {
-      auto it = m.steps_.find(tensors[i].name);
-      if (it == m.steps_.end()) it = m.steps_.emplace(std::string(tensors[i].name), 0).first;
-      ++it->second;
+      auto it = m.tensors_.find(tensors[i].name);
+      if (it == m.tensors_.end()) {
+        it = m.tensors_.emplace(std::string(tensors[i].name), TensorRecord{}).first;
+      }
+      ++it->second.steps;
+      it->second.shape.assign(tensors[i].shape.begin(), tensors[i].shape.end());
     }
   }
   return absl::OkStatus();
@@ -168,115 +171,20 @@ absl::Status CompressionStage::Reduce(const CompressionMethod& method,
                 bytes);
 }
 
-namespace {
-constexpr char kStateMagic[8] = {'B', 'R', 'D', 'C', 'M', 'P', 'S', 'T'};
-constexpr uint32_t kStateVersion = 1;
-}  // namespace
-
 int CompressionStage::ForgetTensors(absl::Span<const std::string> names) {
   absl::MutexLock lock(&state_mu_);
   absl::MutexLock methods_lock(&methods_mu_);
   int forgotten = 0;
   for (auto& [spec, m] : methods_) {
     for (const std::string& name : names) {
-      auto it = m->steps_.find(name);
-      if (it == m->steps_.end()) continue;
-      m->steps_.erase(it);
+      auto it = m->tensors_.find(name);
+      if (it == m->tensors_.end()) continue;
+      m->tensors_.erase(it);
       if (m->compressor_ != nullptr) m->compressor_->Reset(name);
       ++forgotten;
     }
   }
   return forgotten;
-}
-
-std::string CompressionStage::SaveState(int rank, int world_size) const {
-  absl::MutexLock lock(&state_mu_);
-  absl::MutexLock methods_lock(&methods_mu_);
-  std::vector<const CompressionMethod*> saved;
-  for (const auto& [spec, m] : methods_) {
-    if (!m->is_none() && m->compressor_ != nullptr) saved.push_back(m.get());
-  }
-  std::string out;
-  StateWriter w(&out);
-  w.Bytes(kStateMagic, sizeof kStateMagic);
-  w.U32(kStateVersion);
-  w.U32(static_cast<uint32_t>(rank));
-  w.U32(static_cast<uint32_t>(world_size));
-  w.U32(static_cast<uint32_t>(saved.size()));
-  for (const CompressionMethod* m : saved) {
-    w.String(m->spec());
-    w.U32(static_cast<uint32_t>(m->steps_.size()));
-    for (const auto& [name, n] : m->steps_) {
-      w.String(name);
-      w.I64(n);
-    }
-    std::string blob;
-    // The compressors' SaveState cannot fail today; a failure would be a bug worth a crash
-    // rather than a checkpoint silently missing a method.
-    absl::Status s = m->compressor_->SaveState(&blob);
-    CHECK(s.ok()) << "compression '" << m->spec() << "': SaveState: " << s;
-    w.String(blob);
-  }
-  return out;
-}
-
-absl::Status CompressionStage::LoadState(absl::string_view state, int rank, int world_size) {
-  StateReader in(state, "compression state");
-  char magic[sizeof kStateMagic];
-  in.Bytes(magic, sizeof magic);
-  in.Check(std::memcmp(magic, kStateMagic, sizeof magic) == 0,
-           "does not start with \"BRDCMPST\" (not a braid compression state)");
-  const uint32_t version = in.U32();
-  in.Check(version == kStateVersion,
-           absl::StrCat("version ", version, ", this braid reads version ", kStateVersion));
-  const int saved_rank = static_cast<int>(in.U32());
-  const int saved_size = static_cast<int>(in.U32());
-  const uint32_t count = in.U32();
-  struct Loaded {
-    CompressionSpec spec;
-    std::unique_ptr<Compressor> compressor;
-    std::vector<std::pair<std::string, int64_t>> steps;
-  };
-  std::map<std::string, Loaded> loaded;
-  for (uint32_t i = 0; i < count && in.status().ok(); ++i) {
-    const std::string spec_text = in.String();
-    std::vector<std::pair<std::string, int64_t>> steps(in.U32());
-    for (auto& [name, n] : steps) {
-      if (!in.status().ok()) break;
-      name = in.String();
-      n = in.I64();
-      in.Check(n >= 0, absl::StrCat("tensor '", name, "': negative step count ", n));
-    }
-    const std::string blob = in.String();
-    if (!in.status().ok()) break;
-    auto spec = ParseCompressionSpec(spec_text, options_.registry);
-    if (!spec.ok()) return absl::InvalidArgumentError(absl::StrCat("compression state: ", spec.status().message()));
-    if (spec->canonical == "none" || loaded.count(spec->canonical)) {
-      in.Check(false, absl::StrCat("method '", spec_text, "' is 'none' or appears twice"));
-      break;
-    }
-    auto compressor = CreateCompressor(*spec);
-    if (!compressor.ok()) return compressor.status();
-    BRAID_RETURN_IF_ERROR((*compressor)->LoadState(blob));
-    const std::string canonical = spec->canonical;
-    loaded.emplace(canonical, Loaded{*std::move(spec), *std::move(compressor), std::move(steps)});
-  }
-  in.Check(in.done(), "bytes left over after the last method");
-  if (!in.status().ok()) return in.status();
-  if (saved_rank != rank || saved_size != world_size) {
-    LOG(WARNING) << "compression state saved by rank " << saved_rank << " of " << saved_size
-                 << " is loaded on rank " << rank << " of " << world_size
-                 << ": error-feedback residuals are that rank's";
-  }
-  absl::MutexLock lock(&state_mu_);
-  absl::MutexLock methods_lock(&methods_mu_);
-  for (auto& [spec, l] : loaded) {
-    CompressionMethod* m = FindOrAddLocked(std::move(l.spec));
-    m->compressor_ = std::move(l.compressor);
-    m->steps_.clear();
-    for (const auto& [name, n] : l.steps) m->steps_[name] = n;
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace braid::compression

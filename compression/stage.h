@@ -28,6 +28,7 @@
 #include "absl/types/span.h"
 #include "compression/compressor.h"
 #include "compression/registry.h"
+#include "compression/state_summary.h"
 
 namespace braid::compression {
 
@@ -36,7 +37,14 @@ struct StageOptions {
   RegistryOptions registry;
 };
 
-// One canonical spec, its Compressor (created at its first reduction, or by LoadState) and
+// What the stage keeps of one tensor under one method.
+struct TensorRecord {
+  int64_t steps = 0;           // reductions so far, warm-up included
+  std::vector<int64_t> shape;  // of the last one (empty when restored from a version 1 state)
+};
+using TensorRecords = std::map<std::string, TensorRecord, std::less<>>;
+
+// One canonical spec, its Compressor (created at its first reduction, or by ApplyState) and
 // its tensors' step counts. Owned by the stage, which never moves or destroys it while it
 // lives, so a pointer resolved when a collective is enqueued stays valid.
 class CompressionMethod {
@@ -54,8 +62,20 @@ class CompressionMethod {
   const CompressionSpec spec_;
   // Guarded by the stage's state_mu_ (annotations cannot name another object's mutex).
   std::unique_ptr<Compressor> compressor_;
-  // Tensor name -> reductions so far, warm-up included (none keeps no counts).
-  std::map<std::string, int64_t, std::less<>> steps_;
+  // By tensor name (none keeps no records).
+  TensorRecords tensors_;
+};
+
+// A compression state parsed by CompressionStage::ParseState and not applied yet: per method
+// a fresh compressor holding its saved state, and its tensors' records.
+struct ParsedState {
+  struct Method {
+    CompressionSpec spec;
+    std::unique_ptr<Compressor> compressor;
+    TensorRecords tensors;
+  };
+  int saved_rank = 0, saved_world_size = 0;
+  std::map<std::string, Method> methods;  // by canonical spec
 };
 
 // One tensor of a bucket as the caller describes it before packing.
@@ -117,24 +137,39 @@ class CompressionStage {
 
   // Checkpointing (a training checkpoint keeps this next to the model): this rank's
   // compression state, i.e. per method the state its Compressor keeps across steps
-  // (Compressor::SaveState: PowerSGD's Q and residuals, ...) and the step counter of every
-  // tensor (warm-up and random streams follow it), so that LoadState in a new job continues
-  // bit-identically. The state is per rank (residuals differ across ranks). Format, integers
-  // little-endian, lengths in bytes:
-  //   "BRDCMPST" (8 bytes), version u32 = 1, rank i32, world size i32, method count u32,
-  //   then per method:
+  // (Compressor::SaveState: error-feedback residuals, PowerSGD's Q, ...) and the step counter
+  // and shape of every tensor (warm-up, random streams and scalecomp's leader follow the
+  // counters), so that loading it in a new job continues bit-identically. The state is per
+  // rank (residuals differ across ranks). Format, integers little-endian, lengths in bytes:
+  //   "BRDCMPST" (8 bytes), version u32 = 2, rank i32, world size i32,
+  //   digest u64 (SummaryDigest of the state's summary, state_summary.h: what every rank
+  //   must hold alike), method count u32, then per method:
   //     spec: u64 length + bytes (canonical, e.g. "powersgd:rank=2"),
   //     tensor count u32, per tensor: name (u64 length + bytes), reductions so far i64,
-  //     compressor state: u64 length + bytes (the method's own format, e.g. powersgd.h;
-  //     empty when it keeps none).
-  // Methods that never reduced anything and none are not in it. Thread-safe; waits for a
-  // bucket being reduced.
+  //     shape: dimension count u32 + i64 each,
+  //     compressor state: u64 length + bytes (the method's own format: powersgd.h,
+  //     error_feedback.h; empty when it keeps none).
+  // Version 1 (still read) had no digest and no shapes, and kept no error-feedback memory
+  // but PowerSGD's. Methods that never reduced anything and none are not in it.
+  // Thread-safe; waits for a bucket being reduced.
   std::string SaveState(int rank, int world_size) const;
-  // Restores a SaveState result: each method in it gets a fresh compressor holding its
-  // saved state, and its tensors' step counters; methods not in it are left as they are.
-  // A state saved on another rank or world size loads with a warning (the residuals are
-  // that rank's). InvalidArgument, with nothing changed, when `state` is malformed, names an
-  // unknown method or holds a state its compressor refuses. Thread-safe.
+  // Parses a SaveState result without changing anything. InvalidArgument naming the field
+  // when it is malformed (refused by its declared sizes before anything is allocated for
+  // them), its digest does not match its contents, it names an unknown method or holds a
+  // state its compressor refuses; FailedPrecondition when a method's compressor cannot be
+  // created (powersgd without OpenBLAS). Thread-safe.
+  absl::StatusOr<std::unique_ptr<ParsedState>> ParseState(absl::string_view state) const;
+  // What every rank must hold alike (Note [Restoring compression state]) of the state this
+  // stage would hold with `pending`'s methods replacing its own (null: as it is).
+  // Thread-safe; waits for a bucket being reduced.
+  StateSummary Summarize(const ParsedState* pending = nullptr) const;
+  // Applies a parsed state: each method in it gets its fresh compressor and its tensors'
+  // records; methods not in it are left as they are. Thread-safe.
+  void ApplyState(std::unique_ptr<ParsedState> state);
+  // ParseState, then ApplyState, for one process (the runtime checks that the ranks agree
+  // first, Note [Restoring compression state]): InvalidArgument as ParseState, or when the
+  // state was saved by a job of another world size; a state saved by another rank loads
+  // with a warning.
   absl::Status LoadState(absl::string_view state, int rank, int world_size);
   // Forgets what every method keeps for the tensors `names` (Compressor::Reset: residuals,
   // PowerSGD's Q; and their step counters, so warm-up starts over): their next reduction

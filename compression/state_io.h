@@ -1,8 +1,9 @@
 // Little-endian writer and bounds-checked reader for the compression state formats
-// (stage.h, powersgd.h). Hand-rolled rather than protobuf: the state is a handful of integers,
-// length-prefixed strings and raw float32 arrays (residuals as large as the model), which a
-// byte layout stores without copies, and the compression library then needs no generated code
-// of its own (proto/ is the coordinator's wire contract).
+// (stage.h, powersgd.h, error_feedback.h), and the stable hash their digests use. Hand-rolled
+// rather than protobuf: the state is a handful of integers, length-prefixed strings and raw
+// float32 arrays (residuals as large as the model), which a byte layout stores without
+// copies, and the compression library then needs no generated code of its own (proto/ is the
+// coordinator's wire contract).
 #ifndef BRAID_COMPRESSION_STATE_IO_H_
 #define BRAID_COMPRESSION_STATE_IO_H_
 
@@ -55,7 +56,7 @@ class StateReader {
       std::memset(p, 0, n);
       return false;
     }
-    std::memcpy(p, data_.data(), n);
+    if (n > 0) std::memcpy(p, data_.data(), n);  // an empty array's data() may be null
     data_.remove_prefix(n);
     consumed_ += n;
     return true;
@@ -63,20 +64,40 @@ class StateReader {
   uint32_t U32() { uint32_t v = 0; Bytes(&v, sizeof v); return v; }
   uint64_t U64() { uint64_t v = 0; Bytes(&v, sizeof v); return v; }
   int64_t I64() { int64_t v = 0; Bytes(&v, sizeof v); return v; }
-  std::string String() {
+  // `what` names the field in the error.
+  std::string String(absl::string_view what = "string") {
     const uint64_t n = U64();
-    if (!Check(n <= data_.size(), "string length past the end")) return {};
+    if (!Check(n <= data_.size(), absl::StrCat(what, " of ", n, " bytes past the end (",
+                                               data_.size(), " left)"))) {
+      return {};
+    }
     std::string s(data_.substr(0, n));
     data_.remove_prefix(n);
     consumed_ += n;
     return s;
   }
-  std::vector<float> Floats() {
+  std::vector<float> Floats(absl::string_view what = "float array") {
     const uint64_t n = U64();
-    if (!Check(n <= data_.size() / sizeof(float), "float array past the end")) return {};
+    if (!Check(n <= data_.size() / sizeof(float),
+               absl::StrCat(what, " of ", n, " float32 values past the end (", data_.size(),
+                            " bytes left)"))) {
+      return {};
+    }
     std::vector<float> v(n);
     Bytes(v.data(), n * sizeof(float));
     return v;
+  }
+  // A count of records that take at least `min_bytes` each: refused, naming `what`, when the
+  // bytes left cannot hold that many, so no caller sizes anything from an unchecked count (a
+  // few crafted bytes must not make a loader allocate gigabytes). Returns 0 after a failure.
+  uint32_t Count(absl::string_view what, size_t min_bytes) {
+    const uint32_t n = U32();
+    if (!Check(n <= data_.size() / min_bytes,
+               absl::StrCat(what, " ", n, " declared, but the ", data_.size(),
+                            " bytes left hold at most ", data_.size() / min_bytes))) {
+      return 0;
+    }
+    return n;
   }
   // Records `problem` (with the byte offset) unless `ok`; returns ok.
   bool Check(bool ok, absl::string_view problem) {
@@ -87,6 +108,7 @@ class StateReader {
     return ok && status_.ok();
   }
   bool done() const { return data_.empty(); }
+  size_t left() const { return data_.size(); }
   const absl::Status& status() const { return status_; }
 
  private:
@@ -95,6 +117,17 @@ class StateReader {
   size_t consumed_ = 0;
   absl::Status status_;
 };
+
+// FNV-1a over bytes, continuing from `h`: the state digests must be the same in every process
+// and every run, which absl::Hash (salted per process) is not.
+inline uint64_t StableHash(const void* p, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
+  const unsigned char* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= b[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
 
 }  // namespace braid::compression
 

@@ -455,6 +455,15 @@ void Job::InspectNegotiationDeadline(absl::Time now) {
            absl::Milliseconds(settings_.negotiation_timeout_ms()), now)) {
     LOG(WARNING) << "coordinator: " << msg;
   }
+  // The job is out of step: the response cache's flush goes to every rank before any error
+  // (Note [Resynchronization] in negotiation.h).
+  proto::ResponseList flush;
+  flush.set_sequence(sequence_ + 1);
+  for (int32_t id : table_->TakeEvictions(flush.sequence())) flush.add_evicted_cache_ids(id);
+  if (flush.evicted_cache_ids_size() > 0) {
+    ++sequence_;
+    Broadcast(std::move(flush));
+  }
   SendReplies();
 }
 

@@ -49,8 +49,9 @@ std::map<int, std::vector<proto::Response>> NegotiationTable::TakeReplies() {
 
 int32_t NegotiationTable::CacheInsert(const RequestPtr& agreed) {
   const proto::Collective c = agreed->collective();
-  if (cache_capacity_ <= 0 || (c != proto::ALLREDUCE && c != proto::BROADCAST &&
-                               c != proto::REDUCESCATTER && c != proto::BARRIER)) {
+  // Barriers are never cached: each must reach the coordinator (Note [Resynchronization]).
+  if (cache_capacity_ <= 0 ||
+      (c != proto::ALLREDUCE && c != proto::BROADCAST && c != proto::REDUCESCATTER)) {
     return 0;
   }
   std::string bytes;
@@ -125,6 +126,22 @@ proto::Response NegotiationTable::Validate(const std::string& name, const Entry&
 std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::RequestList& list,
                                                       absl::Time now) {
   std::vector<proto::Response> ready;
+  // Failure reports first: a rank reports a name only while no instance of it is in flight
+  // there, so a report in this list concerns an instance enqueued before any request of the
+  // same name in it (a refused step k, then step k+1).
+  for (const proto::FailureReport& f : list.failures()) {
+    if (f.in_collective()) continue;  // the job is aborted instead (Job::OnRequests)
+    // Poisoned: its later submissions fail anyway, and the reporter's own handle has failed.
+    if (Poisoned(rank, f.name(), /*reply=*/false)) continue;
+    const std::string cause = Truncated(f.message(), kMaxErrorMessageBytes);
+    absl::StatusCode code = static_cast<absl::StatusCode>(f.error_code());
+    if (code == absl::StatusCode::kOk) code = absl::StatusCode::kUnknown;
+    FailEverywhere(f.name(),
+                   ErrorResponse(f.name(), code,
+                         absl::StrCat("tensor '", Truncated(f.name(), kMaxNameBytes),
+                                      "' failed on rank ", rank, ": ", cause)),
+                   rank);
+  }
   for (int32_t id : list.cached_ids()) {
     RequestPtr req;
     if (auto it = cache_.find(id); it != cache_.end()) req = it->second.request;
@@ -141,81 +158,147 @@ std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::Req
   for (const proto::Request& req : list.requests()) {
     SubmitOne(rank, std::make_shared<const proto::Request>(req), now, &ready);
   }
-  for (const proto::FailureReport& f : list.failures()) {
-    if (f.in_collective()) continue;  // the job is aborted instead (Job::OnRequests)
-    // The instance already failed elsewhere: settled, and nothing to answer (no handle).
-    if (SettleTombstone(rank, f.name(), /*reply=*/false)) continue;
-    const std::string cause = Truncated(f.message(), kMaxErrorMessageBytes);
-    absl::StatusCode code = static_cast<absl::StatusCode>(f.error_code());
-    if (code == absl::StatusCode::kOk) code = absl::StatusCode::kUnknown;
-    FailEverywhere(f.name(),
-                   ErrorResponse(f.name(), code,
-                         absl::StrCat("tensor '", Truncated(f.name(), kMaxNameBytes),
-                                      "' failed on rank ", rank, ": ", cause)),
-                   rank);
-  }
   return Fuse(std::move(ready));
 }
 
-bool NegotiationTable::SettleTombstone(int rank, const std::string& name, bool reply) {
-  auto t = tombstones_.find(name);
-  if (t == tombstones_.end()) return false;
-  auto owed = t->second.owed.find(rank);
-  if (owed == t->second.owed.end()) return false;
-  if (--owed->second == 0) t->second.owed.erase(owed);
-  proto::Response error = t->second.error;
-  if (t->second.owed.empty()) tombstones_.erase(t);
-  if (reply) replies_[rank].push_back(std::move(error));
+bool NegotiationTable::Poisoned(int rank, const std::string& name, bool reply) {
+  auto p = poisoned_.find(name);
+  if (p == poisoned_.end() && out_of_step_.empty()) return false;
+  if (!reply) return true;
+  const std::string head =
+      absl::StrCat("tensor '", Truncated(name, kMaxNameBytes), "' was not run on rank ", rank);
+  replies_[rank].push_back(ErrorResponse(
+      name, absl::StatusCode::kFailedPrecondition,
+      p != poisoned_.end()
+          ? absl::StrCat(head,
+                         ": an earlier instance of it failed before every rank had submitted it (",
+                         p->second.cause,
+                         "), so braid cannot tell which step of the other ranks this call "
+                         "pairs with; every call of it fails on every rank until all ranks call "
+                         "barrier()")
+          : absl::StrCat(head, ": the ranks are out of step since a collective waited out the "
+                               "negotiation deadline (",
+                         out_of_step_,
+                         "); every collective fails on every rank until all ranks call "
+                         "barrier()")));
   return true;
 }
 
 void NegotiationTable::FailEverywhere(const std::string& name, proto::Response error,
-                                      int reporter) {
+                                      int reporter, bool may_poison) {
   std::set<int> submitted;
   if (auto it = table_.find(name); it != table_.end()) {
+    may_poison = may_poison && FirstOf(it->second)->collective() != proto::BARRIER;
     for (int r = 0; r < world_size_; ++r) {
       if (it->second.by_rank[r] != nullptr) submitted.insert(r);
     }
     table_.erase(it);
   }
   for (int r : submitted) replies_[r].push_back(error);
-  Tombstone& t = tombstones_[name];
-  t.error = std::move(error);
+  // A name over the limit is refused wherever it is sent: nothing to poison.
+  if (!may_poison || name.size() > kMaxNameBytes) return;
   for (int r = 0; r < world_size_; ++r) {
     // A joined rank (Note [Join]) submits no instance of it in this round.
-    if (r != reporter && submitted.count(r) == 0 && joined_.count(r) == 0) ++t.owed[r];
+    if (r != reporter && submitted.count(r) == 0 && joined_.count(r) == 0) {
+      poisoned_[name] = Poison{static_cast<absl::StatusCode>(error.error_code()),
+                               error.error_message()};
+      return;
+    }
   }
-  if (t.owed.empty()) tombstones_.erase(name);
+}
+
+void NegotiationTable::Desynchronize(const std::string& cause) {
+  if (out_of_step_.empty()) out_of_step_ = cause;
+  // Flush the response cache: under the fast path nothing may be agreed without the
+  // coordinator until the barrier. Evicted ids still resolve (retired), as for the LRU.
+  for (auto& [id, entry] : cache_) {
+    retired_[id] = Retired{entry.request, 0};
+    evictions_.push_back(id);
+  }
+  cache_.clear();
+  cache_by_name_.clear();
+}
+
+void NegotiationTable::Resynchronize(const std::string& barrier) {
+  poisoned_.clear();
+  out_of_step_.clear();
+  std::vector<Pending> stale = PendingTensors(absl::InfiniteFuture());
+  for (const Pending& p : stale) {
+    FailEverywhere(
+        p.name,
+        ErrorResponse(p.name, absl::StatusCode::kInvalidArgument,
+                      absl::StrCat("tensor '", Truncated(p.name, kMaxNameBytes),
+                                   "' was submitted by ", Ranks(p.ready_ranks), " but not by ",
+                                   Ranks(p.missing_ranks), " before barrier '",
+                                   Truncated(barrier, kMaxNameBytes),
+                                   "', which every rank has passed: it can never pair (a rank "
+                                   "skipped it or called it under another name)")),
+        /*reporter=*/-1, /*may_poison=*/false);  // the others' next calls follow the barrier
+  }
+}
+
+bool NegotiationTable::IsBarrier(const std::string& name) const {
+  auto it = table_.find(name);
+  return it != table_.end() && FirstOf(it->second)->collective() == proto::BARRIER;
 }
 
 std::vector<std::string> NegotiationTable::ExpireOlderThan(absl::Duration timeout,
                                                            absl::Time now) {
   std::vector<std::string> messages;
-  std::vector<Pending> expired;
-  for (Pending& p : PendingTensors(now)) {
-    if (p.waiting >= timeout) expired.push_back(std::move(p));
+  std::vector<Pending> pending = PendingTensors(now);
+  std::string first;  // the oldest expired tensor's message
+  bool others = false;  // a tensor other than a barrier is pending
+  for (const Pending& p : pending) {
+    others = others || !IsBarrier(p.name);
+    if (p.waiting < timeout) continue;
+    messages.push_back(absl::StrCat(
+        "tensor '", p.name, "' was not negotiated within ", absl::FormatDuration(timeout),
+        " (BRAID_NEGOTIATION_TIMEOUT_S): submitted by ", Ranks(p.ready_ranks), " but not by ",
+        Ranks(p.missing_ranks),
+        " (ranks calling collectives under different names, or a rank that never calls it)"));
+    if (first.empty()) first = messages.back();
   }
-  for (const Pending& p : expired) {
-    std::string msg = absl::StrCat(
-        "tensor '", p.name, "' was not negotiated within ",
-        absl::FormatDuration(timeout), " (BRAID_NEGOTIATION_TIMEOUT_S): submitted by ",
-        Ranks(p.ready_ranks), " but not by ", Ranks(p.missing_ranks),
-        " (ranks calling collectives under different names, or a rank that never calls it)");
-    FailEverywhere(p.name, ErrorResponse(p.name, absl::StatusCode::kDeadlineExceeded, msg),
-                   /*reporter=*/-1);
-    messages.push_back(std::move(msg));
+  if (first.empty()) return messages;
+  // Out of step (Note [Resynchronization]): the flush goes before any error.
+  Desynchronize(first);
+  size_t m = 0;
+  for (const Pending& p : pending) {
+    const bool expired = p.waiting >= timeout;
+    const std::string msg = expired ? messages[m++] : "";
+    if (IsBarrier(p.name)) {
+      // A barrier is how the ranks resynchronize: while other calls keep some ranks from
+      // it, they fail now and the barrier waits on for them; alone, it expires.
+      if (!expired) continue;
+      if (others) {
+        table_.at(p.name).first_seen = now;
+        continue;
+      }
+    }
+    FailEverywhere(
+        p.name,
+        expired ? ErrorResponse(p.name, absl::StatusCode::kDeadlineExceeded, msg)
+                : ErrorResponse(p.name, absl::StatusCode::kFailedPrecondition,
+                                absl::StrCat("tensor '", p.name, "' (submitted by ",
+                                             Ranks(p.ready_ranks), " but not yet by ",
+                                             Ranks(p.missing_ranks),
+                                             ") fails with the job's negotiation deadline: ",
+                                             first,
+                                             "; every collective fails on every rank until "
+                                             "all ranks call barrier()")),
+        /*reporter=*/-1, /*may_poison=*/false);
   }
   return messages;
 }
 
 void NegotiationTable::SubmitOne(int rank, RequestPtr req, absl::Time now,
                                  std::vector<proto::Response>* ready) {
-  // The failed instance: answered at once.
-  if (SettleTombstone(rank, req->name(), /*reply=*/true)) return;
+  // Note [Resynchronization]: poisoned until the next barrier; barriers never are.
+  if (req->collective() != proto::BARRIER && Poisoned(rank, req->name(), /*reply=*/true)) return;
   if (absl::Status bad = ValidateRequest(rank, *req); !bad.ok()) {
     // The sender holds a handle for it: it is answered like the ranks that submitted before.
     replies_[rank].push_back(ErrorResponse(req->name(), bad.code(), std::string(bad.message())));
-    FailEverywhere(req->name(), ErrorResponse(req->name(), bad.code(), std::string(bad.message())), rank);
+    FailEverywhere(req->name(), ErrorResponse(req->name(), bad.code(), std::string(bad.message())),
+                   rank, /*may_poison=*/req->collective() != proto::BARRIER);
     return;
   }
   if (req->collective() == proto::JOIN) return SubmitJoin(rank, *req, now, ready);
@@ -305,7 +388,10 @@ void NegotiationTable::Respond(const std::string& name_ref, absl::Time now,
     // to cache, and every rank's cache must stay the same (Note [Fast path] in the runtime).
     resp.add_cache_ids(fill.empty() ? CacheInsert(first_ptr) : 0);
   }
+  const bool resync = resp.type() == proto::Response::OK &&
+                      first.collective() == proto::BARRIER && first.process_set_id() == 0;
   table_.erase(name);
+  if (resync) Resynchronize(name);
 }
 
 void NegotiationTable::SubmitJoin(int rank, const proto::Request& req, absl::Time now,
@@ -324,7 +410,10 @@ void NegotiationTable::SubmitJoin(int rank, const proto::Request& req, absl::Tim
   for (const auto& [name, e] : table_) {
     if (Ready(e)) now_ready.push_back(name);
   }
-  for (const std::string& name : now_ready) Respond(name, now, ready);
+  for (const std::string& name : now_ready) {
+    // A barrier among them fails the stale others (Note [Resynchronization]).
+    if (table_.count(name) != 0) Respond(name, now, ready);
+  }
   if (static_cast<int>(joined_.size()) < world_size_) return;
   std::map<int, std::string> names;
   names.swap(joined_);
@@ -385,10 +474,6 @@ std::vector<proto::Response> NegotiationTable::FailTensorsWaitingFor(const std::
                                      missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "),
                                      " already shut down")));
     it = table_.erase(it);
-  }
-  for (auto t = tombstones_.begin(); t != tombstones_.end();) {
-    for (int r : gone) t->second.owed.erase(r);  // a rank that left settles nothing
-    t = t->second.owed.empty() ? tombstones_.erase(t) : std::next(t);
   }
   return out;
 }

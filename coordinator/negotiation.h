@@ -14,12 +14,38 @@
 // never calls the collective; a rank that has joined counts as having submitted every
 // tensor, and a JOIN request itself never expires: Note [Join]). The error goes to the ranks
 // that submitted the tensor (they hold its handle) as a reply to each alone, not in the
-// common order: an ERROR runs no collective, and a rank that has not submitted the tensor
-// must not receive it, since by then it may hold another instance of the same name (a rank
-// that failed locally goes on to its next step at once). Instead the table keeps a
-// tombstone owed by every rank that has not submitted that instance yet; the next request of
-// that name from such a rank is the failed instance, and is answered with the same error at
-// once. Tombstones are per name, so they are bounded by the job's names.
+// common order: an ERROR runs no collective. A rank that had neither submitted nor reported
+// that instance when it failed is the hard case: it may be slow (its next submission of the
+// name is the failed instance) or it may have skipped the call (its next submission is the
+// next step's), and names alone cannot tell the two apart. Either guess can pair one rank's
+// step k with another's step k+1 without an error, so braid does not guess: Note
+// [Resynchronization].
+//
+// Note [Resynchronization]
+// The rule: an error never changes which step a rank's data is reduced with.
+// - A one-sided failure (some rank had neither submitted nor reported the failed instance)
+//   poisons the name: every later submission of it, from every rank, fails at once with
+//   FailedPrecondition naming the earlier error, until the ranks resynchronize.
+// - The ranks resynchronize with a barrier: when a barrier completes, every poisoned name is
+//   clean again. A barrier is an epoch boundary for pairing: a rank sends nothing it
+//   enqueued after a barrier until that barrier completed (Note [Barrier order] in
+//   runtime/loop.cc), and every rank has passed it, so what the coordinator still holds when
+//   a barrier completes was submitted before it by some ranks and will never be submitted by
+//   the others: it fails at once on the ranks that submitted it (InvalidArgument naming the
+//   ranks on each side and the barrier) instead of pairing with a later step.
+// - The negotiation deadline is different: a tensor that waited it out means the ranks are
+//   out of step (each waits in a call the others never make, or one skipped a call), and
+//   which of their later calls pair can no longer be known from any one name: rank 1 may
+//   have called 'h' where rank 0 called 'g', so after 'h' fails, rank 1's next 'g' is its
+//   next step's. So the deadline desynchronizes the whole job: every tensor still pending
+//   fails with it, and every later submission of any name fails until a barrier. Under the
+//   fast path the response cache is flushed (every id evicted, in the common order) so that
+//   no rank agrees a cached tensor without the coordinator meanwhile; the errors reach the
+//   ranks after the flush (a rank applies its own errors in the order it received them with
+//   the common lists, Note [Fast path] in runtime/fast_path.h).
+// - Barriers themselves are never poisoned (they carry no data, and a poisoned barrier could
+//   never resynchronize), and never cached, so every barrier reaches the coordinator, with the
+//   fast path on too. Poisons are per name, so they are bounded by the job's names.
 //
 // Note [Join]
 // join() for uneven inputs, with Horovod's semantics. A rank that ran out of data sends a
@@ -83,8 +109,12 @@ class NegotiationTable {
                                       absl::Time now = absl::Now());
 
   // Fails every tensor some ranks submitted more than `timeout` ago (Note [Failure
-  // reports]): DeadlineExceeded naming the ranks that did and did not submit it. Returns the
-  // messages (for the log); the errors wait in TakeReplies().
+  // reports]): DeadlineExceeded naming the ranks that did and did not submit it; if one did,
+  // the job is out of step (Note [Resynchronization]): every other pending tensor fails too,
+  // the response cache is flushed (TakeEvictions) and later submissions fail until a
+  // barrier. A pending barrier never fails while anything else is pending (those calls are
+  // what keeps ranks from it): its deadline starts again. Returns the messages (for the
+  // log); the errors wait in TakeReplies().
   std::vector<std::string> ExpireOlderThan(absl::Duration timeout, absl::Time now);
 
   // ERROR responses for single ranks, by rank, since the last call: to send to each alone.
@@ -117,7 +147,9 @@ class NegotiationTable {
   // (every rank still in the job has applied it).
   void ReleaseRetired(int64_t applied);
   size_t retired_entries() const { return retired_.size(); }
-  size_t tombstones() const { return tombstones_.size(); }
+  // Names poisoned until the next barrier (Note [Resynchronization]).
+  size_t poisoned_names() const { return poisoned_.size(); }
+  bool out_of_step() const { return !out_of_step_.empty(); }
 
   // Whether responses carry report_age_us (default true). The coordinator turns it off until
   // a rank asks for them (RequestList.report_ages): N numbers per tensor.
@@ -143,10 +175,10 @@ class NegotiationTable {
     int submitted = 0;
     absl::Time first_seen;
   };
-  // A tensor that can never complete on every rank (Note [Failure reports]).
-  struct Tombstone {
-    proto::Response error;
-    std::map<int, int> owed;  // rank -> instances of the name it has yet to submit
+  // A name whose later submissions fail until the next barrier (Note [Resynchronization]).
+  struct Poison {
+    absl::StatusCode code;  // of the failure that poisoned it
+    std::string cause;      // its message
   };
   proto::Response Validate(const std::string& name, const Entry& e) const;
   // The request of the lowest rank that submitted `e` (some rank did: it is in the table).
@@ -162,11 +194,20 @@ class NegotiationTable {
   void SubmitOne(int rank, RequestPtr req, absl::Time now,
                  std::vector<proto::Response>* ready);
   // Fails `name` on every rank with `error` (Note [Failure reports]): replies to the ranks
-  // that submitted it, a tombstone owed by the others, `reporter` excepted.
-  void FailEverywhere(const std::string& name, proto::Response error, int reporter);
-  // True when `rank` owed an instance of `name` to a tombstone, now settled (and, with
-  // `reply`, answered with its error).
-  bool SettleTombstone(int rank, const std::string& name, bool reply);
+  // that submitted it; when a rank other than `reporter` (and the joined ones) had not
+  // submitted it, the name is poisoned if `may_poison` and it is not a barrier (Note
+  // [Resynchronization]).
+  void FailEverywhere(const std::string& name, proto::Response error, int reporter,
+                      bool may_poison = true);
+  // True when `name` is poisoned; with `reply`, `rank`'s submission is answered with the
+  // poison's error.
+  bool Poisoned(int rank, const std::string& name, bool reply);
+  // A barrier completed on every rank: poisons go, and what is still pending fails on the
+  // ranks that submitted it (Note [Resynchronization]).
+  void Resynchronize(const std::string& barrier);
+  // The negotiation deadline failed a tensor with `cause`: the job is out of step.
+  void Desynchronize(const std::string& cause);
+  bool IsBarrier(const std::string& name) const;  // a pending barrier
   // Id of `agreed` in the cache (inserted or refreshed), or 0 when it is not cacheable.
   int32_t CacheInsert(const RequestPtr& agreed);
 
@@ -186,7 +227,8 @@ class NegotiationTable {
   };
   std::map<int32_t, Retired> retired_;              // evicted, still resolvable
   std::vector<int32_t> evictions_;
-  std::map<std::string, Tombstone> tombstones_;
+  std::map<std::string, Poison> poisoned_;
+  std::string out_of_step_;  // non-empty: the cause; every name is poisoned until a barrier
   std::map<int, std::vector<proto::Response>> replies_;
 
   int world_size_;

@@ -192,7 +192,7 @@ void Runtime::Impl::ReportFailureLocked(const std::string& name, const absl::Sta
   f.set_name(name);
   f.set_error_code(static_cast<int32_t>(cause.code()));
   f.set_message(Truncated(cause.message(), kMaxErrorMessageBytes));
-  failures_.push_back(std::move(f));
+  failures_.push_back(PendingFailure{next_seq_++, std::move(f)});
 }
 
 absl::Status Runtime::Impl::ReportFailure(const std::string& name, const absl::Status& cause) {
@@ -235,6 +235,7 @@ absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest
   // The canonical spec travels (the coordinator compares it across ranks as it is).
   proto::Request p = ToProto(req, method != nullptr ? method->spec() : std::string());
   std::string request_bytes = p.SerializeAsString();
+  if (req.collective == Collective::kBarrier) ++barriers_outgoing_;
   outgoing_.push_back(std::move(p));
   if (std::shared_ptr<Timeline> timeline = this->timeline()) {
     timeline->Begin(req.name, "NEGOTIATE",
@@ -242,7 +243,7 @@ absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest
   }
   std::string name = req.name;
   table_.emplace(std::move(name), Entry{std::move(req), handle, method, std::move(request_bytes),
-                                       /*fast=*/false, absl::InfinitePast()});
+                                       /*fast=*/false, absl::InfinitePast(), next_seq_++});
   return handle;
 }
 

@@ -62,9 +62,9 @@ std::optional<bool> Runtime::Impl::BeginFastRound(proto::RequestList* out, Vote*
                                                   std::deque<Bucket>* replies) {
   absl::MutexLock lock(&mu_);
   auto event = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return stop_ || !abort_.ok() || !peer_left_.ok() ||
-           (!outgoing_.empty() && group_depth_ == 0) || received_count_ > applied_ ||
-           !failures_.empty() || !ready_.empty();
+    return stop_ || !abort_.ok() || !peer_left_.ok() || received_count_ > applied_ ||
+           !ready_.empty() || (!held_replies_.empty() && held_replies_.front().first <= applied_) ||
+           SendableLocked(/*fast=*/true).any();
   };
   // A round right away when the last one ran something and tensors still wait (a step's
   // next bucket); else on a new request or coordinator message, or after a cycle. A rank
@@ -92,6 +92,7 @@ std::optional<bool> Runtime::Impl::BeginFastRound(proto::RequestList* out, Vote*
     return true;
   }
   RouteAndVoteLocked(absl::Now(), out, vote);
+  ReleaseRepliesLocked(/*all=*/false);
   replies->swap(ready_);
   executing_ = true;
   voting_ = true;
@@ -133,6 +134,13 @@ bool Runtime::Impl::FinishFastRound(const absl::Status& gathered_status,
   return false;
 }
 
+void Runtime::Impl::ReleaseRepliesLocked(bool all) {
+  while (!held_replies_.empty() && (all || held_replies_.front().first <= applied_)) {
+    ready_.push_back(std::move(held_replies_.front().second));
+    held_replies_.pop_front();
+  }
+}
+
 void Runtime::Impl::StopFastPathLocked() {
   fast_path_ = false;
   fast_active_ = false;
@@ -143,6 +151,7 @@ void Runtime::Impl::StopFastPathLocked() {
     applied_sequence_ = std::max(applied_sequence_, msg.sequence());
   }
   received_.clear();
+  ReleaseRepliesLocked(/*all=*/true);
   for (auto& [name, e] : table_) {
     if (!e.fast) continue;
     e.fast = false;
@@ -162,14 +171,15 @@ void Runtime::Impl::RouteAndVoteLocked(absl::Time now, proto::RequestList* out, 
   // every rank's cache at this round: the ranks holding it send it to the coordinator, which
   // answers them with the failure, instead of waiting for the fallback.
   out->set_applied_sequence(applied_sequence_);
-  for (proto::FailureReport& f : failures_) {
+  // An open group (BeginGroup) holds its requests until it closes, as on the slow path; a
+  // barrier and what follows it wait as Note [Barrier order] says.
+  std::vector<proto::FailureReport> failures;
+  std::vector<proto::Request> routing;
+  TakeSendableLocked(/*fast=*/true, &failures, &routing);
+  for (proto::FailureReport& f : failures) {
     if (int32_t id = fast_cache_.IdOf(f.name()); id != 0) invalidate_next_.push_back(id);
     *out->add_failures() = std::move(f);
   }
-  failures_.clear();
-  // An open group (BeginGroup) holds its requests until it closes, as on the slow path.
-  std::vector<proto::Request> routing;
-  if (group_depth_ == 0) routing.swap(outgoing_);
   for (proto::Request& r : routing) {
     auto entry = table_.find(r.name());
     if (entry == table_.end()) continue;

@@ -54,31 +54,6 @@ absl::StatusOr<CompressionReport> Runtime::Impl::compression_report() const {
   return ledger_->Report();  // ledger_ changes only in Init, before the state is kRunning
 }
 
-absl::StatusOr<std::string> Runtime::Impl::compression_state() const {
-  BRAID_RETURN_IF_ERROR(CheckNoCompressionInFlight("compression_state()"));
-  return stage_->SaveState(rank_, size_);
-}
-
-absl::Status Runtime::Impl::LoadCompressionState(absl::string_view state) {
-  BRAID_RETURN_IF_ERROR(CheckNoCompressionInFlight("load_compression_state()"));
-  return stage_->LoadState(state, rank_, size_);
-}
-
-absl::StatusOr<int> Runtime::Impl::ForgetCompressionState(absl::Span<const std::string> names) {
-  {
-    absl::MutexLock lock(&mu_);
-    BRAID_RETURN_IF_ERROR(CheckRunningLocked());
-    for (const std::string& name : names) {
-      if (table_.find(name) != table_.end()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "forgetting the compression state of '", name, "' on rank ", rank_,
-            " while its all-reduce is in flight: synchronize it first"));
-      }
-    }
-  }
-  return stage_->ForgetTensors(names);
-}
-
 absl::Status Runtime::Impl::Init(const RuntimeConfig& config, RuntimeDeps deps) {
   absl::MutexLock lifecycle(&lifecycle_mu_);
   {
@@ -174,8 +149,14 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   // Note [Fast path]: job-wide, so every rank votes or none does.
   fast_path_ = job.fast_path() != 0 && job.cache_capacity() > 0;
   fusion_threshold_ = job.fusion_threshold_bytes();
-  // Well before the stall check, so a tensor a rank stopped sending is reported in time.
+  // Well before the stall check, so a tensor a rank stopped sending is reported in time, and
+  // before the negotiation deadline, so a tensor held for the vote reaches the coordinator
+  // before that deadline makes the job out of step (Note [Resynchronization]).
   fallback_after_ = std::min(absl::Seconds(1), absl::Milliseconds(job.stall_check_ms()) / 2);
+  if (job.negotiation_timeout_ms() > 0) {
+    fallback_after_ =
+        std::min(fallback_after_, absl::Milliseconds(job.negotiation_timeout_ms()) / 2);
+  }
   timeline_max_bytes_ = config.timeline_max_bytes;
   BRAID_RETURN_IF_ERROR(OpenTimeline(config.timeline_path));
   pipeline_ = std::make_unique<AllReducePipeline>(stage_.get(), ledger_.get());

@@ -75,10 +75,11 @@ bool Runtime::Impl::NextCycle(proto::RequestList* out, std::deque<Bucket>* todo)
   // requests are held, and go out together when it closes.
   // Failure reports are urgent: peers may be waiting for the tensor (Note [Local failures]).
   auto urgent = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) -> bool {
-    return stop_ || !ready_.empty() || (!abort_.ok() && !table_.empty()) || !failures_.empty();
+    return stop_ || !ready_.empty() || (!abort_.ok() && !table_.empty()) ||
+           SendableLocked(/*fast=*/false).failures;
   };
   auto anything = [this, &urgent]() ABSL_SHARED_LOCKS_REQUIRED(mu_) -> bool {
-    return urgent() || (!outgoing_.empty() && group_depth_ == 0);
+    return urgent() || SendableLocked(/*fast=*/false).requests;
   };
   while (true) {
     mu_.Await(absl::Condition(&anything));
@@ -96,10 +97,10 @@ bool Runtime::Impl::NextCycle(proto::RequestList* out, std::deque<Bucket>* todo)
   // Read with the cache under one lock: the ids below never name an entry evicted by a list
   // up to this sequence (Note [Response cache] in coordinator/negotiation.h).
   out->set_applied_sequence(applied_sequence_);
-  for (auto& f : failures_) *out->add_failures() = std::move(f);
-  failures_.clear();
+  std::vector<proto::FailureReport> failures;
   std::vector<proto::Request> sending;
-  if (group_depth_ == 0) sending.swap(outgoing_);
+  TakeSendableLocked(/*fast=*/false, &failures, &sending);
+  for (auto& f : failures) *out->add_failures() = std::move(f);
   for (auto& r : sending) {
     // A request identical to a cached one travels as its id (Note [Response cache]).
     auto it = cache_.find(r.name());
@@ -118,11 +119,98 @@ bool Runtime::Impl::NextCycle(proto::RequestList* out, std::deque<Bucket>* todo)
   return true;
 }
 
+// Note [Barrier order]
+// A barrier is where the ranks resynchronize after an error (Note [Resynchronization] in
+// coordinator/negotiation.h): a collective this rank enqueued before a barrier must be
+// negotiated before it, and one enqueued after it only once it completed, or a rank that
+// skipped a call before the barrier could pair its call after the barrier with another
+// rank's call before it. So:
+// - a barrier ends the list it travels in (the coordinator takes a list's failure reports,
+//   then its requests, in order), and what this rank enqueued or reported after it waits
+//   until the barrier's answer arrived (BarrierInFlightLocked);
+// - under the fast path a barrier also waits until every tensor enqueued before it has been
+//   agreed by the ranks' vote or handed to the coordinator, so no tensor held for a vote
+//   outlives the barrier.
+// Barriers are blocking in the Python and C APIs, so in practice nothing waits behind one;
+// the order matters for C++ callers that enqueue a barrier and go on.
+constexpr uint64_t kNoBarrier = ~uint64_t{0};
+
+uint64_t Runtime::Impl::SeqOfLocked(const proto::Request& r) const {
+  auto it = table_.find(r.name());
+  return it == table_.end() ? 0 : it->second.seq;  // gone: failed meanwhile, sent for nothing
+}
+
+bool Runtime::Impl::BarrierInFlightLocked() const {
+  if (barrier_sent_.first.empty()) return false;
+  auto it = table_.find(barrier_sent_.first);
+  return it != table_.end() && it->second.seq == barrier_sent_.second;
+}
+
+uint64_t Runtime::Impl::FirstBarrierLocked() const {
+  if (barriers_outgoing_ == 0) return kNoBarrier;
+  uint64_t first = kNoBarrier;
+  for (const proto::Request& r : outgoing_) {
+    if (r.collective() == proto::BARRIER) first = std::min(first, SeqOfLocked(r));
+  }
+  return first;
+}
+
+bool Runtime::Impl::FastHeldBeforeLocked(uint64_t seq) const {
+  for (const auto& [name, e] : table_) {
+    if (e.fast && e.seq < seq) return true;
+  }
+  return false;
+}
+
+Runtime::Impl::Sendable Runtime::Impl::SendableLocked(bool fast) const {
+  Sendable s;
+  if (BarrierInFlightLocked()) return s;
+  const uint64_t cut = FirstBarrierLocked();
+  for (const PendingFailure& f : failures_) s.failures = s.failures || f.seq < cut;
+  if (group_depth_ > 0 || outgoing_.empty()) return s;
+  // Something before the barrier, or the barrier itself when it may go.
+  s.requests = cut == kNoBarrier || SeqOfLocked(outgoing_.front()) < cut ||
+               !fast || !FastHeldBeforeLocked(cut);
+  return s;
+}
+
+void Runtime::Impl::TakeSendableLocked(bool fast, std::vector<proto::FailureReport>* failures,
+                                       std::vector<proto::Request>* requests) {
+  if (BarrierInFlightLocked()) return;
+  const uint64_t cut = FirstBarrierLocked();
+  auto after = std::stable_partition(failures_.begin(), failures_.end(),
+                                     [cut](const PendingFailure& f) { return f.seq < cut; });
+  for (auto it = failures_.begin(); it != after; ++it) failures->push_back(std::move(it->report));
+  failures_.erase(failures_.begin(), after);
+  if (group_depth_ > 0) return;
+  // Under the fast path, requests before the barrier taken now may be held for the vote
+  // (routed after this): the barrier goes in a later round, once none is held.
+  bool barrier_may_go = cut != kNoBarrier && (!fast || !FastHeldBeforeLocked(cut));
+  for (const proto::Request& r : outgoing_) {
+    if (fast && barrier_may_go && SeqOfLocked(r) < cut) barrier_may_go = false;
+  }
+  std::vector<proto::Request> held;
+  barriers_outgoing_ = 0;
+  for (proto::Request& r : outgoing_) {
+    const uint64_t seq = SeqOfLocked(r);
+    if (seq < cut || (seq == cut && barrier_may_go)) {
+      if (seq == cut) barrier_sent_ = {r.name(), seq};
+      requests->push_back(std::move(r));
+    } else {
+      barriers_outgoing_ += r.collective() == proto::BARRIER ? 1 : 0;
+      held.push_back(std::move(r));
+    }
+  }
+  outgoing_.swap(held);
+}
+
 void Runtime::Impl::FailEverythingLocked(const absl::Status& s) {
   for (auto& [name, e] : table_) e.handle->Complete(s);
   table_.clear();
   outgoing_.clear();
+  barriers_outgoing_ = 0;
   failures_.clear();
+  held_replies_.clear();
   ready_.clear();
   negotiating_ = 0;
 }
@@ -140,8 +228,11 @@ void Runtime::Impl::OnMessage(const proto::ResponseList& msg) {
     if (fast_active_ && IsReplyToThisRank(msg)) {
       // Errors for this rank alone (Note [Failure reports]): they run no collective and the
       // other ranks never receive them, so they are not counted in the vote's messages; the
-      // loop fails their handles at its next round (FastCycle).
-      for (const proto::Response& r : msg.responses()) ready_.push_back(BucketFromResponse(r));
+      // loop fails their handles at its first round after the common lists received before
+      // them are applied (held_replies_).
+      for (const proto::Response& r : msg.responses()) {
+        held_replies_.emplace_back(received_count_, BucketFromResponse(r));
+      }
       return;
     }
     if (fast_active_) {

@@ -179,15 +179,25 @@ class Runtime {
   absl::StatusOr<CompressionReport> compression_report() const;
 
   // This rank's compression state for a training checkpoint: the state compressors keep
-  // across steps (PowerSGD's Q matrices and error-feedback residuals) and every tensor's step
-  // counter, as bytes in the versioned format of CompressionStage::SaveState
-  // (compression/stage.h). Per rank: residuals differ across ranks. Take it between steps:
-  // FailedPrecondition when not initialised, or while a compressed all-reduce is in flight
-  // on this rank (the state would fall between two buckets of a step).
+  // across steps (PowerSGD's Q matrices, the error-feedback memory of every method that has
+  // one) and every tensor's step counter and shape, as bytes in the versioned format of
+  // CompressionStage::SaveState (compression/stage.h). Per rank: residuals differ across
+  // ranks. Take it between steps: FailedPrecondition when not initialised, or while a
+  // compressed all-reduce is in flight on this rank (the state would fall between two
+  // buckets of a step).
   absl::StatusOr<std::string> compression_state() const;
   // Restores a compression_state() result (after resuming from a checkpoint, before the next
-  // step), so training continues bit-identically. FailedPrecondition as compression_state();
-  // InvalidArgument, with nothing changed, when `state` is malformed.
+  // step), so training continues bit-identically. Collective: every rank calls it with its
+  // own state, and the ranks compare what they restored (an all-gather of summaries, Note
+  // [Restoring compression state] in compression/state_summary.h) before any applies it.
+  // Either every rank applies its state, or none does and every rank returns the same error:
+  // when some rank refused its own state, the code of the lowest such rank with every
+  // refusing rank's reason (InvalidArgument: malformed, checked by its declared sizes before
+  // anything is allocated; FailedPrecondition: a compressed all-reduce in flight there);
+  // else InvalidArgument naming the ranks and what differs (states taken at different
+  // steps, of another model, of another world size, one rank's state loaded on two ranks).
+  // The peers' errors (Unavailable, DeadlineExceeded) as for any collective. At once and on
+  // this rank only: FailedPrecondition when not initialised.
   absl::Status LoadCompressionState(absl::string_view state);
   // Forgets this rank's compression state of the tensors `names` (CompressionStage::
   // ForgetTensors): their next all-reduce starts fresh, as in a new job (the Python

@@ -1,6 +1,7 @@
 // Internal: the state behind braid::Runtime (runtime.h), its members split by responsibility:
 //   lifecycle.cc          Init (the injected parts, registration, the coordinator this rank may
 //                         host), Shutdown, the public facade
+//   checkpoint.cc         the compression state: saved, restored (collectively), forgotten
 //   enqueue.cc            validating a request, resolving its compression, the tensor table
 //   loop.cc               the background loop: requests out, agreed buckets in, the response
 //                         cache, aborts
@@ -30,7 +31,8 @@
 //
 // Lock order (a thread holding one may take those to its right, never the reverse):
 //   lifecycle_mu_ -> mu_ -> { Handle::mu_, Timeline's, stage's methods_mu_ (Resolve) }
-//   stage's state_mu_ (held by braid-loop for a bucket; SaveState / LoadState) -> methods_mu_
+//   stage's state_mu_ (held by braid-loop for a bucket; SaveState, Summarize, ApplyState)
+//     -> methods_mu_
 //   StatisticsLedger's mutex, timeline_mu_ and fast_stats_mu_: leaves.
 // No runtime lock is held while calling the coordinator client (Send, Close) or the
 // communicator (collectives, Abort): those have locks of their own and may block. One
@@ -132,6 +134,17 @@ class Runtime::Impl {
     // Note [Fast path]: held for the ranks' vote instead of sent to the coordinator, since.
     bool fast = false;
     absl::Time fast_since;
+    uint64_t seq = 0;  // enqueue order on this rank (Note [Barrier order] in loop.cc)
+  };
+  struct PendingFailure {
+    uint64_t seq = 0;  // taken from the same counter as Entry::seq
+    proto::FailureReport report;
+  };
+  // What the next list may carry (Note [Barrier order]).
+  struct Sendable {
+    bool failures = false;
+    bool requests = false;
+    bool any() const { return failures || requests; }
   };
 
   // ---- lifecycle.cc ----
@@ -161,12 +174,33 @@ class Runtime::Impl {
   // FailedPrecondition when not running or while a compressed all-reduce is in flight.
   absl::Status CheckNoCompressionInFlight(absl::string_view what) const;
 
+  // ---- checkpoint.cc ----
+  // Every rank's report (Note [Restoring compression state], compression/state_summary.h),
+  // in rank order, by an all-gather every rank runs.
+  absl::StatusOr<std::vector<compression::LoadReport>> GatherLoadReports(
+      const compression::LoadReport& mine);
+
   // ---- loop.cc ----
   void Loop();
   // Waits for work (Note [Cycle]); false when the loop must stop. Fills the requests to send
   // and the buckets to run.
   bool NextCycle(proto::RequestList* out, std::deque<Bucket>* todo);
   void FailEverythingLocked(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Note [Barrier order]: whether failure reports and requests may go out now (under the
+  // fast path `fast`, a barrier also waits for the tensors held for the vote before it).
+  Sendable SendableLocked(bool fast) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Moves what may go out now from failures_ and outgoing_ into `failures` and `requests`,
+  // in order; a barrier is the last request taken.
+  void TakeSendableLocked(bool fast, std::vector<proto::FailureReport>* failures,
+                          std::vector<proto::Request>* requests)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A barrier this rank sent is not answered yet.
+  bool BarrierInFlightLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The enqueue order of the first barrier in outgoing_ (kNoBarrier: none).
+  uint64_t FirstBarrierLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  uint64_t SeqOfLocked(const proto::Request& r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Some tensor enqueued before `seq` is held for the fast path's vote.
+  bool FastHeldBeforeLocked(uint64_t seq) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void OnMessage(const proto::ResponseList& msg);
   // The timeline's view of it.
   void MarkNegotiated(const proto::ResponseList& msg, Timeline& timeline);
@@ -199,6 +233,8 @@ class Runtime::Impl {
   // Back to the coordinator for good (a rank left): what waits for a round goes the slow
   // way, so the coordinator fails what can no longer complete, as on the slow path.
   void StopFastPathLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the held replies whose common lists are all applied to ready_ (`all`: every one).
+  void ReleaseRepliesLocked(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- execute.cc ----
   void Execute(const Bucket& bucket);
@@ -221,8 +257,13 @@ class Runtime::Impl {
   std::unique_ptr<transport::Communicator> comm_;
   absl::node_hash_map<std::string, Entry> table_ ABSL_GUARDED_BY(mu_);  // in flight here
   std::vector<proto::Request> outgoing_ ABSL_GUARDED_BY(mu_);
-  // Local failures to report (Note [Local failures]); they go out at once.
-  std::vector<proto::FailureReport> failures_ ABSL_GUARDED_BY(mu_);
+  // Local failures to report (Note [Local failures]); they go out at once, unless a barrier
+  // before them is still waiting (Note [Barrier order]).
+  std::vector<PendingFailure> failures_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;  // Entry::seq, PendingFailure::seq
+  int barriers_outgoing_ ABSL_GUARDED_BY(mu_) = 0;  // barriers in outgoing_
+  // The barrier sent last (name, seq): in flight while its entry is in table_.
+  std::pair<std::string, uint64_t> barrier_sent_ ABSL_GUARDED_BY(mu_);
   // The highest ResponseList.sequence applied (its responses queued, its evictions done):
   // sent with every RequestList so the coordinator can forget retired cache entries.
   int64_t applied_sequence_ ABSL_GUARDED_BY(mu_) = 0;
@@ -268,10 +309,14 @@ class Runtime::Impl {
   int64_t fusion_threshold_ = 0;
   absl::Duration fallback_after_ = absl::Seconds(1);
   FastPathCache fast_cache_;
-  uint64_t applied_ = 0;
+  uint64_t applied_ = 0;  // written by braid-loop under mu_ (others read it under mu_)
   std::vector<int32_t> invalidate_next_;
   int64_t next_fast_bucket_id_ = -1;  // negative: agreed by the ranks (timeline only)
   std::deque<proto::ResponseList> received_ ABSL_GUARDED_BY(mu_);  // not yet applied
+  // Errors for this rank alone, each with the count of common lists received before it: it
+  // runs once those are applied, so a rank never acts on an error before a flush the
+  // coordinator sent ahead of it (Note [Resynchronization] in coordinator/negotiation.h).
+  std::deque<std::pair<uint64_t, Bucket>> held_replies_ ABSL_GUARDED_BY(mu_);
   uint64_t received_count_ ABSL_GUARDED_BY(mu_) = 0;
   bool fast_active_ ABSL_GUARDED_BY(mu_) = false;  // fast_path_, as OnMessage reads it
   absl::Status peer_left_ ABSL_GUARDED_BY(mu_);    // a rank shut down: rounds are over

@@ -35,11 +35,20 @@ std::vector<std::string> Files(const std::string& path) {
 
 int main(int argc, char** argv) {
   LLVMFuzzerInitialize(&argc, &argv);
-  int ran = 0;
+  // Flags are ignored (the sanitizer suites pass gtest's to every test binary they run);
+  // without a path, the corpus named at build time (BRAID_REPLAY_CORPUS) is replayed.
+  std::vector<std::string> paths;
   for (int i = 1; i < argc; ++i) {
-    const std::vector<std::string> files = Files(argv[i]);
+    if (argv[i][0] != '-') paths.push_back(argv[i]);
+  }
+#ifdef BRAID_REPLAY_CORPUS
+  if (paths.empty()) paths.push_back(BRAID_REPLAY_CORPUS);
+#endif
+  int ran = 0;
+  for (const std::string& path : paths) {
+    const std::vector<std::string> files = Files(path);
     if (files.empty()) {
-      std::fprintf(stderr, "replay: no inputs at %s\n", argv[i]);
+      std::fprintf(stderr, "replay: no inputs at %s\n", path.c_str());
       return 2;
     }
     for (const std::string& f : files) {

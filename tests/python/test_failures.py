@@ -210,6 +210,18 @@ def test_a_local_failure_and_a_negotiation_deadline_reach_every_rank():
     assert res.output.count("all checks passed") == 2, res.output
 
 
+def test_an_object_that_fails_to_pickle_or_unpickle_fails_every_rank_at_once():
+    """workers/object_failures.py on 2 ranks with BRAID_NEGOTIATION_TIMEOUT_S=2: an object
+    the root (or one rank of an all-gather) cannot pickle, or that a receiver cannot
+    unpickle, is an InvalidArgumentError on every rank within 1.5 s naming the collective,
+    the rank and the cause; the next object collectives (generated names, and the same
+    explicit name) return the right objects."""
+    res = braid_launch.run_worker("object_failures.py", 2, timeout=60,
+                                  env={"BRAID_NEGOTIATION_TIMEOUT_S": "2"})
+    assert res.returncode == 0, res.output
+    assert res.output.count("all checks passed") == 2, res.output
+
+
 def test_a_torchrun_style_job_on_ipv6_loopback():
     """MASTER_ADDR=::1: rank 0 hosts the coordinator on [::1]:PORT and rank 1 reaches it there
     (both wrote "::1:PORT", which gRPC reads as an IPv6 address without a port)."""

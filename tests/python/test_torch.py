@@ -192,6 +192,11 @@ hvd.broadcast_parameters(model.state_dict(), 0, process_set=gps)
 hvd.broadcast_optimizer_state(opt, 0, model=model, process_set=gps)
 assert hvd.broadcast_object({"a": 1}, 0, process_set=gps) == {"a": 1}
 assert hvd.allgather_object(3, process_set=gps) == [3]
+try:
+    hvd.broadcast_object(lambda: 1, 0)
+    raise AssertionError("an unpicklable object was broadcast")
+except hvd.InvalidArgumentError as e:  # the same error as in a larger world
+    assert "failed on rank(s) [0]: rank 0 could not pickle its object" in str(e), e
 assert not opt._grad_accs, "hooks registered in a world of one rank"
 for step in range(3):
     x = torch.randn(5, 4)
@@ -214,3 +219,15 @@ def test_world_of_one_skips_communication():
     p = subprocess.run([braid_launch.PYTHON, "-c", SINGLE], env=env, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0 and "single OK" in p.stdout, p.stdout + p.stderr
+
+
+def test_parameters_frozen_or_unused_on_some_ranks():
+    """workers/torch_trainable.py on 2 ranks (BRAID_NEGOTIATION_TIMEOUT_S=2): layers frozen
+    and unfrozen between steps (at wrapping, mid-training; SGD, Adam, bucket views, groups,
+    PowerSGD) and sparse gradients some ranks lack train as one process does; ranks that
+    disagree on a frozen layer, or on a sparse gradient, fail together at once."""
+    res = braid_launch.run_worker("torch_trainable.py", 2, timeout=120,
+                                  env={"BRAID_NEGOTIATION_TIMEOUT_S": "2"})
+    assert res.returncode == 0, res.output
+    for r in range(2):
+        assert f"rank {r}: all checks passed" in res.output, res.output

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/limits.h"
 #include "coordinator/negotiation.h"
 #include "coordinator/service.h"
@@ -108,6 +109,14 @@ class FailuresTest : public ::testing::Test {
     f->set_in_collective(in_collective);
     service_->OnRequests(keys_[rank], l);
   }
+  // Each of the first `n` ranks received exactly one response since the last Take: an OK.
+  void ExpectOkOnEveryRank(int n) {
+    for (int r = 0; r < n; ++r) {
+      auto got = sinks_[r]->Take();
+      ASSERT_EQ(got.size(), 1u) << r;
+      EXPECT_EQ(got[0].type(), proto::Response::OK) << got[0].error_message();
+    }
+  }
   void Beat() {  // every rank alive
     for (size_t r = 0; r < keys_.size(); ++r) {
       proto::HeartbeatRequest hb;
@@ -157,27 +166,165 @@ TEST_F(FailuresTest, AReportFailsTheTensorOnTheRanksThatSubmittedItAtOnce) {
   }
 }
 
-// The report arrives before the others submit: each gets the error as its request arrives,
-// even after rank 1 went on and submitted the next instance of the name, which the late
-// requests must not join.
-TEST_F(FailuresTest, RanksThatSubmitAfterTheReportGetTheErrorAsTheirRequestArrives) {
+// The message a poisoned name's later calls fail with (Note [Resynchronization]).
+std::string Poisoned(const std::string& name, int rank, const std::string& cause) {
+  return absl::StrCat("tensor '", name, "' was not run on rank ", rank,
+                      ": an earlier instance of it failed before every rank had submitted it (",
+                      cause,
+                      "), so braid cannot tell which step of the other ranks this call pairs "
+                      "with; every call of it fails on every rank until all ranks call barrier()");
+}
+
+// The message every call fails with once the negotiation deadline made the job out of step.
+std::string OutOfStep(const std::string& name, int rank, const std::string& cause) {
+  return absl::StrCat("tensor '", name, "' was not run on rank ", rank,
+                      ": the ranks are out of step since a collective waited out the "
+                      "negotiation deadline (",
+                      cause,
+                      "); every collective fails on every rank until all ranks call barrier()");
+}
+
+proto::Request Barrier(const std::string& name) {
+  proto::Request r;
+  r.set_name(name);
+  r.set_collective(proto::BARRIER);
+  r.set_dtype(proto::UINT8);
+  return r;
+}
+
+// The report arrives before the others submit: ranks 0 and 2 may be slow (their next 'w' is
+// the failed step) or may have skipped the call (their next 'w' is the next step), and the
+// coordinator cannot tell. It does not guess: every later call of 'w' fails on every rank,
+// the reporter's next step too, naming the first error, until a barrier; then 'w' pairs
+// again, step for step.
+TEST_F(FailuresTest, AOneSidedReportFailsEveryLaterCallOfTheNameUntilABarrier) {
   StartJob(3);
   Fail(1, "w", "bad splits");
+  const std::string cause = "tensor 'w' failed on rank 1: bad splits";
   Submit(1, {Request("w")});  // rank 1's next step
-  EXPECT_TRUE(sinks_[0]->sent.empty());
-  Submit(0, {Request("w")});  // rank 0's failed step
-  ExpectError(sinks_[0]->Take(), "w", absl::StatusCode::kInvalidArgument,
-              "tensor 'w' failed on rank 1: bad splits");
-  EXPECT_TRUE(sinks_[1]->sent.empty());
-  Submit(2, {Request("w")});
-  ExpectError(sinks_[2]->Take(), "w", absl::StatusCode::kInvalidArgument,
-              "tensor 'w' failed on rank 1: bad splits");
-  for (int r : {0, 2}) Submit(r, {Request("w")});  // the next step completes everywhere
+  ExpectError(sinks_[1]->Take(), "w", absl::StatusCode::kFailedPrecondition,
+              Poisoned("w", 1, cause));
+  for (int r : {0, 2}) {
+    Submit(r, {Request("w")});
+    ExpectError(sinks_[r]->Take(), "w", absl::StatusCode::kFailedPrecondition,
+                Poisoned("w", r, cause));
+    Submit(r, {Request("w")});  // and its step after that
+    ExpectError(sinks_[r]->Take(), "w", absl::StatusCode::kFailedPrecondition,
+                Poisoned("w", r, cause));
+  }
+  for (int r : {2, 0, 1}) Submit(r, {Barrier("resync")});
   for (int r = 0; r < 3; ++r) {
     auto got = sinks_[r]->Take();
     ASSERT_EQ(got.size(), 1u) << r;
     EXPECT_EQ(got[0].type(), proto::Response::OK) << got[0].error_message();
+    EXPECT_EQ(got[0].names(0), "resync");
+    EXPECT_EQ(got[0].cache_ids(0), 0) << "a barrier is never cached";
   }
+  for (int r : {0, 1, 2}) Submit(r, {Request("w")});  // after the barrier: pairs again
+  ExpectOkOnEveryRank(3);
+}
+
+// A rank's report and its next call of the same name in one list: the report is the earlier
+// step (a name is reported only while no instance of it is in flight on the rank), so it
+// fails the step the others wait in, and the new call waits for their next one. Taken in
+// the other order, the new call would have completed with the others' failed step.
+TEST_F(FailuresTest, AReportAndTheNextCallInOneListAreTakenInThatOrder) {
+  StartJob(2);
+  Submit(0, {Request("w")});
+  proto::RequestList l;
+  l.set_rank(1);
+  *l.add_requests() = Request("w");
+  proto::FailureReport* f = l.add_failures();
+  f->set_name("w");
+  f->set_error_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
+  f->set_message("bad splits");
+  service_->OnRequests(keys_[1], l);
+  ExpectError(sinks_[0]->Take(), "w", absl::StatusCode::kInvalidArgument,
+              "tensor 'w' failed on rank 1: bad splits");
+  EXPECT_TRUE(sinks_[1]->sent.empty());
+  Submit(0, {Request("w")});  // rank 0's next step meets rank 1's
+  ExpectOkOnEveryRank(2);
+}
+
+// What the coordinator still holds when a barrier completes was called before the barrier
+// by some ranks and skipped by the others, which have all passed it: it fails at once on the
+// ranks that called it, naming both sides and the barrier, instead of pairing with the next
+// step of the ranks that skipped it (and it poisons nothing: their next calls follow the
+// barrier).
+TEST_F(FailuresTest, ACallStillPendingWhenABarrierCompletesFailsInsteadOfPairingLater) {
+  StartJob(3);
+  Submit(0, {Request("x")});
+  Submit(2, {Request("x")});
+  Submit(0, {Barrier("b")});
+  Submit(2, {Barrier("b")});
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(sinks_[r]->sent.empty());
+  Submit(1, {Barrier("b")});  // rank 1 skipped 'x'
+  const std::string stale =
+      "tensor 'x' was submitted by ranks 0, 2 but not by rank 1 before barrier 'b', which "
+      "every rank has passed: it can never pair (a rank skipped it or called it under "
+      "another name)";
+  for (int r : {0, 2}) {
+    auto got = sinks_[r]->Take();
+    ASSERT_EQ(got.size(), 2u) << r;
+    ExpectError({got[0]}, "x", absl::StatusCode::kInvalidArgument, stale);  // to it alone
+    EXPECT_EQ(got[1].type(), proto::Response::OK);  // the barrier, in the common order
+    EXPECT_EQ(got[1].names(0), "b");
+  }
+  auto got1 = sinks_[1]->Take();
+  ASSERT_EQ(got1.size(), 1u);
+  EXPECT_EQ(got1[0].names(0), "b");
+  for (int r : {1, 0, 2}) Submit(r, {Request("x")});
+  ExpectOkOnEveryRank(3);
+}
+
+// Rank 1 skipped 'x' and waits in the barrier; rank 0 waits in 'x'. The barrier reaches the
+// negotiation deadline first, but the barrier is how the ranks resynchronize: 'x' fails
+// instead (the job is out of step), and the barrier waits on, completing once rank 0, freed,
+// comes to it; then the job runs again.
+TEST_F(FailuresTest, ABarrierWaitsOnWhileACallKeepsARankFromIt) {
+  StartJob(2);
+  Submit(1, {Barrier("b")});
+  now_ += absl::Seconds(1);
+  Submit(0, {Request("x")});
+  now_ += absl::Seconds(4);
+  Beat();
+  service_->Inspect();  // the barrier is 5 s old, 'x' 4 s
+  EXPECT_TRUE(sinks_[1]->sent.empty()) << "the barrier must not fail";
+  auto got = sinks_[0]->Take();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].names(0), "x");
+  EXPECT_EQ(got[0].error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(got[0].error_message(),
+            "tensor 'x' (submitted by rank 0 but not yet by rank 1) fails with the job's "
+            "negotiation deadline: tensor 'b' was not negotiated within 5s "
+            "(BRAID_NEGOTIATION_TIMEOUT_S): submitted by rank 1 but not by rank 0 (ranks "
+            "calling collectives under different names, or a rank that never calls it); every "
+            "collective fails on every rank until all ranks call barrier()");
+  now_ += absl::Seconds(4);  // the barrier's deadline started again
+  Beat();
+  service_->Inspect();
+  EXPECT_TRUE(sinks_[1]->sent.empty());
+  Submit(0, {Barrier("b")});
+  ExpectOkOnEveryRank(2);
+  for (int r = 0; r < 2; ++r) Submit(r, {Request("x")});
+  ExpectOkOnEveryRank(2);
+}
+
+// A barrier that fails one-sidedly is not poisoned (a poisoned barrier could never
+// resynchronize): the late rank's barrier waits for the next one of that name.
+TEST_F(FailuresTest, AFailedBarrierIsNotPoisoned) {
+  StartJob(2);
+  Submit(0, {Barrier("b")});
+  now_ += absl::Seconds(5);
+  Beat();
+  service_->Inspect();
+  auto got = sinks_[0]->Take();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].error_code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  Submit(1, {Barrier("b")});
+  EXPECT_TRUE(sinks_[1]->sent.empty());
+  Submit(0, {Barrier("b")});
+  ExpectOkOnEveryRank(2);
 }
 
 // A rank that fails inside a collective (the others may be blocked in it): the job is
@@ -225,17 +372,25 @@ TEST_F(FailuresTest, MalformedRequestsFailOnEveryRankNamingTheField) {
   };
   for (const Case& c : cases) {
     Submit(1, {c.request});
-    Submit(0, {Request(c.request.name())});  // a well-formed request: answered at once
-    for (int r = 0; r < 2; ++r) {
-      ExpectError(sinks_[r]->Take(), c.request.name(), absl::StatusCode::kInvalidArgument,
-                  c.message);
+    ExpectError(sinks_[1]->Take(), c.request.name(), absl::StatusCode::kInvalidArgument,
+                c.message);
+    // A well-formed request after it is answered at once: rank 0 may be late or may have
+    // skipped that call, so the name fails until a barrier (Note [Resynchronization]).
+    Submit(0, {Request(c.request.name())});
+    if (c.request.name().size() > kMaxNameBytes) {  // refused again, by its own size
+      ExpectError(sinks_[0]->Take(), c.request.name(), absl::StatusCode::kInvalidArgument,
+                  absl::StrReplaceAll(c.message, {{"rank 1's", "rank 0's"}}));
+    } else {
+      ExpectError(sinks_[0]->Take(), c.request.name(), absl::StatusCode::kFailedPrecondition,
+                  Poisoned(c.request.name(), 0, c.message));
     }
   }
 }
 
 // Ranks 0 and 1 submit 'a', rank 2 submits 'b' instead (different names): after the
 // negotiation timeout (5 s here) every rank gets an error naming the ranks that did and did
-// not submit; the stall check still reports before that. A late 'a' from rank 2 is answered.
+// not submit; the stall check still reports before that. A late 'a' from rank 2 is answered,
+// and every call fails until a barrier.
 TEST_F(FailuresTest, TheNegotiationDeadlineFailsTensorsNamingTheRanks) {
   StartJob(3);
   Submit(0, {Request("a")});
@@ -258,8 +413,20 @@ TEST_F(FailuresTest, TheNegotiationDeadlineFailsTensorsNamingTheRanks) {
       "rank that never calls it)";
   for (int r : {0, 1}) ExpectError(sinks_[r]->Take(), "a", absl::StatusCode::kDeadlineExceeded, a);
   ExpectError(sinks_[2]->Take(), "b", absl::StatusCode::kDeadlineExceeded, b);
+  // Rank 2's 'a' may be its late call or its next step's: the job is out of step, and every
+  // call fails everywhere until a barrier (Note [Resynchronization]); then 'a' pairs again.
   Submit(2, {Request("a")});
-  ExpectError(sinks_[2]->Take(), "a", absl::StatusCode::kDeadlineExceeded, a);
+  ExpectError(sinks_[2]->Take(), "a", absl::StatusCode::kFailedPrecondition,
+              OutOfStep("a", 2, a));
+  Submit(0, {Request("a"), Request("c")});
+  auto got = sinks_[0]->Take();
+  ASSERT_EQ(got.size(), 2u);
+  ExpectError({got[0]}, "a", absl::StatusCode::kFailedPrecondition, OutOfStep("a", 0, a));
+  ExpectError({got[1]}, "c", absl::StatusCode::kFailedPrecondition, OutOfStep("c", 0, a));
+  for (int r = 0; r < 3; ++r) Submit(r, {Barrier("resync")});
+  for (int r = 0; r < 3; ++r) sinks_[r]->Take();
+  for (int r = 0; r < 3; ++r) Submit(r, {Request("a")});
+  ExpectOkOnEveryRank(3);
   // Nothing is left pending, and the job runs on.
   std::optional<absl::StatusOr<proto::StatusResponse>> status;
   service_->Status(service_->NewCallId(), Job(), {}, [&](auto s) { status = std::move(s); });

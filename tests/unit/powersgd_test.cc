@@ -712,8 +712,8 @@ TEST(PowerSgdTest, LoadStateRejectsWhatItCannotUse) {
             "PowerSGD state for 'powersgd:rank=3': tensor 'w': saved with rank 2, but this "
             "compressor's rank is 3 (at byte 617)");
   EXPECT_EQ(std::string(Make("powersgd:rank=2")->LoadState(good.substr(0, 40)).message()),
-            "PowerSGD state for 'powersgd:rank=2': truncated at byte 37 (4 more bytes expected, "
-            "3 left)");
+            "PowerSGD state for 'powersgd:rank=2': tensor count 1 declared, but the 28 bytes "
+            "left hold at most 0 (at byte 12)");
   EXPECT_EQ(Make("powersgd:rank=2")->LoadState("PSGX").message(),
             "PowerSGD state for 'powersgd:rank=2': does not start with \"PSGD\" (at byte 4)");
   EXPECT_EQ(Make("powersgd:rank=2,ef=0")->LoadState(good).code(),
@@ -797,7 +797,7 @@ TEST(PowerSgdStageTest, LoadStateValidatesBeforeChangingAnything) {
   EXPECT_EQ(stage.LoadState(s, 0, 1).message(),
             absl::StrCat("compression state: compression 'fp5:': unknown method 'fp5'; valid "
                          "methods: ", absl::StrJoin(CompressionMethods(), ", ")));
-  EXPECT_EQ(stage.SaveState(0, 1).size(), 8u + 4 * 4) << "nothing was loaded";
+  EXPECT_EQ(stage.SaveState(0, 1).size(), 8u + 4 * 4 + 8) << "nothing was loaded";
 }
 
 // ---- Spec parsing ------------------------------------------------------------------------------

@@ -352,11 +352,12 @@ def compression_state():
     """This rank's compression state, as ``bytes``, to keep in a training checkpoint.
 
     It holds what compressors carry from one step to the next -- PowerSGD's Q matrices and
-    error-feedback residuals (float32, one residual per compressed tensor, as large as the
-    tensor) -- and each tensor's step counter, so that ``load_compression_state()`` after a
-    restart continues bit-identically. The state is per rank: save every rank's (e.g. to
+    the error-feedback memory of powersgd, scalecomp, topk, randomk and fp4/int4 with ef=1
+    (float32, one residual per tensor, as large as the tensor) -- and each tensor's step
+    counter and shape, so that ``load_compression_state()`` after a restart continues
+    bit-identically. The state is per rank: save every rank's (e.g. to
     ``ckpt.rank{braid.rank()}``). The byte format is versioned and documented in
-    ``compression/stage.h`` (CompressionStage::SaveState) and ``compression/powersgd.h``.
+    ``compression/stage.h`` (CompressionStage::SaveState).
 
     Call it between steps, once every all-reduce of the step was synchronized: raises
     FailedPreconditionError while a compressed all-reduce is in flight on this rank, before
@@ -376,10 +377,15 @@ def load_compression_state(state):
     """Restores a ``compression_state()`` result (``bytes``) on this rank, typically right
     after ``init()`` when resuming from a checkpoint, before the first step.
 
-    Methods in ``state`` restart from their saved state; methods not in it are untouched. A
-    state saved by another rank loads with a warning (its residuals are that rank's). Raises
-    InvalidArgumentError (nothing changed) when ``state`` is malformed, FailedPreconditionError
-    as ``compression_state()`` does.
+    Collective: every rank calls it with its own state, and the ranks compare what they
+    restored before any applies it. Methods in ``state`` restart from their saved state;
+    methods not in it are untouched. Either every rank applies its state, or none does and
+    every rank raises the same error: InvalidArgumentError naming the ranks and what differs
+    (states taken at different steps, of another model, of a job of another world size, one
+    rank's state loaded on two ranks) or naming the rank whose state is malformed and the
+    field; FailedPreconditionError when a compressed all-reduce was in flight on a rank.
+    Raised on this rank only: InvalidArgumentError when ``state`` is not bytes,
+    FailedPreconditionError before ``init()`` and after ``shutdown()``.
     """
     _check_process("load_compression_state()")
     if not isinstance(state, (bytes, bytearray, memoryview)):

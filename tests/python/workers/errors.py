@@ -128,18 +128,20 @@ def cross_rank_errors(rank, size):
 
 def staggered(rank, size, tag, on_own_turn):
     """For each rank k in turn: rank k starts collective tag.k and runs on_own_turn(h) while
-    the others have not submitted it yet (so it cannot complete); then a barrier lets the
-    others submit it. Returns the handles to synchronize."""
+    the others have not submitted it yet (so it cannot complete); then an all-reduce lets the
+    others submit it (not a barrier: what some ranks submitted before a barrier never pairs
+    with what others submit after it). Returns the handles to synchronize."""
     handles = []
+    go = np.zeros(1, np.float32)
     for k in range(size):
         name = f"{tag}.{k}"
         x = np.full(3, float(k), np.float32)
         if rank == k:
             h = braid.allreduce_async(x, name=name, op=braid.Sum)
             on_own_turn(h, name)
-            braid.barrier(name=f"{name}.barrier")
+            braid.allreduce(go, name=f"{name}.go")
         else:
-            braid.barrier(name=f"{name}.barrier")
+            braid.allreduce(go, name=f"{name}.go")
             h = braid.allreduce_async(x, name=name, op=braid.Sum)
         handles.append((h, np.full(3, float(k * size), np.float32)))
     for h, want in handles:
@@ -231,9 +233,9 @@ def fork_child(rank, size):
 
 def cancelled(rank, size):
     h = None
-    if rank == 0:
-        h = braid.allreduce_async(np.ones(5, np.float32), name="lonely")
     braid.barrier(name="before-shutdown")
+    if rank == 0:  # after the barrier: one submitted before it would fail as it completed
+        h = braid.allreduce_async(np.ones(5, np.float32), name="lonely")
     if rank != 0:
         time.sleep(0.5)  # rank 0 leaves first, so nothing else can fail 'lonely'
     t0 = time.monotonic()

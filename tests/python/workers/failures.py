@@ -7,7 +7,8 @@ limits). Run with BRAID_NEGOTIATION_TIMEOUT_S=5.
 2. The same with a refusal of the Python layer (an unsupported dtype on rank 0).
 3. The ranks call a collective under different names: both names fail on every rank with
    DeadlineExceededError within 10 s, naming the rank that submitted and the one that did not.
-After each, a valid all-reduce returns the exact sum (the job goes on). Last,
+After each, a valid all-reduce returns the exact sum (the job goes on; after the deadline,
+which leaves the job out of step, once the ranks called barrier()). Last,
 start_timeline / stop_timeline record exactly what ran between them (rank r > 0 into
 PATH.rank<r>).
 """
@@ -27,8 +28,21 @@ def sum_works(rank, size, name):
 
 
 def peer_waits_for(name, fn, within, cls, contains):
+    """A refusal reported by the peer reaches this rank as the report's error (this rank's
+    call was at the coordinator first) or, when its call came after the report, as the
+    poisoned name's FailedPreconditionError quoting it (README: Failures, deadlines and
+    limits): which one depends on timing, the cause named is the same."""
     t0 = time.monotonic()
-    msg = expect_raises(cls, fn, f"'{name}' on the waiting rank", contains=contains)
+    try:
+        fn()
+        msg = None
+        fail(f"'{name}' on the waiting rank returned normally")
+    except braid.BraidError as e:
+        msg = str(e)
+        check(type(e) in (cls, braid.FailedPreconditionError),
+              f"'{name}': {type(e).__name__}, expected {cls.__name__}")
+        for c in (contains,) if isinstance(contains, str) else contains:
+            check(c in msg, f"'{name}': {c!r} not in {msg!r}")
     took = time.monotonic() - t0
     log(f"'{name}' failed after {took:.2f} s: {msg}")
     check(took < within, f"'{name}' failed after {took:.2f} s, more than {within} s")
@@ -62,6 +76,11 @@ def body():
                    braid.DeadlineExceededError,
                    (f"tensor '{mine}' was not negotiated within 5s", f"submitted by rank {rank}",
                     f"not by rank {1 - rank}"))
+    # A deadline leaves the job out of step: every call fails until a barrier.
+    expect_raises(braid.FailedPreconditionError,
+                  lambda: braid.allreduce(np.ones(8, np.float32), name="after.deadline"),
+                  "a call after the deadline", contains="the ranks are out of step")
+    braid.barrier()
     sum_works(rank, size, "after.deadline")
     timeline(rank, size)
     braid.shutdown()

@@ -8,6 +8,7 @@ the wrapped optimizer's update on the averaged gradients.
 """
 
 import contextlib
+import functools
 import math
 import numbers
 import os
@@ -17,7 +18,7 @@ import weakref
 import torch
 
 from .. import _ops
-from . import _naming, mpi_ops
+from . import _agreement, _naming, mpi_ops
 from ._handles import Average, FailedPreconditionError, InvalidArgumentError, _check_op
 from .compression import Compressor, resolve
 
@@ -47,12 +48,17 @@ class _DistributedMixin:
         self.backward_passes_per_step = int(backward_passes_per_step)
         self._passes = {p: 0 for p in self._names}  # backward passes since the last step
         self._handles = {}   # parameter -> (kind, handle(s), context) of its running reduction
-        self._requires_update = [p for g in self.param_groups for p in g["params"]
-                                 if p.requires_grad]
-        self._groups = groups
-        self._group_of = self._plan_groups(groups, spec)  # parameter -> its group's list
+        self._scratch = []   # reductions submitted only to pair with other ranks' (Note [Step
+                             # agreement] in _agreement.py): waited for, never delivered
+        self._groups = self._check_groups(groups, spec)
+        self._trainable = []   # the parameters with requires_grad when groups were planned
+        self._group_of = {}    # parameter -> its group's list (of trainable parameters)
         self._waiting = set()  # grouped parameters whose gradient waits for the rest
         self._grad_accs = []
+        self._hooked = set()   # ids of the parameters whose accumulator has our hook
+        self._frozen_names = set()  # names agreed frozen (their compression state forgotten)
+        self._single = _ops.size() == 1
+        self._bucket_view = bool(gradient_as_bucket_view) and not self._single
         self._synchronized = False
         self._should_synchronize = True
         self._views = {}       # parameter -> its gradient's view (gradient_as_bucket_view)
@@ -60,22 +66,27 @@ class _DistributedMixin:
         self._started = []     # first step: the views' parameters in the order they started
         self._recording = False  # recording _started (until the first step synchronizes)
         self._prefix = _naming.claim_prefix(self, set(self._names.values()))
+        # The all-reduce of the step's agreement: named after this optimizer's first
+        # parameter, whose name (prefix included) no other live optimizer uses.
+        first = self.param_groups[0]["params"][0]
+        self._agreement_name = f"step_agreement.{self._prefix}{self._names[first]}"
         # One rank has nobody to talk to: no hooks, step() is the wrapped optimizer's.
-        if _ops.size() > 1:
-            if gradient_as_bucket_view:
-                self._allocate_bucket_views()
-                self._recording = True
-            self._register_hooks(self._requires_update)
+        if self._bucket_view:
+            self._allocate_bucket_views()
+            self._recording = True
+        self._track_trainable()
         self._wrapped = True
 
     # -- set-up --------------------------------------------------------------------------
 
-    def _plan_groups(self, groups, spec):
-        """{parameter: the list of parameters whose all-reduces start together} (Horovod's
-        ``groups``): a group's gradients go to the runtime as one group (braid._ops.group),
-        so they travel fused in one bucket. None: one group of every parameter for a
-        sparsifier that selects over whole buckets, none otherwise."""
-        params = self._requires_update
+    def _params(self):
+        """Every parameter of the optimizer, in its order (the same on every rank)."""
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def _check_groups(self, groups, spec):
+        """``groups`` checked (Horovod's): an integer k >= 0, or lists of the optimizer's
+        parameters (each in one list at most), each list in the optimizer's order. None:
+        1 for a sparsifier that selects over whole buckets, 0 otherwise."""
         if groups is None:
             if spec is None and self._framework_compressor is None:
                 spec = _job_default_compression()
@@ -87,30 +98,61 @@ class _DistributedMixin:
             if groups < 0:
                 raise InvalidArgumentError(f"DistributedOptimizer: groups must be >= 0, got "
                                            f"{groups}")
+            return groups
+        params = self._params()
+        known = {id(p): p for p in params}
+        position = {id(p): i for i, p in enumerate(params)}
+        lists, seen = [], set()
+        for g in groups:
+            members = list(g)
+            for p in members:
+                if id(p) not in known:
+                    raise InvalidArgumentError(
+                        "DistributedOptimizer: groups name a tensor that is not a parameter "
+                        f"of the optimizer, shape {tuple(getattr(p, 'shape', ()))}")
+                if id(p) in seen:
+                    raise InvalidArgumentError(
+                        f"DistributedOptimizer: parameter '{self._names[known[id(p)]]}' "
+                        "is in more than one group")
+                seen.add(id(p))
+            # Start order follows the optimizer's order, identical on every rank.
+            lists.append([known[i] for i in sorted((id(p) for p in members),
+                                                   key=position.get)])
+        return lists
+
+    def _plan_groups(self):
+        """{parameter: the list of parameters whose all-reduces start together}, over the
+        trainable parameters (a frozen one would hold its group back): a group's gradients
+        go to the runtime as one group (braid._ops.group), so they travel fused in one
+        bucket."""
+        params, groups = self._trainable, self._groups
+        if isinstance(groups, int):
             k = min(groups, len(params))
             lists = [params[i * len(params) // k:(i + 1) * len(params) // k]
                      for i in range(k)] if k else []
         else:
-            known = {id(p): p for p in params}
-            position = {id(p): i for i, p in enumerate(params)}
-            lists, seen = [], set()
-            for g in groups:
-                members = list(g)
-                for p in members:
-                    if id(p) not in known:
-                        raise InvalidArgumentError(
-                            "DistributedOptimizer: groups name a tensor that is not a "
-                            f"parameter (with requires_grad) of the optimizer, shape "
-                            f"{tuple(getattr(p, 'shape', ()))}")
-                    if id(p) in seen:
-                        raise InvalidArgumentError(
-                            f"DistributedOptimizer: parameter '{self._names[known[id(p)]]}' "
-                            "is in more than one group")
-                    seen.add(id(p))
-                # Start order follows the optimizer's order, identical on every rank.
-                lists.append([known[i] for i in sorted((id(p) for p in members),
-                                                       key=position.get)])
+            trainable = {id(p) for p in params}
+            lists = [[p for p in g if id(p) in trainable] for g in groups]
         return {p: lst for lst in lists if len(lst) > 1 for p in lst}
+
+    def _track_trainable(self):
+        """Between steps: follows the parameters' requires_grad. A parameter that trains now
+        gets its hook (and its bucket view) if it has none yet, and the groups are planned
+        again over the parameters that train. A frozen parameter keeps its hook: backward
+        does not reach it, so it never fires."""
+        trainable = [p for p in self._params() if p.requires_grad]
+        if [id(p) for p in trainable] == [id(p) for p in self._trainable]:
+            return
+        self._trainable = trainable
+        self._group_of = self._plan_groups()
+        new = [p for p in trainable if id(p) not in self._hooked]
+        if self._single or not new:
+            return
+        if self._bucket_view:
+            fresh = [p for p in new if p.layout == torch.strided and p not in self._views]
+            if fresh:
+                self._allocate_bucket_views(list(self._views) + fresh[::-1])
+        self._register_hooks(new)
 
     def _allocate_bucket_views(self, order=None):
         """Makes every parameter's ``.grad`` a view into one flat buffer per (dtype,
@@ -119,9 +161,11 @@ class _DistributedMixin:
         step, the order their all-reduces started in (as DDP rebuilds its buckets). So the
         gradients the runtime fuses into one bucket lie back to back in the bucket's order
         and it reduces them where they are (no copy into its fusion buffer and back). A
-        gradient that exists already is copied into its view."""
+        gradient that exists already is copied into its view; a frozen parameter without a
+        gradient keeps None (its view waits for it: _attach_view)."""
         if order is None:
-            order = [p for p in reversed(self._requires_update) if p.layout == torch.strided]
+            order = [p for p in reversed(self._params())
+                     if p.requires_grad and p.layout == torch.strided]
         by_kind = {}
         for p in order:
             by_kind.setdefault((p.dtype, p.device), []).append(p)
@@ -135,7 +179,8 @@ class _DistributedMixin:
                 if p.grad is not None:
                     with torch.no_grad():
                         view.copy_(p.grad.to_dense() if p.grad.is_sparse else p.grad)
-                p.grad = view
+                if p.grad is not None or p.requires_grad:
+                    p.grad = view
                 self._views[p] = view
             self._flat.append(flat)
 
@@ -171,10 +216,13 @@ class _DistributedMixin:
     def _register_hooks(self, params):
         for p in params:
             # The gradient accumulator of p (an AccumulateGrad node): its hooks run once the
-            # pass's gradient has been added to p.grad.
-            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            # pass's gradient has been added to p.grad. (Reached through a graph, which
+            # zero_grad() under torch.no_grad() would not build.)
+            with torch.enable_grad():
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
             acc.register_hook(self._make_hook(p))
             self._grad_accs.append(acc)  # the node lives as long as someone holds it
+            self._hooked.add(id(p))
 
     def _make_hook(self, p):
         # The hook holds the optimizer weakly: the accumulator node (which the parameter keeps
@@ -223,20 +271,27 @@ class _DistributedMixin:
                     self._handles[q] = self._start(q)
 
     def _start(self, p):
-        """Starts the reduction of p.grad (zeros when this rank has none: a parameter unused
-        in this step still takes part, so the ranks that did use it do not wait forever)."""
+        """Starts the reduction of p.grad (zeros when this rank has none: a parameter that
+        other ranks have a gradient of still takes part, so they do not wait for it)."""
         if self._views:
             self._attach_view(p)
             if self._recording and p in self._views:
                 self._started.append(p)
         if p.grad is None:
             p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-        name = "grad." + self._prefix + self._names[p]
+        name = self._reduction_name(p)
         grad = p.grad
         if grad.is_sparse:
             if not self._sparse_as_dense:
                 return self._start_sparse(p, grad, name)
             grad = p.grad = grad.to_dense()
+        return self._start_dense(grad, name)
+
+    def _reduction_name(self, p):
+        return _naming.ALLREDUCE_PREFIX + self._prefix + self._names[p]
+
+    def _start_dense(self, grad, name):
+        """Starts the all-reduce of the dense ``grad`` under ``name``."""
         pre, post = 1.0, 1.0
         if self._op == Average and self._predivide != 1.0:
             pre, post = 1.0 / self._predivide, self._predivide
@@ -260,7 +315,7 @@ class _DistributedMixin:
         g = grad.coalesce()
         hi = mpi_ops.allgather_async(g.indices().t().contiguous(), name=name + ".indices")
         hv = mpi_ops.allgather_async(g.values().contiguous(), name=name + ".values")
-        return ("sparse", (hi, hv), g.shape)
+        return ("sparse", (hi, hv), (g.shape, g.sparse_dim()))
 
     def _finish(self, p, kind, handle, ctx):
         if kind == "dense":
@@ -275,7 +330,7 @@ class _DistributedMixin:
             values = mpi_ops.synchronize(handle[1])
             if self._op == Average:
                 values = values / _ops.size()
-            p.grad = torch.sparse_coo_tensor(indices, values, ctx).coalesce()
+            p.grad = torch.sparse_coo_tensor(indices, values, ctx[0]).coalesce()
 
     def _check_replacement(self, p, grad, like, when):
         """Raises InvalidArgumentError naming p unless the tensor that replaced ``p.grad``
@@ -315,24 +370,141 @@ class _DistributedMixin:
     # -- Horovod's optimizer API ---------------------------------------------------------
 
     def synchronize(self):
-        """Waits for the gradients' all-reduces; after it, every ``p.grad`` holds the
-        average over ranks (or the ``op`` result).
+        """Waits for the gradients' all-reduces; after it, every ``p.grad`` that some rank
+        has a gradient for holds the average over ranks (or the ``op`` result).
 
-        Parameters whose gradient the hooks have not sent yet (unused in this step, or fewer
-        backward passes than ``backward_passes_per_step``) are all-reduced now, zeros for a
-        missing gradient. Raises the first collective's error (after waiting for all).
-        Call ``step()`` inside ``skip_synchronize()`` afterwards.
+        The ranks first agree on which gradients the step reduces (a small all-reduce):
+        those some rank has (Note [Step agreement] in _agreement.py). A rank without one of
+        them (a layer it did not use, fewer backward passes than
+        ``backward_passes_per_step``) contributes zeros, or no rows to a sparse gradient.
+        A parameter no rank has a gradient for (frozen with ``requires_grad=False``, or
+        unused everywhere) is not reduced: its ``p.grad`` stays as it is (None stays None),
+        as in one process. Raises the first collective's error (after waiting for all),
+        else InvalidArgumentError, on every rank, naming the parameters and ranks, when a
+        rank froze a parameter another has a gradient for, or the ranks' gradients of one
+        parameter are sparse on some and dense on others. Call ``step()`` inside
+        ``skip_synchronize()`` afterwards.
         """
-        if not self._grad_accs:  # a world of one rank
+        if self._single:
             self._synchronized = True
             return
-        for p in self._requires_update:
-            if p not in self._handles:
-                group = self._group_of.get(p)
-                if group is None:
-                    self._handles[p] = self._start(p)
-                else:
-                    self._start_group(group)
+        try:
+            error = self._start_agreed()
+        except _ops.BraidError as e:  # the agreement itself failed (a lost peer, ...)
+            error = e
+        error = self._finish_all() or error
+        self._waiting.clear()
+        for p in self._passes:
+            self._passes[p] = 0
+        if error is None and self._recording:
+            self._relayout_bucket_views()
+        self._track_trainable()
+        if error is not None:
+            raise error
+        self._synchronized = True
+
+    def _local_kind(self, p):
+        """(code, sparse_dim): what this rank has of p's gradient this step (_agreement)."""
+        entry = self._handles.get(p)
+        if entry is not None:
+            return (_agreement.SPARSE, entry[2][1]) if entry[0] == "sparse" else (
+                _agreement.DENSE, 0)
+        computed = p in self._waiting or self._passes[p] > 0  # by a backward pass of this step
+        if not computed and not p.requires_grad:
+            return _agreement.FROZEN, 0
+        g = p.grad
+        if g is None:
+            return _agreement.NONE, 0
+        if g.is_sparse and not self._sparse_as_dense:
+            # An emptied sparse gradient (zero_grad() without set_to_none) has nothing, and
+            # not even its sparse_dim any more.
+            return (_agreement.SPARSE, g.sparse_dim()) if g._nnz() else (_agreement.NONE, 0)
+        return _agreement.DENSE, 0
+
+    def _start_agreed(self):
+        """Agrees with the other ranks on what this step reduces (Note [Step agreement]),
+        starts what this rank has not started of it, and returns the InvalidArgumentError of
+        a disagreement (None when the ranks agree)."""
+        params = self._params()
+        kinds = [self._local_kind(p) for p in params]
+        agreed = mpi_ops.synchronize(mpi_ops.allreduce_async_(
+            _agreement.record(kinds), name=self._agreement_name, op=mpi_ops.Max,
+            compression="none"))
+        decisions = _agreement.decide(agreed)
+        todo, frozen = {}, []
+        for p, d in zip(params, decisions):
+            if d.conflict:
+                self._pair(p, d)
+            elif d.kinds:
+                self._frozen_names.discard(self._reduction_name(p))
+                if p not in self._handles:
+                    todo[p] = functools.partial(self._start_as, p, d.kinds[0], d.sparse_dim)
+            elif d.frozen:
+                frozen.append(p)
+        self._start_all(todo)
+        self._forget_frozen(frozen)
+        if not any(d.conflict for d in decisions):
+            return None
+        codes = mpi_ops.synchronize(mpi_ops.allreduce_async_(
+            _agreement.codes_row(kinds, _ops.rank(), _ops.size()),
+            name=self._agreement_name + ".ranks", op=mpi_ops.Sum, compression="none"))
+        return _agreement.disagreement([self._names[p] for p in params], decisions, codes)
+
+    def _start_as(self, p, kind, sparse_dim):
+        """Starts p's reduction as the agreed ``kind``; this rank's missing or emptied
+        gradient becomes zeros (dense) or no rows of the agreed ``sparse_dim`` (sparse)."""
+        g = p.grad
+        empty = g is not None and g.is_sparse and not g._nnz()
+        if kind == "sparse" and (g is None or empty):
+            p.grad = _empty_sparse(p, sparse_dim)
+            return self._start_sparse(p, p.grad, self._reduction_name(p))
+        if kind == "dense" and empty:
+            p.grad = None  # the others' gradients are dense: so is the average
+        return self._start(p)
+
+    def _start_all(self, todo):
+        """Starts ``todo`` ({parameter: a function starting it}), a group's members (those
+        in ``todo``) together."""
+        for p, start in todo.items():
+            group = self._group_of.get(p)
+            if group is None:
+                self._handles[p] = start()
+            elif p not in self._handles:
+                with _ops.group():
+                    for q in group:
+                        if q in todo and q not in self._handles:
+                            self._waiting.discard(q)
+                            self._handles[q] = todo[q]()
+
+    def _pair(self, p, d):
+        """After a disagreement on p: submits, from scratch tensors, every reduction of p
+        some rank submitted and this one did not (Note [Step agreement])."""
+        entry = self._handles.get(p)
+        mine = None if entry is None else ("sparse" if entry[0] == "sparse" else "dense")
+        name = self._reduction_name(p)
+        for kind in d.kinds:
+            if kind == mine:
+                continue
+            if kind == "dense":
+                zeros = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                self._scratch.append(self._start_dense(zeros, name))
+            else:
+                self._scratch.append(self._start_sparse(p, _empty_sparse(p, d.sparse_dim),
+                                                        name))
+
+    def _forget_frozen(self, params):
+        """Parameters every rank agreed frozen this step: the runtime forgets their
+        compression state (residuals, PowerSGD's Q) once, at the same step on every rank,
+        so a layer unfrozen later starts afresh, as a new layer would, instead of receiving
+        a residual from before it was frozen."""
+        names = [n for n in map(self._reduction_name, params) if n not in self._frozen_names]
+        if names:
+            self._frozen_names.update(names)
+            _ops._braid.forget_compression_state(names)
+
+    def _finish_all(self):
+        """Waits for every reduction of the step and delivers the results; returns the
+        first collective's error (None when all succeeded)."""
         error = None
         for p, (kind, handle, ctx) in list(self._handles.items()):
             try:
@@ -340,14 +512,14 @@ class _DistributedMixin:
             except _ops.BraidError as e:
                 error = error or e
         self._handles.clear()
-        self._waiting.clear()
-        for p in self._passes:
-            self._passes[p] = 0
-        if error is not None:
-            raise error
-        if self._recording:
-            self._relayout_bucket_views()
-        self._synchronized = True
+        for _, handle, _ in self._scratch:  # their results go nowhere
+            for h in handle if isinstance(handle, tuple) else (handle,):
+                try:
+                    mpi_ops.synchronize(h)
+                except _ops.BraidError as e:
+                    error = error or e
+        self._scratch.clear()
+        return error
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -381,7 +553,8 @@ class _DistributedMixin:
         return loss
 
     def zero_grad(self, set_to_none=False):
-        """Clears the gradients; raises FailedPreconditionError between ``backward()`` and
+        """Clears the gradients (and takes note of the parameters frozen or unfrozen since
+        the last step); raises FailedPreconditionError between ``backward()`` and
         ``step()``/``synchronize()``, where the gradients are being accumulated or
         all-reduced."""
         pending = [self._names[p] for p, n in self._passes.items() if n > 0]
@@ -392,11 +565,14 @@ class _DistributedMixin:
                 f"(e.g. '{pending[0]}') are being accumulated or all-reduced: clearing them "
                 "now would lose them or race with the all-reduce. Call zero_grad() before "
                 "backward() or after step().")
+        self._track_trainable()
         if self._views:
             # The gradients stay views into the flat buffers (set_to_none would detach them):
-            # a replaced gradient is simply dropped for its zeroed view.
+            # a replaced gradient is simply dropped for its zeroed view. But a frozen
+            # parameter's gradient is None with set_to_none, as torch makes it, so that
+            # momentum and weight decay do not move it.
             for p, view in self._views.items():
-                p.grad = view
+                p.grad = None if set_to_none and not p.requires_grad else view
             for flat in self._flat:
                 flat.zero_()
             return None
@@ -441,14 +617,7 @@ class _DistributedMixin:
         _naming.update_names(self)
         for p in new:
             self._passes[p] = 0
-        added = [p for p in new if p.requires_grad]
-        self._requires_update.extend(added)
-        self._group_of = self._plan_groups(self._groups, self._spec)
-        if _ops.size() > 1 and added:
-            if self._views:
-                order = list(self._views) + [p for p in added if p.layout == torch.strided]
-                self._allocate_bucket_views(order)
-            self._register_hooks(added)
+        self._track_trainable()
 
     def load_state_dict(self, state_dict):
         """The wrapped optimizer's ``load_state_dict`` (between steps only)."""
@@ -502,7 +671,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         InvalidArgumentError unless 1.
       sparse_as_dense: sparse gradients (``nn.Embedding(sparse=True)``) are densified and
         all-reduced; otherwise their indices and values are all-gathered and summed
-        (Average divides the values by the world size).
+        (Average divides the values by the world size; a rank that did not use the
+        embedding in a step contributes no rows, whether its ``p.grad`` is None or emptied
+        by ``zero_grad()``).
       groups: which gradients' all-reduces start together, as in Horovod: an integer k
         splits the parameters (in the optimizer's order) into k groups of consecutive ones
         (0: no groups); a list of lists of parameters makes each list a group (parameters in
@@ -513,7 +684,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         (scalecomp, topk or randomk with granularity=bucket, the default), so its top-k
         covers the whole model's gradient, as ScaleCom selects over the fused gradient,
         and the run repeats bit for bit; no groups otherwise (each all-reduce starts as soon
-        as its gradient is ready, overlapping the rest of backward). num_groups: Horovod's
+        as its gradient is ready, overlapping the rest of backward). Groups hold the
+        parameters that train (``requires_grad``): a frozen parameter leaves its group
+        until it is unfrozen (planned again between steps). num_groups: Horovod's
         older name for an integer ``groups`` (used when ``groups`` is None).
       process_set: only the global one (None).
       gradient_as_bucket_view: as DDP's option of that name. False (default): each
@@ -531,7 +704,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         step on. Results are bit-identical either way.
         Costs: the buffers hold every gradient from construction on (memory the
         gradients would take after the first backward anyway); ``zero_grad()`` zeroes them
-        in place whatever ``set_to_none`` says (a gradient is never None); and the
+        in place whatever ``set_to_none`` says (a gradient is never None, but that of a
+        frozen parameter, which ``set_to_none=True`` sets to None); and the
         gradients are views, so code that replaces ``p.grad`` (``p.grad = t``, an
         optimizer or hook that does) breaks the sharing: ``step()`` restores ``p.grad`` to
         its view (holding the average) when the replacement came after backward, and the
@@ -558,10 +732,23 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     raised from ``backward()``), and the collectives' own errors from ``step()`` /
     ``synchronize()``.
 
-    A parameter with no gradient on a rank in some step (an unused layer) is all-reduced as
-    zeros by that rank in ``step()``, so the ranks that used it do not wait; its ``p.grad``
-    then holds the average. A world of size 1 adds no hooks: ``step()`` is the wrapped
-    optimizer's, with no communication (and so no compression).
+    Which parameters train may change between steps, as in one process: every step, the
+    ranks first agree (one small all-reduce) on which gradients it reduces, those that some
+    rank has. A parameter with no gradient on a rank in some step (a layer it did not use) is
+    all-reduced as zeros by that rank (no rows, for a sparse gradient), so the ranks that
+    used it do not wait; its ``p.grad`` then holds the average. A parameter no rank has a
+    gradient for (frozen with ``requires_grad=False``, or unused everywhere) is not
+    reduced: its ``p.grad`` stays as it is (None stays None, so momentum and weight decay do
+    not move it), as in one process. A layer frozen when the optimizer was built, or later,
+    and unfrozen between steps is averaged from then on (its hook is added at the next
+    ``zero_grad()`` or step, and a gradient it has before that is all-reduced in
+    ``step()``); a layer that every rank froze starts afresh when unfrozen, as a new layer
+    would: its compression state (residuals, PowerSGD's Q, warm-up) is forgotten. Ranks that
+    disagree (one froze a layer another has a gradient for, or one has a sparse gradient
+    where another has a dense one) all raise InvalidArgumentError from ``step()``, naming
+    the parameters and the ranks, and the parameters are not updated. A world of size 1 adds
+    no hooks: ``step()`` is the wrapped optimizer's, with no communication (and so no
+    compression).
     """
     mpi_ops._check_process_set("DistributedOptimizer", process_set)
     op = _check_op("DistributedOptimizer", "", op)
@@ -586,6 +773,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                compression,
                backward_passes_per_step, op, gradient_predivide_factor, sparse_as_dense,
                groups, bool(gradient_as_bucket_view))
+
+
+def _empty_sparse(p, sparse_dim):
+    """A sparse gradient of p with no rows: ``sparse_dim`` index columns, values of p's
+    trailing dimensions."""
+    indices = torch.zeros(sparse_dim, 0, dtype=torch.int64, device=p.device)
+    values = torch.zeros((0,) + tuple(p.shape[sparse_dim:]), dtype=p.dtype, device=p.device)
+    return torch.sparse_coo_tensor(indices, values, p.shape)
 
 
 def _job_default_compression():
