@@ -269,9 +269,15 @@ def test_the_standalone_coordinator_names_the_real_cause_of_a_failed_start():
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
             line = coord.stdout.readline()
-            assert re.fullmatch(r"braid-coordinator listening on \[::1\]:(\d+)\n", line), line
-            port = int(port_file.read_text())
-            assert line == f"braid-coordinator listening on [::1]:{port}\n", line
+            m = re.fullmatch(r"braid-coordinator listening on \[::1\]:(\d+)\n", line)
+            assert m, line
+            port = int(m.group(1))
+            # The port file comes just after the line.
+            deadline = time.monotonic() + 10
+            while not (port_file.exists() and port_file.read_text().strip()):
+                assert time.monotonic() < deadline and coord.poll() is None, "no port file"
+                time.sleep(0.02)
+            assert int(port_file.read_text()) == port
             st = subprocess.run([str(build / "tools" / "braidctl" / "braidctl"), "status",
                                  "--coordinator", f"[::1]:{port}", "--json"],
                                 env=job_env(build, secret), capture_output=True, text=True,
