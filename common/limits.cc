@@ -80,8 +80,9 @@ absl::Status CheckName(absl::string_view field, absl::string_view name) {
 
 size_t InvalidUtf8Offset(absl::string_view text) {
   // Neither Abseil nor the C++ library has a UTF-8 validator (codecvt is deprecated, mbrtowc
-  // depends on the process's locale), so this follows RFC 3629's table: the lead byte gives the length and the range of the second byte
-  // (which excludes overlong forms, surrogates and code points past U+10FFFF).
+  // depends on the process's locale), so this follows RFC 3629's table: the lead byte gives
+  // the length and the range of the second byte (which excludes overlong forms, surrogates
+  // and code points past U+10FFFF).
   size_t i = 0;
   while (i < text.size()) {
     const unsigned char c = static_cast<unsigned char>(text[i]);
