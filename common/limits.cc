@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace braid {
@@ -66,9 +67,56 @@ absl::Status CheckName(absl::string_view field, absl::string_view name) {
   if (name.size() > kMaxNameBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, " is ", name.size(), " bytes long, more than the limit of ", kMaxNameBytes,
-        " (it starts '", Truncated(name, 64), "')"));
+        " (it starts '", Printable(Truncated(name, 64)), "')"));
+  }
+  if (const size_t bad = InvalidUtf8Offset(name); bad < name.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " is not valid UTF-8: byte 0x",
+        absl::Hex(static_cast<unsigned char>(name[bad]), absl::kZeroPad2), " at offset ", bad,
+        " of '", Printable(Truncated(name, 64)), "' (names travel as UTF-8 text)"));
   }
   return absl::OkStatus();
+}
+
+size_t InvalidUtf8Offset(absl::string_view text) {
+  // Neither Abseil nor the C++ library has a UTF-8 validator (codecvt is deprecated, mbrtowc
+  // depends on the process's locale), so this follows RFC 3629's table: the lead byte gives
+  // the length and the range of the second byte (which excludes overlong forms, surrogates
+  // and code points past U+10FFFF).
+  size_t i = 0;
+  while (i < text.size()) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len = 0;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf) {
+      len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      len = 3;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      len = 4;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    } else {
+      return i;
+    }
+    if (i + len > text.size()) return i;
+    for (int k = 1; k < len; ++k) {
+      const unsigned char b = static_cast<unsigned char>(text[i + k]);
+      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xbf)) return i;
+    }
+    i += len;
+  }
+  return text.size();
+}
+
+std::string Printable(absl::string_view name) {
+  return InvalidUtf8Offset(name) == name.size() ? std::string(name) : absl::CHexEscape(name);
 }
 
 std::string Truncated(absl::string_view text, size_t max) {

@@ -49,8 +49,19 @@ absl::StatusOr<int64_t> TensorBytes(absl::string_view field, int64_t elements,
 absl::StatusOr<int64_t> CheckedSum(absl::string_view field, absl::Span<const int64_t> values,
                                    int64_t max);
 
-// A tensor name: InvalidArgument naming `field` when empty or longer than kMaxNameBytes.
+// A tensor name: InvalidArgument naming `field` when empty, longer than kMaxNameBytes, or not
+// valid UTF-8 (names travel in the wire's proto3 strings, which must be UTF-8: a peer would
+// refuse the whole message holding one that is not).
 absl::Status CheckName(absl::string_view field, absl::string_view name);
+
+// The offset of the first byte of `text` that is not part of valid UTF-8 (a stray
+// continuation byte, a truncated or overlong sequence, a surrogate U+D800..U+DFFF, a code
+// point past U+10FFFF), or text.size() when it is all valid.
+size_t InvalidUtf8Offset(absl::string_view text);
+
+// `name` as an error message may quote it: as is when it is valid UTF-8, else with C escapes
+// ("g\x80"), so that the message itself stays valid text.
+std::string Printable(absl::string_view name);
 
 // `text` cut to at most `max` bytes on a UTF-8 character boundary, with "..." appended when
 // cut.

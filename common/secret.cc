@@ -9,10 +9,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -107,7 +110,33 @@ absl::Status CheckSecret(absl::string_view what, absl::string_view secret) {
           what, ": a secret must be printable ASCII (it travels in call metadata)"));
     }
   }
+  const int bits = SecretStrengthBits(secret);
+  const size_t distinct = std::set<char>(secret.begin(), secret.end()).size();
+  if (bits < kMinSecretBits || distinct < static_cast<size_t>(kMinSecretDistinct)) {
+    // Never the secret itself: an error message may end up in a log others read.
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the secret is too weak: a secret must hold at least ", kMinSecretBits,
+        " bits (32 hex digits, or 22 characters of mixed-case letters and digits) with at "
+        "least ", kMinSecretDistinct, " different characters; this one has ", secret.size(),
+        " characters, ", distinct, " different, about ", bits,
+        " bits. Make one with `openssl rand -hex 16`, or leave it unset and braid makes one"));
+  }
   return absl::OkStatus();
+}
+
+int SecretStrengthBits(absl::string_view secret) {
+  bool digit = false, lower = false, upper = false, other = false, hex = true;
+  for (char c : secret) {
+    digit |= absl::ascii_isdigit(c);
+    lower |= absl::ascii_islower(c);
+    upper |= absl::ascii_isupper(c);
+    other |= !absl::ascii_isalnum(c);
+    hex &= absl::ascii_isxdigit(c);
+  }
+  int alphabet = 10 * digit + 26 * lower + 26 * upper + 33 * other;
+  if (hex) alphabet = std::min(alphabet, 16);
+  if (alphabet <= 1) return 0;
+  return static_cast<int>(static_cast<double>(secret.size()) * std::log2(alphabet));
 }
 
 absl::StatusOr<std::string> ReadPrivateFile(absl::string_view what, const std::string& path) {

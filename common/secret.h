@@ -30,8 +30,27 @@ bool SecretsEqual(absl::string_view presented, absl::string_view expected);
 // HMAC-SHA256(key, message): 32 raw bytes.
 std::string HmacSha256(absl::string_view key, absl::string_view message);
 
+// Note [Secret strength]
+// A secret must hold at least kMinSecretBits bits, so that guessing it does not pay even at
+// the coordinator's full speed (and admissions are slowed besides, coordinator/admission.h).
+// braid cannot tell a random secret from a chosen one, so it estimates what the text could
+// hold at best: its length times log2 of the alphabet it draws on, where the alphabet is the
+// 16 hex digits when the secret is hex, else the union of the classes it uses
+// (10 digits, 26 lowercase letters, 26 uppercase letters, 33 other printable characters).
+// So 32 hex digits (16 random bytes: `openssl rand -hex 16`) are the least that passes, and
+// 22 characters of mixed case letters and digits (base64 of 16 random bytes). A secret with
+// fewer than kMinSecretDistinct different characters ("aaaa...") is refused whatever its
+// length; 32 random hex digits have that few with a chance below 1 in 10^7. The secrets
+// braid makes itself (RandomSecret, derived ones) are 64 hex digits: 256 bits.
+inline constexpr int kMinSecretBits = 128;
+inline constexpr int kMinSecretDistinct = 8;
+
+// The estimate of Note [Secret strength], in bits (rounded down).
+int SecretStrengthBits(absl::string_view secret);
+
 // A secret travels in call metadata, which holds printable ASCII only: OK when `secret` is
-// 1 to 4096 characters between ' ' and '~'; else InvalidArgument naming `what`.
+// 1 to 4096 characters between ' ' and '~' and strong enough (Note [Secret strength]); else
+// InvalidArgument naming `what` and, for a weak one, the minimum.
 absl::Status CheckSecret(absl::string_view what, absl::string_view secret);
 
 // ---- Keyed tags of the data plane (transport/tag.h, Note [Tag layout]) ----

@@ -324,6 +324,7 @@ void Job::Lose(int rank, const std::string& why) {
     r.stream.reset();
   }
   Abort(absl::UnavailableError(why));
+  if (opts_.on_rank_lost) opts_.on_rank_lost(rank, why);
 }
 
 absl::Status Job::Heartbeat(const proto::HeartbeatRequest& req, absl::string_view token,

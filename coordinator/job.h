@@ -79,6 +79,11 @@ class Job {
     // braidrun): ranks that disagree on the world size end it for every rank, those still to
     // register included (refusal()), not only for the ranks waiting.
     bool one_job = false;
+    // Called (under the service's lock: it must not block or call the service) when a rank
+    // is declared lost: silent past the heartbeat timeout, no stream in time, or its stream
+    // closed without a goodbye. braidrun ends such a rank when it still runs (Note [Lost
+    // ranks] in tools/braidrun/launcher.h).
+    std::function<void(int rank, const std::string& why)> on_rank_lost;
   };
   Job(const Options& options, absl::Time now);
 
@@ -117,6 +122,10 @@ class Job {
   // `rank`'s stream `sink` ended; without a goodbye the rank is lost and the job aborted.
   void OnStreamEnd(int rank, const StreamSink* sink, absl::Time now);
 
+  // Whether `token` is `rank`'s token in this job (compared in constant time).
+  bool IsRankToken(int rank, absl::string_view token) const {
+    return !token.empty() && CheckToken(rank, token, "").ok();
+  }
   // PermissionDenied unless `token` is req.rank's; FailedPrecondition before the job formed.
   absl::Status Heartbeat(const proto::HeartbeatRequest& req, absl::string_view token,
                          absl::Time now);

@@ -6,17 +6,24 @@
 #include "coordinator/server.h"
 
 #include <grpcpp/grpcpp.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/limits.h"
+#include "common/secret.h"
 #include "coordinator/admission.h"
 #include "coordinator/credentials.h"
 #include "coordinator/grpc_status.h"
@@ -28,6 +35,52 @@ namespace braid::coordinator {
 namespace {
 
 class NegotiateReactor;
+
+// What a failed bind() of errno `e` means for a coordinator's address.
+std::string BindHint(int e) {
+  switch (e) {
+    case EADDRINUSE: return "the port is in use, maybe by another job's coordinator";
+    case EADDRNOTAVAIL: return "the address is not one of this host's";
+    case EAFNOSUPPORT: return "this host does not support the address's family (IPv6?)";
+    case EACCES: return "ports below 1024 need privileges";
+    default: return "";
+  }
+}
+
+// Why `host`:`port` cannot be listened on. gRPC only says that it added no address, so the
+// same bind is tried with a plain socket (with SO_REUSEADDR, as gRPC sets it) to learn the
+// errno. Empty when the bind works: then gRPC failed for another reason (its log says).
+std::string WhyNoListen(std::string host, int port) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string service = absl::StrCat(port);
+  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
+    return absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc));
+  }
+  std::string why;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    int e = fd < 0 ? errno : 0;
+    const int one = 1;
+    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (fd >= 0 && bind(fd, a->ai_addr, a->ai_addrlen) != 0) e = errno;
+    if (fd >= 0) close(fd);
+    if (e == 0) {
+      why.clear();
+      break;
+    }
+    const std::string hint = BindHint(e);
+    why = absl::StrCat(fd < 0 ? "socket: " : "bind: ", std::strerror(e),
+                       hint.empty() ? "" : absl::StrCat(" (", hint, ")"));
+  }
+  freeaddrinfo(found);
+  return why;
+}
 
 // The caller as the call presents itself: its address and its credentials' metadata.
 Caller CallerOf(const grpc::CallbackServerContext* ctx) {
@@ -283,6 +336,7 @@ ServiceOptions ServiceOptionsFrom(const ServerOptions& o) {
   s.single_job = o.single_job;
   s.register_timeout = o.register_timeout;
   s.settings = o.settings;
+  s.on_rank_lost = o.on_rank_lost;
   return s;
 }
 
@@ -297,10 +351,15 @@ class GrpcCoordinatorServer final : public CoordinatorServer {
       return absl::InvalidArgumentError(
           "a coordinator needs a job secret (Note [Who may join]): none was given");
     }
+    // Whoever embeds a coordinator gets the same floor as the tools (Note [Secret strength]).
+    if (absl::Status s = CheckSecret("the coordinator's job secret", opts_.job_secret);
+        !s.ok()) {
+      return s;
+    }
     auto credentials = MakeServerCredentials(opts_.tls_cert_file, opts_.tls_key_file);
     if (!credentials.ok()) return credentials.status();
     grpc::ServerBuilder builder;
-    const std::string addr = absl::StrCat(opts_.bind_address, ":", opts_.port);
+    const std::string addr = HostPort(opts_.bind_address, opts_.port);
     builder.AddListeningPort(addr, *credentials, &port_);
     // A second coordinator must not silently share the port (gRPC sets SO_REUSEPORT by
     // default).
@@ -316,10 +375,11 @@ class GrpcCoordinatorServer final : public CoordinatorServer {
     builder.RegisterService(&grpc_service_);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port_ == 0) {
+      // Credentials were checked above (MakeServerCredentials), so the address is the cause.
+      const std::string why = WhyNoListen(opts_.bind_address, opts_.port);
       return absl::UnavailableError(absl::StrCat(
-          "coordinator cannot listen on ", addr,
-          " (the port is in use, maybe by another job's coordinator, or the address is not "
-          "local)"));
+          "coordinator cannot listen on ", addr, ": ",
+          why.empty() ? "gRPC could not listen there (its log line above says why)" : why));
     }
     monitor_ = std::make_unique<Monitor>(opts_.monitor_period, [this] {
       service_.Inspect();
@@ -329,7 +389,7 @@ class GrpcCoordinatorServer final : public CoordinatorServer {
   }
 
   int port() const override { return port_; }
-  std::string address() const override { return absl::StrCat(opts_.bind_address, ":", port_); }
+  std::string address() const override { return HostPort(opts_.bind_address, port_); }
 
   void Shutdown(absl::Duration grace) override {
     StopServing(grace);
@@ -384,6 +444,13 @@ class GrpcCoordinatorServer final : public CoordinatorServer {
 };
 
 }  // namespace
+
+std::string HostPort(const std::string& host, int port) {
+  if (absl::StrContains(host, ':') && !absl::StartsWith(host, "[")) {
+    return absl::StrCat("[", host, "]:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> StartCoordinator(const ServerOptions& options) {
   auto server = std::make_unique<GrpcCoordinatorServer>(options);

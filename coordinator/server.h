@@ -5,6 +5,7 @@
 #ifndef BRAID_COORDINATOR_SERVER_H_
 #define BRAID_COORDINATOR_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -21,7 +22,8 @@ struct ServerOptions {
   // World size; 0 takes it from the first rank that registers (per job).
   int world_size = 0;
   // Every call must present this secret (Note [Who may join] in admission.h). Required:
-  // StartCoordinator refuses to start without one.
+  // StartCoordinator refuses to start without one, or with a weak one (Note [Secret
+  // strength] in common/secret.h).
   std::string job_secret;
   // TLS: both set, the server speaks only TLS with this PEM certificate and private key
   // (mode 0600); both empty, plaintext (one host, or a trusted network).
@@ -40,13 +42,17 @@ struct ServerOptions {
   proto::JobSettings settings;
   // How often the monitor (monitor.h) inspects liveness, stalls and deadlines.
   absl::Duration monitor_period = absl::Milliseconds(100);
+  // Told of every rank the coordinator declares lost, with the reason, from the server's
+  // threads (the service's lock held: it must return at once and not call the server).
+  // braidrun's: Note [Lost ranks] in tools/braidrun/launcher.h.
+  std::function<void(int rank, const std::string& why)> on_rank_lost;
 };
 
 class CoordinatorServer {
  public:
   virtual ~CoordinatorServer() = default;
   virtual int port() const = 0;
-  // "host:port" ranks connect to.
+  // "host:port" ranks connect to ("[host]:port" for an IPv6 address).
   virtual std::string address() const = 0;
   // Ends every negotiation stream with a shutdown message and stops the server; open
   // calls are cancelled after `grace`.
@@ -59,9 +65,15 @@ class CoordinatorServer {
   virtual bool WaitForJobEnd(absl::Duration timeout) = 0;
 };
 
-// Starts the server. Errors: Unavailable when the address cannot be bound (the port is in
-// use: SO_REUSEPORT is off so a second coordinator cannot silently share it);
-// InvalidArgument without a job secret, or for bad TLS files (credentials.h).
+// "host:port", the host bracketed when it is an IPv6 address ("[::1]:5"), as gRPC and
+// BRAID_COORDINATOR read it: gRPC reads "::1:5" as the IPv6 address ::1:5 without a port.
+std::string HostPort(const std::string& host, int port);
+
+// Starts the server. Errors: Unavailable when the address cannot be bound, naming bind()'s
+// error (the port is in use: SO_REUSEPORT is off so a second coordinator cannot silently
+// share it; the address is not this host's; ...);
+// InvalidArgument without a job secret or with a weak one, or for bad TLS files
+// (credentials.h).
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> StartCoordinator(const ServerOptions& options);
 
 }  // namespace braid::coordinator

@@ -17,7 +17,7 @@ void Run(Completions& out) {
 }  // namespace
 
 CoordinatorService::CoordinatorService(ServiceOptions options)
-    : opts_(std::move(options)), start_(Now()), admission_(opts_.job_secret) {
+    : opts_(std::move(options)), start_(Now()), admission_(opts_.job_secret, opts_.clock) {
   absl::MutexLock lock(&mu_);
   job_ = std::make_unique<Job>(JobOptions(1), start_);
 }
@@ -32,6 +32,7 @@ Job::Options CoordinatorService::JobOptions(int64_t id) const {
   o.register_timeout = opts_.register_timeout;
   o.kv_limits = opts_.kv_limits;
   o.one_job = opts_.single_job;
+  o.on_rank_lost = opts_.on_rank_lost;
   return o;
 }
 
@@ -251,7 +252,14 @@ void CoordinatorService::OnStreamEnd(const StreamKey& key) {
 
 absl::Status CoordinatorService::Heartbeat(const Caller& caller,
                                            const proto::HeartbeatRequest& req) {
-  BRAID_RETURN_IF_ERROR(admission_.Check(caller, "Heartbeat"));
+  bool holds_token;
+  {
+    absl::MutexLock lock(&mu_);
+    holds_token = job_->IsRankToken(req.rank(), caller.rank_token);
+  }
+  // Note [Refusal budget]: a rank's heartbeat goes through while others guess from its
+  // address, so guessing cannot get the job's ranks declared lost.
+  BRAID_RETURN_IF_ERROR(admission_.Check(caller, "Heartbeat", holds_token));
   absl::Status s;
   {
     absl::MutexLock lock(&mu_);

@@ -49,6 +49,8 @@ struct ServiceOptions {
   proto::JobSettings settings;
   // Time source; null: absl::Now. Tests step a fake clock and call Inspect().
   std::function<absl::Time()> clock;
+  // Told of every rank declared lost (Job::Options::on_rank_lost); may be null.
+  std::function<void(int rank, const std::string& why)> on_rank_lost;
 };
 
 // Identifies one negotiation stream: its job, its rank and its sink.

@@ -152,6 +152,20 @@ const Variable kVariables[] = {
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        return Assign(ParseZeroOrOne(w, t), &c->ucx_peer_error_handling);
      }},
+    {"BRAID_LAUNCHER_PIPE",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       const size_t colon = t.find(':');
+       auto fd = ParseInteger(w, t.substr(0, colon), 0, 1 << 20);
+       auto inode = ParseInteger(w, colon == absl::string_view::npos ? "" : t.substr(colon + 1),
+                                 1, INT64_MAX);
+       if (!fd.ok() || !inode.ok()) {
+         return absl::InvalidArgumentError(
+             absl::StrCat(w, " must be FD:INODE (braidrun sets it), got '", t, "'"));
+       }
+       c->launcher_pipe_fd = static_cast<int>(*fd);
+       c->launcher_pipe_inode = static_cast<uint64_t>(*inode);
+       return absl::OkStatus();
+     }},
     {"BRAID_FUSION_THRESHOLD",
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        return AssignOptional(ParseInteger(w, t, 0, kMaxFusionThreshold),

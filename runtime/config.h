@@ -128,6 +128,11 @@ struct RuntimeConfig {
   // BRAID_REGISTER_TIMEOUT_S: how long the ranks may take to register (RegistrationTimeout).
   std::optional<absl::Duration> register_timeout;
   bool ucx_peer_error_handling = false;  // BRAID_UCX_PEER_ERROR_HANDLING
+  // BRAID_LAUNCHER_PIPE "FD:INODE", which braidrun sets for the ranks on its host: descriptor
+  // FD is the read end of the pipe (of that inode) whose write end braidrun holds (Note
+  // [Ranks die with their launcher] in runtime/launcher_watch.h). -1: none.
+  int launcher_pipe_fd = -1;
+  uint64_t launcher_pipe_inode = 0;
   JobSettings job;                       // proposed to the coordinator at registration
   // ConfigFromProcessEnv's EnvironmentWarnings, for the runtime to print at init.
   std::vector<std::string> environment_warnings;

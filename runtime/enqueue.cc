@@ -104,6 +104,11 @@ absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r) const {
                                                    "' on rank ", rank_, ": ", why));
   };
   if (r.name.empty()) return bad("a name is required");
+  if (InvalidUtf8Offset(r.name) < r.name.size()) {  // never quoted raw: CheckName escapes it
+    return absl::InvalidArgumentError(absl::StrCat(CollectiveName(r.collective), " on rank ",
+                                                   rank_, ": ",
+                                                   CheckName("the name", r.name).message()));
+  }
   if (r.name.size() > kMaxNameBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         CollectiveName(r.collective), " '", Truncated(r.name, 64), "' on rank ", rank_,

@@ -13,6 +13,7 @@
 #include "glog/logging.h"
 #include "runtime/heartbeat_report.h"
 #include "runtime/job_identity.h"
+#include "runtime/launcher_watch.h"
 #include "runtime/resolve.h"
 #include "runtime/registration.h"
 #include "runtime/runtime_impl.h"
@@ -86,6 +87,14 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   if (!warned && config.launch.source != "braid" && config.launch.local_rank <= 0) {
     for (const std::string& w : config.environment_warnings) LOG(WARNING) << "braid: " << w;
     warned = true;
+  }
+  // Note [Ranks die with their launcher]: first, so a rank waiting to register is covered.
+  if (config.launcher_pipe_fd >= 0) {
+    if (absl::Status s = WatchLauncher(config.launcher_pipe_fd, config.launcher_pipe_inode,
+                                       config.launch.rank);
+        !s.ok()) {
+      LOG(WARNING) << "braid: " << s.message();
+    }
   }
   // Before the client: its heartbeats read the ledger (braidctl status).
   ledger_ = std::make_unique<StatisticsLedger>();
@@ -193,7 +202,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Runtime::Impl::ConnectDefault
           "BRAID_COORDINATOR is not set and this process has no rank from a launcher "
           "(BRAID_RANK, RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK): run under braidrun");
     } else {
-      address = absl::StrCat(config.coordinator_host, ":", config.coordinator_port);
+      address = coordinator::HostPort(config.coordinator_host, config.coordinator_port);
     }
   }
   coordinator::ClientOptions co;

@@ -173,8 +173,9 @@ class Runtime {
   absl::StatusOr<std::string> transport_description() const;
 
   // Byte counters of every all-reduce since Init, per tensor and per compression method
-  // (payload vs transport bytes against the uncompressed ones; see runtime/statistics.h).
-  // FailedPrecondition when not initialised.
+  // (payload vs transport bytes against the uncompressed ones; see runtime/statistics.h),
+  // per tensor for the kMaxTensorStats names reduced most recently (Note [Bounded
+  // per-tensor statistics]). FailedPrecondition when not initialised.
   absl::StatusOr<CompressionReport> compression_report() const;
 
   // This rank's compression state for a training checkpoint: the state compressors keep

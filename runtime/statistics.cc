@@ -1,5 +1,7 @@
 #include "runtime/statistics.h"
 
+#include <algorithm>
+
 namespace braid {
 
 void ByteStats::Add(const ByteStats& o) {
@@ -21,14 +23,29 @@ uint64_t ReferenceTransportBytes(uint64_t bytes, int world_size) {
   return 2 * bytes * (n - 1) / n;
 }
 
+StatisticsLedger::StatisticsLedger(size_t max_tensors)
+    : max_tensors_(std::max<size_t>(1, max_tensors)) {}
+
 void StatisticsLedger::Record(absl::string_view name, absl::string_view method,
                               const ByteStats& b) {
   absl::MutexLock lock(&mu_);
   auto by_name = tensors_.find(name);
-  if (by_name == tensors_.end()) by_name = tensors_.emplace(std::string(name), Methods{}).first;
-  auto it = by_name->second.find(method);
-  const bool inserted = it == by_name->second.end();
-  if (inserted) it = by_name->second.emplace(std::string(method), ByteStats{}).first;
+  if (by_name == tensors_.end()) {
+    // Note [Bounded per-tensor statistics]: the least recently booked name makes room.
+    if (tensors_.size() >= max_tensors_) {
+      tensors_.erase(recency_.back());
+      recency_.pop_back();
+    }
+    by_name = tensors_.emplace(std::string(name), Entry{}).first;
+    recency_.push_front(by_name);
+    by_name->second.recency = recency_.begin();
+  } else {
+    recency_.splice(recency_.begin(), recency_, by_name->second.recency);
+  }
+  Methods& methods = by_name->second.methods;
+  auto it = methods.find(method);
+  const bool inserted = it == methods.end();
+  if (inserted) it = methods.emplace(std::string(method), ByteStats{}).first;
   it->second.Add(b);
   auto total = totals_.find(method);
   if (total == totals_.end()) {
@@ -54,8 +71,8 @@ CompressionReport StatisticsLedger::Report() const {
   CompressionReport r;
   absl::MutexLock lock(&mu_);
   r.fusion = fusion_;
-  for (const auto& [name, methods] : tensors_) {
-    for (const auto& [method, b] : methods) r.tensors.push_back({name, method, b});
+  for (const auto& [name, entry] : tensors_) {
+    for (const auto& [method, b] : entry.methods) r.tensors.push_back({name, method, b});
   }
   for (const auto& [method, m] : totals_) r.methods.push_back(m);
   return r;

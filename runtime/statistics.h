@@ -18,6 +18,7 @@
 #define BRAID_RUNTIME_STATISTICS_H_
 
 #include <cstdint>
+#include <list>
 #include <map>
 #include <string>
 #include <vector>
@@ -47,7 +48,9 @@ struct TensorCompressionStats {
 
 struct MethodCompressionStats {
   std::string method;
-  uint64_t tensors = 0;  // distinct tensor names reduced with it
+  // Distinct tensor names reduced with it; a name the per-tensor table dropped (Note
+  // [Bounded per-tensor statistics]) counts again when it comes back.
+  uint64_t tensors = 0;
   ByteStats bytes;
 };
 
@@ -64,15 +67,31 @@ struct FusionStats {
 
 struct CompressionReport {
   std::vector<MethodCompressionStats> methods;  // sorted by method
-  std::vector<TensorCompressionStats> tensors;  // sorted by (name, method)
+  // Sorted by (name, method); the kMaxTensorStats names reduced most recently at most.
+  std::vector<TensorCompressionStats> tensors;
   FusionStats fusion;
 };
+
+// Note [Bounded per-tensor statistics]
+// A job that all-reduces a new name every step (names with a step number in them) would grow
+// the per-tensor table by an entry per step for ever (20,000 entries, 5 MB after 20,000
+// steps). So the table keeps the kMaxTensorStats names reduced most recently and drops the
+// least recently reduced name when a new one comes (a model's gradients, reduced every step,
+// stay). The per-method totals are booked apart from the table and stay exact whatever it
+// drops: reductions and bytes always; `tensors` counts a dropped name again if it returns.
+// 4096 is four times the response cache's default capacity (BRAID_CACHE_CAPACITY), so every
+// name the cache can hold fits, with room for names that come and go.
+inline constexpr size_t kMaxTensorStats = 4096;
 
 // 2(n-1)/n · bytes: what a bandwidth-optimal all-reduce sends per rank (0 for one rank).
 uint64_t ReferenceTransportBytes(uint64_t bytes, int world_size);
 
 class StatisticsLedger {
  public:
+  // `max_tensors`: the names the per-tensor table keeps (Note [Bounded per-tensor
+  // statistics]); at least 1.
+  explicit StatisticsLedger(size_t max_tensors = kMaxTensorStats);
+
   // Books one reduction of tensor `name` under `method`. Thread-safe.
   void Record(absl::string_view name, absl::string_view method, const ByteStats& b);
   // Books one all-reduce bucket: `packed_bytes` written into the fusion buffer (0 when it was
@@ -86,10 +105,21 @@ class StatisticsLedger {
   std::vector<MethodCompressionStats> MethodTotals() const;
 
  private:
-  mutable absl::Mutex mu_;  // a leaf: nothing else is locked under it
-  // Tensor name -> method -> counters (heterogeneous lookup: no key is built per booking).
+  // A name's counters, per method, and its place in the recency list.
+  struct Entry;
   using Methods = std::map<std::string, ByteStats, std::less<>>;
-  std::map<std::string, Methods, std::less<>> tensors_ ABSL_GUARDED_BY(mu_);
+  // Tensor name -> its entry (heterogeneous lookup: no key is built per booking).
+  using Table = std::map<std::string, Entry, std::less<>>;
+  struct Entry {
+    Methods methods;
+    std::list<Table::iterator>::iterator recency;
+  };
+
+  const size_t max_tensors_;
+  mutable absl::Mutex mu_;  // a leaf: nothing else is locked under it
+  Table tensors_ ABSL_GUARDED_BY(mu_);
+  // tensors_'s entries, the most recently booked first (map iterators stay valid).
+  std::list<Table::iterator> recency_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, MethodCompressionStats, std::less<>> totals_ ABSL_GUARDED_BY(mu_);
   FusionStats fusion_ ABSL_GUARDED_BY(mu_);
 };

@@ -221,7 +221,8 @@ absl::Status CommonRequest(braid::Collective kind, const char* name, const int64
   if (s.ok()) s = Shape(shape, ndim, r->dtype, &r->shape);
   if (!s.ok()) {
     return absl::Status(s.code(),
-                        absl::StrCat("'", braid::Truncated(r->name, 64), "': ", s.message()));
+                        absl::StrCat("'", braid::Printable(braid::Truncated(r->name, 64)),
+                                     "': ", s.message()));
   }
   return absl::OkStatus();
 }

@@ -505,11 +505,12 @@ TEST(Braidrun, RanksGetOnlyStdioNoSocketsOrOtherPipes) {
     launcher_has_socket |= target.rfind("socket:", 0) == 0;
   }
   EXPECT_TRUE(launcher_has_socket);
-  // ...but a rank holds nothing beyond stdin (/dev/null) and its own stdout/stderr pipes.
-  std::set<std::string> pipes_seen;
+  // ...but a rank holds nothing beyond stdin (/dev/null), its own stdout/stderr pipes and,
+  // at 3, the read end of the launcher pipe (Note [Ranks die with their launcher]).
+  std::set<std::string> pipes_seen, launcher_pipes;
   for (pid_t p : pids) {
     auto fds = OpenFds(p);
-    ASSERT_EQ(fds.size(), 3u) << "rank pid " << p << " fds: " << [&] {
+    ASSERT_EQ(fds.size(), 4u) << "rank pid " << p << " fds: " << [&] {
       std::string s;
       for (const auto& [fd, t] : fds) s += std::to_string(fd) + "->" + t + " ";
       return s;
@@ -517,12 +518,20 @@ TEST(Braidrun, RanksGetOnlyStdioNoSocketsOrOtherPipes) {
     EXPECT_EQ(fds[0], std::make_pair(0, std::string("/dev/null")));
     EXPECT_EQ(fds[1].first, 1);
     EXPECT_EQ(fds[2].first, 2);
+    EXPECT_EQ(fds[3].first, 3);
     EXPECT_THAT(fds[1].second, ::testing::StartsWith("pipe:"));
     EXPECT_THAT(fds[2].second, ::testing::StartsWith("pipe:"));
+    EXPECT_THAT(fds[3].second, ::testing::StartsWith("pipe:"));
+    // Its read end only (flags 0: O_RDONLY, not close-on-exec): braidrun alone can write.
+    EXPECT_THAT(ReadFile("/proc/" + std::to_string(p) + "/fdinfo/3"),
+                ::testing::ContainsRegex("flags:\\s+0+\n"));
     pipes_seen.insert(fds[1].second);
     pipes_seen.insert(fds[2].second);
+    launcher_pipes.insert(fds[3].second);
   }
   EXPECT_EQ(pipes_seen.size(), 4u) << "every rank has its own stdout and stderr pipe";
+  EXPECT_EQ(launcher_pipes.size(), 1u) << "one launcher pipe for every rank";
+  EXPECT_EQ(pipes_seen.count(*launcher_pipes.begin()), 0u);
   ASSERT_EQ(kill(b.pid(), SIGTERM), 0);
   Result r = b.Finish(20);
   EXPECT_EQ(r.exit_code(), 128 + SIGTERM) << r.err;

@@ -254,6 +254,20 @@ TEST(BuildRankEnv, LauncherVariablesReplaceInheritedOnesInPlace) {
                                "BRAID_JOB_SECRET=s3cret"));
 }
 
+// Note [Ranks die with their launcher]: the pipe's variable for ranks on this host; an
+// inherited one (braidrun started by a rank of another braidrun) is emptied for the others.
+TEST(BuildRankEnv, TheLauncherPipeIsTheJobsOwn) {
+  JobEnv job = MinimalJob();
+  job.launcher_pipe = "3:4711";
+  EXPECT_THAT(BuildRankEnv({"BRAID_LAUNCHER_PIPE=3:1", "A=1"}, job, 0, 0, 4),
+              ::testing::Contains("BRAID_LAUNCHER_PIPE=3:4711"));
+  EXPECT_THAT(BuildRankEnv({"BRAID_LAUNCHER_PIPE=3:1", "A=1"}, MinimalJob(), 0, 0, 4),
+              ::testing::Contains("BRAID_LAUNCHER_PIPE="));
+  for (const std::string& e : BuildRankEnv({"A=1"}, MinimalJob(), 0, 0, 4)) {
+    EXPECT_NE(e.rfind("BRAID_LAUNCHER_PIPE", 0), 0u) << e;
+  }
+}
+
 // Flags map onto their variables through the configuration parser (runtime/config.h), in
 // SettingFlags() order, values as given except for the flag's own unit.
 TEST(BuildRankEnv, FlagsBecomeVariables) {

@@ -347,6 +347,12 @@ TEST_F(CApiTest, OverflowingSizesAndOverlongStringsAreInvalidArgument) {
   EXPECT_CODE(BRAID_INVALID_ARGUMENT,
               braid_broadcast("", in, kShape3, 1, BRAID_FLOAT32, nullptr));
   EXPECT_STREQ(braid_last_error(), "'': name is empty");
+  // Names travel as UTF-8: a Latin-1 byte is refused, and quoted escaped.
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("g\x80", in, out, kShape3, 1, BRAID_FLOAT32, nullptr));
+  EXPECT_STREQ(braid_last_error(),
+               "'g\\x80': name is not valid UTF-8: byte 0x80 at offset 1 of 'g\\x80' (names "
+               "travel as UTF-8 text)");
   const std::string spec = "fp4:" + std::string(1000, 'x');
   braid_allreduce_opts o = BRAID_ALLREDUCE_OPTS_INIT;
   o.compression = spec.c_str();

@@ -3,7 +3,10 @@
 // present other credentials. In one process so that the sanitizers (scripts/sanitize_test.sh)
 // see both sides of every call: the server's callback reactors, the client's reader and
 // heartbeat threads, and the admission of every call (Note [Who may join]).
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <memory>
@@ -137,20 +140,6 @@ TEST(CoordinatorServerTest, CallsWithoutTheSecretOrTheRanksTokenAreRefused) {
   proto::RequestList hello;
   hello.set_rank(0);
   ASSERT_TRUE(stream->stream->Write(hello));
-  for (const std::string& wrong : {std::string(), std::string("wrong")}) {
-    proto::RegisterResponse r;
-    EXPECT_EQ(raw.Register(wrong, req, &r).error_code(), kDenied);
-    EXPECT_EQ(raw.KeyValueSet(wrong, "k", "v").error_code(), kDenied);
-    proto::KeyValueGetResponse g;
-    EXPECT_EQ(raw.KeyValueGet(wrong, "k", &g).error_code(), kDenied);
-    EXPECT_EQ(raw.NegotiateRefused(wrong, reg.rank_token(), 0).error_code(), kDenied);
-    EXPECT_EQ(raw.Heartbeat(wrong, reg.rank_token(), 0).error_code(), kDenied);
-    proto::StatusResponse s;
-    grpc::Status st = raw.Status(wrong, &s);
-    EXPECT_EQ(st.error_code(), kDenied);
-    EXPECT_TRUE(absl::StrContains(st.error_message(), "the coordinator refused Status"));
-    EXPECT_EQ(raw.Shutdown(wrong).error_code(), kDenied);
-  }
   // The secret without the rank's token: no stream, no heartbeat for it.
   grpc::Status st = raw.NegotiateRefused(secret, "", 0);
   EXPECT_EQ(st.error_code(), kDenied);
@@ -166,13 +155,46 @@ TEST(CoordinatorServerTest, CallsWithoutTheSecretOrTheRanksTokenAreRefused) {
   EXPECT_TRUE(raw.KeyValueSet(secret, "k", "v").ok());
   EXPECT_EQ(raw.KeyValueSet(secret, "big", std::string(64 * 1024 + 1, 'x')).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
+  // Last, as they spend 127.0.0.1's refusal budget (Note [Refusal budget]); past it the
+  // refusals are unchecked, with the same code.
+  for (const std::string& wrong : {std::string(), std::string("wrong")}) {
+    proto::RegisterResponse r;
+    EXPECT_EQ(raw.Register(wrong, req, &r).error_code(), kDenied);
+    EXPECT_EQ(raw.KeyValueSet(wrong, "k", "v").error_code(), kDenied);
+    proto::KeyValueGetResponse g;
+    EXPECT_EQ(raw.KeyValueGet(wrong, "k", &g).error_code(), kDenied);
+    EXPECT_EQ(raw.NegotiateRefused(wrong, reg.rank_token(), 0).error_code(), kDenied);
+    EXPECT_EQ(raw.Heartbeat(wrong, reg.rank_token(), 0).error_code(), kDenied);
+    proto::StatusResponse s;
+    grpc::Status st = raw.Status(wrong, &s);
+    EXPECT_EQ(st.error_code(), kDenied);
+    EXPECT_TRUE(absl::StrContains(st.error_message(), "the coordinator refused Status"));
+    EXPECT_EQ(raw.Shutdown(wrong).error_code(), kDenied);
+  }
+  // The budget is spent (20 more wrong guesses keep it so, however slow this machine): even
+  // the secret is not checked from this address now.
+  for (int i = 0; i < 20; ++i) raw.Status("wrong", &s);
+  grpc::Status spent = raw.Status(secret, &s);
+  EXPECT_EQ(spent.error_code(), kDenied);
+  EXPECT_TRUE(absl::StartsWith(spent.error_message(),
+                               "the coordinator refused Status: too many calls with a wrong job "
+                               "secret from ipv4:127.0.0.1 (at most 10 a second per address)"))
+      << spent.error_message();
+  // A rank's heartbeat, which carries its token, still goes through.
+  EXPECT_TRUE(raw.Heartbeat(secret, reg.rank_token(), 0).ok());
   stream->ctx.TryCancel();
 }
 
-TEST(CoordinatorServerTest, NoServerWithoutASecret) {
+TEST(CoordinatorServerTest, NoServerWithoutASecretOrWithAWeakOne) {
   ServerOptions o;
   auto s = StartCoordinator(o);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  o.job_secret = "x";  // Note [Secret strength]
+  s = StartCoordinator(o);
+  EXPECT_TRUE(absl::StartsWith(s.status().message(),
+                               "the coordinator's job secret: the secret is too weak: a secret "
+                               "must hold at least 128 bits"))
+      << s.status();
 }
 
 TEST(CoordinatorServerTest, OverTlsOnlyClientsThatTrustTheCertificateGetIn) {
@@ -187,7 +209,7 @@ TEST(CoordinatorServerTest, OverTlsOnlyClientsThatTrustTheCertificateGetIn) {
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   chmod(key.c_str(), 0644);
   ServerOptions o;
-  o.job_secret = "s";
+  o.job_secret = RandomSecret();
   o.tls_cert_file = cert;
   o.tls_key_file = key;
   EXPECT_TRUE(absl::StrContains(StartCoordinator(o).status().message(), "has mode 0644"));
@@ -211,6 +233,113 @@ TEST(CoordinatorServerTest, OverTlsOnlyClientsThatTrustTheCertificateGetIn) {
   auto reg = (*client)->Register(req, absl::Seconds(10));
   ASSERT_TRUE(reg.ok()) << reg.status();
   EXPECT_EQ(reg->rank_token().size(), 64u);
+}
+
+// A certificate and its key, made by the openssl tool in `dir` as NAME.crt and NAME.key.
+void MakeKeyPair(const std::string& dir, const std::string& name) {
+  const std::string cmd = absl::StrCat(
+      "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 "
+      "-subj /CN=braid-test -keyout ", dir, "/", name, ".key -out ", dir, "/", name,
+      ".crt >/dev/null 2>&1 && chmod 600 ", dir, "/", name, ".key");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// gRPC reads TLS files only as the server starts, and then fails as if the port could not be
+// bound ("the port is in use"): each bad file is named for what it is instead.
+TEST(CoordinatorServerTest, TlsFilesThatAreNoKeyPairAreNamedForWhatTheyAre) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/braid_tls_XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  MakeKeyPair(dir, "a");
+  MakeKeyPair(dir, "b");
+  const std::string garbage = dir + "/garbage.pem";
+  ASSERT_EQ(std::system(("echo 'not PEM at all' > " + garbage + " && chmod 600 " + garbage)
+                            .c_str()),
+            0);
+  auto start = [&](const std::string& cert, const std::string& key) {
+    ServerOptions o;
+    o.job_secret = RandomSecret();
+    o.tls_cert_file = cert;
+    o.tls_key_file = key;
+    return StartCoordinator(o).status();
+  };
+  absl::Status s = start(dir + "/a.crt", dir + "/b.key");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), absl::StrCat("TLS private key (BRAID_TLS_KEY) '", dir,
+                                      "/b.key' does not match the certificate (BRAID_TLS_CERT) '",
+                                      dir, "/a.crt': it is another certificate's key"));
+  s = start(garbage, dir + "/a.key");
+  EXPECT_TRUE(absl::StartsWith(s.message(), absl::StrCat("TLS certificate (BRAID_TLS_CERT): '",
+                                                         garbage, "' holds no PEM certificate (")))
+      << s;
+  s = start(dir + "/a.crt", garbage);
+  EXPECT_TRUE(absl::StartsWith(s.message(),
+                               absl::StrCat("TLS private key (BRAID_TLS_KEY): '", garbage,
+                                            "' holds no unencrypted PEM private key (")))
+      << s;
+  EXPECT_TRUE(start(dir + "/a.crt", dir + "/a.key").ok());
+  // A client's certificate authority that holds none: named, not "cannot reach".
+  ClientOptions co;
+  co.address = "127.0.0.1:1";
+  co.job_secret = RandomSecret();
+  co.tls_ca_file = garbage;
+  co.connect_timeout = absl::Seconds(2);  // unfixed, it waited this long for nothing
+  auto client = ConnectCoordinator(co);
+  EXPECT_TRUE(absl::StartsWith(client.status().message(),
+                               absl::StrCat("TLS certificate authority (BRAID_TLS_CA): '", garbage,
+                                            "' holds no PEM certificate (")))
+      << client.status();
+}
+
+// Whether this host can bind IPv6's loopback (a sandbox may have no IPv6).
+bool HasIpv6Loopback() {
+  const int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  close(fd);
+  return ok;
+}
+
+// `--bind ::1` said "the port is in use": gRPC read "::1:0" as the address ::1:0 with no
+// port. IPv6 addresses are bracketed, ranks reach "[::1]:PORT", and a bind that fails names
+// bind()'s own error.
+TEST(CoordinatorServerTest, BindsIpv6AndNamesWhyAnAddressCannotBeBound) {
+  ServerOptions o;
+  o.job_secret = RandomSecret();
+  o.bind_address = "192.0.2.1";  // TEST-NET-1: never this host's
+  EXPECT_EQ(StartCoordinator(o).status().message(),
+            "coordinator cannot listen on 192.0.2.1:0: bind: Cannot assign requested address "
+            "(the address is not one of this host's)");
+  o.bind_address = "::1";
+  auto server = StartCoordinator(o);
+  if (!HasIpv6Loopback()) {
+    EXPECT_TRUE(absl::StartsWith(server.status().message(),
+                                 "coordinator cannot listen on [::1]:0: bind: "))
+        << server.status();
+    return;
+  }
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ((*server)->address(), absl::StrCat("[::1]:", (*server)->port()));
+  ClientOptions co;
+  co.address = (*server)->address();
+  co.job_secret = o.job_secret;
+  co.connect_timeout = absl::Seconds(10);
+  auto client = ConnectCoordinator(co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  proto::RegisterRequest req;
+  req.set_rank(0);
+  req.set_size(1);
+  auto reg = (*client)->Register(req, absl::Seconds(10));
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  // The same port again: in use, said so.
+  o.port = (*server)->port();
+  EXPECT_EQ(StartCoordinator(o).status().message(),
+            absl::StrCat("coordinator cannot listen on [::1]:", o.port,
+                         ": bind: Address already in use (the port is in use, maybe by another "
+                         "job's coordinator)"));
 }
 
 }  // namespace

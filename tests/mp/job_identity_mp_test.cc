@@ -122,8 +122,8 @@ TEST(JobIdentityTest, TwoTorchrunStyleJobsOnOnePortNeverMix) {
     if (p == 2) {  // the second job's rank 0: the port is taken
       rc = SecondJobRank(0, master_port, user,
                          absl::StrCat("coordinator cannot listen on 127.0.0.1:", port,
-                                      " (the port is in use, maybe by another job's "
-                                      "coordinator, or the address is not local)"),
+                                      ": bind: Address already in use (the port is in use, "
+                                      "maybe by another job's coordinator)"),
                          absl::StatusCode::kUnavailable);
       Touch(signals + "/second_rank0_done");
     } else if (p == 3) {  // the second job's rank 1: the first job's coordinator says no

@@ -8,7 +8,7 @@ import time
 
 import hosts as testhosts
 
-SECRET = {"BRAID_JOB_SECRET": "0" * 64}
+SECRET = {"BRAID_JOB_SECRET": "0123456789abcdef" * 4}  # strong enough to be accepted
 
 
 def braidctl(build):

@@ -8,6 +8,7 @@ tests/mp/coordinator_wire_test.cc.
 
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 import braid_launch
@@ -51,11 +52,13 @@ TOOL_CASES = [
 ]
 
 
-def _usage_error(argv):
-    """stderr of build-tree tool argv[0] run with argv[1:], after asserting it exited 2."""
+def _usage_error(argv, env=None):
+    """stderr of build-tree tool argv[0] run with argv[1:] (and `env` added to its
+    environment), after asserting it exited 2."""
     build = braid_launch.build_dir()
-    res = subprocess.run([str(build / argv[0])] + argv[1:], env=braid_launch.rank_env(build),
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run([str(build / argv[0])] + argv[1:],
+                         env=braid_launch.rank_env(build, env), capture_output=True, text=True,
+                         timeout=60)
     assert res.returncode == 2, (argv, res.returncode, res.stderr)
     return res.stderr
 
@@ -100,3 +103,39 @@ def test_a_misspelt_or_horovod_variable_is_a_warning_at_init_without_braidrun():
     assert res.stderr.count("braid: HOROVOD_CYCLE_TIME is Horovod's and braid ignores it: set "
                             "BRAID_CYCLE_TIME_MS (milliseconds, as Horovod's) instead\n") == 1, \
         res.stderr
+
+
+WEAK = ("the secret is too weak: a secret must hold at least 128 bits (32 hex digits, or 22 "
+        "characters of mixed-case letters and digits) with at least 8 different characters; "
+        "this one has 1 characters, 1 different, about 4 bits.")
+
+
+def test_every_entry_of_a_job_secret_refuses_a_weak_one():
+    """BRAID_JOB_SECRET=x and a one-byte secret file (a brute force guessed such a secret in 34
+    tries) are refused wherever a secret enters, naming the minimum: braidrun,
+    braid-coordinator and braidctl exit 2 (from the variable, BRAID_JOB_SECRET_FILE and
+    --secret-file alike), and a rank's init raises InvalidArgumentError."""
+    build = braid_launch.build_dir()
+    with tempfile.TemporaryDirectory(prefix="braid-weak-") as tmp:
+        weak = Path(tmp) / "weak.secret"
+        weak.write_text("x\n")
+        weak.chmod(0o600)
+        tools = [["tools/braidrun/braidrun", "-np", "1", "true"],
+                 ["tools/coordinator/braid-coordinator", "--port=0"],
+                 ["tools/braidctl/braidctl", "status", "--coordinator=127.0.0.1:1"]]
+        for argv in tools:
+            with_file = argv[:-1] + ["--secret-file", str(weak)] + argv[-1:]
+            for args, env, want in [
+                    (argv, {"BRAID_JOB_SECRET": "x"}, f"BRAID_JOB_SECRET: {WEAK}"),
+                    (argv, {"BRAID_JOB_SECRET_FILE": str(weak)},
+                     f"BRAID_JOB_SECRET_FILE '{weak}': {WEAK}"),
+                    (with_file, {}, f"--secret-file '{weak}': {WEAK}")]:
+                err = _usage_error(args, env)
+                assert want in err, (args, env, err)
+        res = subprocess.run(
+            [braid_launch.PYTHON, "-c",
+             "import braid\ntry:\n    braid.init()\nexcept braid.InvalidArgumentError as e:\n"
+             "    print('InvalidArgumentError:', e)\n"],
+            env=braid_launch.rank_env(build, {"BRAID_JOB_SECRET": "x"}), capture_output=True,
+            text=True, timeout=60)
+        assert f"InvalidArgumentError: BRAID_JOB_SECRET: {WEAK}" in res.stdout, res

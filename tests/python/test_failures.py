@@ -220,3 +220,70 @@ def test_an_object_that_fails_to_pickle_or_unpickle_fails_every_rank_at_once():
                                   env={"BRAID_NEGOTIATION_TIMEOUT_S": "2"})
     assert res.returncode == 0, res.output
     assert res.output.count("all checks passed") == 2, res.output
+
+
+def test_a_torchrun_style_job_on_ipv6_loopback():
+    """MASTER_ADDR=::1: rank 0 hosts the coordinator on [::1]:PORT and rank 1 reaches it there
+    (both wrote "::1:PORT", which gRPC reads as an IPv6 address without a port)."""
+    with socket.socket(socket.AF_INET6) as s:
+        try:
+            s.bind(("::1", 0))
+        except OSError:
+            return  # no IPv6 here
+        port = s.getsockname()[1]
+    build = braid_launch.build_dir()
+    script = ("import braid, numpy as np\nbraid.init()\n"
+              "print('sum', braid.allreduce(np.full(2, braid.rank() + 1.0, np.float32), "
+              "name='x', op=braid.Sum).tolist(), flush=True)\nbraid.shutdown()\n")
+    procs = [subprocess.Popen([braid_launch.PYTHON, "-c", script],
+                              env=dict(torchrun_env(build, r, 2, port), MASTER_ADDR="::1"),
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for r in (0, 1)]
+    for p in procs:
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0 and "sum [3.0, 3.0]" in out, out
+
+
+def test_the_standalone_coordinator_names_the_real_cause_of_a_failed_start():
+    """An unwritable --port-file ends braid-coordinator (exit 2) naming the path and the
+    system's reason, instead of a coordinator that runs on where nobody can find it; --bind
+    ::1 listens on [::1]:PORT (gRPC read an unbracketed '::1:0' as an address without a port,
+    and braid said "the port is in use"), and braidctl reaches it there."""
+    build = braid_launch.build_dir()
+    coordinator = str(build / "tools" / "coordinator" / "braid-coordinator")
+    secret = secrets.token_hex(32)
+    res = subprocess.run([coordinator, "--port", "0", "--port-file", "/nonexistent-dir/port"],
+                         env=job_env(build, secret), capture_output=True, text=True, timeout=20)
+    assert res.returncode == 2, res
+    assert ("braid-coordinator: --port-file: cannot write '/nonexistent-dir/port' (through "
+            "'/nonexistent-dir/port.tmp'): No such file or directory\n") in res.stderr, res
+    with socket.socket(socket.AF_INET6) as s:
+        try:
+            s.bind(("::1", 0))
+        except OSError:
+            return  # no IPv6 here: tests/inprocess/coordinator_server_test.cc checks the error
+    with tempfile.TemporaryDirectory(prefix="braid-ipv6-") as tmp:
+        port_file = Path(tmp) / "port"
+        coord = subprocess.Popen([coordinator, "--bind", "::1", "--port", "0", "--port-file",
+                                  str(port_file)], env=job_env(build, secret),
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            line = coord.stdout.readline()
+            m = re.fullmatch(r"braid-coordinator listening on \[::1\]:(\d+)\n", line)
+            assert m, line
+            port = int(m.group(1))
+            # The port file comes just after the line.
+            deadline = time.monotonic() + 10
+            while not (port_file.exists() and port_file.read_text().strip()):
+                assert time.monotonic() < deadline and coord.poll() is None, "no port file"
+                time.sleep(0.02)
+            assert int(port_file.read_text()) == port
+            st = subprocess.run([str(build / "tools" / "braidctl" / "braidctl"), "status",
+                                 "--coordinator", f"[::1]:{port}", "--json"],
+                                env=job_env(build, secret), capture_output=True, text=True,
+                                timeout=30)
+            assert st.returncode == 0, st
+            assert json.loads(st.stdout)["phase"] == "JOB_FORMING", st.stdout
+        finally:
+            coord.kill()
+            coord.wait()

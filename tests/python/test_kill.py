@@ -8,6 +8,7 @@ found by a token in their command lines (braidrun, its watchdog and the ranks al
 """
 
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -89,11 +90,12 @@ def ready_pids(out, np_):
     return pids
 
 
-def start_braidrun(np_, token, mode="loop"):
+def start_braidrun(np_, token, mode="loop", flags=()):
     build = braid_launch.build_dir()
     braidrun = build / "tools" / "braidrun" / "braidrun"
-    p = subprocess.Popen([str(braidrun), "-np", str(np_), braid_launch.PYTHON, str(WORKER),
-                          token, mode], env=braid_launch.rank_env(build), stdout=subprocess.PIPE,
+    p = subprocess.Popen([str(braidrun), "-np", str(np_)] + list(flags) +
+                         [braid_launch.PYTHON, str(WORKER), token, mode],
+                         env=braid_launch.rank_env(build), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                          start_new_session=True)
     return p, Output(p)
@@ -139,6 +141,50 @@ def test_kill_braidrun(mode):
         p.wait(5)
         left = wait_gone(token, t0 + LIMIT_S)
         assert not left, f"still running {time.monotonic() - t0:.1f} s after the kill: {left}"
+    finally:
+        cleanup(token)
+
+
+def test_kill_braidrun_and_its_watchdog():
+    """Both killed with SIGKILL: nothing of braidrun is left to stop ranks busy outside braid
+    (sleeping), and they see no coordinator; they end because the launcher pipe braidrun held
+    hung up (Note [Ranks die with their launcher] in runtime/launcher_watch.h)."""
+    token = f"braid-kill-{uuid.uuid4().hex}"
+    p, out = start_braidrun(2, token, "sleep")
+    try:
+        pids = ready_pids(out, 2)
+        others = set(processes_with(token)) - {p.pid} - set(pids.values())
+        assert len(others) == 1, processes_with(token)  # the watchdog: a fork of braidrun
+        os.kill(others.pop(), signal.SIGKILL)
+        p.kill()
+        t0 = time.monotonic()
+        p.wait(5)
+        left = wait_gone(token, t0 + 5)
+        assert not left, f"still running {time.monotonic() - t0:.1f} s after the kill: {left}"
+    finally:
+        cleanup(token)
+
+
+def test_a_stopped_rank_the_coordinator_declared_lost_ends_the_job():
+    """A rank stopped with SIGSTOP never exits; once the coordinator declares it lost
+    (silent past the 1 s heartbeat timeout) braidrun ends the job (the other rank sleeps
+    outside braid: it would wait for ever too) and exits 1 (Note [Lost ranks] in
+    tools/braidrun/launcher.h)."""
+    token = f"braid-kill-{uuid.uuid4().hex}"
+    p, out = start_braidrun(2, token, "sleep", ["--heartbeat-timeout", "1"])
+    try:
+        pids = ready_pids(out, 2)
+        os.kill(pids[1], signal.SIGSTOP)
+        t0 = time.monotonic()
+        rc = p.wait(10)
+        assert rc == 1, out.text()
+        assert not wait_gone(token, t0 + 10), processes_with(token)
+        text = out.text()
+        assert re.search(
+            r"^braidrun: the coordinator declared rank 1 lost \(rank 1 \(pid " + str(pids[1]) +
+            r" on \S+\) was lost: silent for [\d.]+s \(BRAID_HEARTBEAT_TIMEOUT_S\)\), and it "
+            r"still runs 1s later \(stopped or hung\?\)$", text, re.M), text
+        assert "braidrun: rank 1 was lost: sending SIGTERM to 2 ranks (SIGKILL in 3s)" in text, text
     finally:
         cleanup(token)
 

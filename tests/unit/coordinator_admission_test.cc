@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/service.h"
 #include "gtest/gtest.h"
@@ -74,9 +75,11 @@ TEST_F(AdmissionTest, EveryRpcWithoutOrWithAWrongSecretIsRefusedAndChangesNothin
   const std::string before = Status().SerializeAsString();
   int refused = 0;
   for (const Caller& outsider :
-       {Caller{"ipv4:10.0.0.9:4000", "", ""}, Caller{"ipv4:10.0.0.9:4001", "guess", ""},
-        Caller{"ipv4:10.0.0.9:4002", std::string(kTestSecret) + "x", tokens_[0]},
-        Caller{"ipv4:10.0.0.9:4003", std::string(kTestSecret).substr(1), tokens_[1]}}) {
+       // One address each: their refusals stay within each address's budget (Note
+       // [Refusal budget]; RefusalsPerAddressAreLimitedToTenASecond tests it).
+       {Caller{"ipv4:10.0.0.1:4000", "", ""}, Caller{"ipv4:10.0.0.2:4001", "guess", ""},
+        Caller{"ipv4:10.0.0.3:4002", std::string(kTestSecret) + "x", tokens_[0]},
+        Caller{"ipv4:10.0.0.4:4003", std::string(kTestSecret).substr(1), tokens_[1]}}) {
     for (const Attempt& a : EveryRpcAs(outsider)) {
       ++refused;
       EXPECT_EQ(a.status.code(), kDenied) << a.rpc << " as '" << outsider.job_secret << "'";
@@ -99,6 +102,90 @@ TEST_F(AdmissionTest, EveryRpcWithoutOrWithAWrongSecretIsRefusedAndChangesNothin
     ASSERT_EQ(sink->sent.size(), 1u);
     EXPECT_EQ(sink->sent[0].responses(0).names(0), "grad");
   }
+}
+
+TEST(PeerAddressTest, IsThePeerWithoutItsPort) {
+  EXPECT_EQ(PeerAddress("ipv4:127.0.0.1:41234"), "ipv4:127.0.0.1");
+  EXPECT_EQ(PeerAddress("ipv6:[::1]:41234"), "ipv6:[::1]");
+  EXPECT_EQ(PeerAddress("ipv6:%5B::1%5D:41234"), "ipv6:%5B::1%5D");
+  EXPECT_EQ(PeerAddress("ipv6:::1"), "ipv6:::1");
+  EXPECT_EQ(PeerAddress("unix:/tmp/braid.sock"), "unix:/tmp/braid.sock");
+  EXPECT_EQ(PeerAddress("in-process"), "in-process");
+}
+
+// Note [Refusal budget]: a brute force found BRAID_JOB_SECRET=x in 34 tries; however strong
+// the secret, an address gets at most 10 wrong secrets checked a second (after a burst of
+// 10), and past that its calls are refused without their secret being compared: even the
+// right one. Other addresses, and the job's ranks' heartbeats, are not slowed.
+TEST_F(AdmissionTest, RefusalsPerAddressAreLimitedToTenASecond) {
+  std::vector<StreamKey> keys;
+  auto sinks = StartJob(2, &keys);
+  int port = 5000;
+  auto from = [&](const std::string& ip, const std::string& secret) {
+    return StatusOf(0, Caller{absl::StrCat("ipv4:", ip, ":", port++), secret, ""}).status();
+  };
+  const std::string wrong = "0123456789abcdef0123456789abcdef";
+  const std::string throttled =
+      "the coordinator refused Status: too many calls with a wrong job secret from "
+      "ipv4:10.0.0.9 (at most 10 a second per address): this one's secret was not checked; "
+      "retry in ";
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_TRUE(absl::StrContains(from("10.0.0.9", wrong).message(), ": wrong job secret"));
+  }
+  // The burst is spent: the right secret from that address is not even checked.
+  EXPECT_EQ(from("10.0.0.9", kTestSecret).message(), absl::StrCat(throttled, "100ms"));
+  proto::RegisterRequest late = Reg(-1, 2);
+  int64_t id = Register(late, Caller{"ipv4:10.0.0.9:6000", kTestSecret, ""});
+  EXPECT_EQ(results_.at(id).status().code(), kDenied);
+  // Another address, the job's own callers and a rank's heartbeat from the guessing
+  // address (its token proves it a rank) all go through.
+  EXPECT_TRUE(absl::StrContains(from("10.0.0.8", wrong).message(), ": wrong job secret"));
+  EXPECT_TRUE(from("127.0.0.1", kTestSecret).ok());
+  proto::HeartbeatRequest hb;
+  hb.set_rank(0);
+  EXPECT_TRUE(service_->Heartbeat(Caller{"ipv4:10.0.0.9:7000", kTestSecret, tokens_[0]}, hb).ok());
+  // Half a token later: still refused, for the other half.
+  now_ += absl::Milliseconds(50);
+  EXPECT_EQ(from("10.0.0.9", wrong).message(), absl::StrCat(throttled, "50ms"));
+  // A guesser trying 5 times every 100 ms for 10 s gets exactly one guess checked per 100 ms.
+  int checked = 0, unchecked = 0;
+  for (int step = 0; step < 100; ++step) {
+    now_ += absl::Milliseconds(step == 0 ? 50 : 100);
+    for (int i = 0; i < 5; ++i) {
+      const std::string m(from("10.0.0.9", wrong).message());
+      checked += absl::StrContains(m, ": wrong job secret");
+      unchecked += absl::StartsWith(m, throttled);
+    }
+  }
+  EXPECT_EQ(checked, 100);
+  EXPECT_EQ(unchecked, 400);
+  // Once it stops guessing, the right secret from that address works again.
+  now_ += absl::Milliseconds(100);
+  EXPECT_TRUE(from("10.0.0.9", kTestSecret).ok());
+  EXPECT_EQ(service_->refusals(), 10 + 2 + 1 + 1 + 500);
+  for (const auto& sink : sinks) EXPECT_FALSE(sink->closed);
+}
+
+// Guessers from many addresses: past 4096 tracked addresses the rest share one budget, so
+// the table stays bounded and the many addresses together get 10 a second.
+TEST_F(AdmissionTest, AddressesPastTheTableShareOneBudget) {
+  int refused_checked = 0;
+  auto guess = [&](int i) {
+    const std::string ip = absl::StrCat("10.", i / 65536, ".", (i / 256) % 256, ".", i % 256);
+    return StatusOf(0, Caller{absl::StrCat("ipv4:", ip, ":1"), "0123456789abcdef0123456789abcdef",
+                              ""}).status();
+  };
+  for (int i = 0; i < static_cast<int>(kMaxTrackedAddresses) + 10; ++i) {
+    refused_checked += absl::StrContains(guess(i).message(), ": wrong job secret");
+  }
+  EXPECT_EQ(refused_checked, static_cast<int>(kMaxTrackedAddresses) + 10);
+  // The shared budget is spent: a new address is refused unchecked.
+  EXPECT_TRUE(absl::StrContains(guess(kMaxTrackedAddresses + 10).message(),
+                                "too many calls with a wrong job secret from ipv4:10."));
+  // Buckets refill; full ones are dropped when the table is full, and new addresses get
+  // their own again.
+  now_ += absl::Seconds(1);
+  EXPECT_TRUE(absl::StrContains(guess(kMaxTrackedAddresses + 11).message(), ": wrong job secret"));
 }
 
 TEST_F(AdmissionTest, ASecretHolderCannotSpeakForAnotherRank) {

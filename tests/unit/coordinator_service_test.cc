@@ -308,6 +308,11 @@ TEST_F(ServiceTest, AStreamClosingWithoutGoodbyeLosesTheRankAndAbortsTheJob) {
 }
 
 TEST_F(ServiceTest, ASilentRankIsLostAfterTheHeartbeatTimeout) {
+  // Whoever hosts the coordinator is told which rank was lost and why (braidrun ends it).
+  std::vector<std::pair<int, std::string>> told;
+  ServiceOptions o;
+  o.on_rank_lost = [&](int rank, const std::string& why) { told.emplace_back(rank, why); };
+  Restart(o);
   std::vector<StreamKey> keys;
   auto sinks = StartJob(2, &keys);
   now_ += absl::Seconds(9);
@@ -321,6 +326,9 @@ TEST_F(ServiceTest, ASilentRankIsLostAfterTheHeartbeatTimeout) {
             "rank 1 (pid 101 on h) was lost: silent for 10s (BRAID_HEARTBEAT_TIMEOUT_S)");
   EXPECT_EQ(Status().ranks(0).state(), "negotiating");
   EXPECT_EQ(Status().ranks(1).state(), "lost");
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0], std::make_pair(1, std::string("rank 1 (pid 101 on h) was lost: silent for "
+                                                   "10s (BRAID_HEARTBEAT_TIMEOUT_S)")));
 }
 
 // A 2-rank job with the given stall check and shutdown, whose rank 0 alone submits 'lonely'.

@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 
+#include "common/secret.h"
 #include "gtest/gtest.h"
 #include "runtime/config.h"
 #include "runtime/job_identity.h"
@@ -42,12 +43,14 @@ RuntimeConfig Config(const Env& env) {
 TEST(JobIdentityTest, SecretComesFromTheVariableOrAPrivateFileNeverBoth) {
   const std::string dir = TempDir();
   const std::string file = dir + "/secret";
-  std::ofstream(file) << "from-the-file\n";
+  // Strong enough (Note [Secret strength]): 128 bits and more.
+  const std::string from_variable = "from-the-variable-0123456789abcdef";
+  const std::string from_file = "from-the-file-0123456789abcdef";
+  std::ofstream(file) << from_file << "\n";
   chmod(file.c_str(), 0600);
-  EXPECT_EQ(Config(Env{{{"BRAID_JOB_SECRET", "from-the-variable"}}}).job_secret,
-            "from-the-variable");
-  EXPECT_EQ(Config(Env{{{"BRAID_JOB_SECRET_FILE", file}}}).job_secret, "from-the-file");
-  Env both{{{"BRAID_JOB_SECRET", "a"}, {"BRAID_JOB_SECRET_FILE", file}}};
+  EXPECT_EQ(Config(Env{{{"BRAID_JOB_SECRET", from_variable}}}).job_secret, from_variable);
+  EXPECT_EQ(Config(Env{{{"BRAID_JOB_SECRET_FILE", file}}}).job_secret, from_file);
+  Env both{{{"BRAID_JOB_SECRET", from_variable}, {"BRAID_JOB_SECRET_FILE", file}}};
   EXPECT_EQ(ConfigFromEnv(both.fn()).status().message(),
             "BRAID_JOB_SECRET and BRAID_JOB_SECRET_FILE are both set: set one of them");
   chmod(file.c_str(), 0604);
@@ -95,8 +98,9 @@ TEST(JobIdentityTest, LauncherJobIds) {
 }
 
 TEST(JobIdentityTest, ExplicitRandomOrRefused) {
-  RuntimeConfig c = Config(Env{{{"BRAID_JOB_SECRET", "given"}}});
-  EXPECT_EQ(ResolveJobSecret(c, c.launch, false)->secret, "given");
+  const std::string given = RandomSecret();
+  RuntimeConfig c = Config(Env{{{"BRAID_JOB_SECRET", given}}});
+  EXPECT_EQ(ResolveJobSecret(c, c.launch, false)->secret, given);
   c = Config(Env{});
   auto a = ResolveJobSecret(c, c.launch, /*alone=*/true);
   auto b = ResolveJobSecret(c, c.launch, /*alone=*/true);

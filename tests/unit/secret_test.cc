@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "common/secret.h"
 #include "gtest/gtest.h"
 
@@ -61,13 +62,49 @@ TEST(SecretTest, HmacSha256MatchesRfc4231) {
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
 }
 
+// 32 hex digits (128 bits): the shortest hex secret braid accepts.
+constexpr char kHex128[] = "0123456789abcdef0123456789abcdef";
+
 TEST(SecretTest, SecretsArePrintableAsciiOfBoundedLength) {
-  EXPECT_TRUE(CheckSecret("S", "a b~!").ok());
+  EXPECT_TRUE(CheckSecret("S", "a b~!Quite long, with 8+ symbols").ok());
   EXPECT_EQ(CheckSecret("S", "").message(), "S: a secret must be 1 to 4096 characters long, got 0");
   EXPECT_FALSE(CheckSecret("S", std::string(4097, 'x')).ok());
   EXPECT_EQ(CheckSecret("S", "tab\there").message(),
             "S: a secret must be printable ASCII (it travels in call metadata)");
   EXPECT_FALSE(CheckSecret("S", "caf\xc3\xa9").ok());
+}
+
+// Note [Secret strength]: length times log2 of the alphabet the secret draws on.
+TEST(SecretTest, StrengthIsLengthTimesTheAlphabetsBits) {
+  EXPECT_EQ(SecretStrengthBits(kHex128), 128);
+  EXPECT_EQ(SecretStrengthBits("0123456789ABCDEF0123456789abcdef"), 128);  // hex of any case
+  EXPECT_EQ(SecretStrengthBits(RandomSecret()), 256);
+  EXPECT_EQ(SecretStrengthBits("x"), 4);                        // 26 letters: 4.7 bits
+  EXPECT_EQ(SecretStrengthBits("1234567890"), 33);              // 10 digits: 3.3 bits each
+  EXPECT_EQ(SecretStrengthBits("aZ3kQ9pL0xT7mW2rB5nV8y"), 130);  // 22 of 62: 5.95 bits each
+  EXPECT_EQ(SecretStrengthBits("aZ3kQ9pL0xT7mW2rB5nV8"), 125);
+  EXPECT_EQ(SecretStrengthBits("++++"), 20);                    // 33 other characters
+  EXPECT_EQ(SecretStrengthBits(""), 0);
+}
+
+// The brute force that guessed BRAID_JOB_SECRET=x in 34 tries: such secrets are refused,
+// naming the minimum, and never echoed.
+TEST(SecretTest, WeakSecretsAreRefusedNamingTheMinimum) {
+  EXPECT_EQ(CheckSecret("BRAID_JOB_SECRET", "x").message(),
+            "BRAID_JOB_SECRET: the secret is too weak: a secret must hold at least 128 bits (32 "
+            "hex digits, or 22 characters of mixed-case letters and digits) with at least 8 "
+            "different characters; this one has 1 characters, 1 different, about 4 bits. Make "
+            "one with `openssl rand -hex 16`, or leave it unset and braid makes one");
+  EXPECT_TRUE(CheckSecret("S", kHex128).ok());
+  EXPECT_FALSE(CheckSecret("S", std::string(kHex128).substr(1)).ok());  // 124 bits
+  EXPECT_TRUE(CheckSecret("S", "aZ3kQ9pL0xT7mW2rB5nV8y").ok());
+  EXPECT_FALSE(CheckSecret("S", "aZ3kQ9pL0xT7mW2rB5nV8").ok());
+  EXPECT_TRUE(CheckSecret("S", RandomSecret()).ok());
+  // Long enough but all one character, or seven: refused whatever the length.
+  EXPECT_TRUE(absl::StrContains(CheckSecret("S", std::string(100, 'a')).message(),
+                                "this one has 100 characters, 1 different, about 400 bits"));
+  EXPECT_FALSE(CheckSecret("S", "abcdefgabcdefgabcdefgabcdefgabcdefg").ok());
+  EXPECT_TRUE(CheckSecret("S", "abcdefghabcdefghabcdefghabcdefgh").ok());
 }
 
 // The data plane's keyed tags: a permutation of the sources at every destination (no two
@@ -99,9 +136,15 @@ TEST(SecretTest, KeyedPairTagsAreAKeyedPermutationOfTheSources) {
 
 TEST(SecretTest, ASecretFileMustBePrivateToItsOwner) {
   const std::string dir = TempDir();
-  const std::string good = Write(dir, "good", "abc123\n", 0600);
-  EXPECT_EQ(*ReadSecretFile("--secret-file", good), "abc123");
-  EXPECT_EQ(*ReadSecretFile("--secret-file", Write(dir, "ro", "ro", 0400)), "ro");
+  const std::string good = Write(dir, "good", std::string(kHex128) + "\n", 0600);
+  EXPECT_EQ(*ReadSecretFile("--secret-file", good), kHex128);
+  EXPECT_EQ(*ReadSecretFile("--secret-file", Write(dir, "ro", kHex128, 0400)), kHex128);
+  // A one-byte secret file is as weak as BRAID_JOB_SECRET=x.
+  const std::string weak = Write(dir, "weak", "x\n", 0600);
+  EXPECT_TRUE(absl::StartsWith(ReadSecretFile("--secret-file", weak).status().message(),
+                               "--secret-file '" + weak + "': the secret is too weak: a "
+                               "secret must hold at least 128 bits"))
+      << ReadSecretFile("--secret-file", weak).status();
   const std::string open = Write(dir, "open", "abc", 0644);
   EXPECT_EQ(ReadSecretFile("--secret-file", open).status().message(),
             "--secret-file: '" + open + "' has mode 0644: other users could read or change "

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
+#include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -87,6 +89,10 @@ struct Rank {
   bool running = false;
   int status = 0;
   int control = -1;  // remote ranks: the write end of ssh's stdin (Note [Remote ranks])
+  // Note [Lost ranks]: when the coordinator's declaration stops being news, and why it came.
+  std::optional<absl::Time> lost_deadline;
+  std::string lost_why;
+  bool lost_ended = false;
   Stream out, err;
   Rank(int r, const RankSpec* s)
       : index(r), spec(s), out(r, STDOUT_FILENO), err(r, STDERR_FILENO) {}
@@ -162,9 +168,15 @@ class Supervisor {
     }
     posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
     posix_spawn_file_actions_adddup2(&fa, err[1], STDERR_FILENO);
-    // Nothing but stdio reaches a rank: not the coordinator's sockets, not the other ranks'
-    // pipes, not descriptors braidrun inherited (like Python's subprocess close_fds=True).
-    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+    // Nothing but stdio (and a local rank's launcher pipe, Note [Ranks die with their
+    // launcher]) reaches a rank: not the coordinator's sockets, not the other ranks' pipes,
+    // not descriptors braidrun inherited (like Python's subprocess close_fds=True).
+    int first_closed = STDERR_FILENO + 1;
+    if (!rank.remote() && spec_.launcher_pipe >= 0) {
+      posix_spawn_file_actions_adddup2(&fa, spec_.launcher_pipe, kLauncherPipeFd);
+      first_closed = kLauncherPipeFd + 1;
+    }
+    posix_spawn_file_actions_addclosefrom_np(&fa, first_closed);
 
     posix_spawnattr_t attr;
     posix_spawnattr_init(&attr);
@@ -248,6 +260,9 @@ class Supervisor {
     for (Rank& r : ranks_) {
       if (!r.running) continue;
       if (!r.remote() || sig == SIGKILL) kill(-r.pid, sig);
+      // A stopped rank acts on SIGTERM or SIGINT only once continued (as shells do for
+      // stopped jobs); SIGCONT is harmless to a running one.
+      if (!r.remote() && sig != SIGKILL) kill(-r.pid, SIGCONT);
       if (r.remote() && r.control >= 0) {
         const std::string line = RemoteSignalLine(sig);
         if (!WriteAll(r.control, line.data(), line.size())) CloseControl(r);
@@ -293,6 +308,41 @@ class Supervisor {
     } else if (spec_.verbose) {
       Say(absl::StrCat(DescribeRankStatus(r), " (pid ", r.pid, ")"));
     }
+  }
+
+  // Note [Lost ranks]: the coordinator's declarations, each given lost_grace to be news.
+  void TakeLost() {
+    for (auto& [rank, why] : spec_.lost_ranks->Take()) {
+      if (rank < 0 || rank >= static_cast<int>(ranks_.size())) continue;
+      Rank& r = ranks_[rank];
+      if (!r.running || r.lost_deadline) continue;
+      r.lost_deadline = absl::Now() + spec_.lost_grace;
+      r.lost_why = std::move(why);
+    }
+  }
+
+  // A lost rank that still runs after its grace fails the job (unless it already failed).
+  void EndLostRanks(absl::Time now) {
+    for (Rank& r : ranks_) {
+      if (!r.running || !r.lost_deadline || now < *r.lost_deadline || r.lost_ended) continue;
+      r.lost_ended = true;
+      if (exit_code_) continue;  // the job is ending already, with its own cause
+      exit_code_ = 1;
+      Say(absl::StrCat("the coordinator declared ", r.Name(), " lost (", r.lost_why,
+                       "), and it still runs ", absl::FormatDuration(spec_.lost_grace),
+                       " later (stopped or hung?)"));
+      Escalate(SIGTERM, spec_.failure_grace, absl::StrCat("rank ", r.index, " was lost"));
+    }
+  }
+
+  std::optional<absl::Time> NextLostDeadline() const {
+    std::optional<absl::Time> next;
+    for (const Rank& r : ranks_) {
+      if (r.running && r.lost_deadline && !r.lost_ended && (!next || *r.lost_deadline < *next)) {
+        next = r.lost_deadline;
+      }
+    }
+    return next;
   }
 
   void OnSignal(int sig) {
@@ -368,6 +418,7 @@ class Supervisor {
     while (true) {
       Reap();
       const absl::Time now = absl::Now();
+      EndLostRanks(now);
       if (kill_deadline_ && now >= *kill_deadline_ && LiveCount() > 0) {
         Say(absl::StrCat("sending SIGKILL to ", LiveCount(), " rank",
                          LiveCount() == 1 ? "" : "s", " still running"));
@@ -395,6 +446,8 @@ class Supervisor {
       std::vector<pollfd> fds;
       std::vector<Stream*> streams;
       fds.push_back({signals_.signal_fd, POLLIN, 0});
+      const int lost_fd = spec_.lost_ranks != nullptr ? spec_.lost_ranks->fd() : -1;
+      fds.push_back({lost_fd, POLLIN, 0});  // a negative fd is ignored by poll
       for (Rank& r : ranks_) {
         for (Stream* s : {&r.out, &r.err}) {
           if (s->fd < 0) continue;
@@ -405,7 +458,7 @@ class Supervisor {
       if (drain_deadline && (streams.empty() || now >= *drain_deadline)) return;
 
       std::optional<absl::Time> wake;
-      for (const auto& t : {kill_deadline_, drain_deadline}) {
+      for (const auto& t : {kill_deadline_, drain_deadline, NextLostDeadline()}) {
         if (t && (!wake || *t < *wake)) wake = *t;
       }
       if (killed_at_) {
@@ -427,8 +480,9 @@ class Supervisor {
         continue;
       }
       if (fds[0].revents != 0) ReadSignals();
-      for (size_t i = 1; i < fds.size(); ++i) {
-        if (fds[i].revents != 0) Drain(*streams[i - 1]);
+      if (fds[1].revents != 0) TakeLost();
+      for (size_t i = 2; i < fds.size(); ++i) {
+        if (fds[i].revents != 0) Drain(*streams[i - 2]);
       }
     }
   }
@@ -445,6 +499,28 @@ class Supervisor {
 };
 
 }  // namespace
+
+LostRanks::LostRanks() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+
+LostRanks::~LostRanks() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void LostRanks::Post(int rank, const std::string& why) {
+  {
+    absl::MutexLock lock(&mu_);
+    posted_.emplace_back(rank, why);
+  }
+  const uint64_t one = 1;
+  if (fd_ >= 0) (void)!write(fd_, &one, sizeof(one));
+}
+
+std::vector<std::pair<int, std::string>> LostRanks::Take() {
+  uint64_t count;
+  if (fd_ >= 0) (void)!read(fd_, &count, sizeof(count));  // resets it: posts come under mu_
+  absl::MutexLock lock(&mu_);
+  return std::exchange(posted_, {});
+}
 
 SignalSetup BlockSignals() {
   SignalSetup s;

@@ -9,8 +9,10 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace braid::braidrun {
@@ -28,8 +30,48 @@ struct RankSpec {
   std::string stdin_preamble;
 };
 
+// Note [Lost ranks]
+// The coordinator declares a rank lost when it falls silent past the heartbeat timeout or its
+// connection closes without a goodbye. A rank that died ends the job by its exit (below), but
+// one stopped (SIGSTOP), hung in the kernel or cut off from the coordinator never exits, and
+// in a job of fixed size (every braidrun job) nothing can go on without it: braidrun waited
+// for it for ever. So the coordinator braidrun hosts tells it of each lost rank (posted to a
+// LostRanks), and a rank still running LaunchSpec::lost_grace later fails the job as a
+// failing rank does: braidrun says why, sends SIGTERM to every rank (with SIGCONT, so a
+// stopped one acts on it), SIGKILL failure_grace later, and exits 1. The grace lets a rank
+// that died be reaped and reported for what it died of first.
+class LostRanks {
+ public:
+  LostRanks();  // an eventfd; fd() < 0 if none could be made (then nothing is reported)
+  ~LostRanks();
+  LostRanks(const LostRanks&) = delete;
+  LostRanks& operator=(const LostRanks&) = delete;
+
+  // Any thread, at once: `rank` was declared lost for `why`.
+  void Post(int rank, const std::string& why);
+  // Readable while posts wait to be taken.
+  int fd() const { return fd_; }
+  // The posts since the last call, in order.
+  std::vector<std::pair<int, std::string>> Take();
+
+ private:
+  const int fd_;
+  absl::Mutex mu_;
+  std::vector<std::pair<int, std::string>> posted_ ABSL_GUARDED_BY(mu_);
+};
+
+// Note [Ranks die with their launcher]: each local rank's descriptor kLauncherPipeFd is the
+// read end of a pipe whose only write end braidrun holds (runtime/launcher_watch.h).
+inline constexpr int kLauncherPipeFd = 3;
+
 struct LaunchSpec {
   std::vector<RankSpec> ranks;
+  // Note [Lost ranks]: the coordinator's reports, and how long a lost rank may still run.
+  LostRanks* lost_ranks = nullptr;
+  absl::Duration lost_grace = absl::Seconds(1);
+  // The read end of the launcher pipe (Note [Ranks die with their launcher]), dup'ed to
+  // kLauncherPipeFd in every local rank; -1: none.
+  int launcher_pipe = -1;
   // After a rank fails: SIGTERM to the others, SIGKILL after this long.
   absl::Duration failure_grace = absl::Seconds(3);
   // After SIGINT/SIGTERM/SIGHUP to braidrun: SIGINT to the ranks, SIGKILL after this long.

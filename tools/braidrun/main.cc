@@ -277,6 +277,32 @@ std::optional<Args> ParseArgs(int argc, char** argv, int* exit_code) {
 
 // The hosts of -H or --hostfile (default: this host with -np slots), and where each rank
 // runs.
+// Note [Ranks die with their launcher] (runtime/launcher_watch.h): the pipe whose read end
+// every local rank gets at kLauncherPipeFd, and BRAID_LAUNCHER_PIPE naming it.
+struct LauncherPipe {
+  int read_end = -1;  // -1 (and no variable) when no pipe could be made
+  std::string variable;
+};
+
+LauncherPipe MakeLauncherPipe() {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    Fail(absl::StrCat("warning: no launcher pipe (ranks would outlive a braidrun killed with "
+                      "its watchdog): ", std::strerror(errno)));
+    return {};
+  }
+  // The write end is never written: it only has to stay open as long as braidrun lives.
+  int read_end = fds[0];
+  if (read_end == braid::braidrun::kLauncherPipeFd) {
+    // Spawning dup2()s it onto that very number, which would keep it close-on-exec.
+    read_end = fcntl(fds[0], F_DUPFD_CLOEXEC, 10);
+    close(fds[0]);
+  }
+  struct stat st;
+  if (read_end < 0 || fstat(read_end, &st) != 0) return {};
+  return {read_end, absl::StrCat(braid::braidrun::kLauncherPipeFd, ":", st.st_ino)};
+}
+
 absl::StatusOr<std::vector<braid::braidrun::RankPlacement>> PlaceJob(const Args& args) {
   std::vector<braid::braidrun::HostSlots> hosts = {{"localhost", args.np}};
   if (!args.hosts_spec.empty()) {
@@ -333,8 +359,10 @@ braid::braidrun::LaunchSpec BuildLaunch(const Args& args, const JobEnv& job,
   if (getcwd(cwd, sizeof(cwd)) == nullptr) cwd[0] = '/';
   for (size_t r = 0; r < places.size(); ++r) {
     const auto& p = places[r];
-    std::vector<std::string> env =
-        braid::braidrun::BuildRankEnv(base, job, static_cast<int>(r), p.local_rank, p.local_size);
+    JobEnv rank_job = job;
+    if (remote[r]) rank_job.launcher_pipe.clear();  // the pipe does not reach another host
+    std::vector<std::string> env = braid::braidrun::BuildRankEnv(
+        base, rank_job, static_cast<int>(r), p.local_rank, p.local_size);
     braid::braidrun::RankSpec rank;
     if (!remote[r]) {
       rank.argv = args.command;
@@ -446,6 +474,11 @@ int main(int argc, char** argv) {
   // The job settings given to braidrun (flags, or its environment) are the job's: ranks
   // that set others are refused (Note [Job settings] in coordinator/rendezvous.h).
   so.settings = braid::ToProto(args->config.job);
+  // Note [Lost ranks]: declared by the coordinator, ended by the supervisor if still running.
+  braid::braidrun::LostRanks lost_ranks;
+  so.on_rank_lost = [&lost_ranks](int rank, const std::string& why) {
+    lost_ranks.Post(rank, why);
+  };
   auto server = braid::coordinator::StartCoordinator(so);
   if (!server.ok()) {
     Fail(absl::StrCat("cannot start the coordinator: ", server.status().message()));
@@ -464,7 +497,13 @@ int main(int argc, char** argv) {
   job.ucx_net_devices = !args->network_interface.empty() ? args->network_interface
                         : remote_hosts.empty()           ? "lo"
                                                          : "";
+  // Note [Ranks die with their launcher]: the write end stays here alone (close-on-exec, and
+  // the watchdog closed what it inherited), so it closes exactly when braidrun dies.
+  LauncherPipe launcher_pipe = MakeLauncherPipe();
+  job.launcher_pipe = launcher_pipe.variable;
   braid::braidrun::LaunchSpec spec = BuildLaunch(*args, job, *places, remote);
+  spec.lost_ranks = &lost_ranks;
+  spec.launcher_pipe = launcher_pipe.read_end;
   if (watchdog.ok()) {
     spec.group_started = [&](pid_t group) { watchdog->Watch(group); };
     spec.group_gone = [&](pid_t group) { watchdog->Forget(group); };
@@ -480,6 +519,7 @@ int main(int argc, char** argv) {
   }
 
   int rc = braid::braidrun::RunRanks(spec, signals);
+  if (launcher_pipe.read_end >= 0) close(launcher_pipe.read_end);
   coordinator->Shutdown(absl::Seconds(1));
   coordinator.reset();
   if (args->verbose) std::cerr << "braidrun: exit code " << rc << std::endl;

@@ -60,6 +60,9 @@ std::vector<std::string> BuildRankEnv(const std::vector<std::string>& base, cons
   env.Set("BRAID_JOB_SECRET", job.job_secret);
   // An inherited secret file would contradict the secret above: empty is unset.
   if (env.Has("BRAID_JOB_SECRET_FILE")) env.Set("BRAID_JOB_SECRET_FILE", "");
+  if (!job.launcher_pipe.empty() || env.Has("BRAID_LAUNCHER_PIPE")) {
+    env.Set("BRAID_LAUNCHER_PIPE", job.launcher_pipe);  // an inherited one is not this job's
+  }
   env.Set("PYTHONUNBUFFERED", "1");
   for (const auto& [name, value] : job.settings) env.Set(name, value);
   env.SetDefault("OMP_NUM_THREADS", "1");

@@ -26,12 +26,17 @@ struct JobEnv {
   // rank runs on this host (UCX's tcp would otherwise also use eth0), --network-interface's
   // device across hosts, else unset (UCX picks what reaches each peer).
   std::string ucx_net_devices = "lo";
+  // BRAID_LAUNCHER_PIPE, "FD:INODE" (Note [Ranks die with their launcher] in
+  // runtime/launcher_watch.h): for ranks on this host; "" empties an inherited one (a rank
+  // on another host, or braidrun run by a rank of another braidrun).
+  std::string launcher_pipe;
 };
 
 // Rank r's environment: `base` ("NAME=value" entries, in order) with
 //   - set (replacing inherited values): BRAID_COORDINATOR, BRAID_RANK, BRAID_SIZE,
 //     BRAID_LOCAL_RANK, BRAID_LOCAL_SIZE, BRAID_JOB_SECRET, PYTHONUNBUFFERED=1, and the
-//     variables of the flags that were given;
+//     variables of the flags that were given; BRAID_LAUNCHER_PIPE when given, or when
+//     inherited (emptied);
 //   - set only when not inherited: OMP_NUM_THREADS=1, UCX_NET_DEVICES (when not empty);
 //   - PYTHONPATH=<python_path>[:<inherited PYTHONPATH>] when python_path is not empty and
 //     not already one of the inherited entries.

@@ -21,9 +21,10 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <string>
@@ -117,10 +118,26 @@ absl::StatusOr<braid::coordinator::ServerOptions> Options(const Flags& f) {
   return o;
 }
 
-void WritePortFile(const std::string& path, int port) {
-  std::string tmp = path + ".tmp";
-  std::ofstream(tmp) << port << "\n";
-  std::rename(tmp.c_str(), path.c_str());
+// Writes the port to `path` through a temporary file renamed into place, so a reader polling
+// for it never sees half a number. An error names the path and the system's reason: a
+// coordinator nobody can find must not run on (scripts would wait for the file for ever).
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  auto failed = [&](int e) {
+    unlink(tmp.c_str());
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--port-file: cannot write '", path, "' (through '", tmp, "'): ", std::strerror(e)));
+  };
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) return failed(errno);
+  if (std::fprintf(f, "%d\n", port) < 0) {
+    const int e = errno;
+    std::fclose(f);
+    return failed(e);
+  }
+  if (std::fclose(f) != 0) return failed(errno);  // a full disk shows at the flush
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return failed(errno);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -175,7 +192,13 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
   std::cout << "braid-coordinator listening on " << (*server)->address() << std::endl;
-  if (!f.port_file.empty()) WritePortFile(f.port_file, (*server)->port());
+  if (!f.port_file.empty()) {
+    if (absl::Status s = WritePortFile(f.port_file, (*server)->port()); !s.ok()) {
+      std::cerr << "braid-coordinator: " << s.message() << "\n";
+      (*server)->Shutdown(absl::Seconds(1));
+      return kUsageError;
+    }
+  }
   // A Shutdown RPC stops the server: the waiter then wakes the sigwait below.
   std::thread waiter([&] {
     (*server)->Wait();

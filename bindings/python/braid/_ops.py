@@ -261,7 +261,8 @@ def compression_stats():
     all-reduces count under "none". All counts are ints, cumulative over steps, for this rank
     only (``braidctl status`` shows them summed over ranks):
 
-    - ``tensors``: distinct tensor names all-reduced with the method;
+    - ``tensors``: distinct tensor names all-reduced with the method (a name that the
+      per-tensor table dropped, below, counts again if it returns);
     - ``reductions``: all-reduces counted (one per tensor per step);
     - ``uncompressed_bytes``: the tensors' size in their own dtype, in bytes;
     - ``payload_bytes``: bytes of the compressed representation this rank contributed
@@ -275,6 +276,9 @@ def compression_stats():
 
     A tensor all-reduced with several methods over time (rare) has one entry whose byte
     fields are summed over them and whose ``method`` joins their specs with " + ".
+    ``"tensors"`` holds the 4096 names all-reduced most recently at most: a new name drops
+    the least recently all-reduced one (so names made up anew every step do not grow it for
+    ever), while ``"methods"`` counts every all-reduce.
 
     Raises FailedPreconditionError before ``init()``, after ``shutdown()`` and in a forked
     child of an initialized process.
@@ -330,10 +334,12 @@ def start_timeline(file_path):
     BRAID_TIMELINE_MAX_BYTES. A timeline already recording (BRAID_TIMELINE, or an earlier
     call) is closed first, as valid JSON. Raises InvalidArgumentError (not a non-empty str, or
     not writable), FailedPreconditionError (before ``init()``)."""
-    if not isinstance(file_path, (str, os.PathLike)):
+    if not isinstance(file_path, (str, bytes, os.PathLike)):
         raise InvalidArgumentError(f"start_timeline: file_path must be a str or path, got "
                                    f"{type(file_path).__name__}")
-    _braid.start_timeline(os.fspath(file_path))
+    # The file system's own bytes: a path Python decoded with surrogates (undecodable bytes in
+    # a file name) is not UTF-8, but it is a path.
+    _braid.start_timeline(os.fsencode(file_path))
 
 
 def stop_timeline():
@@ -466,15 +472,33 @@ def _check_int(what, field, value, lo, hi):
     return v
 
 
+def _utf8(what, field, text):
+    """``text`` (a str) in UTF-8, as the native module takes every string. A str that has no
+    UTF-8 form (a lone surrogate such as ``'g\\udc80'``, which ``os.fsdecode`` makes of
+    undecodable bytes) raises InvalidArgumentError naming ``field``, where the native module
+    would raise a bare TypeError."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgumentError(
+            f"{what}: {field} is not valid UTF-8: {text!r:.64} holds {text[e.start]!r} at "
+            f"index {e.start} ({e.reason})") from None
+
+
+def _is_utf8(text):
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def _check_name(fn, name):
     """A collective's name: a str of at most MAX_NAME_BYTES bytes in UTF-8."""
     if not isinstance(name, str):
         raise InvalidArgumentError(f"{fn}: name must be a str, got {type(name).__name__} "
                                    f"{name!r:.64}")
-    try:
-        n = len(name.encode("utf-8"))
-    except UnicodeEncodeError as e:
-        raise InvalidArgumentError(f"{fn}: name is not valid text ({e.reason})") from None
+    n = len(_utf8(fn, "name", name))
     if n == 0:
         raise InvalidArgumentError(f"{fn}: name is empty")
     if n > MAX_NAME_BYTES:
@@ -512,7 +536,7 @@ def _check_compression(what, compression):
         raise InvalidArgumentError(f"{what}: compression must be a string such as 'fp16' or "
                                    f"'fp4:ef=1', got {type(compression).__name__} "
                                    f"{compression!r:.64}")
-    if len(compression.encode("utf-8", "replace")) > MAX_COMPRESSION_SPEC_BYTES:
+    if len(_utf8(what, "compression", compression)) > MAX_COMPRESSION_SPEC_BYTES:
         raise InvalidArgumentError(f"{what}: compression is {len(compression)} characters "
                                    f"long, more than the limit of {MAX_COMPRESSION_SPEC_BYTES}")
 
@@ -653,7 +677,9 @@ def _reports_failures(fn):
                 params = inspect.signature(fn).parameters
                 pos = list(params).index("name")
                 name = args[pos] if pos < len(args) else None
-            if (isinstance(name, str) and not getattr(e, "_braid_reported", False)
+            # A name without a UTF-8 form cannot travel, so no rank can have submitted it.
+            if (isinstance(name, str) and _is_utf8(name)
+                    and not getattr(e, "_braid_reported", False)
                     and not _forked_child() and _braid.is_initialized()):
                 try:
                     _braid.report_failure(name, _INVALID_ARGUMENT, str(e))

@@ -38,6 +38,8 @@ def config_cases():
         ("BRAID_COORDINATOR", "localhost", "BRAID_COORDINATOR must be HOST:PORT"),
         ("BRAID_COORDINATOR", "[::1]:99999", "BRAID_COORDINATOR must be HOST:PORT"),
         ("BRAID_SIZE", "2.0", "BRAID_SIZE must be an integer, got '2.0'"),
+        ("BRAID_LAUNCHER_PIPE", "3", "BRAID_LAUNCHER_PIPE must be FD:INODE (braidrun sets it), "
+                                     "got '3'"),
     ]
     for var, value, want in bad_env:
         os.environ[var] = value
@@ -60,6 +62,18 @@ def numpy_cases():
     case(IA, lambda: braid.allreduce(x, name="n" * 2000), "a 2000-byte name",
          "name is 2000 bytes long, more than the limit of 1024")
     case(IA, lambda: braid.allreduce(x, name=""), "an empty name", "name is empty")
+    # A str with no UTF-8 form (a lone surrogate, as os.fsdecode makes of undecodable bytes):
+    # never the native module's TypeError.
+    surrogate = "allreduce: name is not valid UTF-8: 'g\\udc80' holds '\\udc80' at index 1 " \
+                "(surrogates not allowed)"
+    case(IA, lambda: braid.allreduce(x, name="g\udc80"), "a name with a lone surrogate",
+         surrogate)
+    case(IA, lambda: braid.allreduce_async(x, name="g\udc80"), "async: a lone surrogate",
+         surrogate)
+    case(IA, lambda: braid.broadcast_object(1, name="g\udc80"), "an object's name: a surrogate",
+         "broadcast_object: name is not valid UTF-8: 'g\\udc80'")
+    case(IA, lambda: braid.allreduce(x, name="c", compression="fp16\udc80"),
+         "a compression spec with a surrogate", "compression is not valid UTF-8")
     case(IA, lambda: braid.allreduce(x, name="op", op=1.0), "op=1.0", "unknown reduce op 1.0")
     case(IA, lambda: braid.allreduce(x, name="op", op="sum"), "op='sum'", "unknown reduce op")
     case(IA, lambda: braid.allreduce(x, name="op", op=True), "op=True", "unknown reduce op")
@@ -105,6 +119,12 @@ def torch_cases():
          "more than the limit of a tensor, 2^48 bytes")
     case(IA, lambda: hvd.allreduce(t, name=3.5), "torch: a float as a name",
          "name must be a str, got float")
+    case(IA, lambda: hvd.alltoall(t, name="g\udc80"), "torch: a name with a lone surrogate",
+         "alltoall: name is not valid UTF-8: 'g\\udc80' holds '\\udc80' at index 1")
+    case(IA, lambda: hvd.broadcast_parameters({"w\udc80": torch.ones(2)}, 0),
+         "torch: a parameter name with a lone surrogate", "name is not valid UTF-8")
+    case(IA, lambda: hvd.allreduce(t, name="c", compression="fp16\udc80"),
+         "torch: a compression spec with a surrogate", "compression is not valid UTF-8")
     case(IA, lambda: hvd.allreduce(t, name="p", prescale_factor=float("nan")),
          "torch: prescale_factor=NaN", "prescale_factor must be a finite number")
     case(IA, lambda: hvd.allreduce(t, name="p", postscale_factor="2"),

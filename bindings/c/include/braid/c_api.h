@@ -315,6 +315,8 @@ BRAID_C_EXPORT void braid_handle_free(braid_handle* handle);
  *                              yardstick transport_bytes compares against.
  * Uncompressed all-reduces count under method "none" with payload = uncompressed; warm-up
  * steps of a method (start_step) count under that method with payload = uncompressed.
+ * BY_TENSOR covers the 4096 tensor names reduced most recently (a new name drops the least
+ * recently reduced one); BY_METHOD counts every reduction, dropped names' included.
  */
 
 typedef enum braid_compression_stats_kind {
@@ -333,7 +335,8 @@ typedef struct braid_compression_stat {
                            NUL-terminated; truncated (still terminated) if longer */
   char name[256];       /* BY_TENSOR: the tensor's name, NUL-terminated, truncated if
                            longer; BY_METHOD: "" */
-  uint64_t tensors;     /* BY_METHOD: distinct tensor names reduced with it; BY_TENSOR: 1 */
+  uint64_t tensors;     /* BY_METHOD: distinct tensor names reduced with it (a name that
+                           BY_TENSOR dropped counts again if it returns); BY_TENSOR: 1 */
   uint64_t reductions;  /* all-reduces counted (one per tensor per step) */
   uint64_t uncompressed_bytes;
   uint64_t payload_bytes;

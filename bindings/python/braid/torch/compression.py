@@ -20,7 +20,7 @@ uncompressed all-reduce, as Horovod does.
 
 import os
 
-from .. import _braid
+from .. import _braid, _ops
 
 
 def _test_methods():
@@ -82,7 +82,9 @@ class _CompressionNamespace:
     @staticmethod
     def spec(spec):
         """The Compressor of a spec string such as ``"fp4:chunk=64,ef=1"``."""
-        return Compressor(_braid.canonical_compression(str(spec), _test_methods()))
+        spec = str(spec)
+        _ops._utf8("Compression.spec", "spec", spec)
+        return Compressor(_braid.canonical_compression(spec, _test_methods()))
 
     def __repr__(self):
         return "braid.torch.Compression(" + ", ".join(self.methods()) + ")"
@@ -104,6 +106,7 @@ def resolve(compression, what):
     if isinstance(compression, Compressor):
         return compression.spec, None
     if isinstance(compression, str):
+        _ops._utf8(what, "compression", compression)
         return _braid.canonical_compression(compression, _test_methods()), None
     if callable(getattr(compression, "compress", None)) and \
             callable(getattr(compression, "decompress", None)):

@@ -785,8 +785,11 @@ def _empty_sparse(p, sparse_dim):
 
 def _job_default_compression():
     """The canonical BRAID_COMPRESSION, "" when unset or invalid (init reports the latter)."""
+    spec = os.environ.get("BRAID_COMPRESSION", "")
+    if not _ops._is_utf8(spec):  # undecodable bytes in the variable: invalid, init says so
+        return ""
     try:
-        return _ops._braid.canonical_compression(os.environ.get("BRAID_COMPRESSION", ""))
+        return _ops._braid.canonical_compression(spec)
     except _ops.BraidError:
         return ""
 
