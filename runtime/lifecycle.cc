@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 #include <utility>
 
@@ -83,10 +84,10 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   config_ = config;
   // Misspelt BRAID_ and Horovod's variables (config.h: EnvironmentWarnings): braidrun warned
   // once for the whole job; without it, the first local rank of each host does, once.
-  static bool warned = false;
-  if (!warned && config.launch.source != "braid" && config.launch.local_rank <= 0) {
+  // Atomic: runtimes of one process may start on several threads at once (tests do).
+  static std::atomic<bool> warned{false};
+  if (config.launch.source != "braid" && config.launch.local_rank <= 0 && !warned.exchange(true)) {
     for (const std::string& w : config.environment_warnings) LOG(WARNING) << "braid: " << w;
-    warned = true;
   }
   // Note [Ranks die with their launcher]: first, so a rank waiting to register is covered.
   if (config.launcher_pipe_fd >= 0) {
