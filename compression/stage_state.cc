@@ -121,6 +121,12 @@ absl::StatusOr<std::unique_ptr<ParsedState>> CompressionStage::ParseState(
   auto parsed = std::make_unique<ParsedState>();
   parsed->saved_rank = static_cast<int32_t>(in.U32());
   parsed->saved_world_size = static_cast<int32_t>(in.U32());
+  // The ranks compare who saved what (CheckLoadAgreement): a rank outside its world is no
+  // state any rank saved.
+  in.Check(parsed->saved_world_size >= 1 && parsed->saved_rank >= 0 &&
+               parsed->saved_rank < parsed->saved_world_size,
+           absl::StrCat("saved by rank ", parsed->saved_rank, " of a world of ",
+                        parsed->saved_world_size, ", which has no such rank"));
   const uint64_t digest = version > 1 ? in.U64() : 0;
   const uint32_t count = in.Count("method count", kMinMethodBytes);
   for (uint32_t i = 0; i < count && in.status().ok(); ++i) {

@@ -26,14 +26,15 @@ absl::StatusOr<std::string> Runtime::Impl::compression_state() const {
 // Collective, so that no rank applies a state the others do not match: every rank joins
 // the all-gather whatever became of its own state (a refusal travels in its report), and
 // every rank reaches the verdict of CheckLoadAgreement on the same reports.
-absl::Status Runtime::Impl::LoadCompressionState(absl::string_view state) {
+absl::Status Runtime::Impl::LoadCompressionState(absl::string_view state,
+                                                 const absl::Status& refused) {
   {
     absl::MutexLock lock(&mu_);
     BRAID_RETURN_IF_ERROR(CheckRunningLocked());
   }
   compression::LoadReport mine;
   std::unique_ptr<compression::ParsedState> parsed;
-  mine.refused = CheckNoCompressionInFlight("load_compression_state()");
+  mine.refused = refused.ok() ? CheckNoCompressionInFlight("load_compression_state()") : refused;
   if (mine.refused.ok()) {
     auto p = stage_->ParseState(state);
     if (p.ok()) {

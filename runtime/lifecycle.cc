@@ -407,7 +407,11 @@ absl::StatusOr<std::string> Runtime::compression_state() const {
   return impl_->compression_state();
 }
 absl::Status Runtime::LoadCompressionState(absl::string_view state) {
-  return impl_->LoadCompressionState(state);
+  return impl_->LoadCompressionState(state, absl::OkStatus());
+}
+absl::Status Runtime::RefuseCompressionState(const absl::Status& why) {
+  if (why.ok()) return absl::InvalidArgumentError("RefuseCompressionState needs an error");
+  return impl_->LoadCompressionState("", why);
 }
 absl::StatusOr<int> Runtime::ForgetCompressionState(absl::Span<const std::string> names) {
   return impl_->ForgetCompressionState(names);

@@ -199,6 +199,10 @@ class Runtime {
   // The peers' errors (Unavailable, DeadlineExceeded) as for any collective. At once and on
   // this rank only: FailedPrecondition when not initialised.
   absl::Status LoadCompressionState(absl::string_view state);
+  // This rank's part of a LoadCompressionState whose state its caller refused (`why`, not
+  // OK: a Python object that is not bytes): it takes part in the ranks' comparison with that
+  // refusal, so every rank fails at once with it instead of waiting for this rank's report.
+  absl::Status RefuseCompressionState(const absl::Status& why);
   // Forgets this rank's compression state of the tensors `names` (CompressionStage::
   // ForgetTensors): their next all-reduce starts fresh, as in a new job (the Python
   // DistributedOptimizer does it when a new optimizer takes the names of a dropped one).

@@ -116,7 +116,8 @@ class Runtime::Impl {
   absl::StatusOr<std::string> transport_description() const;
   absl::StatusOr<CompressionReport> compression_report() const;
   absl::StatusOr<std::string> compression_state() const;
-  absl::Status LoadCompressionState(absl::string_view state);
+  // `refused`: the caller refused this rank's state (Runtime::RefuseCompressionState).
+  absl::Status LoadCompressionState(absl::string_view state, const absl::Status& refused);
   absl::StatusOr<int> ForgetCompressionState(absl::Span<const std::string> names);
   absl::Status StartTimeline(const std::string& path);
   absl::Status StopTimeline();

@@ -142,6 +142,8 @@ bool HasField(size_t struct_size, size_t offset, size_t size) {
 // Far beyond any struct this API will grow to: an uninitialised struct, whose tail must not
 // be read (or, for output structs, written).
 constexpr size_t kMaxStructSize = 4096;
+// braid_barrier's one name (c_api.h).
+constexpr char kBarrierName[] = "barrier";
 
 // Checks an options struct's size prefix (see "ABI rules" in c_api.h): at least the prefix
 // itself; any tail beyond what this library knows must be all zero (= defaults).
@@ -232,8 +234,7 @@ std::string AutoName(const char* name, const char* kind, std::atomic<uint64_t>* 
   if (name != nullptr) return name;
   return absl::StrCat(kind, ".noname.", counter->fetch_add(1));
 }
-std::atomic<uint64_t> g_allreduce_count{0}, g_broadcast_count{0}, g_allgather_count{0},
-    g_barrier_count{0};
+std::atomic<uint64_t> g_allreduce_count{0}, g_broadcast_count{0}, g_allgather_count{0};
 
 // A collective refused here, before the runtime saw it, is reported like the runtime's own
 // refusals (Runtime::ReportFailure), so peers that submitted it fail at once naming this
@@ -614,7 +615,8 @@ int braid_barrier(void) {
   return Guard([]() -> absl::Status {
     braid::CollectiveRequest r;
     r.collective = braid::Collective::kBarrier;
-    r.name = AutoName(nullptr, "barrier", &g_barrier_count);
+    // One name: barriers pair in call order, whatever failed before (c_api.h).
+    r.name = kBarrierName;
     return RunBlocking(std::move(r));
   });
 }

@@ -79,7 +79,13 @@ PyObject* ErrorClassFor(absl::StatusCode code) {
   std::string msg(s.message());
   if (cls == g_errors.base) msg = absl::StatusCodeToString(s.code()) + ": " + msg;
   if (msg.empty()) msg = absl::StatusCodeToString(s.code());
-  PyErr_SetString(cls, msg.c_str());
+  // By length, not as a C string: a message quoting a name or a state's bytes may hold a
+  // NUL, which would cut it short; bytes that are not UTF-8 show as U+FFFD.
+  PyObject* text = PyUnicode_DecodeUTF8(msg.data(), static_cast<Py_ssize_t>(msg.size()),
+                                        "replace");
+  if (text == nullptr) throw py::error_already_set();
+  PyErr_SetObject(cls, text);
+  Py_DECREF(text);
   throw py::error_already_set();
 }
 
@@ -379,6 +385,17 @@ void LoadCompressionState(const py::bytes& state) {
   Check(s);
 }
 
+// load_compression_state() of an argument that is not bytes: still collective (Runtime::
+// RefuseCompressionState), so the other ranks fail at once with this rank's reason.
+void RefuseCompressionState(const std::string& why) {
+  absl::Status s;
+  {
+    py::gil_scoped_release release;
+    s = braid::GlobalRuntime().RefuseCompressionState(absl::InvalidArgumentError(why));
+  }
+  Check(s);
+}
+
 int ForgetCompressionState(const std::vector<std::string>& names) {
   absl::StatusOr<int> forgotten;
   {
@@ -566,6 +583,8 @@ PYBIND11_MODULE(_braid, m) {
   m.def("compression_state", &CompressionState, "This rank's compression state (bytes).");
   m.def("load_compression_state", &LoadCompressionState, py::arg("state"),
         "Restores a compression_state() result.");
+  m.def("refuse_compression_state", &RefuseCompressionState, py::arg("why"),
+        "Takes part in load_compression_state() with a refusal (every rank fails with it).");
   m.def("forget_compression_state", &ForgetCompressionState, py::arg("names"),
         "Forgets this rank's compression state of the tensors `names`; returns the entries "
         "forgotten.");

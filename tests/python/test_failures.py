@@ -287,3 +287,15 @@ def test_the_standalone_coordinator_names_the_real_cause_of_a_failed_start():
         finally:
             coord.kill()
             coord.wait()
+
+
+def test_recovering_after_an_error():
+    """workers/resync.py on 2 ranks with a 1 s negotiation deadline: barrier() resynchronizes
+    after a rank came later than the deadline (an unnamed barrier keeps its name on every
+    rank); an unnamed call refused in the Python layer (NumPy, torch) fails the peer at once;
+    a NUL in a name survives into the message; a non-str object-collective name is braid's
+    InvalidArgumentError on every rank."""
+    res = braid_launch.run_worker("resync.py", 2, timeout=120,
+                                  env={"BRAID_NEGOTIATION_TIMEOUT_S": "1"})
+    assert res.returncode == 0, res.output
+    assert res.output.count("all checks passed") == 2, res.output

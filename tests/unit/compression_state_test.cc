@@ -188,6 +188,28 @@ TEST(StateLimitsTest, CraftedCountsAreRefusedBeforeAnyAllocation) {
   }
 }
 
+// A state saved by a rank its world does not have (rank -1, rank 2 of 2, a world of 0) was
+// saved by no rank: refused, rather than compared as one (the ranks' check of who saved
+// what, CheckLoadAgreement, would take it for a rank of the job).
+TEST(StateLimitsTest, ASavedRankOutsideItsWorldIsRefused) {
+  CompressionStage stage(StageOptions{});
+  struct Case {
+    uint32_t rank, size;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {0xffffffffu, 2, "saved by rank -1 of a world of 2, which has no such rank"},
+           {2, 2, "saved by rank 2 of a world of 2, which has no such rank"},
+           {0, 0, "saved by rank 0 of a world of 0, which has no such rank"}}) {
+    Bytes b;
+    b.s = "BRDCMPST";
+    b.U32(2).U32(c.rank).U32(c.size).U64(0).U32(0);
+    EXPECT_EQ(stage.ParseState(b.s).status(),
+              absl::InvalidArgumentError(absl::StrCat("compression state: ", c.message,
+                                                      " (at byte 20)")));
+  }
+}
+
 // A state whose step counter was changed after it was written fails its digest.
 TEST(StateLimitsTest, AlteredStateFailsItsDigest) {
   std::string state;
@@ -224,17 +246,18 @@ TEST(StateLimitsTest, AlteredStateFailsItsDigest) {
 // ---- Agreement across ranks ---------------------------------------------------------------
 
 // Rank r's report after running `steps[r]` steps of `spec` on rank r's inputs alone (a
-// world of one), saved as rank r of 2.
+// world of one), reported as saved by rank r of 2.
 std::vector<LoadReport> Reports(const std::string& spec, const std::vector<int>& steps) {
   std::vector<LoadReport> reports(steps.size());
   for (size_t r = 0; r < steps.size(); ++r) {
     ThreadWorld(1).Run([&](int, transport::Communicator& comm) {
       CompressionStage stage(StageOptions{});
       RunSteps(stage, comm, spec, 1, steps[r], nullptr, static_cast<int>(r));
+      // A world of 2 has no rank 2: saved as rank r % 2, reported as rank r.
       auto parsed = CompressionStage(StageOptions{}).ParseState(
-          stage.SaveState(static_cast<int>(r), 2));
+          stage.SaveState(static_cast<int>(r % 2), 2));
       ASSERT_TRUE(parsed.ok()) << parsed.status();
-      reports[r].saved_rank = (*parsed)->saved_rank;
+      reports[r].saved_rank = static_cast<int>(r);
       reports[r].saved_world_size = (*parsed)->saved_world_size;
       reports[r].summary = CompressionStage(StageOptions{}).Summarize(parsed->get());
     });

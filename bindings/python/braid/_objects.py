@@ -20,8 +20,8 @@ import pickle
 
 import numpy as np
 
-from ._ops import (InvalidArgumentError, Max, _next_name, _utf8, allgather, allgather_async,
-                   allreduce, broadcast_, rank, size, synchronize)
+from ._ops import (InvalidArgumentError, Max, _check_name, _next_name, allgather,
+                   allgather_async, allreduce, broadcast_, rank, size, synchronize)
 
 _STATUS_BYTES = 512  # one rank's outcome: a failure flag, then its UTF-8 message (truncated)
 
@@ -29,9 +29,9 @@ _STATUS_BYTES = 512  # one rank's outcome: a failure flag, then its UTF-8 messag
 def _default_object_name(kind, name):
     # Not the object's type name (as some frameworks do): a non-root rank usually passes None,
     # and the names must agree across ranks.
-    if isinstance(name, str):
-        _utf8(kind, "name", name)  # named as the caller gave it, not as NAME.size
-    return _next_name(kind) if name is None else name
+    if name is None:
+        return _next_name(kind)
+    return _check_name(kind, name)  # named as the caller gave it, not as NAME.size
 
 
 def _pickled(obj):

@@ -384,12 +384,14 @@ def load_compression_state(state):
     (states taken at different steps, of another model, of a job of another world size, one
     rank's state loaded on two ranks) or naming the rank whose state is malformed and the
     field; FailedPreconditionError when a compressed all-reduce was in flight on a rank.
-    Raised on this rank only: InvalidArgumentError when ``state`` is not bytes,
-    FailedPreconditionError before ``init()`` and after ``shutdown()``.
+    A ``state`` that is not bytes is refused the same way (InvalidArgumentError on every
+    rank, naming this rank). Raised on this rank only: FailedPreconditionError before
+    ``init()`` and after ``shutdown()``.
     """
     _check_process("load_compression_state()")
     if not isinstance(state, (bytes, bytearray, memoryview)):
-        raise InvalidArgumentError(
+        # Still collective: every rank fails at once with this reason, none waits for it.
+        _braid.refuse_compression_state(
             f"load_compression_state(): state must be bytes, got {type(state).__name__}")
     _braid.load_compression_state(bytes(state))
     _released_names.clear()
@@ -666,17 +668,24 @@ def _reports_failures(fn):
     saw the request (a wrong type, dtype or split checked here) is also reported to the
     coordinator under the call's name, so the ranks that did submit the tensor fail at once
     with this rank's message instead of waiting for it (the runtime reports its own
-    refusals itself; README: Failures)."""
+    refusals itself; README: Failures). An unnamed call takes its generated name here,
+    before anything can be refused: the refusal is reported under the name the other ranks
+    generated for the same call, and every rank's counter advances alike."""
+    collective = fn.__name__.split("_async")[0]  # allreduce_async_ -> allreduce
+    pos = list(inspect.signature(fn).parameters).index("name")
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        name = kwargs["name"] if "name" in kwargs else args[pos] if pos < len(args) else None
+        if name is None:
+            name = _next_name(collective)
+            if pos < len(args):
+                args = args[:pos] + (name,) + args[pos + 1:]
+            else:
+                kwargs["name"] = name
         try:
             return fn(*args, **kwargs)
         except InvalidArgumentError as e:
-            name = kwargs.get("name")
-            if name is None:
-                params = inspect.signature(fn).parameters
-                pos = list(params).index("name")
-                name = args[pos] if pos < len(args) else None
             # A name without a UTF-8 form cannot travel, so no rank can have submitted it.
             if (isinstance(name, str) and _is_utf8(name)
                     and not getattr(e, "_braid_reported", False)
@@ -685,6 +694,7 @@ def _reports_failures(fn):
                     _braid.report_failure(name, _INVALID_ARGUMENT, str(e))
                 except BraidError:
                     pass  # a name that cannot travel, or one in flight: nothing to tell
+                e._braid_reported = True  # once: an outer wrapped call must not again
             raise
     return wrapper
 
@@ -932,9 +942,17 @@ def alltoall(tensor, splits=None, name=None):
 
 # --- barrier --------------------------------------------------------------------------------
 
+_BARRIER_NAME = "barrier"
+
+
 def barrier(name=None):
-    """Returns once every rank has called barrier() (with the same name)."""
-    name = _next_name("barrier") if name is None else name
+    """Returns once every rank has called barrier() (with the same name).
+
+    An unnamed barrier is named ``"barrier"`` on every rank (no counter), so barriers pair
+    in the order the ranks call them, also after one failed on some ranks and not others:
+    it is how the ranks resynchronize after an error (README: Failures, deadlines and
+    limits)."""
+    name = _BARRIER_NAME if name is None else name
     arr = np.empty((0,), dtype=np.uint8)
     synchronize(_enqueue("barrier", name, arr, _braid.DTYPES["uint8"], op=ReduceOp.Sum))
 

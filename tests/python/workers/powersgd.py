@@ -133,12 +133,17 @@ def reference():
         h = braid.allreduce_async(x, name="inflight", compression=SPEC)
         expect_raises(braid.FailedPreconditionError, braid.compression_state,
                       "compression_state() in flight", contains="'inflight' is in flight")
-        expect_raises(braid.InvalidArgumentError, lambda: braid.load_compression_state("x"),
-                      "load_compression_state(str)", contains="must be bytes")
     braid.allreduce(go, name="inflight.go", compression="none")
     if rank != 0:
         h = braid.allreduce_async(x, name="inflight", compression=SPEC)
     braid.synchronize(h)
+    # Loading is collective even when one rank's state is not bytes: every rank fails at
+    # once with that rank's reason (rank 0 passes a str, rank 1 a valid state).
+    state = braid.compression_state()
+    expect_raises(braid.InvalidArgumentError,
+                  lambda: braid.load_compression_state("x" if rank == 0 else state),
+                  "load_compression_state(str) on rank 0",
+                  contains=("rank 0", "load_compression_state(): state must be bytes, got str"))
     expect_raises(braid.InvalidArgumentError, lambda: braid.load_compression_state(b"BRDCMPST"),
                   "load_compression_state(truncated)", contains="truncated")
     # 2^32 - 1 tensors declared in 51 bytes: refused by that count on every rank, before

@@ -264,8 +264,10 @@ BRAID_C_EXPORT int braid_allgather_async(const char* name, const void* input,
                                          const braid_allgather_opts* opts,
                                          braid_handle** handle);
 
-/* Blocks until every rank of the world reached its barrier. Named "barrier.noname.<n>"
- * (see the naming rule above: all ranks must call it the same number of times). */
+/* Blocks until every rank of the world reached its barrier. Named "barrier" on every rank,
+ * so barriers pair in the order the ranks call them, also after one failed on some ranks:
+ * it is how the ranks resynchronize after an error (README: Failures, deadlines and
+ * limits). */
 BRAID_C_EXPORT int braid_barrier(void);
 
 /* ------------------------------------------------------------------------------------ */

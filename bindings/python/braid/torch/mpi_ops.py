@@ -191,6 +191,7 @@ class _AllreduceFn(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
+@_ops._reports_failures
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=None):
     """All-reduces ``tensor`` across ranks and returns the result as a new tensor.
@@ -320,6 +321,7 @@ class _AllgatherFn(torch.autograd.Function):
         return grad.narrow(0, offset, ctx.rows), None
 
 
+@_ops._reports_failures
 def allgather(tensor, name=None, process_set=None):
     """All-gathers ``tensor`` along dim 0 and returns a new tensor. See allgather_async.
 
@@ -392,6 +394,7 @@ class _BroadcastFn(torch.autograd.Function):
         return grad, None, None
 
 
+@_ops._reports_failures
 def broadcast(tensor, root_rank, name=None, process_set=None):
     """Returns a new tensor holding ``root_rank``'s ``tensor``. See broadcast_async.
 
@@ -402,6 +405,7 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
     return synchronize(_broadcast_async("broadcast", tensor, root_rank, name, False))
 
 
+@_ops._reports_failures
 def broadcast_(tensor, root_rank, name=None, process_set=None):
     """Overwrites ``tensor`` with ``root_rank``'s values and returns it."""
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
@@ -469,6 +473,7 @@ class _AlltoallFn(torch.autograd.Function):
         return grad, None, None
 
 
+@_ops._reports_failures
 def alltoall(tensor, splits=None, name=None, process_set=None):
     """Exchanges slices of ``tensor`` with every rank; see alltoall_async for the result.
 
@@ -537,6 +542,7 @@ class _ReducescatterFn(torch.autograd.Function):
         return (grad * scale if scale != 1 else grad), None, None, None, None
 
 
+@_ops._reports_failures
 def reducescatter(tensor, name=None, compression=None, op=Average, process_set=None,
                   prescale_factor=1.0, postscale_factor=1.0):
     """Reduces ``tensor`` across ranks and returns this rank's share of dim 0 (a new tensor).
