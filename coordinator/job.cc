@@ -320,6 +320,9 @@ void Job::Lose(int rank, const std::string& why) {
   Rank& r = ranks_[rank];
   r.state = RankState::kLost;
   if (r.stream) {
+    // The lost rank learns why too, should it still read (a stopped process resumed): not
+    // just that its stream closed, which it would take for a lost coordinator.
+    if (abort_.ok()) r.stream->Send(AbortMessage(absl::UnavailableError(why)));
     r.stream->Close();
     r.stream.reset();
   }

@@ -324,6 +324,10 @@ TEST_F(ServiceTest, ASilentRankIsLostAfterTheHeartbeatTimeout) {
   ASSERT_EQ(sinks[0]->sent.size(), 1u);
   EXPECT_EQ(sinks[0]->sent[0].abort_message(),
             "rank 1 (pid 101 on h) was lost: silent for 10s (BRAID_HEARTBEAT_TIMEOUT_S)");
+  // The lost rank is told why before its stream closes (it may only have been stopped).
+  ASSERT_EQ(sinks[1]->sent.size(), 1u);
+  EXPECT_EQ(sinks[1]->sent[0].abort_message(), sinks[0]->sent[0].abort_message());
+  EXPECT_TRUE(sinks[1]->closed);
   EXPECT_EQ(Status().ranks(0).state(), "negotiating");
   EXPECT_EQ(Status().ranks(1).state(), "lost");
   ASSERT_EQ(told.size(), 1u);
