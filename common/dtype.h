@@ -33,6 +33,23 @@ enum class ReduceOp : int32_t {
 };
 inline constexpr int kNumReduceOps = 5;
 
+// Values are part of the wire protocol and the C ABI: never renumber.
+enum class Collective : int32_t {
+  kAllReduce = 0,
+  kAllGather = 1,
+  kBroadcast = 2,
+  kReduceScatter = 3,
+  kAllToAll = 4,
+  kBarrier = 5,
+  // Note [Join] (coordinator/negotiation.h): join() for uneven inputs, as Horovod's. Needs
+  // only a name, the same on every rank. Until every rank has joined, this rank takes part
+  // in the others' all-reduces with the op's identity (zeros for sum and average; an
+  // average still divides by the whole world size) and in their barriers; their other
+  // collectives fail with FailedPrecondition naming the joined ranks. Completes once every
+  // rank has joined; Handle::output() then holds the rank that joined last (one int32).
+  kJoin = 6,
+};
+
 // Size of one element in bytes.
 size_t DataTypeSize(DataType dtype);
 // "float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8".

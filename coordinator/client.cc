@@ -153,7 +153,7 @@ class GrpcClient final : public CoordinatorClient {
       on_closed(result);
     });
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
-    // The rank's threads by name (README.md, "Architecture in brief").
+    // The rank's threads by name (docs/architecture.md).
     pthread_setname_np(reader_.native_handle(), "braid-coord-rx");
     pthread_setname_np(heartbeat_.native_handle(), "braid-heartbeat");
     return absl::OkStatus();

@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "runtime/coordinator_client.h"
+#include "control/coordinator_client.h"
 
 namespace braid::coordinator {
 

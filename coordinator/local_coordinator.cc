@@ -172,7 +172,7 @@ absl::Status LocalClient::StartNegotiation(
     ReaderLoop(std::move(on_message), std::move(on_closed));
   });
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
-  // Named as the gRPC client's are (README.md, "Architecture in brief").
+  // Named as the gRPC client's are (docs/architecture.md).
   pthread_setname_np(reader_.native_handle(), "braid-coord-rx");
   pthread_setname_np(heartbeat_.native_handle(), "braid-heartbeat");
   return absl::OkStatus();

@@ -18,7 +18,7 @@
 #include "coordinator/monitor.h"
 #include "coordinator/service.h"
 #include "proto/braid.pb.h"
-#include "runtime/coordinator_client.h"
+#include "control/coordinator_client.h"
 
 namespace braid::coordinator {
 

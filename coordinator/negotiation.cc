@@ -7,7 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
 #include "common/limits.h"
-#include "coordinator/fusion.h"
+#include "control/fusion.h"
 
 namespace braid::coordinator {
 namespace {
@@ -87,9 +87,9 @@ int32_t NegotiationTable::CacheInsert(const RequestPtr& agreed) {
 }
 
 std::vector<proto::Response> NegotiationTable::Fuse(std::vector<proto::Response> ready) {
-  std::vector<FusionItem> items;
+  std::vector<control::FusionItem> items;
   for (const proto::Response& r : ready) {
-    FusionItem item;
+    control::FusionItem item;
     if (r.type() == proto::Response::OK && r.collective() == proto::ALLREDUCE) {
       // Tensors fuse only with others that the same joined ranks fill in (Note [Join]).
       item.key = absl::StrCat(r.collective(), "/", r.dtype(), "/", r.reduce_op(), "/",
@@ -102,7 +102,7 @@ std::vector<proto::Response> NegotiationTable::Fuse(std::vector<proto::Response>
     items.push_back(std::move(item));
   }
   std::vector<proto::Response> out;
-  for (const std::vector<int>& bucket : PlanBuckets(items, fusion_threshold_)) {
+  for (const std::vector<int>& bucket : control::PlanBuckets(items, fusion_threshold_)) {
     proto::Response merged = std::move(ready[bucket[0]]);
     for (size_t k = 1; k < bucket.size(); ++k) {
       const proto::Response& r = ready[bucket[k]];

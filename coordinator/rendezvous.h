@@ -28,7 +28,7 @@ absl::StatusOr<std::vector<proto::RegisterResponse>> AssignRanks(
 //      braid-coordinator's flags and environment);
 //   2. else the value the ranks set (BRAID_* in their environment), which must agree; a rank
 //      that left the variable unset takes the job's value;
-//   3. else the default (README's configuration table).
+//   3. else the default (docs/configuration.md, the table of variables).
 // A rank that set a different value is never silently overridden: the registration fails on
 // every rank with InvalidArgument naming the variable and who set what. RegisterResponse
 // returns the decision to every rank (the ranks' heartbeat interval follows the job's

@@ -180,19 +180,6 @@ absl::Status AddFirstDims(const proto::Request& first, absl::Span<const RequestP
 
 }  // namespace
 
-std::string CollectiveName(proto::Collective c) {
-  switch (c) {
-    case proto::ALLREDUCE: return "allreduce";
-    case proto::ALLGATHER: return "allgather";
-    case proto::BROADCAST: return "broadcast";
-    case proto::REDUCESCATTER: return "reducescatter";
-    case proto::ALLTOALL: return "alltoall";
-    case proto::BARRIER: return "barrier";
-    case proto::JOIN: return "join";
-    default: return absl::StrCat("collective#", static_cast<int>(c));
-  }
-}
-
 proto::Response ErrorResponse(const std::string& name, absl::StatusCode code, std::string message) {
   proto::Response resp;
   resp.set_type(proto::Response::ERROR);

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "control/bucket.h"  // CollectiveName
 #include "proto/braid.pb.h"
 
 namespace braid::coordinator {
@@ -39,9 +40,6 @@ std::string MismatchMessage(const std::string& name, const std::string& field,
 
 // "[2, 3]" for a shape.
 std::string ShapeString(const proto::Request& r);
-
-// "allreduce", "allgather", ... as the errors name a collective.
-std::string CollectiveName(proto::Collective c);
 
 // An ERROR response for tensor `name`.
 proto::Response ErrorResponse(const std::string& name, absl::StatusCode code,

@@ -31,7 +31,7 @@
 //   have: ranks whose buckets lie differently work together. Gradients allocated as views
 //   into one flat buffer in the order they are submitted (the PyTorch binding's
 //   gradient_as_bucket_view) are such buckets, since buckets are runs of consecutive
-//   tensors (Note [Consecutive buckets], coordinator/fusion.h). Any other bucket (one tensor
+//   tensors (Note [Consecutive buckets], control/fusion.h). Any other bucket (one tensor
 //   out of line) is packed: the check costs one pass over the tensors' pointers.
 // A bucket is described by plain values (no coordinator types), so whatever agrees on it
 // can run it.

@@ -1,4 +1,5 @@
 #include "runtime/config.h"
+#include "runtime/config_proto.h"
 
 #include <algorithm>
 #include <charconv>

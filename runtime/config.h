@@ -1,5 +1,5 @@
-// braid's configuration: one parser with one grammar for every variable of the README's
-// table, used by the runtime, the C and Python APIs, braidrun, braidctl and
+// braid's configuration: one parser with one grammar for every variable of the table in
+// docs/configuration.md, used by the runtime, the C and Python APIs, braidrun, braidctl and
 // braid-coordinator. Nothing deeper in the runtime reads the environment.
 //
 // Note [Configuration grammar]
@@ -27,7 +27,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "proto/braid.pb.h"
 
 namespace braid {
 
@@ -88,8 +87,7 @@ struct JobSettings {
   std::optional<absl::Duration> negotiation_timeout;  // BRAID_NEGOTIATION_TIMEOUT_S
   std::optional<bool> fast_path;                    // BRAID_FAST_PATH
 };
-// The wire form: the fields that are set, durations in milliseconds.
-proto::JobSettings ToProto(const JobSettings& settings);
+// Its wire form: ToProto (runtime/config_proto.h).
 
 // Everything else is this process's own: ranks may differ without harm (a rank's cycle time
 // only changes when it sends, its timeout how long it waits).

@@ -69,8 +69,8 @@ std::vector<std::string> EnvironmentWarnings(const std::vector<std::string>& nam
           best <= near
               ? absl::StrCat(name, " is not a braid variable and is ignored: did you mean ",
                              *closest, "?")
-              : absl::StrCat(name, " is not a braid variable and is ignored (the README's "
-                                   "Configuration lists them)"));
+              : absl::StrCat(name, " is not a braid variable and is ignored ("
+                                   "docs/configuration.md lists them)"));
     } else if (absl::StartsWith(name, "HOROVOD_")) {
       for (const HorovodEquivalent& e : kHorovodEquivalents) {
         if (name != e.horovod) continue;

@@ -46,19 +46,6 @@ proto::Request ToProto(const CollectiveRequest& req, const std::string& compress
 
 }  // namespace
 
-absl::string_view CollectiveName(Collective c) {
-  switch (c) {
-    case Collective::kAllReduce: return "allreduce";
-    case Collective::kAllGather: return "allgather";
-    case Collective::kBroadcast: return "broadcast";
-    case Collective::kReduceScatter: return "reducescatter";
-    case Collective::kAllToAll: return "alltoall";
-    case Collective::kBarrier: return "barrier";
-    case Collective::kJoin: return "join";
-  }
-  return "unknown";
-}
-
 std::vector<std::string> CompressionMethods(bool test_methods) {
   compression::RegistryOptions o;
   o.test_methods = test_methods;

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
-#include "coordinator/fusion.h"
+#include "control/fusion.h"
 
 namespace braid {
 namespace {
@@ -144,11 +144,11 @@ int64_t RequestBytes(const proto::Request& r) {
 std::vector<std::vector<int32_t>> PlanFastBuckets(const std::vector<int32_t>& ids,
                                                   const FastPathCache& cache,
                                                   int64_t fusion_threshold_bytes) {
-  std::vector<coordinator::FusionItem> items;
+  std::vector<control::FusionItem> items;
   items.reserve(ids.size());
   for (int32_t id : ids) {
     const proto::Request& r = cache.Find(id)->request;
-    coordinator::FusionItem item;
+    control::FusionItem item;
     if (r.collective() == proto::ALLREDUCE) {
       // The coordinator's key (NegotiationTable::Fuse), so a step fuses alike both ways.
       item.key = absl::StrCat(r.collective(), "/", r.dtype(), "/", r.reduce_op(), "/",
@@ -158,7 +158,7 @@ std::vector<std::vector<int32_t>> PlanFastBuckets(const std::vector<int32_t>& id
     items.push_back(std::move(item));
   }
   std::vector<std::vector<int32_t>> out;
-  for (const std::vector<int>& bucket : coordinator::PlanBuckets(items, fusion_threshold_bytes)) {
+  for (const std::vector<int>& bucket : control::PlanBuckets(items, fusion_threshold_bytes)) {
     std::vector<int32_t> group;
     group.reserve(bucket.size());
     for (int k : bucket) group.push_back(ids[k]);

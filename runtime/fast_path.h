@@ -10,7 +10,7 @@
 //      (Vote) saying how many coordinator messages it has received and applied.
 //   2. Every rank computes the same agreement from the same votes: the slots ready on every
 //      rank (bitwise AND) run, in cache-id order, fused by the fusion planner of the
-//      coordinator (coordinator/fusion.h) with the job's threshold; the slots any rank
+//      coordinator (control/fusion.h) with the job's threshold; the slots any rank
 //      invalidated (bitwise OR) leave every rank's cache, and a rank holding such a tensor
 //      sends its full request to the coordinator instead.
 //   3. Coordinator messages (first-time, changed and mismatched tensors, errors) run only at

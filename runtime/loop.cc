@@ -9,25 +9,6 @@
 
 namespace braid {
 
-Bucket BucketFromResponse(const proto::Response& r) {
-  Bucket b;
-  b.id = r.bucket_id();
-  b.collective = static_cast<Collective>(r.collective());
-  b.names.assign(r.names().begin(), r.names().end());
-  if (r.type() == proto::Response::ERROR) {
-    b.error = absl::Status(static_cast<absl::StatusCode>(r.error_code()), r.error_message());
-  }
-  b.root_rank = r.root_rank();
-  b.first_dims.assign(r.first_dims().begin(), r.first_dims().end());
-  b.joined_ranks.assign(r.joined_ranks().begin(), r.joined_ranks().end());
-  for (const proto::TensorShape& s : r.shapes()) b.shapes.emplace_back(s.dims().begin(), s.dims().end());
-  b.dtype = static_cast<DataType>(r.dtype());
-  b.op = static_cast<ReduceOp>(r.reduce_op());
-  b.compression = r.compression();
-  b.last_joined_rank = r.last_joined_rank();
-  return b;
-}
-
 namespace {
 
 // A list the coordinator sent to this rank alone (sequence 0, Note [Failure reports] in

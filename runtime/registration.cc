@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/secret.h"
+#include "runtime/config_proto.h"
 
 namespace braid {
 namespace {

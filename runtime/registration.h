@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "proto/braid.pb.h"
 #include "runtime/config.h"
-#include "runtime/coordinator_client.h"
+#include "control/coordinator_client.h"
 #include "runtime/data_plane.h"
 #include "transport/communicator.h"
 #include "transport/ucx_communicator.h"

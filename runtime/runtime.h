@@ -20,31 +20,12 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
-#include "proto/braid.pb.h"
 #include "runtime/config.h"
-#include "runtime/coordinator_client.h"
-#include "runtime/data_plane.h"
 #include "runtime/handle.h"
 #include "runtime/statistics.h"
 #include "transport/communicator.h"
 
 namespace braid {
-
-enum class Collective : int32_t {
-  kAllReduce = 0,
-  kAllGather = 1,
-  kBroadcast = 2,
-  kReduceScatter = 3,
-  kAllToAll = 4,
-  kBarrier = 5,
-  // Note [Join] (coordinator/negotiation.h): join() for uneven inputs, as Horovod's. Needs
-  // only a name, the same on every rank. Until every rank has joined, this rank takes part
-  // in the others' all-reduces with the op's identity (zeros for sum and average; an
-  // average still divides by the whole world size) and in their barriers; their other
-  // collectives fail with FailedPrecondition naming the joined ranks. Completes once every
-  // rank has joined; Handle::output() then holds the rank that joined last (one int32).
-  kJoin = 6,
-};
 
 // One collective call. Shapes are in elements; buffers are host memory, contiguous,
 // row-major, and must stay valid (and unmodified, for inputs) until the handle completes.
@@ -73,28 +54,9 @@ struct CollectiveRequest {
   std::string compression;
 };
 
-// What the runtime asks of the coordinator client it is given.
-struct CoordinatorClientSetup {
-  // Adds this rank's report (its per-method byte counters) to each heartbeat, as
-  // coordinator::ClientOptions::fill_heartbeat. Thread-safe and cheap.
-  std::function<void(proto::HeartbeatRequest*)> fill_heartbeat;
-};
-using CoordinatorClientFactory =
-    std::function<absl::StatusOr<std::unique_ptr<CoordinatorClient>>(
-        const CoordinatorClientSetup&)>;
-
-// Note [Injected parts]: the runtime's two dependencies, its coordinator client and its data
-// plane, are replaceable, so its queue, fusion, compression pipeline, handles and error paths
-// run in one process with several ranks as threads (tests/unit/runtime_*_test.cc: the
-// in-process coordinator of coordinator/local_coordinator.h and the in-process communicators
-// of transport/local_communicator.h). Unset parts are the real ones.
-struct RuntimeDeps {
-  // Makes this rank's coordinator client; unset: the gRPC client of config.coordinator,
-  // with the coordinator hosted in this process on rank 0 when that is empty.
-  CoordinatorClientFactory coordinator;
-  // Opened before registration, connected after; unset: UCX.
-  std::unique_ptr<DataPlane> data_plane;
-};
+// The parts Init may be given instead of the real ones (Note [Injected parts],
+// runtime/deps.h): declared here, defined where the tests and the composition root need it.
+struct RuntimeDeps;
 
 // The compression methods braid knows (compression/registry.h), in a stable order, with the
 // test-only ones when `test_methods`.

@@ -9,8 +9,8 @@
 //   allreduce_pipeline.h  an all-reduce bucket: pack -> Compressor::Reduce -> unpack
 //
 // Note [Threads and locks]
-// A rank runs, besides the caller's threads, three threads of braid's own (README.md,
-// "Architecture in brief", draws them) and the pools of the libraries under it (gRPC's,
+// A rank runs, besides the caller's threads, three threads of braid's own
+// (docs/architecture.md draws them) and the pools of the libraries under it (gRPC's,
 // sized by the host's cores; UCX's async thread):
 //   braid-loop       the background thread (Loop). The only one that touches the data plane,
 //                    the fusion buffer and the compressors. Sends requests, runs agreed
@@ -57,9 +57,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "compression/stage.h"
+#include "control/bucket.h"
 #include "proto/braid.pb.h"
 #include "runtime/allreduce_pipeline.h"
 #include "runtime/fast_path.h"
+#include "runtime/deps.h"
 #include "runtime/job_identity.h"
 #include "runtime/runtime.h"
 #include "runtime/statistics.h"
@@ -70,33 +72,6 @@ namespace braid {
 namespace coordinator {
 class CoordinatorServer;
 }
-
-// Note [Execution step]: one agreed unit of work, the same on every rank and run in the same
-// order: a bucket of all-reduces (fused when it names several), another collective, or an
-// error every named tensor fails with. Today the coordinator's Response is its only source
-// (BucketFromResponse); running it needs nothing from the coordinator, so an agreement
-// reached over the data plane (the response cache's fast path) can produce Buckets too.
-struct Bucket {
-  int64_t id = 0;
-  Collective collective = Collective::kAllReduce;
-  std::vector<std::string> names;
-  absl::Status error;              // not OK: every named tensor fails with it
-  int root_rank = 0;               // broadcast
-  std::vector<int64_t> first_dims;  // all-gather: every rank's dim 0
-  // Note [Join]: ranks that joined and did not submit these tensors, and for them each
-  // name's shape and the bucket's dtype, op and compression (a joined rank has no request
-  // of its own to take them from).
-  std::vector<int> joined_ranks;
-  std::vector<std::vector<int64_t>> shapes;
-  DataType dtype = DataType::kFloat32;
-  ReduceOp op = ReduceOp::kSum;
-  std::string compression;
-  int last_joined_rank = -1;  // join
-};
-Bucket BucketFromResponse(const proto::Response& response);
-
-// "allreduce", "allgather", ...
-absl::string_view CollectiveName(Collective c);
 
 class Runtime::Impl {
  public:

@@ -22,6 +22,7 @@
 #include "coordinator/local_coordinator.h"
 #include "runtime/config.h"
 #include "runtime/data_plane.h"
+#include "runtime/deps.h"
 #include "runtime/runtime.h"
 #include "transport/local_communicator.h"
 

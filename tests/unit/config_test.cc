@@ -9,6 +9,7 @@
 #include "compression/registry.h"
 #include "gtest/gtest.h"
 #include "runtime/config.h"
+#include "runtime/config_proto.h"
 
 namespace braid {
 namespace {
@@ -121,8 +122,8 @@ TEST(ConfigWarningsTest, UnknownBraidAndHorovodVariablesAreNamedWithWhatToSet) {
                 "BRAID_COMPRESSION?",
                 "BRAID_FUSION_THRESHOLD_MB is not a braid variable and is ignored: did you "
                 "mean BRAID_FUSION_THRESHOLD?",
-                "BRAID_XYZZY_PLUGH_FOO is not a braid variable and is ignored (the README's "
-                "Configuration lists them)",
+                "BRAID_XYZZY_PLUGH_FOO is not a braid variable and is ignored ("
+                "docs/configuration.md lists them)",
                 "HOROVOD_CYCLE_TIME is Horovod's and braid ignores it: set BRAID_CYCLE_TIME_MS "
                 "(milliseconds, as Horovod's) instead",
                 "HOROVOD_STALL_CHECK_TIME_SECONDS is Horovod's and braid ignores it: set "

@@ -1,10 +1,10 @@
-#include "coordinator/fusion.h"
+#include "control/fusion.h"
 
 #include <algorithm>
 
 #include "gtest/gtest.h"
 
-namespace braid::coordinator {
+namespace braid::control {
 namespace {
 
 using Buckets = std::vector<std::vector<int>>;
@@ -77,4 +77,4 @@ TEST(PlanBucketsTest, EveryItemPlacedOnceAndBucketsOrderedByFirstItem) {
 }
 
 }  // namespace
-}  // namespace braid::coordinator
+}  // namespace braid::control

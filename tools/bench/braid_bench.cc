@@ -433,7 +433,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "braid-bench: %s\n", s.ToString().c_str());
     return 2;
   };
-  absl::StatusOr<Collective> c = ParseCollective(collective);
+  absl::StatusOr<braid::bench::Collective> c = ParseCollective(collective);
   if (!c.ok()) return fail(c.status());
   cfg.collective = *c;
   absl::StatusOr<uint64_t> min_b = ParseSize(min_s), max_b = ParseSize(max_s),

@@ -33,6 +33,7 @@
 #include "coordinator/server.h"
 #include "glog/logging.h"
 #include "runtime/config.h"
+#include "runtime/config_proto.h"
 #include "tools/braidrun/host_list.h"
 #include "tools/braidrun/launcher.h"
 #include "tools/braidrun/network.h"

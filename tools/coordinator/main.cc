@@ -38,6 +38,7 @@
 #include "glog/logging.h"
 #include "common/secret.h"
 #include "runtime/config.h"
+#include "runtime/config_proto.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
-#include "coordinator/fusion.h"
+#include "control/fusion.h"
 
-namespace braid::coordinator {
+namespace braid::control {
 
 std::vector<std::vector<int>> PlanBuckets(const std::vector<FusionItem>& items,
                                           int64_t threshold_bytes) {
@@ -28,4 +28,4 @@ std::vector<std::vector<int>> PlanBuckets(const std::vector<FusionItem>& items,
   return buckets;
 }
 
-}  // namespace braid::coordinator
+}  // namespace braid::control

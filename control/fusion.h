@@ -1,13 +1,13 @@
 // Fusion planning: a pure function from ready tensors to buckets (after c10d's
 // compute_bucket_assignment_by_size, kept apart from the stateful parts).
-#ifndef BRAID_COORDINATOR_FUSION_H_
-#define BRAID_COORDINATOR_FUSION_H_
+#ifndef BRAID_CONTROL_FUSION_H_
+#define BRAID_CONTROL_FUSION_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-namespace braid::coordinator {
+namespace braid::control {
 
 struct FusionItem {
   // Tensors fuse only with others of the same key (collective, dtype, reduce op, device,
@@ -34,6 +34,6 @@ struct FusionItem {
 std::vector<std::vector<int>> PlanBuckets(const std::vector<FusionItem>& items,
                                           int64_t threshold_bytes);
 
-}  // namespace braid::coordinator
+}  // namespace braid::control
 
-#endif  // BRAID_COORDINATOR_FUSION_H_
+#endif  // BRAID_CONTROL_FUSION_H_

@@ -1,7 +1,7 @@
 // The runtime's view of the coordinator: proto messages in and out, no gRPC types. The
 // gRPC implementation lives in coordinator/client.h; tests can substitute their own.
-#ifndef BRAID_RUNTIME_COORDINATOR_CLIENT_H_
-#define BRAID_RUNTIME_COORDINATOR_CLIENT_H_
+#ifndef BRAID_CONTROL_COORDINATOR_CLIENT_H_
+#define BRAID_CONTROL_COORDINATOR_CLIENT_H_
 
 #include <functional>
 
@@ -43,4 +43,4 @@ class CoordinatorClient {
 
 }  // namespace braid
 
-#endif  // BRAID_RUNTIME_COORDINATOR_CLIENT_H_
+#endif  // BRAID_CONTROL_COORDINATOR_CLIENT_H_

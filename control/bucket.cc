@@ -1,0 +1,45 @@
+#include "control/bucket.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace braid {
+
+Bucket BucketFromResponse(const proto::Response& r) {
+  Bucket b;
+  b.id = r.bucket_id();
+  b.collective = static_cast<Collective>(r.collective());
+  b.names.assign(r.names().begin(), r.names().end());
+  if (r.type() == proto::Response::ERROR) {
+    b.error = absl::Status(static_cast<absl::StatusCode>(r.error_code()), r.error_message());
+  }
+  b.root_rank = r.root_rank();
+  b.first_dims.assign(r.first_dims().begin(), r.first_dims().end());
+  b.joined_ranks.assign(r.joined_ranks().begin(), r.joined_ranks().end());
+  for (const proto::TensorShape& s : r.shapes()) {
+    b.shapes.emplace_back(s.dims().begin(), s.dims().end());
+  }
+  b.dtype = static_cast<DataType>(r.dtype());
+  b.op = static_cast<ReduceOp>(r.reduce_op());
+  b.compression = r.compression();
+  b.last_joined_rank = r.last_joined_rank();
+  return b;
+}
+
+std::string CollectiveName(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce: return "allreduce";
+    case Collective::kAllGather: return "allgather";
+    case Collective::kBroadcast: return "broadcast";
+    case Collective::kReduceScatter: return "reducescatter";
+    case Collective::kAllToAll: return "alltoall";
+    case Collective::kBarrier: return "barrier";
+    case Collective::kJoin: return "join";
+  }
+  return absl::StrCat("collective#", static_cast<int>(c));
+}
+
+std::string CollectiveName(proto::Collective c) {
+  return CollectiveName(static_cast<Collective>(c));
+}
+
+}  // namespace braid

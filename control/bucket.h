@@ -1,0 +1,48 @@
+// Note [Execution step]: one agreed unit of work, the same on every rank and run in the same
+// order: a bucket of all-reduces (fused when it names several), another collective, or an
+// error every named tensor fails with. Its producers are the coordinator's Response
+// (BucketFromResponse) and the ranks' own agreement over the control channel (the response
+// cache's fast path, runtime/fast_path.h); running it needs nothing from either, so whatever
+// agrees on a bucket can hand it to the executor.
+#ifndef BRAID_CONTROL_BUCKET_H_
+#define BRAID_CONTROL_BUCKET_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+#include "proto/braid.pb.h"
+
+namespace braid {
+
+struct Bucket {
+  int64_t id = 0;
+  Collective collective = Collective::kAllReduce;
+  std::vector<std::string> names;
+  absl::Status error;              // not OK: every named tensor fails with it
+  int root_rank = 0;               // broadcast
+  std::vector<int64_t> first_dims;  // all-gather: every rank's dim 0
+  // Note [Join]: ranks that joined and did not submit these tensors, and for them each
+  // name's shape and the bucket's dtype, op and compression (a joined rank has no request
+  // of its own to take them from).
+  std::vector<int> joined_ranks;
+  std::vector<std::vector<int64_t>> shapes;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  std::string compression;
+  int last_joined_rank = -1;  // join
+};
+
+// The bucket a coordinator's Response describes.
+Bucket BucketFromResponse(const proto::Response& response);
+
+// "allreduce", "allgather", ...; "collective#N" for a value outside the enum (a peer's
+// malformed request). The one spelling of collective names in messages.
+std::string CollectiveName(Collective c);
+std::string CollectiveName(proto::Collective c);
+
+}  // namespace braid
+
+#endif  // BRAID_CONTROL_BUCKET_H_
