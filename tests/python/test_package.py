@@ -4,6 +4,7 @@
   (``__all__``) are the documented ones (README: Python API, PyTorch API), and the error
   classes and reduce ops are the same objects in every frontend, listed once, in
   braid/_core/errors.py.
+- Every module of the package is one CMake copies into the build tree and installs.
 - Between the package's modules, public names only: no module imports another module's
   ``_private`` names or reads them off an imported module, and only the core (braid/_core)
   imports the native module ``braid._braid``. Checked on the sources with ``ast``.
@@ -11,6 +12,7 @@
 
 import ast
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -225,3 +227,13 @@ def test_the_errors_and_ops_are_listed_once():
                     for e in node.elts):
                 holders.append(str(path.relative_to(PACKAGE)))
     assert holders == [str(Path("_core") / "errors.py")], holders
+
+
+def test_cmake_copies_and_installs_every_module():
+    """bindings/python/CMakeLists.txt lists every .py file of the package (the build tree's
+    package and `cmake --install` take their files from its lists), and nothing else."""
+    listed = set(re.findall(r"^\s*(braid/\S+\.py)\)?\s*$",
+                            (PACKAGE.parent / "CMakeLists.txt").read_text(), re.M))
+    present = {str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py")}
+    assert listed == present, (f"not in CMakeLists.txt: {sorted(present - listed)}; "
+                               f"listed but absent: {sorted(listed - present)}")
