@@ -38,69 +38,7 @@ Processes: ``shutdown()`` runs at interpreter exit, but only in the process that
 can use it.
 """
 
-from ._ops import (  # noqa: F401
-    AlreadyExistsError,
-    Average,
-    BraidError,
-    CancelledError,
-    DeadlineExceededError,
-    FailedPreconditionError,
-    Handle,
-    InternalError,
-    InvalidArgumentError,
-    Max,
-    Min,
-    Product,
-    ReduceOp,
-    SUPPORTED_DTYPES,
-    Sum,
-    UnavailableError,
-    allgather,
-    allgather_async,
-    allreduce,
-    allreduce_,
-    allreduce_async,
-    allreduce_async_,
-    alltoall,
-    alltoall_async,
-    barrier,
-    broadcast,
-    broadcast_,
-    broadcast_async,
-    broadcast_async_,
-    compression_state,
-    compression_stats,
-    fusion_stats,
-    init,
-    is_initialized,
-    join,
-    load_compression_state,
-    local_rank,
-    local_size,
-    poll,
-    rank,
-    reducescatter,
-    reducescatter_async,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-    synchronize,
-    transport_description,
-)
-
-from ._objects import allgather_object, broadcast_object  # noqa: F401
-
-__all__ = [
-    "AlreadyExistsError", "Average", "BraidError", "CancelledError", "DeadlineExceededError",
-    "FailedPreconditionError", "Handle", "InternalError", "InvalidArgumentError", "Max", "Min",
-    "Product", "ReduceOp", "SUPPORTED_DTYPES", "Sum", "UnavailableError", "allgather",
-    "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async",
-    "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_",
-    "broadcast_async", "broadcast_async_", "broadcast_object", "compression_state",
-    "compression_stats", "fusion_stats", "init", "is_initialized", "join", "load_compression_state", "local_rank",
-    "local_size", "poll", "rank", "reducescatter", "reducescatter_async", "shutdown", "size",
-    "start_timeline", "stop_timeline", "synchronize", "transport_description",
-]
+from ._core import *  # noqa: F401,F403
+from ._core import __all__  # noqa: F401  (the NumPy API, listed once, in braid/_core)
 
 __version__ = "0.1.0"

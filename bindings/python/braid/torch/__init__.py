@@ -40,32 +40,10 @@ Errors are the ``braid.BraidError`` subclasses (InvalidArgumentError, FailedPrec
 ...), whose messages name the tensor and the ranks involved.
 """
 
-from .. import _ops
-from .._ops import (init, is_initialized, local_rank, local_size, rank, shutdown, size,
-                    start_timeline, stop_timeline)
-from ._handles import (  # noqa: F401
-    Adasum,
-    AlreadyExistsError,
-    Average,
-    BraidError,
-    CancelledError,
-    DeadlineExceededError,
-    FailedPreconditionError,
-    Handle,
-    InternalError,
-    InvalidArgumentError,
-    Max,
-    Min,
-    Product,
-    ReduceOp,
-    SUPPORTED_DTYPES,
-    Sum,
-    UnavailableError,
-    global_process_set,
-    poll,
-    staging_copies,
-    synchronize,
-)
+from .._core import runtime as _runtime, stats as _stats
+from .._core.runtime import *  # noqa: F401,F403  (init, shutdown, size, rank, ...)
+from .._core.stats import *  # noqa: F401,F403  (compression_stats, fusion_stats, timeline)
+from . import mpi_ops
 from .compression import Compression, Compressor  # noqa: F401
 from .functions import (  # noqa: F401
     allgather_object,
@@ -73,33 +51,8 @@ from .functions import (  # noqa: F401
     broadcast_optimizer_state,
     broadcast_parameters,
 )
-from .mpi_ops import (  # noqa: F401
-    allgather,
-    allgather_async,
-    allreduce,
-    allreduce_,
-    allreduce_async,
-    allreduce_async_,
-    alltoall,
-    alltoall_async,
-    barrier,
-    broadcast,
-    broadcast_,
-    broadcast_async,
-    broadcast_async_,
-    grouped_allreduce,
-    grouped_allreduce_,
-    grouped_allreduce_async,
-    grouped_allreduce_async_,
-    join,
-    reducescatter,
-    reducescatter_async,
-)
+from .mpi_ops import *  # noqa: F401,F403  (the collectives, handles, errors and ops)
 from .optimizer import DistributedOptimizer  # noqa: F401
-
-compression_stats = _ops.compression_stats
-fusion_stats = _ops.fusion_stats
-transport_description = _ops.transport_description
 
 
 def cross_size():
@@ -141,19 +94,8 @@ def rocm_built():
     return False
 
 
-__all__ = [
-    "Adasum", "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
-    "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "AlreadyExistsError",
-    "Average", "barrier", "BraidError", "broadcast", "broadcast_", "broadcast_async",
-    "broadcast_async_", "broadcast_object", "broadcast_optimizer_state",
-    "broadcast_parameters", "CancelledError", "Compression", "compression_stats", "Compressor",
-    "cross_rank", "cross_size", "cuda_built", "DeadlineExceededError", "DistributedOptimizer",
-    "FailedPreconditionError", "fusion_stats", "gloo_built", "global_process_set", "grouped_allreduce",
-    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "Handle",
-    "init", "InternalError", "InvalidArgumentError", "is_initialized", "join", "local_rank",
-    "local_size", "Max", "Min", "mpi_built", "nccl_built", "poll", "Product", "rank",
-    "reducescatter", "reducescatter_async", "ReduceOp", "rocm_built", "shutdown", "size",
-    "transport_description",
-    "staging_copies", "start_timeline", "stop_timeline", "Sum", "SUPPORTED_DTYPES",
-    "synchronize", "UnavailableError",
-]
+__all__ = sorted(_runtime.__all__ + _stats.__all__ + mpi_ops.__all__ + [
+    "allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
+    "Compression", "Compressor", "cross_rank", "cross_size", "cuda_built", "DistributedOptimizer",
+    "gloo_built", "mpi_built", "nccl_built", "rocm_built",
+], key=str.lower)

@@ -29,7 +29,7 @@ rank that has nothing.
 
 import torch
 
-from ._handles import InvalidArgumentError
+from .._core.errors import InvalidArgumentError
 
 NONE, DENSE, SPARSE, FROZEN = 0, 1, 2, 3  # what one rank has of a parameter's gradient
 _FIELDS = 4  # per parameter: has a dense gradient, has a sparse one, froze it, sparse_dim

@@ -1,9 +1,9 @@
 """The machinery under braid.torch's collectives: reduce ops, dtypes, handles, enqueue.
 
-A contiguous tensor reaches the runtime by address (``tensor.data_ptr()``) through
-``braid._braid.enqueue_ptr``; the Handle keeps every tensor the runtime reads or writes alive
-until the collective completes, and its finisher (run once, on the caller's thread, after
-success) turns the runtime's output into the caller's result.
+A contiguous tensor reaches the runtime by address (``tensor.data_ptr()``) through the
+core's ``enqueue_pointer`` (braid/_core/runtime.py); the Handle keeps every tensor the
+runtime reads or writes alive until the collective completes, and its finisher (run once, on
+the caller's thread, after success) turns the runtime's output into the caller's result.
 """
 
 import math
@@ -12,34 +12,10 @@ import warnings
 
 import torch
 
-from .. import _braid
-from .. import _ops
-from .._ops import (  # re-exported by braid.torch
-    AlreadyExistsError,
-    BraidError,
-    CancelledError,
-    DeadlineExceededError,
-    FailedPreconditionError,
-    InternalError,
-    InvalidArgumentError,
-    UnavailableError,
-)
-
-__all__ = [
-    "Adasum", "AlreadyExistsError", "Average", "BraidError", "CancelledError",
-    "DeadlineExceededError", "FailedPreconditionError", "global_process_set", "Handle",
-    "InternalError", "InvalidArgumentError", "Max", "Min", "poll", "Product", "ReduceOp",
-    "staging_copies", "Sum", "SUPPORTED_DTYPES", "synchronize", "UnavailableError",
-]
+from .._core import checks as _checks, handles as _core_handles, runtime as _runtime
+from .._core.errors import Average, InvalidArgumentError, Max, Min, Product, ReduceOp, Sum
 
 # --- ops ------------------------------------------------------------------------------------
-
-ReduceOp = _ops.ReduceOp
-Sum = _ops.Sum
-Average = _ops.Average
-Min = _ops.Min
-Max = _ops.Max
-Product = _ops.Product
 
 
 class _UnimplementedOp:
@@ -65,8 +41,10 @@ def _what(fn, name):
     return f"{fn} '{name}'" if name else fn
 
 
-def _check_op(fn, name, op, average=None):
-    """The ReduceOp for Horovod's ``op``/deprecated ``average`` arguments."""
+def check_op(fn, name, op, average=None):
+    """The ReduceOp for Horovod's ``op``/deprecated ``average`` arguments of the call ``fn``
+    on the tensor ``name``: Average when both are None. InvalidArgumentError for both
+    given, Adasum (not implemented) or an unknown op; a DeprecationWarning for ``average``."""
     if average is not None:
         if op is not None:
             raise InvalidArgumentError(f"{_what(fn, name)}: pass either op or the deprecated "
@@ -78,7 +56,7 @@ def _check_op(fn, name, op, average=None):
         return Average
     if isinstance(op, _UnimplementedOp):
         raise InvalidArgumentError(f"{_what(fn, name)}: {op.why}")
-    if not _ops._is_int(op):  # ReduceOp(1.0) would be Average: refused, never truncated
+    if not _checks.is_int(op):  # ReduceOp(1.0) would be Average: refused, never truncated
         raise InvalidArgumentError(f"{_what(fn, name)}: unknown reduce op {op!r}: use Sum, "
                                    "Average, Min, Max or Product")
     try:
@@ -88,7 +66,8 @@ def _check_op(fn, name, op, average=None):
                                    "Average, Min, Max or Product") from None
 
 
-def _check_process_set(fn, process_set):
+def check_process_set(fn, process_set):
+    """InvalidArgumentError naming ``fn`` unless ``process_set`` is None or the global one."""
     if process_set is not None and process_set is not global_process_set:
         raise InvalidArgumentError(f"{fn}: process sets other than the global one are not "
                                    "supported yet")
@@ -105,6 +84,14 @@ class _GlobalProcessSet:
 
 global_process_set = _GlobalProcessSet()
 
+# --- compression ----------------------------------------------------------------------------
+
+# What DistributedOptimizer passes for compression=None: the job's default
+# (BRAID_COMPRESSION, braidrun --compression). A direct call's None is Horovod's default,
+# Compression.none, so a metric averaged with allreduce() is exact under any job default.
+JOB_DEFAULT = object()
+
+
 # --- dtypes ---------------------------------------------------------------------------------
 
 _DTYPE_NAMES = {
@@ -116,9 +103,9 @@ _DTYPE_NAMES = {
     torch.int64: "int64",
     torch.uint8: "uint8",
 }
-_CODES = {dt: _braid.DTYPES[n] for dt, n in _DTYPE_NAMES.items()}
-_UINT8 = _braid.DTYPES["uint8"]
-_COLL = _braid.COLLECTIVES
+#: torch dtype -> the runtime's dtype code.
+CODES = {dt: _runtime.dtype_code(n) for dt, n in _DTYPE_NAMES.items()}
+_UINT8 = _runtime.dtype_code("uint8")
 #: The torch dtypes braid.torch accepts (bool with the rules in the module's docstring).
 SUPPORTED_DTYPES = tuple(_DTYPE_NAMES) + (torch.bool,)
 
@@ -136,17 +123,20 @@ def _check_tensor(fn, name, tensor):
     if tensor.is_sparse:
         raise InvalidArgumentError(f"{fn} '{name}': sparse tensors are not supported: pass "
                                    "indices and values separately (or .to_dense())")
-    if tensor.numel() * tensor.element_size() > _ops._MAX_TENSOR_BYTES:  # before any copy
+    if tensor.numel() * tensor.element_size() > _checks.MAX_TENSOR_BYTES:  # before any copy
         raise InvalidArgumentError(
             f"{fn} '{name}': shape {tuple(tensor.shape)} of {tensor.dtype} is "
             f"{tensor.numel() * tensor.element_size()} bytes, more than the limit of a "
             "tensor, 2^48 bytes")
 
 
-def _wire(fn, name, tensor, op=None):
-    """(tensor as the runtime sees it, dtype code, op): bool becomes uint8 (a view)."""
+def wire(fn, name, tensor, op=None):
+    """(tensor as the runtime sees it, dtype code, op): bool becomes uint8 (a view), with
+    the op on 0/1 bytes that gives the logical result. InvalidArgumentError naming ``fn``
+    and ``name`` for a non-tensor, a GPU or sparse tensor, one over 2^48 bytes, an
+    unsupported dtype, or Average of bool."""
     _check_tensor(fn, name, tensor)
-    code = _CODES.get(tensor.dtype)
+    code = CODES.get(tensor.dtype)
     if code is not None:
         return tensor, code, op
     if tensor.dtype == torch.bool:
@@ -162,7 +152,9 @@ def _wire(fn, name, tensor, op=None):
         + ", ".join(str(d) for d in SUPPORTED_DTYPES))
 
 
-def _check_scale(fn, name, tensor, prescale_factor, postscale_factor):
+def check_scale(fn, name, tensor, prescale_factor, postscale_factor):
+    """InvalidArgumentError unless both factors are finite numbers, and 1.0 for a tensor
+    that is not floating-point."""
     for field, f in (("prescale_factor", prescale_factor), ("postscale_factor", postscale_factor)):
         if isinstance(f, bool) or not isinstance(f, numbers.Real) or not math.isfinite(f):
             raise InvalidArgumentError(f"{fn} '{name}': {field} must be a finite number, got "
@@ -182,24 +174,24 @@ def staging_copies():
     return _staging_copies
 
 
-def _direct(t):
+def direct(t):
     """Whether the runtime may read and write ``t``'s memory as it is: contiguous, and
     without PyTorch's lazy negation bit (``is_neg()``: a view such as ``x._neg_view()`` or
     the imaginary part of a conjugate, whose memory holds the values' negatives)."""
     return t.is_contiguous() and not t.is_neg()
 
 
-def _contiguous(t):
-    """``t`` itself when the runtime can use its memory (_direct), else a contiguous copy of
+def contiguous(t):
+    """``t`` itself when the runtime can use its memory (direct), else a contiguous copy of
     its values (the negation bit resolved), counted in staging_copies()."""
     global _staging_copies
-    if _direct(t):
+    if direct(t):
         return t
     _staging_copies += 1
     return t.resolve_neg().contiguous()
 
 
-def _check_writable(fn, name, tensor):
+def check_writable(fn, name, tensor):
     """An in-place collective writes every element: refuse a tensor whose elements share
     memory (a stride of 0 over a dimension of size > 1, as expand() makes), which PyTorch
     itself refuses to write with a RuntimeError naming no tensor."""
@@ -210,7 +202,8 @@ def _check_writable(fn, name, tensor):
             "reduce a copy (tensor.clone()) or use the out-of-place form")
 
 
-def _empty_like(t):
+def empty_like(t):
+    """A new uninitialized tensor of ``t``'s shape, dtype and device (contiguous)."""
     return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
@@ -220,7 +213,7 @@ def _nbytes(t):
 
 # --- handles --------------------------------------------------------------------------------
 
-class Handle(_ops._HandleBase):
+class Handle(_core_handles.HandleBase):
     """An asynchronous collective in flight; pass it to ``synchronize()`` or ``poll()``.
 
     It holds the tensors the runtime reads and writes until the collective completes.
@@ -241,60 +234,26 @@ class Handle(_ops._HandleBase):
         self._finish_fn = None
 
 
-class _MultiHandle:
+class MultiHandle(_core_handles.MultiHandle):
     """Several collectives that complete together (grouped all-reduce, all-to-all with its
-    received splits); ``combine`` turns their results into the caller's."""
+    received splits): one handle for ``synchronize()`` and ``poll()``."""
 
-    __slots__ = ("_handles", "_combine", "_collective", "__weakref__")
-
-    def __init__(self, handles, combine, collective):
-        self._handles = handles
-        self._combine = combine
-        self._collective = collective
-
-    @property
-    def name(self):
-        return self._handles[0].name if self._handles else ""
-
-    def __repr__(self):
-        state = "done" if self._poll() else "pending"
-        return f"<braid.torch.Handle {self._collective} '{self.name}' ({len(self._handles)}) {state}>"
-
-    def _poll(self):
-        return all(h._poll() for h in self._handles)
-
-    def _wait(self, timeout):
-        # Every part is waited for (and finished) before any error is raised, so no buffer is
-        # released while the runtime may still write it.
-        first_error = None
-        for h in self._handles:
-            try:
-                h._wait(timeout)
-            except BraidError as e:
-                if isinstance(e, DeadlineExceededError) and not h._poll():
-                    raise
-                first_error = first_error or e
-        if first_error is not None:
-            raise first_error
-        return self._combine([h._result for h in self._handles])
+    __slots__ = ()
+    _label = "braid.torch.Handle"
 
 
-def _enqueue(collective, name, inp, code, out=None, op=Average, root_rank=0, splits=(),
-             compression=None, finish=None, keep=()):
-    _ops._check_process(collective)
-    _ops._check_name(collective, name)
-    root_rank = _ops._check_int(f"{collective} '{name}'", "root_rank", root_rank, *_ops._INT32)
-    _ops._check_compression(f"{collective} '{name}'", compression)
-    try:
-        native = _braid.enqueue_ptr(
-            _COLL[collective], name, code, inp.data_ptr(), list(inp.shape),
-            0 if out is None else out.data_ptr(), 0 if out is None else _nbytes(out), int(op),
-            root_rank, list(splits), compression or "")
-    except _ops.BraidError as e:
-        e._braid_reported = True  # the runtime reported its refusal itself
-        raise
+def enqueue(collective, name, inp, code, out=None, op=Average, root_rank=0, splits=(),
+            compression=None, finish=None, keep=()):
+    """Hands a collective on the tensor ``inp`` (contiguous, CPU, of the dtype code ``code``)
+    to the runtime by address; returns its Handle. ``out``: the contiguous tensor the result
+    is written into (possibly ``inp``), or None for a result the runtime allocates;
+    ``finish``: native handle -> the caller's result, run once after success; ``keep``: more
+    objects to keep alive until completion. Errors as braid._core.runtime.enqueue_pointer."""
+    native = _runtime.enqueue_pointer(
+        collective, name, code, inp.data_ptr(), inp.shape, 0 if out is None else out.data_ptr(),
+        0 if out is None else _nbytes(out), op, root_rank, splits, compression)
     h = Handle(native, collective, (inp, out) + tuple(keep), finish)
-    _ops._keep_alive(h)  # the tensors of a running collective outlive a dropped Handle
+    _core_handles.keep_alive(h)  # the tensors of a running collective outlive a dropped Handle
     return h
 
 
@@ -303,8 +262,7 @@ def poll(handle):
 
     Never blocks and never raises the collective's error (``synchronize`` does).
     InvalidArgumentError if ``handle`` is not a handle an ``*_async`` call returned."""
-    _ops._check_handle("poll", handle, (Handle, _MultiHandle))
-    return handle._poll()
+    return _core_handles.poll_handle("poll", handle, (Handle, MultiHandle))
 
 
 def synchronize(handle, timeout=None):
@@ -321,11 +279,10 @@ def synchronize(handle, timeout=None):
     on a completed handle returns the same result (or raises the same error), and
     InvalidArgumentError if ``handle`` is not a handle an ``*_async`` call returned.
     """
-    _ops._check_handle("synchronize", handle, (Handle, _MultiHandle))
-    return handle._wait(_ops._check_timeout(timeout))
+    return _core_handles.wait_handle("synchronize", handle, timeout, (Handle, MultiHandle))
 
 
-def _result_from_bytes(dtype):
+def result_from_bytes(dtype):
     """A finisher for runtime-owned results (all-gather, all-to-all): the bytes as a tensor
     of ``dtype`` and the runtime's output shape, without a copy."""
     def finish(native):

@@ -12,8 +12,8 @@ rank's sequence of collectives, a garbage collection is not). A state restored b
 import gc
 import weakref
 
-from .. import _braid, _ops
-from ._handles import InvalidArgumentError
+from .._core import compression as _core_compression
+from .._core.errors import InvalidArgumentError
 
 
 def parameter_names(param_groups, named_parameters):
@@ -133,7 +133,7 @@ def _forget(key):
     stale (forgotten when a new optimizer takes them)."""
     entry = _live.pop(key, None)
     if entry is not None:
-        _ops._released_names.update(ALLREDUCE_PREFIX + n for n in entry[1])
+        _core_compression.release_names(ALLREDUCE_PREFIX + n for n in entry[1])
 
 
 ALLREDUCE_PREFIX = "grad."  # a gradient's all-reduce is named "grad.<prefix><name>"
@@ -143,12 +143,7 @@ def _forget_released(names):
     """Forgets the runtime's compression state of the `names` (prefix included) that a
     dropped optimizer used. FailedPreconditionError (naming the tensor) when one of their
     all-reduces is still in flight: synchronize the dropped optimizer's step first."""
-    stale = sorted({ALLREDUCE_PREFIX + n for n in names} & _ops._released_names)
-    if not stale:
-        return
-    if _braid.is_initialized():
-        _braid.forget_compression_state(stale)
-    _ops._released_names.difference_update(stale)
+    _core_compression.forget_released({ALLREDUCE_PREFIX + n for n in names})
 
 
 def update_names(opt):

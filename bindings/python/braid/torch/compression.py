@@ -20,7 +20,7 @@ uncompressed all-reduce, as Horovod does.
 
 import os
 
-from .. import _braid, _ops
+from .._core import checks as _checks, compression as _core_compression, errors as _errors
 
 
 def _test_methods():
@@ -71,20 +71,20 @@ class _CompressionNamespace:
     """
 
     def __init__(self):
-        for method in _braid.compression_methods(False):
+        for method in _core_compression.compression_methods(False):
             setattr(self, method, Compressor(method))
 
     @staticmethod
     def methods():
         """The registry's method names (test-only ones with BRAID_TEST_COMPRESSORS=1)."""
-        return list(_braid.compression_methods(_test_methods()))
+        return list(_core_compression.compression_methods(_test_methods()))
 
     @staticmethod
     def spec(spec):
         """The Compressor of a spec string such as ``"fp4:chunk=64,ef=1"``."""
         spec = str(spec)
-        _ops._utf8("Compression.spec", "spec", spec)
-        return Compressor(_braid.canonical_compression(spec, _test_methods()))
+        _checks.utf8("Compression.spec", "spec", spec)
+        return Compressor(_core_compression.canonical_compression(spec, _test_methods()))
 
     def __repr__(self):
         return "braid.torch.Compression(" + ", ".join(self.methods()) + ")"
@@ -106,12 +106,12 @@ def resolve(compression, what):
     if isinstance(compression, Compressor):
         return compression.spec, None
     if isinstance(compression, str):
-        _ops._utf8(what, "compression", compression)
-        return _braid.canonical_compression(compression, _test_methods()), None
+        _checks.utf8(what, "compression", compression)
+        return _core_compression.canonical_compression(compression, _test_methods()), None
     if callable(getattr(compression, "compress", None)) and \
             callable(getattr(compression, "decompress", None)):
         return "none", compression
-    raise _braid.InvalidArgumentError(
+    raise _errors.InvalidArgumentError(
         f"{what}: compression must be None, a spec string such as 'fp16' or 'fp4:ef=1', "
         f"a braid.torch.Compression member or an object with compress/decompress, got "
         f"{compression!r}")

@@ -10,10 +10,10 @@ import hashlib
 
 import torch
 
-from .. import _objects, _ops
+from .._core import objects as _objects, runtime as _runtime
+from .._core.errors import InvalidArgumentError
 from . import mpi_ops
-from ._handles import InvalidArgumentError
-
+from ._handles import check_process_set as _check_process_set
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
@@ -22,14 +22,14 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     the object's type name, as Horovod does: the other ranks usually pass None).
     ``process_set``: the global one only (InvalidArgumentError otherwise). See
     ``braid.broadcast_object``."""
-    mpi_ops._check_process_set("broadcast_object", process_set)
+    _check_process_set("broadcast_object", process_set)
     return _objects.broadcast_object(obj, root_rank, name)
 
 
 def allgather_object(obj, name=None, process_set=None):
     """Returns the list of every rank's ``obj`` in rank order (pickled, sent as bytes).
     ``process_set``: the global one only. See ``braid.allgather_object``."""
-    mpi_ops._check_process_set("allgather_object", process_set)
+    _check_process_set("allgather_object", process_set)
     return _objects.allgather_object(obj, name)
 
 
@@ -68,7 +68,7 @@ def broadcast_parameters(params, root_rank, process_set=None):
     ``process_set``: the global one only (InvalidArgumentError otherwise). Raises
     InvalidArgumentError for a non-tensor entry and the collectives' errors.
     """
-    mpi_ops._check_process_set("broadcast_parameters", process_set)
+    _check_process_set("broadcast_parameters", process_set)
     items = _named_tensors(params)
     _verify_layout(items, root_rank)
     handles = [mpi_ops.broadcast_async_(t.data if isinstance(t, torch.nn.Parameter) else t,
@@ -116,10 +116,10 @@ def _verify_layout(items, root_rank, what="broadcast_parameters", extra=()):
     only on a mismatch an all-gather of the lists themselves, to name what differs. ``what``
     is the calling function, named in the error and in the collectives' names; ``extra``:
     more (label, None, description) entries that must agree too."""
-    size = _ops.size()
+    size = _runtime.size()
     if size == 1:
         return
-    name = _ops._next_name(what)
+    name = _runtime.next_name(what)
     layout = _layout(items) + list(extra)
     digest = hashlib.sha256(repr(layout).encode()).digest()
     digests = mpi_ops.allgather(torch.tensor(list(digest), dtype=torch.uint8),
@@ -177,7 +177,7 @@ def _broadcast_state(state, root_rank, name):
     broadcast (a rank allocates them from the root's shapes and dtypes)."""
     tensors = []
     skel = _objects.broadcast_object(_skeleton(state, tensors), root_rank, name=name + ".layout")
-    if _ops.rank() == root_rank:
+    if _runtime.rank() == root_rank:
         bufs = [t.detach() for t in tensors]
     else:
         slots = []
@@ -237,19 +237,19 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=None
     collectives' errors.
     """
     del model
-    mpi_ops._check_process_set("broadcast_optimizer_state", process_set)
+    _check_process_set("broadcast_optimizer_state", process_set)
     _verify_layout([(f"param_groups[{g}][{i}]", p)
                     for g, group in enumerate(optimizer.param_groups)
                     for i, p in enumerate(group["params"])],
                    root_rank, "broadcast_optimizer_state", _optimizer_kind(optimizer))
-    name = _ops._next_name("broadcast_optimizer_state")
+    name = _runtime.next_name("broadcast_optimizer_state")
     state = _broadcast_state(optimizer.state_dict(), root_rank, name)
-    if _ops.rank() != root_rank:
+    if _runtime.rank() != root_rank:
         optimizer.load_state_dict(state)
     if lr_scheduler is None:
         return
     schedulers = lr_scheduler if isinstance(lr_scheduler, (list, tuple)) else [lr_scheduler]
     for i, s in enumerate(schedulers):
         sd = _broadcast_state(s.state_dict(), root_rank, f"{name}.lr_scheduler.{i}")
-        if _ops.rank() != root_rank:
+        if _runtime.rank() != root_rank:
             s.load_state_dict(sd)

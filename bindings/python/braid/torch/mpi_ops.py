@@ -22,67 +22,51 @@ collective completes and must not be modified meanwhile.
 
 import torch
 
-from .. import _ops
+from .._core import checks as _checks, errors as _errors, ndarray as _ndarray, runtime as _runtime
+from .._core.errors import *  # noqa: F401,F403  (the errors and ops: errors.__all__)
+from .._core.errors import Average, InvalidArgumentError
 from ._handles import (  # noqa: F401  (re-exported)
     Adasum,
-    AlreadyExistsError,
-    Average,
-    BraidError,
-    CancelledError,
-    DeadlineExceededError,
-    FailedPreconditionError,
     Handle,
-    InternalError,
-    InvalidArgumentError,
-    Max,
-    Min,
-    Product,
-    ReduceOp,
     SUPPORTED_DTYPES,
-    Sum,
-    UnavailableError,
-    _CODES,
-    _MultiHandle,
-    _check_op,
-    _check_process_set,
-    _check_scale,
-    _check_writable,
-    _contiguous,
-    _direct,
-    _empty_like,
-    _enqueue,
-    _result_from_bytes,
-    _wire,
     global_process_set,
     poll,
     staging_copies,
     synchronize,
 )
+from ._handles import (
+    CODES as _CODES,
+    JOB_DEFAULT as _JOB_DEFAULT,
+    MultiHandle as _MultiHandle,
+    check_op as _check_op,
+    check_process_set as _check_process_set,
+    check_scale as _check_scale,
+    check_writable as _check_writable,
+    contiguous as _contiguous,
+    direct as _direct,
+    empty_like as _empty_like,
+    enqueue as _enqueue,
+    result_from_bytes as _result_from_bytes,
+    wire as _wire,
+)
 from . import compression as _compression
 
 # Horovod's horovod.torch.mpi_ops exports the ops, errors and handle functions too.
-__all__ = [
+__all__ = sorted(_errors.__all__ + [
     "Adasum", "allgather", "allgather_async", "allreduce", "allreduce_", "allreduce_async",
-    "allreduce_async_", "alltoall", "alltoall_async", "AlreadyExistsError", "Average",
-    "barrier", "BraidError", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-    "CancelledError", "DeadlineExceededError", "FailedPreconditionError", "global_process_set",
-    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-    "grouped_allreduce_async_", "Handle", "InternalError", "InvalidArgumentError", "join", "Max",
-    "Min", "poll", "Product", "reducescatter", "reducescatter_async", "ReduceOp", "staging_copies",
-    "Sum", "SUPPORTED_DTYPES", "synchronize", "UnavailableError",
-]
+    "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_",
+    "broadcast_async", "broadcast_async_", "global_process_set", "grouped_allreduce",
+    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "Handle",
+    "join", "poll", "reducescatter", "reducescatter_async", "staging_copies",
+    "SUPPORTED_DTYPES", "synchronize",
+], key=str.lower)
+
 
 def _needs_grad(tensor):
     return isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled()
 
 
 # --- all-reduce -----------------------------------------------------------------------------
-
-# What DistributedOptimizer passes for compression=None: the job's default
-# (BRAID_COMPRESSION, braidrun --compression). A direct call's None is Horovod's default,
-# Compression.none, so a metric averaged with allreduce() is exact under any job default.
-_JOB_DEFAULT = object()
-
 
 def _direct_compression(compression):
     if compression is None:
@@ -92,7 +76,7 @@ def _direct_compression(compression):
 
 def _allreduce_async(fn, tensor, name, op, prescale_factor, postscale_factor, compression,
                      inplace):
-    name = _ops._next_name("allreduce") if name is None else name
+    name = _runtime.next_name("allreduce") if name is None else name
     spec, hook = _compression.resolve(compression, f"{fn} '{name}'")
     if hook is not None:
         raise InvalidArgumentError(
@@ -133,7 +117,7 @@ def _allreduce_async(fn, tensor, name, op, prescale_factor, postscale_factor, co
                     finish=finish, keep=(tensor,))
 
 
-@_ops._reports_failures
+@_runtime.reports_failures
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None, compression=None):
     """Starts an all-reduce of ``tensor`` into a new tensor; returns a Handle.
@@ -156,7 +140,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                             inplace=False)
 
 
-@_ops._reports_failures
+@_runtime.reports_failures
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None, compression=None):
     """Starts an in-place all-reduce: ``tensor`` receives the result. See allreduce_async.
@@ -191,7 +175,7 @@ class _AllreduceFn(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
-@_ops._reports_failures
+@_runtime.reports_failures
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=None):
     """All-reduces ``tensor`` across ranks and returns the result as a new tensor.
@@ -225,7 +209,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 
 def _group_names(name, n):
-    base = _ops._next_name("grouped_allreduce") if name is None else name
+    base = _runtime.next_name("grouped_allreduce") if name is None else name
     return [f"{base}.{i}" for i in range(n)]
 
 
@@ -234,11 +218,11 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     """Starts an all-reduce of every tensor of ``tensors`` (a list); ``synchronize`` returns
     the list of new tensors. Tensor i travels as ``NAME.i``. As in Horovod, the group goes
     to the coordinator at once, so the tensors travel fused in one bucket (when they share a
-    dtype and fit under BRAID_FUSION_THRESHOLD; braid._ops.group). See allreduce_async."""
+    dtype and fit under BRAID_FUSION_THRESHOLD; braid._core.runtime.group). See allreduce_async."""
     _check_process_set("grouped_allreduce_async", process_set)
     op = _check_op("grouped_allreduce_async", name, op, average)
     compression = _direct_compression(compression)
-    with _ops.group():
+    with _runtime.group():
         hs = [_allreduce_async("grouped_allreduce_async", t, n, op, prescale_factor,
                                postscale_factor, compression, inplace=False)
               for t, n in zip(tensors, _group_names(name, len(tensors)))]
@@ -259,7 +243,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     _check_process_set("grouped_allreduce_async_", process_set)
     op = _check_op("grouped_allreduce_async_", name, op, average)
     compression = _direct_compression(compression)
-    with _ops.group():
+    with _runtime.group():
         hs = [_allreduce_async("grouped_allreduce_async_", t, n, op, prescale_factor,
                                postscale_factor, compression, inplace=True)
               for t, n in zip(tensors, _group_names(name, len(tensors)))]
@@ -276,7 +260,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 # --- all-gather -----------------------------------------------------------------------------
 
 def _allgather_async(fn, tensor, name):
-    name = _ops._next_name("allgather") if name is None else name
+    name = _runtime.next_name("allgather") if name is None else name
     t, code, _ = _wire(fn, name, tensor)
     if t.dim() == 0:
         raise InvalidArgumentError(f"{fn} '{name}': needs at least one dimension, got a "
@@ -285,7 +269,7 @@ def _allgather_async(fn, tensor, name):
                     finish=_result_from_bytes(tensor.dtype), keep=(tensor,))
 
 
-@_ops._reports_failures
+@_runtime.reports_failures
 def allgather_async(tensor, name=None, process_set=None):
     """Starts an all-gather of ``tensor`` (at least 1-D); returns a Handle.
 
@@ -317,11 +301,11 @@ class _AllgatherFn(torch.autograd.Function):
             "allgather", torch.tensor([ctx.rows], dtype=torch.int64),
             None if name is None else name + ".grad_rows"))
         grad = synchronize(h_grad)
-        offset = int(rows[:_ops.rank()].sum())
+        offset = int(rows[:_runtime.rank()].sum())
         return grad.narrow(0, offset, ctx.rows), None
 
 
-@_ops._reports_failures
+@_runtime.reports_failures
 def allgather(tensor, name=None, process_set=None):
     """All-gathers ``tensor`` along dim 0 and returns a new tensor. See allgather_async.
 
@@ -335,7 +319,7 @@ def allgather(tensor, name=None, process_set=None):
 # --- broadcast ------------------------------------------------------------------------------
 
 def _broadcast_async(fn, tensor, root_rank, name, inplace):
-    name = _ops._next_name("broadcast") if name is None else name
+    name = _runtime.next_name("broadcast") if name is None else name
     t, code, _ = _wire(fn, name, tensor)
     target = None
     if inplace:
@@ -358,7 +342,7 @@ def _broadcast_async(fn, tensor, root_rank, name, inplace):
                     keep=(tensor,))
 
 
-@_ops._reports_failures
+@_runtime.reports_failures
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
     """Starts a broadcast of ``root_rank``'s ``tensor`` into a new tensor on every rank.
 
@@ -368,7 +352,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
     return _broadcast_async("broadcast_async", tensor, root_rank, name, inplace=False)
 
 
-@_ops._reports_failures
+@_runtime.reports_failures
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     """Starts an in-place broadcast: ``tensor`` receives ``root_rank``'s values."""
     _check_process_set("broadcast_async_", process_set)
@@ -389,12 +373,12 @@ class _BroadcastFn(torch.autograd.Function):
         name = ctx.name
         grad = allreduce(grad_output, name=None if name is None else name + ".grad",
                          op=Average, compression="none")
-        if _ops.rank() != ctx.root_rank:
+        if _runtime.rank() != ctx.root_rank:
             grad.zero_()
         return grad, None, None
 
 
-@_ops._reports_failures
+@_runtime.reports_failures
 def broadcast(tensor, root_rank, name=None, process_set=None):
     """Returns a new tensor holding ``root_rank``'s ``tensor``. See broadcast_async.
 
@@ -405,7 +389,7 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
     return synchronize(_broadcast_async("broadcast", tensor, root_rank, name, False))
 
 
-@_ops._reports_failures
+@_runtime.reports_failures
 def broadcast_(tensor, root_rank, name=None, process_set=None):
     """Overwrites ``tensor`` with ``root_rank``'s values and returns it."""
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
@@ -423,10 +407,10 @@ def _splits_list(fn, name, splits, rows):
             raise InvalidArgumentError(f"{fn} '{name}': splits must be a 1-D integer tensor "
                                        "or a list of ints")
         splits = splits.tolist()
-    return _ops._check_splits(f"{fn} '{name}'", splits, rows, _ops.size())
+    return _checks.check_splits(f"{fn} '{name}'", splits, rows, _runtime.size())
 
 
-@_ops._reports_failures
+@_runtime.reports_failures
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
     """Starts an all-to-all of ``tensor`` (at least 1-D); returns a Handle.
 
@@ -438,7 +422,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     from each rank (exchanged by a second, small all-to-all named ``NAME.splits``).
     """
     _check_process_set("alltoall_async", process_set)
-    name = _ops._next_name("alltoall") if name is None else name
+    name = _runtime.next_name("alltoall") if name is None else name
     t, code, _ = _wire("alltoall_async", name, tensor)
     if t.dim() == 0:
         raise InvalidArgumentError(f"alltoall_async '{name}': needs at least one dimension, "
@@ -473,7 +457,7 @@ class _AlltoallFn(torch.autograd.Function):
         return grad, None, None
 
 
-@_ops._reports_failures
+@_runtime.reports_failures
 def alltoall(tensor, splits=None, name=None, process_set=None):
     """Exchanges slices of ``tensor`` with every rank; see alltoall_async for the result.
 
@@ -482,8 +466,8 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
     _check_process_set("alltoall", process_set)
     if _needs_grad(tensor):
         if splits is None:
-            rows = tensor.shape[0] // _ops.size() if tensor.dim() else 0
-            out, _ = _AlltoallFn.apply(tensor, [rows] * _ops.size(), name)
+            rows = tensor.shape[0] // _runtime.size() if tensor.dim() else 0
+            out, _ = _AlltoallFn.apply(tensor, [rows] * _runtime.size(), name)
             return out
         return _AlltoallFn.apply(tensor, splits, name)
     return synchronize(alltoall_async(tensor, splits, name))
@@ -495,7 +479,7 @@ def _share(rows, size, rank):
     return rows // size + (1 if rank < rows % size else 0)
 
 
-@_ops._reports_failures
+@_runtime.reports_failures
 def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0,
                         postscale_factor=1.0):
     """Starts a reduce-scatter of ``tensor`` (at least 1-D, same shape on every rank).
@@ -505,7 +489,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
     ``op`` and the scale factors as in allreduce_async. ``tensor`` is left untouched.
     """
     _check_process_set("reducescatter_async", process_set)
-    name = _ops._next_name("reducescatter") if name is None else name
+    name = _runtime.next_name("reducescatter") if name is None else name
     op = _check_op("reducescatter_async", name, op)
     t, code, wop = _wire("reducescatter_async", name, tensor, op)
     _check_scale("reducescatter_async", name, tensor, prescale_factor, postscale_factor)
@@ -513,7 +497,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
         raise InvalidArgumentError(f"reducescatter_async '{name}': needs at least one "
                                    "dimension, got a scalar")
     inp = t.mul(prescale_factor).contiguous() if prescale_factor != 1.0 else _contiguous(t)
-    out = torch.empty((_share(t.shape[0], _ops.size(), _ops.rank()),) + tuple(t.shape[1:]),
+    out = torch.empty((_share(t.shape[0], _runtime.size(), _runtime.rank()),) + tuple(t.shape[1:]),
                       dtype=t.dtype)
 
     def finish(native):
@@ -538,11 +522,11 @@ class _ReducescatterFn(torch.autograd.Function):
     def backward(ctx, grad_output):
         name, op, pre, post = ctx.args
         grad = allgather(grad_output, None if name is None else name + ".grad")
-        scale = pre * post / (_ops.size() if op == Average else 1)
+        scale = pre * post / (_runtime.size() if op == Average else 1)
         return (grad * scale if scale != 1 else grad), None, None, None, None
 
 
-@_ops._reports_failures
+@_runtime.reports_failures
 def reducescatter(tensor, name=None, compression=None, op=Average, process_set=None,
                   prescale_factor=1.0, postscale_factor=1.0):
     """Reduces ``tensor`` across ranks and returns this rank's share of dim 0 (a new tensor).
@@ -566,7 +550,7 @@ def reducescatter(tensor, name=None, compression=None, op=Average, process_set=N
 def barrier(process_set=None, name=None):
     """Returns once every rank has called barrier()."""
     _check_process_set("barrier", process_set)
-    _ops.barrier(name)
+    _ndarray.barrier(name)
 
 
 # --- join -----------------------------------------------------------------------------------
@@ -589,4 +573,4 @@ def join(device=-1):
     ``device`` is accepted for Horovod's signature and ignored (CPU tensors only).
     """
     del device
-    return _ops.join()
+    return _ndarray.join()

@@ -17,9 +17,12 @@ import weakref
 
 import torch
 
-from .. import _ops
+from .._core import checks as _checks, compression as _core_compression, runtime as _runtime
+from .._core.errors import Average, BraidError as _BraidError, FailedPreconditionError, \
+    InvalidArgumentError
 from . import _agreement, _naming, mpi_ops
-from ._handles import Average, FailedPreconditionError, InvalidArgumentError, _check_op
+from ._handles import JOB_DEFAULT as _JOB_DEFAULT, check_op as _check_op, \
+    check_process_set as _check_process_set
 from .compression import Compressor, resolve
 
 
@@ -57,7 +60,7 @@ class _DistributedMixin:
         self._grad_accs = []
         self._hooked = set()   # ids of the parameters whose accumulator has our hook
         self._frozen_names = set()  # names agreed frozen (their compression state forgotten)
-        self._single = _ops.size() == 1
+        self._single = _runtime.size() == 1
         self._bucket_view = bool(gradient_as_bucket_view) and not self._single
         self._synchronized = False
         self._should_synchronize = True
@@ -123,7 +126,7 @@ class _DistributedMixin:
     def _plan_groups(self):
         """{parameter: the list of parameters whose all-reduces start together}, over the
         trainable parameters (a frozen one would hold its group back): a group's gradients
-        go to the runtime as one group (braid._ops.group), so they travel fused in one
+        go to the runtime as one group (braid._core.runtime.group), so they travel fused in one
         bucket."""
         params, groups = self._trainable, self._groups
         if isinstance(groups, int):
@@ -264,7 +267,7 @@ class _DistributedMixin:
 
     def _start_group(self, members):
         """Starts the all-reduces of `members` not started yet, as one group."""
-        with _ops.group():
+        with _runtime.group():
             for q in members:
                 if q not in self._handles:
                     self._waiting.discard(q)
@@ -301,7 +304,7 @@ class _DistributedMixin:
             h = mpi_ops.allreduce_async_(compressed, name=name, op=self._op, prescale_factor=pre,
                                          postscale_factor=post, compression="none")
             return ("framework", h, ctx)
-        compression = mpi_ops._JOB_DEFAULT if self._compression is None else self._compression
+        compression = _JOB_DEFAULT if self._compression is None else self._compression
         h = mpi_ops.allreduce_async_(grad, name=name, op=self._op, prescale_factor=pre,
                                      postscale_factor=post, compression=compression)
         return ("dense", h, grad)  # grad: the tensor reduced in place
@@ -329,7 +332,7 @@ class _DistributedMixin:
             indices = mpi_ops.synchronize(handle[0]).t()
             values = mpi_ops.synchronize(handle[1])
             if self._op == Average:
-                values = values / _ops.size()
+                values = values / _runtime.size()
             p.grad = torch.sparse_coo_tensor(indices, values, ctx[0]).coalesce()
 
     def _check_replacement(self, p, grad, like, when):
@@ -390,7 +393,7 @@ class _DistributedMixin:
             return
         try:
             error = self._start_agreed()
-        except _ops.BraidError as e:  # the agreement itself failed (a lost peer, ...)
+        except _BraidError as e:  # the agreement itself failed (a lost peer, ...)
             error = e
         error = self._finish_all() or error
         self._waiting.clear()
@@ -446,7 +449,7 @@ class _DistributedMixin:
         if not any(d.conflict for d in decisions):
             return None
         codes = mpi_ops.synchronize(mpi_ops.allreduce_async_(
-            _agreement.codes_row(kinds, _ops.rank(), _ops.size()),
+            _agreement.codes_row(kinds, _runtime.rank(), _runtime.size()),
             name=self._agreement_name + ".ranks", op=mpi_ops.Sum, compression="none"))
         return _agreement.disagreement([self._names[p] for p in params], decisions, codes)
 
@@ -470,7 +473,7 @@ class _DistributedMixin:
             if group is None:
                 self._handles[p] = start()
             elif p not in self._handles:
-                with _ops.group():
+                with _runtime.group():
                     for q in group:
                         if q in todo and q not in self._handles:
                             self._waiting.discard(q)
@@ -500,7 +503,7 @@ class _DistributedMixin:
         names = [n for n in map(self._reduction_name, params) if n not in self._frozen_names]
         if names:
             self._frozen_names.update(names)
-            _ops._braid.forget_compression_state(names)
+            _core_compression.forget_compression_state(names)
 
     def _finish_all(self):
         """Waits for every reduction of the step and delivers the results; returns the
@@ -509,14 +512,14 @@ class _DistributedMixin:
         for p, (kind, handle, ctx) in list(self._handles.items()):
             try:
                 self._finish(p, kind, handle, ctx)
-            except _ops.BraidError as e:
+            except _BraidError as e:
                 error = error or e
         self._handles.clear()
         for _, handle, _ in self._scratch:  # their results go nowhere
             for h in handle if isinstance(handle, tuple) else (handle,):
                 try:
                     mpi_ops.synchronize(h)
-                except _ops.BraidError as e:
+                except _BraidError as e:
                     error = error or e
         self._scratch.clear()
         return error
@@ -583,7 +586,7 @@ class _DistributedMixin:
         if self._handles or any(self._passes.values()):
             raise FailedPreconditionError("DistributedOptimizer: set_backward_passes_per_step() "
                                           "between backward() and step()")
-        self.backward_passes_per_step = _ops._check_int(
+        self.backward_passes_per_step = _checks.check_int(
             "set_backward_passes_per_step", "backward_passes_per_step", passes, 1, 1 << 31)
 
     def add_param_group(self, param_group):
@@ -750,9 +753,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     no hooks: ``step()`` is the wrapped optimizer's, with no communication (and so no
     compression).
     """
-    mpi_ops._check_process_set("DistributedOptimizer", process_set)
+    _check_process_set("DistributedOptimizer", process_set)
     op = _check_op("DistributedOptimizer", "", op)
-    _ops._check_int("DistributedOptimizer", "backward_passes_per_step",
+    _checks.check_int("DistributedOptimizer", "backward_passes_per_step",
                     backward_passes_per_step, 1, 1 << 31)
     if (isinstance(gradient_predivide_factor, bool) or
             not isinstance(gradient_predivide_factor, numbers.Real) or
@@ -786,11 +789,11 @@ def _empty_sparse(p, sparse_dim):
 def _job_default_compression():
     """The canonical BRAID_COMPRESSION, "" when unset or invalid (init reports the latter)."""
     spec = os.environ.get("BRAID_COMPRESSION", "")
-    if not _ops._is_utf8(spec):  # undecodable bytes in the variable: invalid, init says so
+    if not _checks.is_utf8(spec):  # undecodable bytes in the variable: invalid, init says so
         return ""
     try:
-        return _ops._braid.canonical_compression(spec)
-    except _ops.BraidError:
+        return _core_compression.canonical_compression(spec)
+    except _BraidError:
         return ""
 
 

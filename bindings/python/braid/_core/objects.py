@@ -1,6 +1,6 @@
 """Python objects across ranks: pickled, then moved as uint8 arrays by braid's collectives.
 
-Shared by the NumPy API (``braid``) and ``braid.torch``.
+Shared by the NumPy API (``braid``, this module's ``__all__``) and ``braid.torch``.
 
 Note [Object failures]
 Pickling and unpickling happen outside the runtime, on some ranks only (the root pickles, the
@@ -20,8 +20,12 @@ import pickle
 
 import numpy as np
 
-from ._ops import (InvalidArgumentError, Max, _check_name, _next_name, allgather,
-                   allgather_async, allreduce, broadcast_, rank, size, synchronize)
+from .checks import check_name
+from .errors import InvalidArgumentError, Max
+from .ndarray import allgather, allgather_async, allreduce, broadcast_, synchronize
+from .runtime import next_name, rank, size
+
+__all__ = ["broadcast_object", "allgather_object"]
 
 _STATUS_BYTES = 512  # one rank's outcome: a failure flag, then its UTF-8 message (truncated)
 
@@ -30,8 +34,8 @@ def _default_object_name(kind, name):
     # Not the object's type name (as some frameworks do): a non-root rank usually passes None,
     # and the names must agree across ranks.
     if name is None:
-        return _next_name(kind)
-    return _check_name(kind, name)  # named as the caller gave it, not as NAME.size
+        return next_name(kind)
+    return check_name(kind, name)  # named as the caller gave it, not as NAME.size
 
 
 def _pickled(obj):

@@ -1,0 +1,279 @@
+"""The runtime as braid's frontends see it: joining and leaving the job, the topology, the
+names of unnamed calls, and the way a request enters the runtime.
+
+``init``, ``shutdown``, ``is_initialized``, ``size``, ``rank``, ``local_rank`` and
+``local_size`` (this module's ``__all__``) are exported by every frontend as they are. The
+rest is the core's API for the frontends: ``next_name`` names an unnamed call,
+``reports_failures`` wraps a public ``*_async`` call, ``enqueue_array`` /
+``enqueue_pointer`` hand a request to the runtime after the checks every request passes, and
+``check_process`` / ``forked_child`` guard against use from a forked child.
+"""
+
+import atexit
+import contextlib
+import functools
+import inspect
+import os
+import threading
+
+from .. import _braid
+from .checks import INT32, check_compression, check_int, check_name, is_utf8
+from .errors import Average, BraidError, FailedPreconditionError, InvalidArgumentError
+from .handles import forget_all
+
+__all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size"]
+
+_COLL = _braid.COLLECTIVES
+
+# --- process-wide state ----------------------------------------------------------------------
+
+_lock = threading.Lock()
+_counters = {}       # collective -> next default-name index
+_init_pid = None     # the process that called init() (forked children must not shut it down)
+_topology = None     # (rank, size, local_rank, local_size) at init, for forked children
+_atexit_registered = False
+
+
+def forked_child():
+    """True in a forked child of the process that called ``init()`` (a DataLoader worker):
+    it can neither use nor shut down its parent's job."""
+    return _init_pid is not None and _init_pid != os.getpid()
+
+
+def check_process(fn):
+    """FailedPreconditionError naming ``fn`` (the call, e.g. ``"allreduce"``) in a forked
+    child of the process that called ``init()``."""
+    if forked_child():
+        raise FailedPreconditionError(
+            f"{fn}: braid was initialized in process {_init_pid}, and this is process "
+            f"{os.getpid()} (a fork of it); a forked child cannot use the parent's job")
+
+
+def next_name(collective):
+    """The name of this process's next unnamed call of ``collective`` (a str such as
+    ``"allreduce"``): ``"<collective>.noname.<n>"`` with n counting from 0 per collective
+    since ``init()``, so ranks that issue their unnamed calls in the same order agree."""
+    with _lock:
+        n = _counters.get(collective, 0)
+        _counters[collective] = n + 1
+    return f"{collective}.noname.{n}"
+
+
+def _atexit_shutdown():
+    # Only the process that joined the job leaves it: a forked DataLoader worker inherits
+    # this handler and must not shut down its parent's runtime.
+    if _init_pid == os.getpid() and _braid.is_initialized():
+        try:
+            shutdown()
+        except BraidError:
+            pass
+
+
+# --- lifecycle ------------------------------------------------------------------------------
+
+def init(comm=None, process_sets=None):
+    """Joins the job described by the environment and starts braid's background thread.
+
+    The launcher (``braidrun``, torchrun, srun, mpirun) provides the rank, world size and the
+    coordinator's address (``BRAID_COORDINATOR``, ``BRAID_RANK``, ``BRAID_SIZE``, ...); a
+    process started without a launcher forms a job of one rank. Calling ``init()`` again
+    while initialized does nothing; after ``shutdown()`` it joins a new job.
+
+    Raises InvalidArgumentError (bad configuration), DeadlineExceededError or
+    UnavailableError (coordinator or peers unreachable), FailedPreconditionError (called in a
+    forked child of an initialized process). Ctrl-C while it waits for the other ranks to
+    register raises KeyboardInterrupt promptly and leaves braid uninitialized.
+
+    ``comm`` and ``process_sets`` are Horovod's parameters, so that its calls mean the same
+    here: braid always joins the whole job (``comm=None``) and has only the global process
+    set (``process_sets`` None or empty); anything else raises InvalidArgumentError before
+    joining.
+    """
+    global _init_pid, _atexit_registered, _topology
+    if comm is not None:
+        raise InvalidArgumentError(
+            f"init(comm={comm!r}): braid always joins the whole job its launcher describes; "
+            "communicators and subsets of ranks are not supported (pass comm=None)")
+    if process_sets is not None and (isinstance(process_sets, str) or list(process_sets)):
+        raise InvalidArgumentError(
+            f"init(process_sets={process_sets!r}): process sets other than the global one "
+            "are not supported yet (pass process_sets=None)")
+    check_process("init()")
+    was = _braid.is_initialized()
+    _braid.init()
+    if not was:
+        with _lock:
+            _counters.clear()
+    _init_pid = os.getpid()
+    _topology = (_braid.rank(), _braid.size(), _braid.local_rank(), _braid.local_size())
+    if not _atexit_registered:
+        atexit.register(_atexit_shutdown)
+        _atexit_registered = True
+
+
+def shutdown():
+    """Leaves the job. Pending collectives fail with CancelledError.
+
+    Harmless when not initialized. In a forked child of an initialized process it does
+    nothing (the job belongs to the parent). ``init()`` may be called again afterwards.
+    """
+    if forked_child():
+        return
+    try:
+        _braid.shutdown()
+    finally:
+        if not _braid.is_initialized():
+            forget_all()  # every handle has completed (Cancelled)
+
+
+def is_initialized():
+    """True between ``init()`` and ``shutdown()`` in the process that called ``init()``."""
+    return not forked_child() and _braid.is_initialized()
+
+
+def _topo(i, native):
+    # A forked child (a DataLoader worker) may ask where its parent sits in the job; it gets
+    # the values from init() without touching the native runtime, whose locks the fork may
+    # have copied in a held state.
+    if forked_child() and _topology is not None:
+        return _topology[i]
+    return native()
+
+
+def size():
+    """The world size (number of ranks). FailedPreconditionError before ``init()``."""
+    return _topo(1, _braid.size)
+
+
+def rank():
+    """This process's rank, 0 <= rank < size(). FailedPreconditionError before ``init()``.
+
+    In a forked child of an initialized process: the parent's rank."""
+    return _topo(0, _braid.rank)
+
+
+def local_rank():
+    """This process's rank among the ranks on its host. FailedPreconditionError before init."""
+    return _topo(2, _braid.local_rank)
+
+
+def local_size():
+    """The number of ranks on this host. FailedPreconditionError before ``init()``."""
+    return _topo(3, _braid.local_size)
+
+
+@contextlib.contextmanager
+def group():
+    """Within it, the collectives this process starts are held back and sent to the
+    coordinator together when the outermost ``group()`` exits: on ranks that start the same
+    collectives inside a group, they become ready together, and the all-reduces among them of
+    one dtype, op and compression travel in one fusion bucket (up to
+    BRAID_FUSION_THRESHOLD), as Horovod's grouped all-reduces do. Groups nest. What other
+    threads start meanwhile is held too. Internal (grouped all-reduces and
+    DistributedOptimizer's groups use it): a group only starts collectives, it never waits
+    for one of its own, which could not finish before the group ends."""
+    check_process("group")
+    _braid.begin_group()
+    try:
+        yield
+    finally:
+        _braid.end_group()
+
+
+# --- requests -------------------------------------------------------------------------------
+
+def dtype_code(name):
+    """The runtime's code (int) of the dtype called ``name`` ("float32", "bfloat16", ...)."""
+    return _braid.DTYPES[name]
+
+
+def reports_failures(fn):
+    """Wraps a public ``*_async`` call: an InvalidArgumentError it raises before the runtime
+    saw the request (a wrong type, dtype or split checked here) is also reported to the
+    coordinator under the call's name, so the ranks that did submit the tensor fail at once
+    with this rank's message instead of waiting for it (the runtime reports its own
+    refusals itself; README: Failures). An unnamed call takes its generated name here,
+    before anything can be refused: the refusal is reported under the name the other ranks
+    generated for the same call, and every rank's counter advances alike."""
+    collective = fn.__name__.split("_async")[0]  # allreduce_async_ -> allreduce
+    pos = list(inspect.signature(fn).parameters).index("name")
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        name = kwargs["name"] if "name" in kwargs else args[pos] if pos < len(args) else None
+        if name is None:
+            name = next_name(collective)
+            if pos < len(args):
+                args = args[:pos] + (name,) + args[pos + 1:]
+            else:
+                kwargs["name"] = name
+        try:
+            return fn(*args, **kwargs)
+        except InvalidArgumentError as e:
+            # A name without a UTF-8 form cannot travel, so no rank can have submitted it.
+            if (isinstance(name, str) and is_utf8(name)
+                    and not getattr(e, "_braid_reported", False)
+                    and not forked_child() and _braid.is_initialized()):
+                try:
+                    _braid.report_failure(name, _INVALID_ARGUMENT, str(e))
+                except BraidError:
+                    pass  # a name that cannot travel, or one in flight: nothing to tell
+                e._braid_reported = True  # once: an outer wrapped call must not again
+            raise
+    return wrapper
+
+
+_INVALID_ARGUMENT = 3  # absl::StatusCode::kInvalidArgument
+
+
+def _checked_root(collective, name, root_rank, compression):
+    """The checks every request passes before it reaches the runtime; the root rank as an
+    int."""
+    check_process(collective)
+    check_name(collective, name)
+    root_rank = check_int(f"{collective} '{name}'", "root_rank", root_rank, *INT32)
+    check_compression(f"{collective} '{name}'", compression)
+    return root_rank
+
+
+def _enqueued(enqueue, *args):
+    try:
+        return enqueue(*args)
+    except BraidError as e:
+        e._braid_reported = True  # the runtime reported its refusal itself
+        raise
+
+
+def enqueue_array(collective, name, arr, code, output=None, op=Average, root_rank=0,
+                  splits=(), compression=None):
+    """Hands a collective on NumPy arrays to the runtime; returns the native handle.
+
+    ``collective``: "allreduce", "allgather", "broadcast", "reducescatter", "alltoall",
+    "barrier" or "join"; ``arr``: a C-contiguous, aligned, native-byte-order ndarray whose
+    dtype has the runtime's code ``code`` (dtype_code); ``output``: an ndarray of the
+    result's shape and dtype to write into (possibly ``arr`` itself), or None for a result
+    the runtime allocates; ``op``: a ReduceOp; ``splits``: alltoall's rows per rank (ints);
+    ``compression``: a spec or None (the job's default). The caller keeps ``arr`` and
+    ``output`` alive, unmodified, until the handle completes (HandleBase and keep_alive).
+    Raises FailedPreconditionError (a forked child, not initialized), InvalidArgumentError
+    (a bad name, root rank or spec, or the runtime's refusal) and AlreadyExistsError (the
+    name is in flight); the runtime reports its own refusals to the other ranks.
+    """
+    root_rank = _checked_root(collective, name, root_rank, compression)
+    return _enqueued(_braid.enqueue, _COLL[collective], name, code, arr, output, int(op),
+                     root_rank, list(splits), compression or "")
+
+
+def enqueue_pointer(collective, name, code, data, shape, out_data=0, out_bytes=0,
+                    op=Average, root_rank=0, splits=(), compression=None):
+    """Hands a collective on memory given by address to the runtime (a framework's tensor,
+    ``tensor.data_ptr()``); returns the native handle.
+
+    ``data``: the address (int) of the C-contiguous input of ``shape`` (ints) and the dtype
+    of code ``code``; ``out_data``, ``out_bytes``: the address and size in bytes of the
+    output to write into (possibly ``data``), or 0, 0 for a result the runtime allocates.
+    Everything else, the lifetime rule and the errors are as for enqueue_array.
+    """
+    root_rank = _checked_root(collective, name, root_rank, compression)
+    return _enqueued(_braid.enqueue_ptr, _COLL[collective], name, code, data, list(shape),
+                     out_data, out_bytes, int(op), root_rank, list(splits), compression or "")
