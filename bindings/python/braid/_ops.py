@@ -329,7 +329,7 @@ def fusion_stats():
 def start_timeline(file_path):
     """Starts recording this rank's timeline while the job runs (as Horovod's
     ``start_timeline``): a Chrome-trace JSON file (open it in Perfetto or chrome://tracing)
-    with one row per tensor and its phases (README: Timeline). Rank 0 writes ``file_path``,
+    with one row per tensor and its phases (docs/configuration.md: BRAID_TIMELINE). Rank 0 writes ``file_path``,
     rank r writes ``file_path + ".rank<r>"``; the file rotates beyond
     BRAID_TIMELINE_MAX_BYTES. A timeline already recording (BRAID_TIMELINE, or an earlier
     call) is closed first, as valid JSON. Raises InvalidArgumentError (not a non-empty str, or
@@ -668,7 +668,7 @@ def _reports_failures(fn):
     saw the request (a wrong type, dtype or split checked here) is also reported to the
     coordinator under the call's name, so the ranks that did submit the tensor fail at once
     with this rank's message instead of waiting for it (the runtime reports its own
-    refusals itself; README: Failures). An unnamed call takes its generated name here,
+    refusals itself; docs/failures.md). An unnamed call takes its generated name here,
     before anything can be refused: the refusal is reported under the name the other ranks
     generated for the same call, and every rank's counter advances alike."""
     collective = fn.__name__.split("_async")[0]  # allreduce_async_ -> allreduce
@@ -787,8 +787,8 @@ def allreduce_async(tensor, name=None, op=Average, compression=None):
     GradScale, Sun et al. 2020) or "int4" (4-bit integers), about 1/7.5 of the bytes, with
     options such as "fp4:chunk=128,ef=1" or "int4:start_step=100", or a sparsifier that
     sends 1/ratio of the elements and keeps the rest in an error-feedback memory:
-    "scalecomp:ratio=100" (ScaleCom, Chen et al. 2020), "topk", "randomk" (README:
-    Compression). The result is then approximate, within the bound each method documents,
+    "scalecomp:ratio=100" (ScaleCom, Chen et al. 2020), "topk", "randomk"
+    (docs/compression.md). The result is then approximate, within the bound each method documents,
     and identical on every rank. None uses the job's default (BRAID_COMPRESSION), which
     applies only to floating-point tensors with op Sum or Average. Raises
     InvalidArgumentError for an unknown method or option, a method on an integer tensor or
@@ -950,8 +950,8 @@ def barrier(name=None):
 
     An unnamed barrier is named ``"barrier"`` on every rank (no counter), so barriers pair
     in the order the ranks call them, also after one failed on some ranks and not others:
-    it is how the ranks resynchronize after an error (README: Failures, deadlines and
-    limits)."""
+    it is how the ranks resynchronize after an error (docs/failures.md: No error shifts a
+    step)."""
     name = _BARRIER_NAME if name is None else name
     arr = np.empty((0,), dtype=np.uint8)
     synchronize(_enqueue("barrier", name, arr, _braid.DTYPES["uint8"], op=ReduceOp.Sum))
