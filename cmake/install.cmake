@@ -5,7 +5,7 @@
 #   lib/        libbraid_c.so.1 (the C API), cmake/braid/ (find_package(braid): braid::c),
 #               pkgconfig/braid.pc
 #   BRAID_PYTHON_INSTALL_DIR (lib/python3.X/dist-packages)   the braid Python package
-#   share/doc/braid/   README.md, BENCHMARKS.md
+#   share/doc/braid/   README.md, BENCHMARKS.md, docs/*.md (the user guide README.md links to)
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -31,3 +31,7 @@ install(FILES ${CMAKE_BINARY_DIR}/braid.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/p
 
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/BENCHMARKS.md
   DESTINATION ${CMAKE_INSTALL_DOCDIR})
+# The user guide keeps its place beside README.md, so README's relative links (docs/X.md)
+# resolve in the installed copy too. docs/benchmarks/ (data behind BENCHMARKS.md) stays out.
+file(GLOB BRAID_USER_GUIDE CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/docs/*.md)
+install(FILES ${BRAID_USER_GUIDE} DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs)

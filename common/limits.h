@@ -3,7 +3,7 @@
 // sizes, counts, shape products, split sums and byte offsets. A value beyond a limit, or one
 // whose arithmetic overflows, is an InvalidArgument naming the field, refused where it
 // enters: never a wrapped size, never a message the transport refuses by closing the
-// connection. README: Limits.
+// connection. docs/failures.md: Limits.
 #ifndef BRAID_COMMON_LIMITS_H_
 #define BRAID_COMMON_LIMITS_H_
 

@@ -8,7 +8,7 @@
 // (2^-25 per rounding) for values below 2^-14: one rounding of each input, the float32 sum,
 // one rounding of the result; the float32 conversions are exact.
 //
-// Non-finite input and overflow (README: Non-finite values): NaN stays NaN and ±inf stays
+// Non-finite input and overflow (docs/compression.md: Non-finite values): NaN stays NaN and ±inf stays
 // ±inf (inf - inf is NaN); a finite x with |x/n| (average) or |x| (sum) beyond the format's
 // largest value (65504 fp16; about 3.39e38 bf16) becomes ±inf on the wire, so the result is
 // ±inf (or NaN) on every rank: never a silently clipped finite value.

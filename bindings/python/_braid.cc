@@ -56,7 +56,7 @@ PyObject* ErrorClassFor(absl::StatusCode code) {
   switch (code) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kOutOfRange:
-    // A wrong job secret: a setting that does not match the job's (README: Who may join).
+    // A wrong job secret: a setting that does not match the job's (docs/security.md: Who may join).
     case absl::StatusCode::kPermissionDenied:
       return g_errors.invalid_argument;
     case absl::StatusCode::kAlreadyExists: return g_errors.already_exists;

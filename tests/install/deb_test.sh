@@ -21,7 +21,8 @@ files=$(dpkg-deb -c "$deb" | awk '{print $6}')
 for f in ./usr/bin/braidrun ./usr/bin/braidctl ./usr/bin/braid-coordinator ./usr/bin/braid-bench \
          ./usr/include/braid/c_api.h ./usr/lib/libbraid_c.so.1 ./usr/lib/cmake/braid/braidConfig.cmake \
          ./usr/lib/pkgconfig/braid.pc ./usr/lib/python3.11/dist-packages/braid/__init__.py \
-         ./usr/lib/python3.11/dist-packages/braid/torch/optimizer.py; do
+         ./usr/lib/python3.11/dist-packages/braid/torch/optimizer.py \
+         ./usr/share/doc/braid/README.md ./usr/share/doc/braid/docs/configuration.md; do
   grep -qxF "$f" <<<"$files" || fail "the package lacks $f"
 done
 depends=$(dpkg-deb -f "$deb" Depends)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # braid installed into a temporary prefix P (`cmake --install BUILD --prefix P`):
-#   - nothing is installed outside P;
+#   - nothing is installed outside P; README.md and the user guide (docs/) are in P's doc dir;
 #   - a C program built with find_package(braid), and one built with pkg-config, run a
 #     2-rank job under P's braidrun, with every element right;
 #   - the Python package is imported from P (P's braidrun puts it on the ranks' PYTHONPATH)
@@ -22,7 +22,8 @@ outside=$(grep -E '^-- (Installing|Up-to-date): ' "$tmp/install.log" | grep -v -
 [ -z "$outside" ] || fail "installed outside the prefix: $outside"
 for f in bin/braidrun bin/braidctl bin/braid-coordinator include/braid/c_api.h \
          lib/libbraid_c.so.1 lib/cmake/braid/braidConfig.cmake lib/pkgconfig/braid.pc \
-         lib/python3.11/dist-packages/braid/__init__.py lib/python3.11/dist-packages/braid/torch/__init__.py; do
+         lib/python3.11/dist-packages/braid/__init__.py lib/python3.11/dist-packages/braid/torch/__init__.py \
+         share/doc/braid/README.md share/doc/braid/docs/configuration.md; do
   [ -e "$prefix/$f" ] || fail "missing $prefix/$f"
 done
 

@@ -378,11 +378,11 @@ TEST(RuntimeTest, ShutdownWithPendingWorkAndInitAgain) {
 }
 
 // Note [Threads and locks] (runtime/runtime_impl.h): a real rank (gRPC client, UCX data
-// plane) runs as many threads of braid's own as README.md states, one of each name, next to
-// gRPC's and UCX's pools, and none is left after Shutdown.
-TEST(RuntimeTest, ARankRunsTheThreadsTheReadmeStates) {
-  const int stated = braid::testing::ReadmeThreadsPerRank(BRAID_README);
-  ASSERT_GT(stated, 0) << "README.md, Architecture in brief: 'a rank runs N threads of braid's own'";
+// plane) runs as many threads of braid's own as docs/architecture.md states, one of each name,
+// next to gRPC's and UCX's pools, and none is left after Shutdown.
+TEST(RuntimeTest, ARankRunsTheThreadsTheArchitecturePageStates) {
+  const int stated = braid::testing::StatedThreadsPerRank(BRAID_ARCHITECTURE_DOC);
+  ASSERT_GT(stated, 0) << "docs/architecture.md: 'a rank runs N threads of braid's own'";
   RunJob(2, [stated](int rank, Runtime& rt, Checker& c) {
     std::vector<float> a(100, 1.0f), b(100);
     c.Ok(WaitFor(rt.Enqueue(AllReduceOf("t", a.data(), b.data(), 100, ReduceOp::kSum))), "t");
@@ -391,8 +391,8 @@ TEST(RuntimeTest, ARankRunsTheThreadsTheReadmeStates) {
       c.Expect(names[n] == 1, absl::StrCat(n, ": ", names[n], " threads"));
     }
     c.Expect(braid::testing::BraidThreads() == stated,
-             absl::StrCat(braid::testing::BraidThreads(), " threads named braid-*, README says ",
-                          stated));
+             absl::StrCat(braid::testing::BraidThreads(),
+                          " threads named braid-*, docs/architecture.md says ", stated));
     c.Ok(rt.Shutdown(), "shutdown");
     c.Expect(braid::testing::BraidThreads() == 0, "braid's threads joined at shutdown");
   });

@@ -3,7 +3,7 @@ and two test hosts with -H), torchrun's environment (set by hand: Debian's torch
 start on Python 3.11; also with torch.distributed's own store on MASTER_PORT beside braid's
 coordinator) and Slurm's srun (a one-node cluster started by
 tools/testhosts/braid-slurm-cluster). Each finds its coordinator from the launcher's own
-variables (README: "Without braidrun"); nothing is shared between hosts but the command line.
+variables (docs/launching.md: "Without braidrun"); nothing is shared between hosts but the command line.
 
 Every job runs inside the test hosts, so the default coordinator port (29600) is free there
 whatever else runs on the machine.
@@ -119,7 +119,7 @@ def test_slurm_srun_four_tasks(hosts):
 
 # torch's store and braid's coordinator side by side: torch.distributed's env:// rendezvous
 # binds MASTER_PORT on rank 0's host, and braid's rank 0 hosts its coordinator at the port
-# derived from it (README: "Without braidrun"), so neither takes the other's.
+# derived from it (docs/launching.md: "Without braidrun"), so neither takes the other's.
 TORCH_AND_BRAID = """
 import numpy as np, torch, torch.distributed as dist
 dist.init_process_group("gloo")

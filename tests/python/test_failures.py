@@ -1,4 +1,4 @@
-"""A failure anywhere reaches every rank (README: Failures, deadlines and limits), with real
+"""A failure anywhere reaches every rank (docs/failures.md), with real
 processes: a standalone braid-coordinator and ranks started by hand or by braidrun.
 """
 
@@ -27,7 +27,7 @@ except braid.BraidError as e:
 
 def job_env(build, secret, extra=None):
     """A rank's (or the coordinator's) environment with the job's secret, which every call
-    to the coordinator carries (README: Who may join)."""
+    to the coordinator carries (docs/security.md: Who may join)."""
     env = braid_launch.rank_env(build, dict(extra or {}, BRAID_JOB_SECRET=secret))
     env.pop("BRAID_JOB_SECRET_FILE", None)
     return env
@@ -119,7 +119,7 @@ def test_a_rank_hosting_the_coordinator_names_the_ranks_that_never_came():
 
 def torchrun_env(build, rank, world_size, port):
     """A rank started by hand as torchrun would start it: no braidrun, no braid variable, the
-    job's secret derived from the user's key (README: Who may join)."""
+    job's secret derived from the user's key (docs/security.md: Who may join)."""
     env = braid_launch.rank_env(build, {"RANK": str(rank), "WORLD_SIZE": str(world_size),
                                         "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
                                         "MASTER_PORT": str(port), "BRAID_TIMEOUT_S": "30"})
@@ -178,9 +178,9 @@ def test_a_master_addr_that_does_not_resolve_fails_every_rank_at_once_naming_it(
 
 
 def test_a_wrong_job_secret_is_an_invalid_argument_error_saying_where_it_came_from():
-    """A rank whose secret is not the coordinator's: InvalidArgumentError (one of the README's
-    subclasses, not a bare BraidError 'PERMISSION_DENIED: ...') saying where the secret came
-    from."""
+    """A rank whose secret is not the coordinator's: InvalidArgumentError (one of the
+    subclasses docs/python.md lists, not a bare BraidError 'PERMISSION_DENIED: ...') saying
+    where the secret came from."""
     build = braid_launch.build_dir()
     with tempfile.TemporaryDirectory(prefix="braid-secret-") as tmp:
         coord, port = start_coordinator(build, 1, 30, tmp, secrets.token_hex(32))

@@ -193,7 +193,7 @@ def test_kill_the_coordinator():
     """A standalone braid-coordinator killed: every rank fails with UnavailableError."""
     build = braid_launch.build_dir()
     token = f"braid-kill-{uuid.uuid4().hex}"
-    # The coordinator and its ranks share the job's secret (README: Who may join).
+    # The coordinator and its ranks share the job's secret (docs/security.md: Who may join).
     env = braid_launch.rank_env(build, {"BRAID_JOB_SECRET": uuid.uuid4().hex})
     env.pop("BRAID_JOB_SECRET_FILE", None)
     procs = []

@@ -1,5 +1,5 @@
 // This process's threads by name (/proc/self/task/*/comm), and the number of braid's own
-// threads per rank that README.md states, for the tests that hold the two together
+// threads per rank that docs/architecture.md states, for the tests that hold the two together
 // (Note [Threads and locks], runtime/runtime_impl.h). Header-only.
 #ifndef BRAID_TESTS_TESTING_THREAD_COUNT_H_
 #define BRAID_TESTS_TESTING_THREAD_COUNT_H_
@@ -37,10 +37,11 @@ inline int BraidThreads() {
   return n;
 }
 
-// The number in README.md's "a rank runs N threads of braid's own"; -1 when not found.
-inline int ReadmeThreadsPerRank(const std::string& readme_path) {
-  std::ifstream readme(readme_path);
-  std::string text((std::istreambuf_iterator<char>(readme)), std::istreambuf_iterator<char>());
+// The number in docs/architecture.md's "a rank runs N threads of braid's own"; -1 when not
+// found.
+inline int StatedThreadsPerRank(const std::string& doc_path) {
+  std::ifstream doc(doc_path);
+  std::string text((std::istreambuf_iterator<char>(doc)), std::istreambuf_iterator<char>());
   std::smatch m;
   if (!std::regex_search(text, m, std::regex("a rank runs (\\d+) threads of braid's own"))) {
     return -1;

@@ -1,5 +1,5 @@
 // What every compression method does with NaN, infinities and values near its format's
-// limits, as the README's table "Non-finite values and the formats' limits" states: an
+// limits, as docs/compression.md's table "Non-finite values and the formats' limits" states: an
 // average over 2 ranks (threads on the in-process transport, every algorithm real), each
 // case checked on both ranks, which must agree bit for bit.
 //  - fp16 / bf16: NaN and inf pass through element-wise; a value whose x/n leaves the

@@ -591,10 +591,10 @@ TEST(RuntimeTest, ADataPlaneTimeoutNamesTheTensorsAndThePeer) {
 }
 
 // Note [Threads and locks]: each running rank adds braid-loop, braid-coord-rx and
-// braid-heartbeat, as many as README.md says, and takes them all away at shutdown.
-TEST(RuntimeTest, EachRankRunsTheThreadsTheReadmeStates) {
-  const int stated = testing::ReadmeThreadsPerRank(BRAID_README);
-  ASSERT_EQ(stated, 3) << "README.md, Architecture in brief";
+// braid-heartbeat, as many as docs/architecture.md says, and takes them all away at shutdown.
+TEST(RuntimeTest, EachRankRunsTheThreadsTheArchitecturePageStates) {
+  const int stated = testing::StatedThreadsPerRank(BRAID_ARCHITECTURE_DOC);
+  ASSERT_EQ(stated, 3) << "docs/architecture.md";
   ASSERT_EQ(testing::BraidThreads(), 0);
   RuntimeWorld world(WorldOf(3));
   ASSERT_TRUE(world.InitOk());

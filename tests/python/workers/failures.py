@@ -1,5 +1,5 @@
-"""A failure anywhere reaches every rank, on 2 real ranks (README: Failures, deadlines and
-limits). Run with BRAID_NEGOTIATION_TIMEOUT_S=5.
+"""A failure anywhere reaches every rank, on 2 real ranks (docs/failures.md).
+Run with BRAID_NEGOTIATION_TIMEOUT_S=5.
 
 1. Rank 1 asks for fp16 on an int32 tensor: the runtime refuses it locally and reports it;
    rank 0, which submitted the same tensor correctly, gets InvalidArgumentError within 2 s
@@ -30,8 +30,8 @@ def sum_works(rank, size, name):
 def peer_waits_for(name, fn, within, cls, contains):
     """A refusal reported by the peer reaches this rank as the report's error (this rank's
     call was at the coordinator first) or, when its call came after the report, as the
-    poisoned name's FailedPreconditionError quoting it (README: Failures, deadlines and
-    limits): which one depends on timing, the cause named is the same."""
+    poisoned name's FailedPreconditionError quoting it (docs/failures.md: No error shifts a
+    step): which one depends on timing, the cause named is the same."""
     t0 = time.monotonic()
     try:
         fn()

@@ -1,5 +1,5 @@
 """A randomized fault soak: no error ever makes braid return a wrong value, hang, or fail on
-one side (README: Failures, deadlines and limits, "No error shifts a step").
+one side (docs/failures.md: "No error shifts a step").
 
 Every rank runs the same schedule, drawn from --seed: steps of a mixed workload (all-reduce of
 every dtype and op and with every compression method, all-gather, broadcast, reduce-scatter,

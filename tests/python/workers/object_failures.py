@@ -1,5 +1,5 @@
 """Rank program: object collectives whose object fails to pickle or unpickle on one rank
-(README: Failures, deadlines and limits). Run with BRAID_NEGOTIATION_TIMEOUT_S=2.
+(docs/failures.md). Run with BRAID_NEGOTIATION_TIMEOUT_S=2.
 
 Every failure is an InvalidArgumentError on every rank, at once (well within the negotiation
 timeout), naming the collective, the rank that failed and its cause; afterwards the next

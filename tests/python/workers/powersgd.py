@@ -126,7 +126,7 @@ def reference():
 
     # The state cannot be taken while a compressed all-reduce is in flight: rank 0 submits
     # one that rank 1 holds back until rank 0 says go (an all-reduce: a barrier would end
-    # the pairing of what was submitted before it, README: Failures, deadlines and limits).
+    # the pairing of what was submitted before it, docs/failures.md: No error shifts a step).
     x = np.ones((40, 24), np.float32)
     go = np.zeros(1, np.float32)
     if rank == 0:

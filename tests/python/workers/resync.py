@@ -1,5 +1,5 @@
-"""Recovering after an error, on 2 ranks, as a user of the Python API does it (README:
-Failures, deadlines and limits, "No error shifts a step"). Run with
+"""Recovering after an error, on 2 ranks, as a user of the Python API does it
+(docs/failures.md: "No error shifts a step"). Run with
 BRAID_NEGOTIATION_TIMEOUT_S=1.
 
 1. A rank late by more than the negotiation deadline: the other's barrier() fails, it calls

@@ -104,8 +104,8 @@ BRAID_C_EXPORT size_t braid_dtype_size(int dtype);
 /* ------------------------------------------------------------------------------------ */
 
 /* Joins the job, configured from the environment (BRAID_COORDINATOR, BRAID_RANK,
- * BRAID_SIZE, torchrun / Slurm / Open MPI variables, BRAID_TIMEOUT_S, ...; the README's Configuration
- * section lists them).
+ * BRAID_SIZE, torchrun / Slurm / Open MPI variables, BRAID_TIMEOUT_S, ...; docs/configuration.md
+ * lists them).
  * Blocks until every rank has joined (at most about max(BRAID_TIMEOUT_S, 60 s)).
  * With no launcher variables at all, starts a world of size 1 with a private coordinator.
  * Returns BRAID_OK if already initialized.
@@ -129,7 +129,7 @@ BRAID_C_EXPORT int braid_size(int* out);
 BRAID_C_EXPORT int braid_local_rank(int* out);
 BRAID_C_EXPORT int braid_local_size(int* out);
 
-/* Starts recording this rank's timeline (a Chrome-trace JSON file; README: Timeline) while
+/* Starts recording this rank's timeline (a Chrome-trace JSON file; docs/configuration.md: BRAID_TIMELINE) while
  * the job runs, as Horovod's start_timeline: rank 0 writes `path`, rank r writes
  * `path`.rank<r>, rotated beyond BRAID_TIMELINE_MAX_BYTES. A timeline already recording
  * (BRAID_TIMELINE or an earlier call) is closed first, as valid JSON.
@@ -155,7 +155,7 @@ typedef struct braid_allreduce_opts {
                                "none", "fp16", "bf16", "fp4", "int4", "powersgd",
                                "scalecomp", "topk", "randomk", with options such as
                                "fp4:chunk=128,ef=1", "powersgd:rank=2" or
-                               "scalecomp:ratio=100" (README: Compression). Unknown method or
+                               "scalecomp:ratio=100" (docs/compression.md). Unknown method or
                                option, or a method on an integer tensor / other op:
                                BRAID_INVALID_ARGUMENT. Copied at enqueue time. */
   int32_t process_set_id;   /* 0 = the whole world (default) */
@@ -266,8 +266,8 @@ BRAID_C_EXPORT int braid_allgather_async(const char* name, const void* input,
 
 /* Blocks until every rank of the world reached its barrier. Named "barrier" on every rank,
  * so barriers pair in the order the ranks call them, also after one failed on some ranks:
- * it is how the ranks resynchronize after an error (README: Failures, deadlines and
- * limits). */
+ * it is how the ranks resynchronize after an error (docs/failures.md: No error shifts a
+ * step). */
 BRAID_C_EXPORT int braid_barrier(void);
 
 /* ------------------------------------------------------------------------------------ */

@@ -172,8 +172,8 @@ def allreduce_async(tensor, name=None, op=Average, compression=None):
     GradScale, Sun et al. 2020) or "int4" (4-bit integers), about 1/7.5 of the bytes, with
     options such as "fp4:chunk=128,ef=1" or "int4:start_step=100", or a sparsifier that
     sends 1/ratio of the elements and keeps the rest in an error-feedback memory:
-    "scalecomp:ratio=100" (ScaleCom, Chen et al. 2020), "topk", "randomk" (README:
-    Compression). The result is then approximate, within the bound each method documents,
+    "scalecomp:ratio=100" (ScaleCom, Chen et al. 2020), "topk", "randomk"
+    (docs/compression.md). The result is then approximate, within the bound each method documents,
     and identical on every rank. None uses the job's default (BRAID_COMPRESSION), which
     applies only to floating-point tensors with op Sum or Average. Raises
     InvalidArgumentError for an unknown method or option, a method on an integer tensor or
@@ -335,8 +335,8 @@ def barrier(name=None):
 
     An unnamed barrier is named ``"barrier"`` on every rank (no counter), so barriers pair
     in the order the ranks call them, also after one failed on some ranks and not others:
-    it is how the ranks resynchronize after an error (README: Failures, deadlines and
-    limits)."""
+    it is how the ranks resynchronize after an error (docs/failures.md: No error shifts a
+    step)."""
     name = _BARRIER_NAME if name is None else name
     arr = np.empty((0,), dtype=np.uint8)
     synchronize(_enqueue("barrier", name, arr, dtype_code("uint8"), op=ReduceOp.Sum))

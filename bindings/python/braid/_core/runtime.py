@@ -192,7 +192,7 @@ def reports_failures(fn):
     saw the request (a wrong type, dtype or split checked here) is also reported to the
     coordinator under the call's name, so the ranks that did submit the tensor fail at once
     with this rank's message instead of waiting for it (the runtime reports its own
-    refusals itself; README: Failures). An unnamed call takes its generated name here,
+    refusals itself; docs/failures.md). An unnamed call takes its generated name here,
     before anything can be refused: the refusal is reported under the name the other ranks
     generated for the same call, and every rank's counter advances alike."""
     collective = fn.__name__.split("_async")[0]  # allreduce_async_ -> allreduce

@@ -116,7 +116,7 @@ def fusion_stats():
 def start_timeline(file_path):
     """Starts recording this rank's timeline while the job runs (as Horovod's
     ``start_timeline``): a Chrome-trace JSON file (open it in Perfetto or chrome://tracing)
-    with one row per tensor and its phases (README: Timeline). Rank 0 writes ``file_path``,
+    with one row per tensor and its phases (docs/configuration.md: BRAID_TIMELINE). Rank 0 writes ``file_path``,
     rank r writes ``file_path + ".rank<r>"``; the file rotates beyond
     BRAID_TIMELINE_MAX_BYTES. A timeline already recording (BRAID_TIMELINE, or an earlier
     call) is closed first, as valid JSON. Raises InvalidArgumentError (not a non-empty str, or

@@ -11,7 +11,7 @@ string or ``Compression.spec``::
     hvd.DistributedOptimizer(opt, compression="fp4:chunk=64,ef=1")
     hvd.DistributedOptimizer(opt, compression=hvd.Compression.spec("int4:start_step=100"))
 
-The spec grammar, the methods and their error bounds are the runtime's (README: Compression).
+The spec grammar, the methods and their error bounds are the runtime's (docs/compression.md).
 
 Horovod-style compressor classes (objects with ``compress(tensor) -> (tensor, ctx)`` and
 ``decompress(tensor, ctx) -> tensor``) are accepted too: braid calls them around an
