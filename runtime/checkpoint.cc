@@ -3,6 +3,7 @@
 // compression/state_summary.h) and forgotten per tensor (ForgetCompressionState).
 #include <cstring>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "compression/state_io.h"
@@ -28,10 +29,7 @@ absl::StatusOr<std::string> Runtime::Impl::compression_state() const {
 // every rank reaches the verdict of CheckLoadAgreement on the same reports.
 absl::Status Runtime::Impl::LoadCompressionState(absl::string_view state,
                                                  const absl::Status& refused) {
-  {
-    absl::MutexLock lock(&mu_);
-    BRAID_RETURN_IF_ERROR(CheckRunningLocked());
-  }
+  BRAID_RETURN_IF_ERROR(controller_.CheckRunning());
   compression::LoadReport mine;
   std::unique_ptr<compression::ParsedState> parsed;
   mine.refused = refused.ok() ? CheckNoCompressionInFlight("load_compression_state()") : refused;
@@ -95,17 +93,13 @@ absl::StatusOr<std::vector<compression::LoadReport>> Runtime::Impl::GatherLoadRe
 }
 
 absl::StatusOr<int> Runtime::Impl::ForgetCompressionState(absl::Span<const std::string> names) {
-  {
-    absl::MutexLock lock(&mu_);
-    BRAID_RETURN_IF_ERROR(CheckRunningLocked());
-    for (const std::string& name : names) {
-      if (table_.find(name) != table_.end()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "forgetting the compression state of '", name, "' on rank ", rank_,
-            " while its all-reduce is in flight: synchronize it first"));
-      }
-    }
-  }
+  const absl::flat_hash_set<std::string> forgetting(names.begin(), names.end());
+  BRAID_RETURN_IF_ERROR(controller_.CheckNoneInFlight(
+      [&](const TensorEntry& e) { return forgetting.contains(e.req.name); },
+      [&](const std::string& name) {
+        return absl::StrCat("forgetting the compression state of '", name, "' on rank ", rank_,
+                            " while its all-reduce is in flight: synchronize it first");
+      }));
   return stage_->ForgetTensors(names);
 }
 

@@ -1,5 +1,6 @@
-// Enqueue: a request is checked locally, its compression resolved once into a canonical
-// method, and it joins the tensor table and the queue of requests to negotiate.
+// Enqueue: a request is checked locally and its compression resolved once into a canonical
+// method; the controller (controller_submit.cc) takes it into the table of collectives in
+// flight and the queue of requests to negotiate.
 #include "absl/strings/str_cat.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
@@ -30,20 +31,6 @@ absl::Status CheckSplits(const CollectiveRequest& r, int size,
   return absl::OkStatus();
 }
 
-proto::Request ToProto(const CollectiveRequest& req, const std::string& compression) {
-  proto::Request p;
-  p.set_name(req.name);
-  p.set_collective(static_cast<proto::Collective>(req.collective));
-  p.set_dtype(static_cast<proto::DataType>(req.dtype));
-  for (int64_t d : req.shape) p.add_shape(d);
-  p.set_device(proto::CPU);
-  p.set_reduce_op(static_cast<proto::ReduceOp>(req.op));
-  p.set_root_rank(req.root_rank);
-  p.set_process_set_id(req.process_set_id);
-  p.set_compression(compression);
-  return p;
-}
-
 }  // namespace
 
 std::vector<std::string> CompressionMethods(bool test_methods) {
@@ -60,29 +47,14 @@ absl::StatusOr<std::string> CanonicalCompression(absl::string_view spec, bool te
   return parsed.canonical;
 }
 
-absl::Status Runtime::Impl::CheckRunningLocked() const {
-  switch (state_) {
-    case State::kRunning: return absl::OkStatus();
-    case State::kUninitialized:
-      return absl::FailedPreconditionError("braid is not initialized: call init() first");
-    case State::kShutDown:
-      return absl::FailedPreconditionError(
-          "braid has been shut down: call init() again to start a new job");
-  }
-  return absl::InternalError("bad state");
-}
-
 absl::Status Runtime::Impl::CheckNoCompressionInFlight(absl::string_view what) const {
-  absl::MutexLock lock(&mu_);
-  BRAID_RETURN_IF_ERROR(CheckRunningLocked());
-  for (const auto& [name, e] : table_) {
-    if (e.method != nullptr && !e.method->is_none()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          what, " on rank ", rank_, " while the compressed all-reduce '", name,
-          "' is in flight: call it between steps, after synchronizing every all-reduce"));
-    }
-  }
-  return absl::OkStatus();
+  return controller_.CheckNoneInFlight(
+      [](const TensorEntry& e) { return e.method != nullptr && !e.method->is_none(); },
+      [&](const std::string& name) {
+        return absl::StrCat(what, " on rank ", rank_, " while the compressed all-reduce '", name,
+                            "' is in flight: call it between steps, after synchronizing every "
+                            "all-reduce");
+      });
 }
 
 absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r) const {
@@ -163,89 +135,22 @@ absl::StatusOr<const compression::CompressionMethod*> Runtime::Impl::ResolveComp
   return *method;
 }
 
-// Note [Local failures]
-// A collective this rank refuses (bad arguments, a compression spec it cannot use) fails
-// here, at once, and the caller goes on; but its peers, which asked for the same tensor,
-// would wait for this rank's request until the negotiation deadline. So the refusal is also
-// reported to the coordinator (a FailureReport, sent in the next cycle without waiting for
-// the cycle time), which fails the tensor on every rank that submitted it, naming this rank
-// and the cause, and answers the peers that submit it later with the same error (Note
-// [Failure reports] in coordinator/negotiation.h). Not reported: a name already in flight
-// here (AlreadyExists: the failure would hit the earlier, valid instance) and names that
-// cannot travel (empty, or beyond kMaxNameBytes).
-void Runtime::Impl::ReportFailureLocked(const std::string& name, const absl::Status& cause) {
-  if (state_ != State::kRunning || !CheckName("name", name).ok()) return;
-  proto::FailureReport f;
-  f.set_name(name);
-  f.set_error_code(static_cast<int32_t>(cause.code()));
-  f.set_message(Truncated(cause.message(), kMaxErrorMessageBytes));
-  failures_.push_back(PendingFailure{next_seq_++, std::move(f)});
-}
-
 absl::Status Runtime::Impl::ReportFailure(const std::string& name, const absl::Status& cause) {
-  if (cause.ok()) return absl::InvalidArgumentError("a failure report needs an error");
-  BRAID_RETURN_IF_ERROR(CheckName("name", name));
-  absl::MutexLock lock(&mu_);
-  BRAID_RETURN_IF_ERROR(CheckRunningLocked());
-  if (table_.count(name)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "tensor '", name, "' is in flight on rank ", rank_, ": its own handle reports it"));
-  }
-  ReportFailureLocked(name, cause);
-  return absl::OkStatus();
+  return controller_.ReportFailure(name, cause);
 }
 
 absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest req) {
-  absl::MutexLock lock(&mu_);
-  BRAID_RETURN_IF_ERROR(CheckRunningLocked());
-  if (table_.count(req.name)) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "tensor '", req.name, "' is already in flight on rank ", rank_,
-        ": wait for it to complete before reusing the name"));
-  }
-  absl::Status bad = CheckRequest(req);
-  const compression::CompressionMethod* method = nullptr;
-  if (bad.ok()) {
-    auto resolved = ResolveCompression(req);
-    if (resolved.ok()) method = *resolved;
-    bad = resolved.status();
-  }
-  if (!bad.ok()) {
-    ReportFailureLocked(req.name, bad);
-    return bad;
-  }
-  auto handle = std::make_shared<Handle>();
-  if (!abort_.ok()) {
-    handle->Complete(abort_);
-    return handle;
-  }
-  // The canonical spec travels (the coordinator compares it across ranks as it is).
-  proto::Request p = ToProto(req, method != nullptr ? method->spec() : std::string());
-  std::string request_bytes = p.SerializeAsString();
-  if (req.collective == Collective::kBarrier) ++barriers_outgoing_;
-  outgoing_.push_back(std::move(p));
-  if (std::shared_ptr<Timeline> timeline = this->timeline()) {
-    timeline->Begin(req.name, "NEGOTIATE",
-                     absl::StrCat("\"collective\": \"", CollectiveName(req.collective), "\""));
-  }
-  std::string name = req.name;
-  table_.emplace(std::move(name), Entry{std::move(req), handle, method, std::move(request_bytes),
-                                       /*fast=*/false, absl::InfinitePast(), next_seq_++});
-  return handle;
+  // Checked under the controller's lock: no Shutdown or Init replaces the stage meanwhile.
+  return controller_.Submit(
+      std::move(req),
+      [this](const CollectiveRequest& r) -> absl::StatusOr<const compression::CompressionMethod*> {
+        BRAID_RETURN_IF_ERROR(CheckRequest(r));
+        return ResolveCompression(r);
+      });
 }
 
-void Runtime::Impl::BeginGroup() {
-  absl::MutexLock lock(&mu_);
-  ++group_depth_;
-}
+void Runtime::Impl::BeginGroup() { controller_.BeginGroup(); }
 
-absl::Status Runtime::Impl::EndGroup() {
-  absl::MutexLock lock(&mu_);
-  if (group_depth_ == 0) {
-    return absl::FailedPreconditionError("EndGroup() without a matching BeginGroup()");
-  }
-  --group_depth_;  // at 0 the loop sends what the group held (Note [Cycle])
-  return CheckRunningLocked();
-}
+absl::Status Runtime::Impl::EndGroup() { return controller_.EndGroup(); }
 
 }  // namespace braid

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <optional>
 #include <utility>
 
@@ -24,43 +25,33 @@ namespace braid {
 Runtime::Impl::Impl() = default;
 Runtime::Impl::~Impl() { Shutdown().IgnoreError(); }
 
-bool Runtime::Impl::initialized() const {
-  absl::MutexLock lock(&mu_);
-  return state_ == State::kRunning;
-}
+bool Runtime::Impl::initialized() const { return controller_.running(); }
 
 absl::StatusOr<int> Runtime::Impl::Get(int Impl::*field) const {
-  absl::MutexLock lock(&mu_);
-  BRAID_RETURN_IF_ERROR(CheckRunningLocked());
-  return this->*field;
+  BRAID_RETURN_IF_ERROR(controller_.CheckRunning());
+  return this->*field;  // set by Init before the job runs, and only by the next Init
 }
 
 absl::StatusOr<transport::TransportStats> Runtime::Impl::transport_stats() const {
-  absl::MutexLock lock(&mu_);
-  BRAID_RETURN_IF_ERROR(CheckRunningLocked());
-  return stats_;
+  BRAID_RETURN_IF_ERROR(controller_.CheckRunning());
+  absl::MutexLock lock(&parts_mu_);
+  return executor_->stats();
 }
 
 absl::StatusOr<std::string> Runtime::Impl::transport_description() const {
-  absl::MutexLock lock(&mu_);
-  BRAID_RETURN_IF_ERROR(CheckRunningLocked());
+  BRAID_RETURN_IF_ERROR(controller_.CheckRunning());
+  absl::MutexLock lock(&parts_mu_);
   return transport_description_;
 }
 
 absl::StatusOr<CompressionReport> Runtime::Impl::compression_report() const {
-  {
-    absl::MutexLock lock(&mu_);
-    BRAID_RETURN_IF_ERROR(CheckRunningLocked());
-  }
-  return ledger_->Report();  // ledger_ changes only in Init, before the state is kRunning
+  BRAID_RETURN_IF_ERROR(controller_.CheckRunning());
+  return ledger_->Report();  // ledger_ changes only in Init, before the job runs
 }
 
 absl::Status Runtime::Impl::Init(const RuntimeConfig& config, RuntimeDeps deps) {
   absl::MutexLock lifecycle(&lifecycle_mu_);
-  {
-    absl::MutexLock lock(&mu_);
-    if (state_ == State::kRunning) return absl::OkStatus();
-  }
+  if (controller_.running()) return absl::OkStatus();
   {
     absl::MutexLock lock(&init_cancel_mu_);
     init_cancelled_ = false;
@@ -98,22 +89,11 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
     }
   }
   // Before the client: its heartbeats read the ledger (braidctl status).
-  ledger_ = std::make_unique<StatisticsLedger>();
-  compression::StageOptions stage_options;
-  stage_options.seed = config.seed;
-  stage_options.registry.test_methods = config.test_compressors;
-  stage_ = std::make_unique<compression::CompressionStage>(stage_options);
-  auto default_method = stage_->Resolve(config.compression);
-  if (!default_method.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("BRAID_COMPRESSION: ", default_method.status().message()));
-  }
-  default_method_ = *default_method;
-
+  BRAID_RETURN_IF_ERROR(MakeCompression(config));
   CoordinatorClientSetup setup;
   setup.fill_heartbeat = [this](proto::HeartbeatRequest* hb) {
     AddCompressionTotals(*ledger_, hb);
-    AddFastPathTotals(hb);
+    controller_.AddFastPathTotals(hb);
   };
   LaunchInfo launch = config.launch;
   // Note [Job identity]: the secret every call to the coordinator carries, which also keys
@@ -146,24 +126,26 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   local_rank_ = registered.local_rank();
   local_size_ = registered.local_size();
   comm_ = std::move(joined.comm);
-  const proto::JobSettings& job = registered.settings();
-  // Note [Fast path]: job-wide, so every rank votes or none does.
-  fast_path_ = job.fast_path() != 0 && job.cache_capacity() > 0;
-  fusion_threshold_ = job.fusion_threshold_bytes();
-  // Well before the stall check, so a tensor a rank stopped sending is reported in time, and
-  // before the negotiation deadline, so a tensor held for the vote reaches the coordinator
-  // before that deadline makes the job out of step (Note [Resynchronization]).
-  fallback_after_ = std::min(absl::Seconds(1), absl::Milliseconds(job.stall_check_ms()) / 2);
-  if (job.negotiation_timeout_ms() > 0) {
-    fallback_after_ =
-        std::min(fallback_after_, absl::Milliseconds(job.negotiation_timeout_ms()) / 2);
-  }
   timeline_max_bytes_ = config.timeline_max_bytes;
   BRAID_RETURN_IF_ERROR(OpenTimeline(config.timeline_path));
-  pipeline_ = std::make_unique<AllReducePipeline>(stage_.get(), ledger_.get());
-  BRAID_RETURN_IF_ERROR(StartLoop());
+  BRAID_RETURN_IF_ERROR(StartLoop(registered.settings()));
   VLOG(1) << "braid: rank " << rank_ << " of " << size_ << " joined (" << comm_->Describe()
           << ")";
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::Impl::MakeCompression(const RuntimeConfig& config) {
+  ledger_ = std::make_unique<StatisticsLedger>();
+  compression::StageOptions stage_options;
+  stage_options.seed = config.seed;
+  stage_options.registry.test_methods = config.test_compressors;
+  stage_ = std::make_unique<compression::CompressionStage>(stage_options);
+  auto default_method = stage_->Resolve(config.compression);
+  if (!default_method.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BRAID_COMPRESSION: ", default_method.status().message()));
+  }
+  default_method_ = *default_method;
   return absl::OkStatus();
 }
 
@@ -260,68 +242,68 @@ std::shared_ptr<Timeline> Runtime::Impl::timeline() const {
 absl::Status Runtime::Impl::StartTimeline(const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("start_timeline needs a file path");
   absl::MutexLock lifecycle(&lifecycle_mu_);
-  {
-    absl::MutexLock lock(&mu_);
-    BRAID_RETURN_IF_ERROR(CheckRunningLocked());
-  }
+  BRAID_RETURN_IF_ERROR(controller_.CheckRunning());
   return OpenTimeline(path);
 }
 
 absl::Status Runtime::Impl::StopTimeline() {
   absl::MutexLock lifecycle(&lifecycle_mu_);
-  {
-    absl::MutexLock lock(&mu_);
-    BRAID_RETURN_IF_ERROR(CheckRunningLocked());
-  }
+  BRAID_RETURN_IF_ERROR(controller_.CheckRunning());
   return OpenTimeline("");
 }
 
-absl::Status Runtime::Impl::StartLoop() {
+absl::Status Runtime::Impl::StartLoop(const proto::JobSettings& job) {
   {
-    absl::MutexLock lock(&mu_);
-    stop_ = false;
-    abort_ = absl::OkStatus();
-    stats_ = transport::TransportStats{};
-    data_plane_timeout_ = absl::OkStatus();
+    absl::MutexLock lock(&parts_mu_);
     transport_description_ = comm_->Describe();
-    negotiating_ = 0;
-    group_depth_ = 0;
-    cache_.clear();
-    outgoing_.clear();
-    ready_.clear();
-    received_.clear();
-    received_count_ = 0;
-    fast_active_ = fast_path_;
-    peer_left_ = absl::OkStatus();
-    last_round_ = absl::InfinitePast();
-    round_progressed_ = false;
-    idle_rounds_ = 0;
-    state_ = State::kRunning;
+    Executor::Parts ep;
+    ep.data = comm_.get();
+    ep.control = comm_.get();
+    ep.stage = stage_.get();
+    ep.ledger = ledger_.get();
+    ep.in_flight = &controller_;
+    ep.timeline = [this] { return timeline(); };
+    executor_ = std::make_unique<Executor>(ep);
   }
-  absl::Status s = client_->StartNegotiation(
-      rank_, [this](const proto::ResponseList& m) { OnMessage(m); },
-      [this](const absl::Status& st) { OnClosed(st); });
-  if (!s.ok()) {
-    absl::MutexLock lock(&mu_);
-    state_ = State::kUninitialized;
-    return s;
+  Executor* executor = executor_.get();  // braid-loop's; replaced only by the next Init
+  NegotiationController::Parts cp;
+  cp.rank = rank_;
+  cp.size = size_;
+  cp.client = client_.get();
+  cp.control = comm_.get();
+  cp.abort_data_plane = [executor](const absl::Status& s) { executor->Abort(s); };
+  cp.first_timeout = [executor](const absl::Status& s) { return executor->FirstTimeout(s); };
+  cp.timeline = [this] { return timeline(); };
+  cp.cycle_time = config_.cycle_time;
+  // Note [Fast path]: job-wide, so every rank votes or none does.
+  cp.fast_path = job.fast_path() != 0 && job.cache_capacity() > 0;
+  cp.fusion_threshold = job.fusion_threshold_bytes();
+  // Well before the stall check, so a tensor a rank stopped sending is reported in time, and
+  // before the negotiation deadline, so a tensor held for the vote reaches the coordinator
+  // before that deadline makes the job out of step (Note [Resynchronization]).
+  cp.fallback_after = std::min(absl::Seconds(1), absl::Milliseconds(job.stall_check_ms()) / 2);
+  if (job.negotiation_timeout_ms() > 0) {
+    cp.fallback_after =
+        std::min(cp.fallback_after, absl::Milliseconds(job.negotiation_timeout_ms()) / 2);
   }
-  fast_cache_.Clear();
-  applied_ = 0;
-  invalidate_next_.clear();
-  {
-    absl::MutexLock lock(&fast_stats_mu_);
-    fast_by_method_.clear();
-    fast_buckets_ = 0;
-  }
-  loop_ = std::thread([this] { Loop(); });
+  BRAID_RETURN_IF_ERROR(controller_.Start(cp));
+  loop_ = std::thread([this, executor] { Loop(*executor); });
   // Named by its creator, so the name is there by the time Init returns.
   pthread_setname_np(loop_.native_handle(), "braid-loop");
   return absl::OkStatus();
 }
 
+void Runtime::Impl::Loop(Executor& executor) {
+  // The one queue between the two parts: what the controller's cycle agreed, in order.
+  std::deque<Bucket> buckets;
+  while (controller_.NextBuckets(&buckets)) {
+    for (const Bucket& b : buckets) executor.Run(b);
+    buckets.clear();
+    controller_.CycleDone();
+  }
+}
+
 void Runtime::Impl::ReleaseParts() {
-  pipeline_.reset();
   OpenTimeline("").IgnoreError();  // flushes
   comm_.reset();
   client_.reset();
@@ -331,26 +313,15 @@ void Runtime::Impl::ReleaseParts() {
 
 absl::Status Runtime::Impl::Shutdown() {
   absl::MutexLock lifecycle(&lifecycle_mu_);
-  bool busy;
-  {
-    absl::MutexLock lock(&mu_);
-    if (state_ != State::kRunning) return absl::OkStatus();
-    stop_ = true;
-    busy = executing_;
-  }
+  if (!controller_.running()) return absl::OkStatus();
   // Wake a collective blocked on peers that may never come. Work still in negotiation
   // needs no abort: the loop stops before running it.
-  if (busy) comm_->Abort(absl::CancelledError("braid is shutting down"));
-  if (loop_.joinable()) loop_.join();
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [name, e] : table_) {
-      e.handle->Complete(absl::CancelledError(
-          absl::StrCat("braid was shut down before '", name, "' completed")));
-    }
-    table_.clear();
-    state_ = State::kShutDown;
+  if (controller_.RequestStop()) {
+    absl::MutexLock lock(&parts_mu_);
+    executor_->Abort(absl::CancelledError("braid is shutting down"));
   }
+  if (loop_.joinable()) loop_.join();
+  controller_.EndJob();
   client_->Close(absl::Milliseconds(500));
   if (hosted_) {
     // The other ranks may still be finishing their last collectives: stopping the

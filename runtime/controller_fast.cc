@@ -1,14 +1,15 @@
-// braid-loop under BRAID_FAST_PATH=1: one round of the ranks' vote per cycle (Note [Fast
-// path], fast_path.h). Hand-offs of a cached collective: the caller's Enqueue puts its
-// Entry in table_ (under mu_) -> braid-loop votes, and runs the bucket every rank agreed on,
-// and completes the Handle. No coordinator, no braid-coord-rx: one hand-off before the
-// first byte on the wire instead of three (and a gRPC round trip).
+// The negotiation controller under BRAID_FAST_PATH=1: one round of the ranks' vote per
+// cycle (Note [Fast path], fast_path.h). Hand-offs of a cached collective: the caller's
+// Enqueue puts its entry in table_ (under mu_) -> braid-loop votes over the control channel
+// and hands the bucket every rank agreed on to the executor, which runs it and completes the
+// Handle. No coordinator, no braid-coord-rx: one hand-off before the first byte on the wire
+// instead of three (and a gRPC round trip).
 #include <algorithm>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
-#include "runtime/runtime_impl.h"
+#include "runtime/controller.h"
 
 namespace braid {
 namespace {
@@ -20,45 +21,42 @@ constexpr absl::Duration kLeaveNoticeWait = absl::Seconds(5);
 
 }  // namespace
 
-bool Runtime::Impl::FastCycle() {
+bool NegotiationController::FastCycle(std::deque<Bucket>* buckets) {
   proto::RequestList out;
-  out.set_rank(rank_);
+  out.set_rank(parts_.rank);
   Vote vote;
-  std::deque<Bucket> replies;  // errors for this rank alone (OnMessage)
-  if (std::optional<bool> done = BeginFastRound(&out, &vote, &replies)) return *done;
-  if (out.requests_size() > 0 || out.failures_size() > 0) {
-    absl::Status s = client_->Send(out);
-    if (!s.ok()) AbortJob(s);
-  }
-  for (const Bucket& b : replies) Execute(b);
-  const std::vector<uint64_t> mine = EncodeVote(vote);
-  std::vector<uint64_t> gathered(mine.size() * size_);
-  std::vector<size_t> bytes(size_, mine.size() * sizeof(uint64_t));
-  absl::Status s = comm_->AllGather(mine.data(), bytes[0], gathered.data(), bytes);
+  // Errors for this rank alone (OnMessage) go first: they run no collective.
+  if (std::optional<bool> done = BeginFastRound(&out, &vote, buckets)) return *done;
+  if (out.requests_size() > 0 || out.failures_size() > 0) Send(out);
+  std::vector<uint64_t> gathered;
+  absl::Status s = GatherVotes(vote, &gathered);
   {
     absl::MutexLock lock(&mu_);
     voting_ = false;
   }
   proto::RequestList resend;
-  resend.set_rank(rank_);
-  const bool progressed = FinishFastRound(s, gathered, &resend);
+  resend.set_rank(parts_.rank);
+  progressed_ = FinishFastRound(s, gathered, &resend, buckets);
+  voted_ = true;
   if (resend.requests_size() > 0) {
     {
       absl::MutexLock lock(&mu_);
       resend.set_applied_sequence(applied_sequence_);
     }
-    absl::Status sent = client_->Send(resend);
-    if (!sent.ok()) AbortJob(sent);
+    Send(resend);
   }
-  absl::MutexLock lock(&mu_);
-  executing_ = false;
-  last_round_ = absl::Now();
-  round_progressed_ = progressed;
-  idle_rounds_ = table_.empty() && !progressed ? idle_rounds_ + 1 : 0;
   return true;
 }
 
-std::optional<bool> Runtime::Impl::BeginFastRound(proto::RequestList* out, Vote* vote,
+absl::Status NegotiationController::GatherVotes(const Vote& vote,
+                                                std::vector<uint64_t>* gathered) {
+  const std::vector<uint64_t> mine = EncodeVote(vote);
+  gathered->resize(mine.size() * parts_.size);
+  std::vector<size_t> bytes(parts_.size, mine.size() * sizeof(uint64_t));
+  return parts_.control->AllGather(mine.data(), bytes[0], gathered->data(), bytes);
+}
+
+std::optional<bool> NegotiationController::BeginFastRound(proto::RequestList* out, Vote* vote,
                                                   std::deque<Bucket>* replies) {
   absl::MutexLock lock(&mu_);
   auto event = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -71,8 +69,10 @@ std::optional<bool> Runtime::Impl::BeginFastRound(proto::RequestList* out, Vote*
   // with nothing to send votes too (a rank holding a tensor another never sends must reach
   // its fallback), but backs off to kMaxIdlePeriod so an idle job costs almost no CPU.
   if (!round_progressed_ || table_.empty()) {
-    absl::Duration wait = std::max(config_.cycle_time, absl::Milliseconds(1));
-    if (table_.empty()) wait = std::min(wait * (int64_t{1} << std::min(idle_rounds_, 10)), kMaxIdlePeriod);
+    absl::Duration wait = std::max(parts_.cycle_time, absl::Milliseconds(1));
+    if (table_.empty()) {
+      wait = std::min(wait * (int64_t{1} << std::min(idle_rounds_, 10)), kMaxIdlePeriod);
+    }
     mu_.AwaitWithDeadline(absl::Condition(&event), last_round_ + wait);
   }
   if (stop_) return false;
@@ -99,23 +99,21 @@ std::optional<bool> Runtime::Impl::BeginFastRound(proto::RequestList* out, Vote*
   return std::nullopt;
 }
 
-bool Runtime::Impl::FinishFastRound(const absl::Status& gathered_status,
-                                    const std::vector<uint64_t>& gathered,
-                                    proto::RequestList* resend) {
+bool NegotiationController::FinishFastRound(const absl::Status& gathered_status,
+                                            const std::vector<uint64_t>& gathered,
+                                            proto::RequestList* resend,
+                                            std::deque<Bucket>* buckets) {
   absl::Status vote_status = gathered_status;
   if (vote_status.code() == absl::StatusCode::kDeadlineExceeded) {
     // The data plane timed out in a bucket (whose error names its tensors) or in this vote.
-    if (data_plane_timeout_.ok()) {
-      data_plane_timeout_ = absl::DeadlineExceededError(absl::StrCat(
-          "the fast path's vote timed out on the data plane: ", vote_status.message()));
-    }
-    vote_status = data_plane_timeout_;
+    vote_status = parts_.first_timeout(absl::DeadlineExceededError(absl::StrCat(
+        "the fast path's vote timed out on the data plane: ", vote_status.message())));
   }
   absl::StatusOr<Agreement> agreed =
-      vote_status.ok() ? Agree(gathered, size_, fast_cache_, applied_)
+      vote_status.ok() ? Agree(gathered, parts_.size, fast_cache_, applied_)
                        : absl::StatusOr<Agreement>(vote_status);
   if (agreed.ok()) {
-    ApplyAgreement(*agreed, resend);
+    ApplyAgreement(*agreed, resend, buckets);
     return !agreed->ready.empty() || !agreed->invalidate.empty() || agreed->received > applied_;
   }
   bool left;
@@ -130,19 +128,19 @@ bool Runtime::Impl::FinishFastRound(const absl::Status& gathered_status,
     mu_.AwaitWithDeadline(absl::Condition(&told), absl::Now() + kLeaveNoticeWait);
     left = !peer_left_.ok();
   }
-  if (!left) AbortJob(agreed.status());  // else the next cycle stops the fast path
+  if (!left) Abort(agreed.status());  // else the next cycle stops the fast path
   return false;
 }
 
-void Runtime::Impl::ReleaseRepliesLocked(bool all) {
+void NegotiationController::ReleaseRepliesLocked(bool all) {
   while (!held_replies_.empty() && (all || held_replies_.front().first <= applied_)) {
     ready_.push_back(std::move(held_replies_.front().second));
     held_replies_.pop_front();
   }
 }
 
-void Runtime::Impl::StopFastPathLocked() {
-  fast_path_ = false;
+void NegotiationController::StopFastPathLocked() {
+  parts_.fast_path = false;
   fast_active_ = false;
   for (const proto::ResponseList& msg : received_) {
     for (const proto::Response& r : msg.responses()) ready_.push_back(BucketFromResponse(r));
@@ -162,11 +160,12 @@ void Runtime::Impl::StopFastPathLocked() {
   negotiating_ = 0;
   executing_ = false;
   // Routine at the end of every job (a peer shut down first): not worth a line on stderr.
-  VLOG(1) << "braid: rank " << rank_ << ": " << peer_left_.message()
+  VLOG(1) << "braid: rank " << parts_.rank << ": " << peer_left_.message()
             << "; what is left goes to the coordinator";
 }
 
-void Runtime::Impl::RouteAndVoteLocked(absl::Time now, proto::RequestList* out, Vote* vote) {
+void NegotiationController::RouteAndVoteLocked(absl::Time now, proto::RequestList* out,
+                                               Vote* vote) {
   // Local failures go out at once (Note [Local failures]). A failed tensor's slot leaves
   // every rank's cache at this round: the ranks holding it send it to the coordinator, which
   // answers them with the failure, instead of waiting for the fallback.
@@ -193,6 +192,10 @@ void Runtime::Impl::RouteAndVoteLocked(absl::Time now, proto::RequestList* out, 
     if (int32_t id = fast_cache_.IdOf(r.name()); id != 0) invalidate_next_.push_back(id);
     *out->add_requests() = std::move(r);
   }
+  FillVoteLocked(now, vote);
+}
+
+void NegotiationController::FillVoteLocked(absl::Time now, Vote* vote) {
   const size_t words = VoteWords(fast_cache_.size());
   vote->applied = applied_;
   vote->received = received_count_;
@@ -206,37 +209,25 @@ void Runtime::Impl::RouteAndVoteLocked(absl::Time now, proto::RequestList* out, 
     const int position = fast_cache_.Position(fast_cache_.IdOf(name));
     if (position < 0) continue;  // cannot happen: a slot that goes takes its tensors along
     // Waited too long for another rank: let the coordinator's stall inspector see it.
-    if (now - e.fast_since > fallback_after_) {
+    if (now - e.fast_since > parts_.fallback_after) {
       SetBit(&vote->invalidate, position);
     } else {
       SetBit(&vote->ready, position);
     }
   }
   for (int32_t id : invalidate_next_) {
-    if (int position = fast_cache_.Position(id); position >= 0) SetBit(&vote->invalidate, position);
+    if (int position = fast_cache_.Position(id); position >= 0) {
+      SetBit(&vote->invalidate, position);
+    }
   }
   invalidate_next_.clear();
 }
 
-void Runtime::Impl::ApplyAgreement(const Agreement& a, proto::RequestList* resend) {
-  for (const std::vector<int32_t>& ids : PlanFastBuckets(a.ready, fast_cache_, fusion_threshold_)) {
-    Bucket b;
-    b.id = next_fast_bucket_id_--;
-    const proto::Request& first = fast_cache_.Find(ids[0])->request;
-    b.collective = static_cast<Collective>(first.collective());
-    b.root_rank = first.root_rank();
-    for (int32_t id : ids) b.names.push_back(fast_cache_.Find(id)->name);
-    if (std::shared_ptr<Timeline> timeline = this->timeline()) {
-      const absl::Time now = absl::Now();
-      for (const std::string& name : b.names) {
-        // The vote says only that every rank was ready by this round.
-        for (int p = 0; p < size_; ++p) timeline->Mark(name, absl::StrCat("rank ", p, " ready"), now);
-        timeline->End(name, "NEGOTIATE", now);
-        timeline->Begin(name, "QUEUE", "", now);
-      }
-    }
-    CountFastBucket(ids);
-    Execute(b);
+void NegotiationController::ApplyAgreement(const Agreement& a, proto::RequestList* resend,
+                                           std::deque<Bucket>* buckets) {
+  for (const std::vector<int32_t>& ids :
+       PlanFastBuckets(a.ready, fast_cache_, parts_.fusion_threshold)) {
+    buckets->push_back(FastBucket(ids));
   }
   for (int32_t id : a.invalidate) LeaveFastPath(fast_cache_.Evict(id), resend);
   if (a.joined) {
@@ -260,11 +251,42 @@ void Runtime::Impl::ApplyAgreement(const Agreement& a, proto::RequestList* resen
       ++applied_;
     }
   }
-  for (const proto::ResponseList& msg : msgs) ApplyCoordinatorMessage(msg, resend);
+  for (const proto::ResponseList& msg : msgs) ApplyCoordinatorMessage(msg, resend, buckets);
 }
 
-void Runtime::Impl::ApplyCoordinatorMessage(const proto::ResponseList& msg,
-                                            proto::RequestList* resend) {
+Bucket NegotiationController::FastBucket(const std::vector<int32_t>& ids) {
+  Bucket b;
+  b.id = next_fast_bucket_id_--;
+  const proto::Request& first = fast_cache_.Find(ids[0])->request;
+  b.collective = static_cast<Collective>(first.collective());
+  b.root_rank = first.root_rank();
+  for (int32_t id : ids) b.names.push_back(fast_cache_.Find(id)->name);
+  {
+    // Handed to the executor: no longer held for a vote, so a slot evicted before the
+    // executor runs it (later in this round) does not send it to the coordinator too.
+    absl::MutexLock lock(&mu_);
+    for (const std::string& name : b.names) {
+      if (auto it = table_.find(name); it != table_.end()) it->second.fast = false;
+    }
+  }
+  if (std::shared_ptr<Timeline> timeline = parts_.timeline ? parts_.timeline() : nullptr) {
+    const absl::Time now = absl::Now();
+    for (const std::string& name : b.names) {
+      // The vote says only that every rank was ready by this round.
+      for (int p = 0; p < parts_.size; ++p) {
+        timeline->Mark(name, absl::StrCat("rank ", p, " ready"), now);
+      }
+      timeline->End(name, "NEGOTIATE", now);
+      timeline->Begin(name, "QUEUE", "", now);
+    }
+  }
+  CountFastBucket(ids);
+  return b;
+}
+
+void NegotiationController::ApplyCoordinatorMessage(const proto::ResponseList& msg,
+                                                    proto::RequestList* resend,
+                                                    std::deque<Bucket>* buckets) {
   for (const proto::Response& r : msg.responses()) {
     {
       absl::MutexLock lock(&mu_);
@@ -275,14 +297,14 @@ void Runtime::Impl::ApplyCoordinatorMessage(const proto::ResponseList& msg,
         }
       }
     }
-    Execute(BucketFromResponse(r));
+    buckets->push_back(BucketFromResponse(r));
   }
   for (int32_t id : msg.evicted_cache_ids()) LeaveFastPath(fast_cache_.Evict(id), resend);
   absl::MutexLock lock(&mu_);
   applied_sequence_ = std::max(applied_sequence_, msg.sequence());  // its evictions are done
 }
 
-void Runtime::Impl::LeaveFastPath(const std::string& name, proto::RequestList* resend) {
+void NegotiationController::LeaveFastPath(const std::string& name, proto::RequestList* resend) {
   if (name.empty()) return;
   absl::MutexLock lock(&mu_);
   auto it = table_.find(name);
@@ -291,7 +313,7 @@ void Runtime::Impl::LeaveFastPath(const std::string& name, proto::RequestList* r
   resend->add_requests()->ParseFromString(it->second.request_bytes);
 }
 
-void Runtime::Impl::CountFastBucket(const std::vector<int32_t>& ids) {
+void NegotiationController::CountFastBucket(const std::vector<int32_t>& ids) {
   absl::MutexLock lock(&fast_stats_mu_);
   ++fast_buckets_;
   for (int32_t id : ids) {
@@ -307,7 +329,7 @@ void Runtime::Impl::CountFastBucket(const std::vector<int32_t>& ids) {
   }
 }
 
-void Runtime::Impl::AddFastPathTotals(proto::HeartbeatRequest* hb) const {
+void NegotiationController::AddFastPathTotals(proto::HeartbeatRequest* hb) const {
   absl::MutexLock lock(&fast_stats_mu_);
   for (const auto& [method, counts] : fast_by_method_) {
     proto::MethodNegotiated* m = hb->add_fast_path();

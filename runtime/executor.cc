@@ -1,0 +1,298 @@
+// The executor (executor.h): one agreed bucket at a time, each handle completed exactly once.
+#include "runtime/executor.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace braid {
+namespace {
+
+int64_t NumElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Elements per row of dim 0 (the product of the trailing dimensions).
+int64_t RowElements(const std::vector<int64_t>& shape) {
+  return shape.empty() ? 1 : NumElements({shape.begin() + 1, shape.end()});
+}
+
+// Rows of dim 0 each rank gets in a reduce-scatter: even, the first rows % size one more.
+std::vector<int64_t> EvenRows(int64_t rows, int size) {
+  std::vector<int64_t> out(size, rows / size);
+  for (int r = 0; r < rows % size; ++r) ++out[r];
+  return out;
+}
+
+std::string Upper(absl::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+}  // namespace
+
+Executor::Executor(const Parts& parts)
+    : parts_(parts),
+      rank_(parts.data->rank()),
+      size_(parts.data->size()),
+      pipeline_(parts.stage, parts.ledger) {}
+
+void Executor::Abort(const absl::Status& s) {
+  parts_.data->Abort(s);
+  if (parts_.control != parts_.data) parts_.control->Abort(s);
+}
+
+transport::TransportStats Executor::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+absl::Status Executor::FirstTimeout(const absl::Status& s) {
+  absl::MutexLock lock(&mu_);
+  if (first_timeout_.ok()) first_timeout_ = s;
+  return first_timeout_;
+}
+
+bool Executor::Resolve(const Bucket& bucket, std::vector<TensorEntry*>* entries) {
+  entries->reserve(bucket.names.size());
+  for (const std::string& name : bucket.names) {
+    TensorEntry* e = parts_.in_flight->Find(name);  // stays put: only this thread erases
+    if (e == nullptr && JoinedIn(bucket)) {
+      entries->push_back(nullptr);  // this rank takes part with the identity (Note [Join])
+      continue;
+    }
+    if (e == nullptr) {
+      LOG(ERROR) << "rank " << rank_ << ": coordinator scheduled '" << name
+                 << "', which this rank did not submit";
+      parts_.in_flight->Abort(absl::InternalError(absl::StrCat(
+          "rank ", rank_, " was told to run '", name, "', which it never submitted")));
+      return false;
+    }
+    entries->push_back(e);
+  }
+  return true;
+}
+
+void Executor::Run(const Bucket& bucket) {
+  if (!bucket.error.ok()) {
+    Finish(bucket.names, bucket.error);
+    return;
+  }
+  std::vector<TensorEntry*> entries;
+  if (!Resolve(bucket, &entries)) return;
+  // One timeline for the whole bucket, even if StartTimeline / StopTimeline swap it meanwhile.
+  const std::shared_ptr<Timeline> timeline = parts_.timeline ? parts_.timeline() : nullptr;
+  if (timeline) {
+    for (const TensorEntry* e : entries) {
+      if (e != nullptr) timeline->End(e->req.name, "QUEUE");
+    }
+  }
+  absl::Status s;
+  if (bucket.collective == Collective::kAllReduce) {
+    pipeline_.set_timeline(timeline.get());
+    s = RunAllReduce(bucket, entries);
+    pipeline_.set_timeline(nullptr);
+  } else if (entries[0] == nullptr) {
+    s = RunJoined(bucket);
+  } else {
+    const std::string phase = Upper(CollectiveName(bucket.collective));
+    const CollectiveRequest& r = entries[0]->req;
+    if (timeline) {
+      timeline->Begin(r.name, phase,
+                       absl::StrCat("\"bucket\": ", bucket.id, ", \"tensors\": 1, \"bytes\": ",
+                                    NumElements(r.shape) * DataTypeSize(r.dtype)));
+    }
+    s = RunCollective(*entries[0], bucket);
+    if (timeline) timeline->End(r.name, phase);
+  }
+  if (s.code() == absl::StatusCode::kDeadlineExceeded) s = DataPlaneTimeout(bucket, s);
+  Finish(bucket.names, s);
+}
+
+absl::Status Executor::DataPlaneTimeout(const Bucket& bucket, const absl::Status& s) {
+  // The communicator is poisoned from here on and repeats its first error: every later
+  // bucket gets the error that names the tensors the data plane stopped at.
+  {
+    absl::MutexLock lock(&mu_);
+    if (!first_timeout_.ok()) return first_timeout_;
+  }
+  constexpr size_t kNamed = 5;
+  std::vector<std::string> quoted;
+  for (size_t i = 0; i < bucket.names.size() && i < kNamed; ++i) {
+    quoted.push_back(absl::StrCat("'", bucket.names[i], "'"));
+  }
+  std::string names = absl::StrJoin(quoted, ", ");
+  if (bucket.names.size() > kNamed) {
+    absl::StrAppend(&names, " and ", bucket.names.size() - kNamed, " more");
+  }
+  return FirstTimeout(absl::DeadlineExceededError(absl::StrCat(
+      CollectiveName(bucket.collective), " of ", bucket.names.size() == 1 ? "tensor " : "tensors ",
+      names, " (bucket ", bucket.id, ") timed out on the data plane: ", s.message())));
+}
+
+bool Executor::JoinedIn(const Bucket& bucket) const {
+  return std::find(bucket.joined_ranks.begin(), bucket.joined_ranks.end(), rank_) !=
+         bucket.joined_ranks.end();
+}
+
+absl::Status Executor::RunAllReduce(const Bucket& bucket,
+                                    const std::vector<TensorEntry*>& entries) {
+  // The bucket's kind: from this rank's own requests, else (this rank joined and submitted
+  // none of them, Note [Join]) from the response.
+  const compression::CompressionMethod* method = nullptr;
+  DataType dtype = bucket.dtype;
+  ReduceOp op = bucket.op;
+  const TensorEntry* own = nullptr;
+  for (const TensorEntry* e : entries) own = own != nullptr ? own : e;
+  if (own != nullptr) {
+    method = own->method;
+    dtype = own->req.dtype;
+    op = own->req.op;
+  } else {
+    auto resolved = parts_.stage->Resolve(bucket.compression.empty() ? "none" : bucket.compression);
+    if (!resolved.ok()) return resolved.status();
+    method = *resolved;
+  }
+  std::vector<AllReduceTensor> tensors;
+  tensors.reserve(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const TensorEntry* e = entries[i];
+    if (e == nullptr) {
+      if (i >= bucket.shapes.size()) {
+        return absl::InternalError(absl::StrCat("bucket ", bucket.id, ": no shape for '",
+                                                bucket.names[i], "', which rank ", rank_,
+                                                " joined without submitting"));
+      }
+      AllReduceTensor t{bucket.names[i], bucket.shapes[i], nullptr, nullptr};
+      t.joined = true;  // the pipeline packs the op's identity
+      tensors.push_back(t);
+      continue;
+    }
+    // The coordinator fuses only requests that agree on these; anything else is a bug there.
+    if (e->method != method || e->req.dtype != dtype || e->req.op != op) {
+      return absl::InternalError(absl::StrCat("bucket ", bucket.id, " mixes '", own->req.name,
+                                              "' and '", e->req.name, "', which do not fuse"));
+    }
+    tensors.push_back({e->req.name, e->req.shape, e->req.input, e->req.output});
+  }
+  return pipeline_.Run(bucket.id, *method, dtype, op, tensors, *parts_.data);
+}
+
+absl::Status Executor::RunJoined(const Bucket& bucket) {
+  // The coordinator gives a joined rank only all-reduces and barriers (Note [Join]).
+  if (bucket.collective == Collective::kBarrier) return parts_.control->Barrier();
+  return absl::InternalError(absl::StrCat("rank ", rank_, " has joined and was told to run ",
+                                          CollectiveName(bucket.collective), " '",
+                                          bucket.names[0], "', which it never submitted"));
+}
+
+// Where a collective whose result size the runtime decides writes: the output the caller
+// sized, or one the handle owns when the caller gave none (or too little).
+static void* OutputFor(TensorEntry& e, size_t bytes, std::vector<int64_t> shape, bool caller_sized) {
+  const CollectiveRequest& r = e.req;
+  e.handle->set_output_shape(std::move(shape));
+  if (r.output != nullptr && (caller_sized || r.output_capacity_bytes >= bytes)) return r.output;
+  e.handle->mutable_output().resize(bytes);
+  return e.handle->mutable_output().data();
+}
+
+absl::Status Executor::RunCollective(TensorEntry& e, const Bucket& bucket) {
+  const CollectiveRequest& r = e.req;
+  const size_t elem = DataTypeSize(r.dtype);
+  const int64_t n = NumElements(r.shape);
+  switch (r.collective) {
+    case Collective::kBroadcast:
+      if (rank_ == bucket.root_rank && r.output != r.input && n > 0) {
+        std::memcpy(r.output, r.input, n * elem);
+      }
+      return parts_.data->Broadcast(r.output, n * elem, bucket.root_rank);
+    case Collective::kBarrier:
+      return parts_.control->Barrier();
+    case Collective::kJoin: {
+      // Every rank has joined (Note [Join]): the result is the rank that joined last.
+      const int32_t last = bucket.last_joined_rank;
+      e.handle->set_output_shape({});
+      e.handle->mutable_output().resize(sizeof(last));
+      std::memcpy(e.handle->mutable_output().data(), &last, sizeof(last));
+      return absl::OkStatus();
+    }
+    case Collective::kAllGather:
+      return RunAllGather(e, bucket);
+    case Collective::kReduceScatter:
+      return RunReduceScatter(e);
+    case Collective::kAllToAll:
+      return RunAllToAll(e);
+    case Collective::kAllReduce:
+      break;  // the pipeline's
+  }
+  return absl::InternalError(absl::StrCat("'", r.name, "': no direct execution for ",
+                                          CollectiveName(r.collective)));
+}
+
+absl::Status Executor::RunAllGather(TensorEntry& e, const Bucket& bucket) {
+  const CollectiveRequest& r = e.req;
+  const size_t elem = DataTypeSize(r.dtype);
+  const int64_t row = RowElements(r.shape);
+  std::vector<int64_t> shape = r.shape;
+  std::vector<size_t> bytes(size_);
+  shape[0] = 0;
+  for (int p = 0; p < size_; ++p) {
+    bytes[p] = bucket.first_dims[p] * row * elem;
+    shape[0] += bucket.first_dims[p];
+  }
+  void* out = OutputFor(e, shape[0] * row * elem, shape, false);
+  return parts_.data->AllGather(r.input, bytes[rank_], out, bytes);
+}
+
+absl::Status Executor::RunReduceScatter(TensorEntry& e) {
+  const CollectiveRequest& r = e.req;
+  const int64_t row = RowElements(r.shape);
+  std::vector<int64_t> shape = r.shape;
+  std::vector<int64_t> rows = EvenRows(r.shape[0], size_);
+  std::vector<size_t> counts(size_);
+  for (int p = 0; p < size_; ++p) counts[p] = rows[p] * row;
+  shape[0] = rows[rank_];
+  void* out = OutputFor(e, counts[rank_] * DataTypeSize(r.dtype), shape, r.output != nullptr);
+  return parts_.data->ReduceScatter(r.input, out, counts, r.dtype, r.op);
+}
+
+absl::Status Executor::RunAllToAll(TensorEntry& e) {
+  const CollectiveRequest& r = e.req;
+  const size_t elem = DataTypeSize(r.dtype);
+  const int64_t row = RowElements(r.shape);
+  std::vector<int64_t> shape = r.shape;
+  std::vector<int64_t> send_rows = r.splits.empty() ? EvenRows(r.shape[0], size_) : r.splits;
+  std::vector<int64_t> recv_rows(size_);
+  std::vector<size_t> eight(size_, sizeof(int64_t));
+  // The split exchange sizes the transfer: control traffic.
+  BRAID_RETURN_IF_ERROR(
+      parts_.control->AllToAll(send_rows.data(), eight, recv_rows.data(), eight));
+  std::vector<size_t> sb(size_), rb(size_);
+  shape[0] = 0;
+  for (int p = 0; p < size_; ++p) {
+    sb[p] = send_rows[p] * row * elem;
+    rb[p] = recv_rows[p] * row * elem;
+    shape[0] += recv_rows[p];
+  }
+  void* out = OutputFor(e, shape[0] * row * elem, shape, false);
+  return parts_.data->AllToAll(r.input, sb, out, rb);
+}
+
+void Executor::Finish(const std::vector<std::string>& names, const absl::Status& s) {
+  transport::TransportStats stats = parts_.data->stats();  // this thread's
+  {
+    absl::MutexLock lock(&mu_);
+    stats_ = stats;
+  }
+  parts_.in_flight->Finish(names, s);
+}
+
+}  // namespace braid

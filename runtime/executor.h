@@ -1,0 +1,93 @@
+// The executor: runs agreed buckets (Note [Execution step], control/bucket.h) in the order
+// every rank receives them, on the data plane, and completes their handles. All-reduces go
+// through the pipeline (allreduce_pipeline.h: pack -> Compressor::Reduce -> unpack), every
+// other collective straight to the data plane; the small exchanges that only size a
+// collective (an all-to-all's splits) and barriers go over the control channel. It knows
+// nothing of how buckets were agreed (the negotiation controller, controller.h): a bucket in,
+// handles completed out.
+//
+// Threads: Run is called by one thread at a time (braid-loop); Abort, stats and
+// FirstTimeout from any thread. No lock of the executor's is held across a data-plane call.
+#ifndef BRAID_RUNTIME_EXECUTOR_H_
+#define BRAID_RUNTIME_EXECUTOR_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "compression/stage.h"
+#include "control/bucket.h"
+#include "runtime/allreduce_pipeline.h"
+#include "runtime/in_flight.h"
+#include "runtime/statistics.h"
+#include "runtime/timeline.h"
+#include "transport/communicator.h"
+
+namespace braid {
+
+class Executor {
+ public:
+  struct Parts {
+    // Tensors go over `data`; all-to-all split exchanges and barriers over `control` (the
+    // same communicator when the data plane carries both, the host data plane today).
+    transport::Communicator* data = nullptr;
+    transport::Communicator* control = nullptr;
+    compression::CompressionStage* stage = nullptr;  // a joined rank's compression
+    StatisticsLedger* ledger = nullptr;              // the pipeline books bytes there
+    InFlight* in_flight = nullptr;                   // the entries buckets name
+    // The timeline events go to now, or null (runtime_impl.h: Impl::timeline()).
+    std::function<std::shared_ptr<Timeline>()> timeline;
+  };
+  // Every part outlives the executor.
+  explicit Executor(const Parts& parts);
+
+  // Runs `bucket` (an error bucket fails its tensors) and completes the handles of its
+  // tensors through InFlight::Finish. A bucket naming a tensor this rank never submitted
+  // (and did not join for, Note [Join]) aborts the job through InFlight::Abort.
+  void Run(const Bucket& bucket);
+
+  // Fails the collective in flight on the data plane at once, and every later one
+  // (transport::Communicator::Abort). Thread-safe; never waits for Run.
+  void Abort(const absl::Status& s);
+
+  // The first data-plane timeout of the job (a bucket's, naming its tensors, or the fast
+  // path's vote's): `s` when none was kept yet, which is then kept. Every bucket that fails
+  // with a timeout after the first reports the first: the data plane is poisoned by then
+  // and repeats it.
+  absl::Status FirstTimeout(const absl::Status& s);
+
+  // The data plane's counters as of the last bucket that finished.
+  transport::TransportStats stats() const;
+
+ private:
+  absl::Status RunAllReduce(const Bucket& bucket, const std::vector<TensorEntry*>& entries);
+  absl::Status RunCollective(TensorEntry& e, const Bucket& bucket);
+  absl::Status RunAllGather(TensorEntry& e, const Bucket& bucket);
+  absl::Status RunReduceScatter(TensorEntry& e);
+  absl::Status RunAllToAll(TensorEntry& e);
+  // Note [Join]: this rank has joined and takes part in `bucket` without entries of its own.
+  bool JoinedIn(const Bucket& bucket) const;
+  absl::Status RunJoined(const Bucket& bucket);
+  // The entries of the bucket's tensors (null where this rank joined); false when it named
+  // one this rank never submitted (the job is aborted then).
+  bool Resolve(const Bucket& bucket, std::vector<TensorEntry*>* entries);
+  // The error of a bucket whose collective timed out on the data plane (`s`, which names
+  // the peers waited on, transport/context.h): the same, naming the bucket's tensors too.
+  absl::Status DataPlaneTimeout(const Bucket& bucket, const absl::Status& s);
+  void Finish(const std::vector<std::string>& names, const absl::Status& s);
+
+  const Parts parts_;
+  const int rank_;
+  const int size_;
+  AllReducePipeline pipeline_;
+  mutable absl::Mutex mu_;  // a leaf
+  absl::Status first_timeout_ ABSL_GUARDED_BY(mu_);
+  transport::TransportStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace braid
+
+#endif  // BRAID_RUNTIME_EXECUTOR_H_
