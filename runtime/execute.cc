@@ -76,9 +76,7 @@ void Runtime::Impl::Execute(const Bucket& bucket) {
   }
   absl::Status s;
   if (bucket.collective == Collective::kAllReduce) {
-    pipeline_->set_timeline(timeline.get());
-    s = RunAllReduce(bucket, entries);
-    pipeline_->set_timeline(nullptr);
+    s = RunAllReduce(bucket, entries, timeline.get());
   } else if (entries[0] == nullptr) {
     s = RunJoined(bucket);
   } else {
@@ -120,8 +118,8 @@ bool Runtime::Impl::JoinedIn(const Bucket& bucket) const {
          bucket.joined_ranks.end();
 }
 
-absl::Status Runtime::Impl::RunAllReduce(const Bucket& bucket,
-                                         const std::vector<Entry*>& entries) {
+absl::Status Runtime::Impl::RunAllReduce(const Bucket& bucket, const std::vector<Entry*>& entries,
+                                         Timeline* timeline) {
   // The bucket's kind: from this rank's own requests, else (this rank joined and submitted
   // none of them, Note [Join]) from the response.
   const compression::CompressionMethod* method = nullptr;
@@ -160,7 +158,7 @@ absl::Status Runtime::Impl::RunAllReduce(const Bucket& bucket,
     }
     tensors.push_back({e->req.name, e->req.shape, e->req.input, e->req.output});
   }
-  return pipeline_->Run(bucket.id, *method, dtype, op, tensors, *comm_);
+  return pipeline_->Run(bucket.id, *method, dtype, op, tensors, *comm_, timeline);
 }
 
 absl::Status Runtime::Impl::RunJoined(const Bucket& bucket) {

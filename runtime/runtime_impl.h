@@ -214,7 +214,7 @@ class Runtime::Impl {
 
   // ---- execute.cc ----
   void Execute(const Bucket& bucket);
-  absl::Status RunAllReduce(const Bucket& bucket, const std::vector<Entry*>& entries);
+  absl::Status RunAllReduce(const Bucket& bucket, const std::vector<Entry*>& entries, Timeline* tl);
   absl::Status RunCollective(Entry& e, const Bucket& bucket);
   // The error of a bucket whose collective timed out on the data plane (`s`, which names the
   // peers waited on, transport/context.h): the same, naming the bucket's tensors too. The
