@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/limits.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 #include "runtime/runtime_impl.h"
@@ -14,15 +15,10 @@
 namespace braid {
 namespace {
 
-int64_t NumElements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 // Elements per row of dim 0 (the product of the trailing dimensions).
-int64_t RowElements(const std::vector<int64_t>& shape) {
-  return shape.empty() ? 1 : NumElements({shape.begin() + 1, shape.end()});
+absl::StatusOr<int64_t> RowElements(absl::Span<const int64_t> shape) {
+  if (shape.empty()) return 1;
+  return ShapeElements("shape", shape.subspan(1));
 }
 
 // Rows of dim 0 each rank gets in a reduce-scatter: even, the first rows % size one more.
@@ -85,7 +81,9 @@ void Runtime::Impl::Execute(const Bucket& bucket) {
     if (timeline) {
       timeline->Begin(r.name, phase,
                        absl::StrCat("\"bucket\": ", bucket.id, ", \"tensors\": 1, \"bytes\": ",
-                                    NumElements(r.shape) * DataTypeSize(r.dtype)));
+                                    // Checked at enqueue: the 0 is never taken.
+                                    ShapeElements("shape", r.shape).value_or(0) *
+                                        DataTypeSize(r.dtype)));
     }
     s = RunCollective(*entries[0], bucket);
     if (timeline) timeline->End(r.name, phase);
@@ -172,7 +170,7 @@ absl::Status Runtime::Impl::RunJoined(const Bucket& bucket) {
 absl::Status Runtime::Impl::RunCollective(Entry& e, const Bucket& bucket) {
   const CollectiveRequest& r = e.req;
   const size_t elem = DataTypeSize(r.dtype);
-  const int64_t n = NumElements(r.shape);
+  BRAID_ASSIGN_OR_RETURN(const int64_t n, ShapeElements("shape", r.shape));
   Handle& h = *e.handle;
   // Output the caller sized, or one the handle owns when the caller gave none (or too little).
   auto output_for = [&](size_t bytes, std::vector<int64_t> shape, bool caller_sized) -> void* {
@@ -181,7 +179,7 @@ absl::Status Runtime::Impl::RunCollective(Entry& e, const Bucket& bucket) {
     h.mutable_output().resize(bytes);
     return h.mutable_output().data();
   };
-  const int64_t row = RowElements(r.shape);
+  BRAID_ASSIGN_OR_RETURN(const int64_t row, RowElements(r.shape));
   std::vector<int64_t> shape = r.shape;
   switch (r.collective) {
     case Collective::kBroadcast:

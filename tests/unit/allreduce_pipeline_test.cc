@@ -185,6 +185,32 @@ TEST(AllReducePipelineTest, RecordsPhasesOnTheTimelineItIsGiven) {
   std::remove(path.c_str());
 }
 
+// The element counts are common/limits.h's checked ones: a shape the ranks agreed on but
+// ShapeElements refuses fails the bucket on every rank alike, naming it, before anything is
+// packed or sent (the runtime never gets there: it checks every shape at enqueue).
+TEST(AllReducePipelineTest, AShapeBeyondTheLimitsFailsTheBucketBeforeAnythingMoves) {
+  testing::RunLocalWorld(2, {}, [](int, transport::Communicator& comm) {
+    compression::CompressionStage stage(compression::StageOptions{});
+    StatisticsLedger ledger;
+    AllReducePipeline pipeline(&stage, &ledger);
+    std::vector<float> a(4, 1.0f), b(4, 1.0f);
+    TestBucket bucket;
+    bucket.Add("fine", 4, a.data(), a.data());
+    bucket.Add("negative", -4, b.data(), b.data());
+    absl::Status s = pipeline.Run(9, stage.none(), DataType::kFloat32, ReduceOp::kSum,
+                                  bucket.tensors(), comm);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(s.message(), "bucket 9, tensor 'negative': shape[0] is negative: -4");
+    EXPECT_EQ(pipeline.buffer().capacity(), 0u);
+    // Nothing was sent or aborted: the next bucket runs.
+    TestBucket fine;
+    fine.Add("fine", 4, a.data(), a.data());
+    ASSERT_TRUE(pipeline.Run(10, stage.none(), DataType::kFloat32, ReduceOp::kSum,
+                             fine.tensors(), comm).ok());
+    EXPECT_EQ(a[0], 2.0f);
+  });
+}
+
 // The allocator seam of Note [Allocation failure]: one that always fails, counting its calls.
 std::atomic<int> failed_allocations{0};
 void* FailingAlloc(size_t, size_t) {
