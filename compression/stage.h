@@ -112,7 +112,8 @@ class CompressionStage;
 // A bucket planned by CompressionStage::Plan and not reduced yet (Note [Bucket reduction]):
 // it holds the stage's state lock until it is reduced or destroyed, so whatever else needs
 // the stage's state (SaveState, ForgetTensors, another Plan) waits meanwhile. The thread
-// that planned packs and reduces; it must not call the stage in between, but Reduce.
+// that planned packs and reduces it, and calls nothing else of the stage in between (it
+// would wait for itself).
 class PlannedBucket {
  public:
   PlannedBucket(PlannedBucket&& other) noexcept;
