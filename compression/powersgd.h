@@ -83,7 +83,8 @@ struct PowerSgdPlan {
   uint64_t payload_bytes = 0;  // (rows + cols)·R·4, or count·4 when sent uncompressed
 };
 
-// The plan for a tensor of `shape` (pure; count = product of shape).
+// The plan for a tensor of `shape` (pure; count = ShapeElements(shape), common/limits.h; a
+// shape it refuses plans as an empty tensor).
 PowerSgdPlan PlanPowerSgd(absl::Span<const int64_t> shape, const PowerSgdOptions& options);
 
 // Orthonormalizes the `cols` columns of the row-major rows × cols matrix `p` in place by

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/limits.h"
 #include "common/status_macros.h"
 #include "compression/blas.h"
 #include "compression/lowrank_kernels.h"
@@ -23,8 +24,9 @@ namespace braid::compression {
 
 PowerSgdPlan PlanPowerSgd(absl::Span<const int64_t> shape, const PowerSgdOptions& o) {
   PowerSgdPlan plan;
-  int64_t count = 1;
-  for (int64_t d : shape) count *= d;
+  // A shape ShapeElements refuses plans as an empty tensor; the runtime passes none (it
+  // checks every shape where it enters).
+  const int64_t count = ShapeElements("shape", shape).value_or(0);
   plan.payload_bytes = static_cast<uint64_t>(count) * sizeof(float);
   if (shape.size() < 2 || count <= 0) return plan;
   const int64_t rows = shape[0], cols = count / rows;

@@ -45,7 +45,18 @@ absl::StatusOr<const CompressionMethod*> CompressionStage::Resolve(absl::string_
   return m;
 }
 
-void CompressionStage::Plan(CompressionMethod& m, absl::Span<const BucketTensor> tensors) {
+PlannedBucket::PlannedBucket(PlannedBucket&& other) noexcept
+    : stage_(other.stage_), method_(other.method_), tensors_(other.tensors_),
+      plans_(other.plans_) {
+  other.stage_ = nullptr;  // the lock moves with it
+}
+
+// The lock was taken by CompressionStage::Plan on this thread (Note [Bucket reduction]).
+PlannedBucket::~PlannedBucket() {
+  if (stage_ != nullptr) stage_->state_mu_.Unlock();
+}
+
+void CompressionStage::PlanLocked(CompressionMethod& m, absl::Span<const BucketTensor> tensors) {
   plans_.assign(tensors.size(), TensorPlan{});
   for (size_t i = 0; i < tensors.size(); ++i) {
     TensorPlan& p = plans_[i];
@@ -63,48 +74,75 @@ void CompressionStage::Plan(CompressionMethod& m, absl::Span<const BucketTensor>
   }
 }
 
-absl::Status CompressionStage::Reduce(const CompressionMethod& method,
-                                      absl::Span<const BucketTensor> tensors, ReduceOp op,
-                                      transport::Communicator& comm, const PackFn& pack,
-                                      absl::Span<TensorBytes> bytes) {
-  absl::MutexLock lock(&state_mu_);
+absl::StatusOr<PlannedBucket> CompressionStage::Plan(const CompressionMethod& method,
+                                                     absl::Span<const BucketTensor> tensors) {
+  state_mu_.Lock();  // released by the PlannedBucket, or below on an error
   // The stage owns every method; callers hold them const so only the stage changes them.
   CompressionMethod& m = const_cast<CompressionMethod&>(method);
+  if (m.compressor_ == nullptr) {
+    auto created = CreateCompressor(m.spec_);
+    if (!created.ok()) {
+      state_mu_.Unlock();
+      return created.status();
+    }
+    m.compressor_ = *std::move(created);
+  }
+  PlanLocked(m, tensors);
+  return PlannedBucket(this, &m, tensors, plans_);
+}
+
+absl::Status CompressionStage::CheckPacked(const PlannedBucket& bucket,
+                                           absl::Span<const TensorView> views,
+                                           absl::Span<TensorBytes> bytes) const {
+  const CompressionMethod& m = *bucket.method_;
+  const absl::Span<const BucketTensor> tensors = bucket.tensors_;
   if (!bytes.empty() && bytes.size() != tensors.size()) {
     return absl::InternalError(absl::StrCat("compression '", m.spec(), "': ", bytes.size(),
                                             " byte counts for ", tensors.size(), " tensors"));
   }
-  if (m.compressor_ == nullptr) {
-    auto created = CreateCompressor(m.spec_);
-    if (!created.ok()) return created.status();
-    m.compressor_ = *std::move(created);
-  }
-  Plan(m, tensors);
-  auto views = pack(plans_);
-  if (!views.ok()) return views.status();
-  if (views->size() != tensors.size()) {
-    return absl::InternalError(absl::StrCat("compression '", m.spec(), "': ", views->size(),
+  if (views.size() != tensors.size()) {
+    return absl::InternalError(absl::StrCat("compression '", m.spec(), "': ", views.size(),
                                             " views packed for ", tensors.size(), " tensors"));
   }
-  for (size_t i = 0; i < views->size(); ++i) {
-    if ((*views)[i].dtype != plans_[i].work_dtype || (*views)[i].count != tensors[i].count) {
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (views[i].dtype != plans_[i].work_dtype || views[i].count != tensors[i].count) {
       return absl::InternalError(absl::StrCat(
           "compression '", m.spec(), "': tensor '", tensors[i].name, "' was packed as ",
-          (*views)[i].count, " x ", DataTypeName((*views)[i].dtype), ", planned ",
+          views[i].count, " x ", DataTypeName(views[i].dtype), ", planned ",
           tensors[i].count, " x ", DataTypeName(plans_[i].work_dtype)));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CompressionStage::Reduce(PlannedBucket bucket, absl::Span<const TensorView> views,
+                                      ReduceOp op, transport::Communicator& comm,
+                                      absl::Span<TensorBytes> bytes) {
+  const PlannedBucket held = std::move(bucket);  // the lock, released as it goes
+  if (held.stage_ != this) {
+    return absl::InternalError("compression: a bucket was reduced by a stage that did not "
+                               "plan it, or twice");
+  }
+  BRAID_RETURN_IF_ERROR(CheckPacked(held, views, bytes));
   if (bytes.empty()) {
-    bytes_scratch_.assign(tensors.size(), TensorBytes{});
+    bytes_scratch_.assign(views.size(), TensorBytes{});
     bytes = absl::MakeSpan(bytes_scratch_);
   }
+  return ReduceLocked(*held.method_, held.tensors_, views, op, comm, bytes);
+}
+
+absl::Status CompressionStage::ReduceLocked(CompressionMethod& m,
+                                            absl::Span<const BucketTensor> tensors,
+                                            absl::Span<const TensorView> views, ReduceOp op,
+                                            transport::Communicator& comm,
+                                            absl::Span<TensorBytes> bytes) {
   // Warm-up tensors first, then the compressed ones: each part is one Reduce call.
   for (const bool warm_up : {true, false}) {
     part_.clear();
     part_index_.clear();
-    for (size_t i = 0; i < views->size(); ++i) {
+    for (size_t i = 0; i < views.size(); ++i) {
       if (plans_[i].warm_up != warm_up) continue;
-      part_.push_back((*views)[i]);
+      part_.push_back(views[i]);
       if (!plans_[i].separate_input) part_.back().input = nullptr;
       part_index_.push_back(i);
     }
@@ -164,11 +202,8 @@ absl::Status CompressionStage::Reduce(const CompressionMethod& method,
   std::vector<BucketTensor> tensors;
   tensors.reserve(views.size());
   for (const TensorView& v : views) tensors.push_back({v.name, v.shape, v.dtype, v.count});
-  return Reduce(method, tensors, op, comm,
-                [views](absl::Span<const TensorPlan>) -> absl::StatusOr<absl::Span<const TensorView>> {
-                  return views;
-                },
-                bytes);
+  BRAID_ASSIGN_OR_RETURN(PlannedBucket planned, Plan(method, tensors));
+  return Reduce(std::move(planned), views, op, comm, bytes);
 }
 
 int CompressionStage::ForgetTensors(absl::Span<const std::string> names) {

@@ -4,14 +4,18 @@
 // all-reduces, and saves and loads the state for checkpoints. Byte counters are the
 // runtime's (runtime/statistics.h): Reduce reports what each tensor of a bucket cost.
 //
-// Note [Bucket reduction]: Reduce holds the stage's state lock for a whole bucket, in three
-// steps. (1) Plan: per tensor its step count, whether it is still in its warm-up, and the
-// dtype its view must have (its own when the compressor takes it natively, else float32).
-// (2) Pack: the caller lays the views out as planned (the runtime converts or copies into its
-// fusion buffer, or points a lone tensor at its output). (3) Reduce: the warm-up tensors with
-// none in float32, the others with the method's Compressor; on success each tensor's step
-// count advances. So the caller owns the buffers and converts each tensor once each way,
-// and the stage owns everything that persists across steps.
+// Note [Bucket reduction]: a bucket is reduced in three steps, which the caller sequences
+// (the runtime's pipeline, runtime/allreduce_pipeline.h). (1) Plan: per tensor its step
+// count, whether it is still in its warm-up, and the dtype its view must have (its own when
+// the compressor takes it natively, else float32; float32 in a warm-up step). (2) Pack: the
+// caller lays the views out as planned (the runtime converts or copies into its fusion
+// buffer, or points a lone tensor at its output). (3) Reduce: the warm-up tensors with none
+// in float32, the others with the method's Compressor; on success each tensor's step count
+// advances. The stage's state lock is held from Plan until the PlannedBucket it returns is
+// reduced or dropped, so nothing (a state being loaded, ForgetTensors) changes a step count
+// or a compressor between the plan and the reduction it describes. The stage never calls
+// the caller: the caller owns the buffers and converts each tensor once each way, and the
+// stage owns everything that persists across steps.
 #ifndef BRAID_COMPRESSION_STAGE_H_
 #define BRAID_COMPRESSION_STAGE_H_
 
@@ -103,9 +107,36 @@ struct TensorBytes {
   uint64_t transport_bytes = 0;
 };
 
-// Step 2 of Note [Bucket reduction]: the views of the bucket's tensors, in order, as planned.
-using PackFn =
-    std::function<absl::StatusOr<absl::Span<const TensorView>>(absl::Span<const TensorPlan>)>;
+class CompressionStage;
+
+// A bucket planned by CompressionStage::Plan and not reduced yet (Note [Bucket reduction]):
+// it holds the stage's state lock until it is reduced or destroyed, so whatever else needs
+// the stage's state (SaveState, ForgetTensors, another Plan) waits meanwhile. The thread
+// that planned packs and reduces it, and calls nothing else of the stage in between (it
+// would wait for itself).
+class PlannedBucket {
+ public:
+  PlannedBucket(PlannedBucket&& other) noexcept;
+  PlannedBucket& operator=(PlannedBucket&&) = delete;
+  PlannedBucket(const PlannedBucket&) = delete;
+  PlannedBucket& operator=(const PlannedBucket&) = delete;
+  // Releases the lock. (The analysis cannot follow a lock from one object to another.)
+  ~PlannedBucket() ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+  // One per tensor, in the bucket's order: how the caller lays out its view.
+  absl::Span<const TensorPlan> plans() const { return plans_; }
+
+ private:
+  friend class CompressionStage;
+  PlannedBucket(CompressionStage* stage, CompressionMethod* method,
+                absl::Span<const BucketTensor> tensors, absl::Span<const TensorPlan> plans)
+      : stage_(stage), method_(method), tensors_(tensors), plans_(plans) {}
+
+  CompressionStage* stage_;  // null once moved from: nothing to release
+  CompressionMethod* method_;
+  absl::Span<const BucketTensor> tensors_;  // the caller's, alive until the reduction
+  absl::Span<const TensorPlan> plans_;      // the stage's scratch, under its lock
+};
 
 class CompressionStage {
  public:
@@ -121,16 +152,26 @@ class CompressionStage {
   absl::StatusOr<const CompressionMethod*> Resolve(absl::string_view spec);
   const CompressionMethod& none() const { return *none_; }
 
-  // Reduces one bucket of `method` (Note [Bucket reduction]): `tensors` are the bucket's, in
-  // the order every rank uses, all of one dtype; `pack` lays out their views; `bytes` (one
-  // entry per tensor, or empty) receives what each cost. Errors: the compressor's, the
-  // communicator's, `pack`'s; FailedPrecondition when the method's compressor cannot be
-  // created (powersgd without OpenBLAS). After an error the views' contents are
-  // unspecified and no step count has advanced. Background thread only.
-  absl::Status Reduce(const CompressionMethod& method, absl::Span<const BucketTensor> tensors,
-                      ReduceOp op, transport::Communicator& comm, const PackFn& pack,
-                      absl::Span<TensorBytes> bytes);
-  // The same for float32 views that are laid out already (tests and tools).
+  // Step 1 of Note [Bucket reduction]: takes the stage's state lock and plans `tensors`, the
+  // bucket's in the order every rank uses, all of one dtype, under `method` (creating its
+  // compressor at its first bucket). The result keeps the lock and views `tensors`: both
+  // must stay as they are until it is reduced or destroyed. Errors (the lock released):
+  // FailedPrecondition when the method's compressor cannot be created (powersgd without
+  // OpenBLAS). Background thread only.
+  absl::StatusOr<PlannedBucket> Plan(const CompressionMethod& method,
+                                     absl::Span<const BucketTensor> tensors)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Step 3: reduces `views`, the planned bucket's tensors laid out in its order as its plans
+  // say (step 2, the caller's), with `op`; `bytes` (one entry per tensor, or empty) receives
+  // what each cost. Releases the lock when it returns. Errors: the compressor's, the
+  // communicator's; Internal when the views are not laid out as planned. After an error the
+  // views' contents are unspecified and no step count has advanced.
+  absl::Status Reduce(PlannedBucket bucket, absl::Span<const TensorView> views, ReduceOp op,
+                      transport::Communicator& comm, absl::Span<TensorBytes> bytes = {})
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Plan then Reduce, for views that are laid out already (tests and tools): each view's
+  // dtype must be the one its plan asks for (float32, or the tensor's own where the
+  // compressor takes it natively and its warm-up is over).
   absl::Status Reduce(const CompressionMethod& method, absl::Span<const TensorView> views,
                       ReduceOp op, transport::Communicator& comm,
                       absl::Span<TensorBytes> bytes = {});
@@ -181,7 +222,17 @@ class CompressionStage {
 
  private:
   CompressionMethod* FindOrAddLocked(CompressionSpec spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(methods_mu_);
-  void Plan(CompressionMethod& m, absl::Span<const BucketTensor> tensors)
+  friend class PlannedBucket;
+  void PlanLocked(CompressionMethod& m, absl::Span<const BucketTensor> tensors)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
+  // Internal when `views` are not what `bucket` planned, or `bytes` does not fit them.
+  absl::Status CheckPacked(const PlannedBucket& bucket, absl::Span<const TensorView> views,
+                           absl::Span<TensorBytes> bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
+  // Reduces every part (warm-up, then compressed) and advances the step counts.
+  absl::Status ReduceLocked(CompressionMethod& m, absl::Span<const BucketTensor> tensors,
+                            absl::Span<const TensorView> views, ReduceOp op,
+                            transport::Communicator& comm, absl::Span<TensorBytes> bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
   // Reduces the views whose plan says `warm_up` with `compressor`, then books their bytes.
   absl::Status ReducePart(Compressor& compressor, bool warm_up, int64_t start_step,

@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/half.h"
+#include "common/limits.h"
+#include "common/status_macros.h"
 #include "compression/half_convert.h"
 #include "glog/logging.h"
 
@@ -21,10 +23,13 @@ constexpr size_t kGrowthQuantum = 1 << 16;  // the buffer grows in whole 64 KiB 
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-size_t NumElements(absl::Span<const int64_t> shape) {
-  size_t n = 1;
-  for (int64_t d : shape) n *= static_cast<size_t>(d);
-  return n;
+// The largest fusion buffer asked of the allocator: half of the address space, in whole
+// growth steps, so that doubling and rounding a capacity never wraps.
+constexpr size_t kMaxCapacity =
+    std::numeric_limits<size_t>::max() / 2 / kGrowthQuantum * kGrowthQuantum;
+
+void* AlignedAlloc(size_t alignment, size_t bytes) {
+  return std::aligned_alloc(alignment, bytes);
 }
 
 // float16 / bfloat16 / float64 -> float32, for compressors that take float32 only. The
@@ -107,77 +112,130 @@ void FillIdentity(void* out, DataType dtype, ReduceOp op, size_t n) {
 
 }  // namespace
 
-char* FusionBuffer::Reserve(size_t bytes) {
-  if (bytes > capacity_ || data_ == nullptr) {
-    // At least double: buckets vary in size with timing (fusion), and every growth costs a
-    // fresh allocation whose pages fault in again as they are first written. Pages the
-    // buckets never reach are never touched.
-    const size_t capacity =
-        RoundUp(std::max<size_t>({bytes, 2 * capacity_, 1}), kGrowthQuantum);
-    data_.reset(static_cast<char*>(std::aligned_alloc(kAlignment, capacity)));
-    CHECK(data_ != nullptr) << "cannot allocate a fusion buffer of " << capacity << " bytes";
-    capacity_ = capacity;
+// What the pipeline knows of the bucket it is running, passed from step to step
+// (Note [One pipeline]); the spans view the pipeline's scratch.
+struct AllReducePipeline::BucketRun {
+  int64_t id = 0;
+  const compression::CompressionMethod* method = nullptr;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  absl::Span<const AllReduceTensor> tensors;
+  Timeline* timeline = nullptr;
+  size_t bytes = 0;  // the tensors' own, as the caller holds them
+  std::string args;  // the timeline arguments of its phases
+  // Set by Describe: the tensors as the stage sees them (their element counts).
+  absl::Span<const compression::BucketTensor> described;
+  // Set by Pack: each tensor's view, laid out as planned.
+  absl::Span<compression::TensorView> views;
+  bool packed = false;      // the views lie in the fusion buffer (else where the tensors lie)
+  size_t packed_bytes = 0;  // written into the fusion buffer
+};
+
+FusionBuffer::FusionBuffer(AlignedAllocFn allocate)
+    : allocate_(allocate != nullptr ? allocate : &AlignedAlloc) {}
+
+absl::StatusOr<char*> FusionBuffer::Reserve(size_t bytes) {
+  if (bytes <= capacity_ && data_ != nullptr) return data_.get();
+  if (bytes > kMaxCapacity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot allocate a fusion buffer of ", bytes, " bytes: more than half the address space"));
   }
-  return data_.get();
+  // At least double: buckets vary in size with timing (fusion), and every growth costs a
+  // fresh allocation whose pages fault in again as they are first written. Pages the
+  // buckets never reach are never touched.
+  const size_t capacity = RoundUp(
+      std::max<size_t>({bytes, std::min(2 * capacity_, kMaxCapacity), 1}), kGrowthQuantum);
+  char* data = static_cast<char*>(allocate_(kAlignment, capacity));
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate a fusion buffer of ", capacity, " bytes (", bytes,
+                     " needed, ", capacity_, " held)"));
+  }
+  data_.reset(data);
+  capacity_ = capacity;
+  return data;
 }
 
-absl::Status AllReducePipeline::Run(int64_t bucket_id, const compression::CompressionMethod& method,
+absl::Status AllReducePipeline::Run(int64_t bucket_id,
+                                    const compression::CompressionMethod& method,
                                     DataType dtype, ReduceOp op,
                                     absl::Span<const AllReduceTensor> tensors,
-                                    transport::Communicator& comm) {
-  dtype_ = dtype;
-  op_ = op;
-  tensors_ = tensors;
-  packed_ = reducing_ = false;
-  packed_bytes_ = 0;
+                                    transport::Communicator& comm, Timeline* timeline) {
+  BucketRun run;
+  run.id = bucket_id;
+  run.method = &method;
+  run.dtype = dtype;
+  run.op = op;
+  run.tensors = tensors;
+  run.timeline = timeline;
+  BRAID_RETURN_IF_ERROR(Describe(run));
+  if (timeline != nullptr) {
+    run.args = absl::StrCat("\"bucket\": ", bucket_id, ", \"tensors\": ", tensors.size(),
+                            ", \"bytes\": ", run.bytes);
+    if (!method.is_none()) {
+      absl::StrAppend(&run.args, ", \"compression\": \"", method.spec(), "\"");
+    }
+  }
+  const absl::Status s = Reduce(run, comm);
+  if (run.packed) {
+    Phase(run, "MEMCPY_OUT_FUSION_BUFFER", true, run.args);
+    if (s.ok()) Unpack(run);
+    Phase(run, "MEMCPY_OUT_FUSION_BUFFER", false);
+  }
+  if (!s.ok()) return s;
+  Book(run, comm.size());
+  ledger_->RecordBucket(run.packed, run.packed_bytes, run.bytes);
+  return absl::OkStatus();
+}
+
+absl::Status AllReducePipeline::Describe(BucketRun& run) {
   bucket_.clear();
-  size_t bytes = 0;
-  for (const AllReduceTensor& t : tensors) {
-    bucket_.push_back({t.name, t.shape, dtype, NumElements(t.shape)});
-    bytes += bucket_.back().count * DataTypeSize(dtype);
+  for (const AllReduceTensor& t : run.tensors) {
+    // Checked where the shape entered (enqueue, the coordinator's validation); a shape that
+    // fails here fails alike on every rank, since the ranks agreed on it.
+    auto count = ShapeElements("shape", t.shape);
+    if (!count.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("bucket ", run.id, ", tensor '",
+                                                     Printable(t.name), "': ",
+                                                     count.status().message()));
+    }
+    bucket_.push_back({t.name, t.shape, run.dtype, static_cast<size_t>(*count)});
+    run.bytes += bucket_.back().count * DataTypeSize(run.dtype);
   }
-  bytes_.assign(tensors.size(), compression::TensorBytes{});
-  std::string args;
-  if (timeline_ != nullptr) {
-    args = absl::StrCat("\"bucket\": ", bucket_id, ", \"tensors\": ", tensors.size(),
-                        ", \"bytes\": ", bytes);
-    if (!method.is_none()) absl::StrAppend(&args, ", \"compression\": \"", method.spec(), "\"");
+  run.described = bucket_;
+  bytes_.assign(run.tensors.size(), compression::TensorBytes{});
+  return absl::OkStatus();
+}
+
+absl::Status AllReducePipeline::Reduce(BucketRun& run, transport::Communicator& comm) {
+  // The stage's state stays locked from the plan to the end of the reduction (Note [Bucket
+  // reduction], compression/stage.h).
+  BRAID_ASSIGN_OR_RETURN(compression::PlannedBucket planned,
+                         stage_->Plan(*run.method, run.described));
+  if (absl::Status packed = Pack(run, planned.plans()); !packed.ok()) {
+    comm.Abort(packed);  // Note [Allocation failure]
+    return packed;
   }
-  absl::Status s = stage_->Reduce(
-      method, bucket_, op, comm,
-      [&](absl::Span<const TensorPlan> plans) -> absl::StatusOr<absl::Span<const TensorView>> {
-        auto views = Pack(plans);
-        reducing_ = true;
-        Phase("ALLREDUCE", /*begin=*/true, args);  // the collectives start now
-        return views;
-      },
-      absl::MakeSpan(bytes_));
-  if (reducing_) Phase("ALLREDUCE", /*begin=*/false);
-  if (packed_) {
-    Phase("MEMCPY_OUT_FUSION_BUFFER", true, args);
-    if (s.ok()) Unpack();
-    Phase("MEMCPY_OUT_FUSION_BUFFER", false);
-  }
-  if (s.ok()) {
-    Book(method, comm.size());
-    ledger_->RecordBucket(packed_, packed_bytes_, bytes);
-  }
+  Phase(run, "ALLREDUCE", /*begin=*/true, run.args);  // the collectives start now
+  const absl::Status s =
+      stage_->Reduce(std::move(planned), run.views, run.op, comm, absl::MakeSpan(bytes_));
+  Phase(run, "ALLREDUCE", /*begin=*/false);
   return s;
 }
 
-absl::StatusOr<absl::Span<const TensorView>> AllReducePipeline::Pack(
-    absl::Span<const TensorPlan> plans) {
-  views_.assign(tensors_.size(), TensorView{});
-  for (size_t i = 0; i < tensors_.size(); ++i) {
+absl::Status AllReducePipeline::Pack(BucketRun& run, absl::Span<const TensorPlan> plans) {
+  views_.assign(run.tensors.size(), TensorView{});
+  run.views = absl::MakeSpan(views_);
+  for (size_t i = 0; i < run.tensors.size(); ++i) {
     TensorView& v = views_[i];
-    v.name = tensors_[i].name;
-    v.shape = tensors_[i].shape;
-    v.count = bucket_[i].count;
+    v.name = run.tensors[i].name;
+    v.shape = run.tensors[i].shape;
+    v.count = run.described[i].count;
     v.dtype = plans[i].work_dtype;
   }
-  if (tensors_.size() == 1 && plans[0].work_dtype == dtype_ && !tensors_[0].joined) {
+  if (run.tensors.size() == 1 && plans[0].work_dtype == run.dtype && !run.tensors[0].joined) {
     // A lone tensor is reduced in its output (Note [One pipeline]).
-    const AllReduceTensor& t = tensors_[0];
+    const AllReduceTensor& t = run.tensors[0];
     views_[0].data = t.output;
     if (t.input != t.output) {
       if (plans[0].separate_input) {
@@ -186,102 +244,121 @@ absl::StatusOr<absl::Span<const TensorView>> AllReducePipeline::Pack(
         std::memcpy(t.output, t.input, views_[0].bytes());
       }
     }
-    return absl::MakeConstSpan(views_);
+    return absl::OkStatus();
   }
-  if (ViewInPlace(plans)) return absl::MakeConstSpan(views_);
+  if (ViewInPlace(run, plans)) return absl::OkStatus();
   // Each view starts at a multiple of its element size, so tensors of one work dtype lie
   // back to back (one collective for all of them).
   size_t total = 0;
-  std::vector<size_t>& offsets = offsets_;  // member: no allocation per bucket
-  offsets.clear();
+  offsets_.clear();
   for (const TensorView& v : views_) {
     total = RoundUp(total, DataTypeSize(v.dtype));
-    offsets.push_back(total);
+    offsets_.push_back(total);
     total += v.bytes();
   }
-  char* base = buffer_.Reserve(total);
-  packed_ = true;
-  packed_bytes_ = total;
-  Phase("MEMCPY_IN_FUSION_BUFFER", true,
-        absl::StrCat("\"tensors\": ", tensors_.size(), ", \"bytes\": ", total));
+  absl::StatusOr<char*> base = buffer_.Reserve(total);
+  if (!base.ok()) return CannotPack(run, total, base.status());
+  run.packed = true;
+  run.packed_bytes = total;
+  Phase(run, "MEMCPY_IN_FUSION_BUFFER", true,
+        absl::StrCat("\"tensors\": ", run.tensors.size(), ", \"bytes\": ", total));
   for (size_t i = 0; i < views_.size(); ++i) {
     TensorView& v = views_[i];
-    v.data = base + offsets[i];
+    v.data = *base + offsets_[i];
     if (v.count == 0) continue;
-    if (tensors_[i].joined) {
-      FillIdentity(v.data, v.dtype, op_, v.count);
-    } else if (v.dtype == dtype_) {
-      std::memcpy(v.data, tensors_[i].input, v.bytes());
+    if (run.tensors[i].joined) {
+      FillIdentity(v.data, v.dtype, run.op, v.count);
+    } else if (v.dtype == run.dtype) {
+      std::memcpy(v.data, run.tensors[i].input, v.bytes());
     } else {
-      ToFloat32(tensors_[i].input, dtype_, v.count, v.f32());
+      ToFloat32(run.tensors[i].input, run.dtype, v.count, v.f32());
     }
   }
-  Phase("MEMCPY_IN_FUSION_BUFFER", false);
-  return absl::MakeConstSpan(views_);
+  Phase(run, "MEMCPY_IN_FUSION_BUFFER", false);
+  return absl::OkStatus();
 }
 
-bool AllReducePipeline::ViewInPlace(absl::Span<const TensorPlan> plans) {
-  const size_t element = DataTypeSize(dtype_);
-  char* const out = static_cast<char*>(tensors_[0].output);
-  const char* const in = static_cast<const char*>(tensors_[0].input);
+absl::Status AllReducePipeline::CannotPack(const BucketRun& run, size_t bytes,
+                                           const absl::Status& s) {
+  constexpr size_t kNamed = 3;
+  std::string names;
+  for (size_t i = 0; i < run.tensors.size() && i < kNamed; ++i) {
+    absl::StrAppend(&names, i == 0 ? "'" : ", '", Printable(run.tensors[i].name), "'");
+  }
+  if (run.tensors.size() > kNamed) {
+    absl::StrAppend(&names, " and ", run.tensors.size() - kNamed, " more");
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("all-reduce bucket ", run.id, " (", run.tensors.size(), " tensors: ", names,
+                   ") needs ", bytes, " bytes of fusion buffer: ", s.message()));
+}
+
+bool AllReducePipeline::ViewInPlace(BucketRun& run, absl::Span<const TensorPlan> plans) {
+  const absl::Span<const AllReduceTensor> tensors = run.tensors;
+  const absl::Span<TensorView> views = run.views;
+  const size_t element = DataTypeSize(run.dtype);
+  char* const out = static_cast<char*>(tensors[0].output);
+  const char* const in = static_cast<const char*>(tensors[0].input);
   if (out == nullptr || reinterpret_cast<uintptr_t>(out) % element != 0) return false;
   const bool in_place = in == out;
   size_t offset = 0;
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    const AllReduceTensor& t = tensors_[i];
-    if (t.joined || plans[i].work_dtype != dtype_) return false;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const AllReduceTensor& t = tensors[i];
+    if (t.joined || plans[i].work_dtype != run.dtype) return false;
     if (!in_place && !plans[i].separate_input) return false;
     // An empty tensor occupies no bytes: wherever its pointers are, it is in line.
-    if (views_[i].count == 0) continue;
+    if (views[i].count == 0) continue;
     if (t.output != out + offset || t.input != (in_place ? out : in) + offset) return false;
-    offset += views_[i].bytes();
+    offset += views[i].bytes();
   }
   // Packing reads every input before it writes any output; reading out of place over
   // outputs that overlap the inputs would not.
   if (!in_place && in < out + offset && out < in + offset) return false;
   offset = 0;
-  for (size_t i = 0; i < views_.size(); ++i) {
-    views_[i].data = out + offset;
-    if (!in_place) views_[i].input = in + offset;
-    offset += views_[i].bytes();
+  for (TensorView& v : views) {
+    v.data = out + offset;
+    if (!in_place) v.input = in + offset;
+    offset += v.bytes();
   }
   return true;
 }
 
-void AllReducePipeline::Unpack() {
-  for (size_t i = 0; i < views_.size(); ++i) {
-    const TensorView& v = views_[i];
-    if (v.count == 0 || tensors_[i].joined) continue;
-    if (v.dtype == dtype_) {
-      std::memcpy(tensors_[i].output, v.data, v.bytes());
+void AllReducePipeline::Unpack(const BucketRun& run) {
+  for (size_t i = 0; i < run.views.size(); ++i) {
+    const TensorView& v = run.views[i];
+    const AllReduceTensor& t = run.tensors[i];
+    if (v.count == 0 || t.joined) continue;
+    if (v.dtype == run.dtype) {
+      std::memcpy(t.output, v.data, v.bytes());
     } else {
-      FromFloat32(v.f32(), dtype_, v.count, tensors_[i].output);
+      FromFloat32(v.f32(), run.dtype, v.count, t.output);
     }
   }
 }
 
-void AllReducePipeline::Book(const compression::CompressionMethod& method, int world_size) {
-  for (size_t i = 0; i < tensors_.size(); ++i) {
+void AllReducePipeline::Book(const BucketRun& run, int world_size) {
+  for (size_t i = 0; i < run.tensors.size(); ++i) {
     const compression::TensorBytes& b = bytes_[i];
     ByteStats s;
     s.reductions = 1;
-    s.uncompressed_bytes = bucket_[i].count * DataTypeSize(dtype_);
+    s.uncompressed_bytes = run.described[i].count * DataTypeSize(run.dtype);
     // A warm-up step counts under its method at the tensor's size (runtime/statistics.h).
     s.payload_bytes = b.warm_up ? s.uncompressed_bytes : b.payload_bytes;
     s.transport_bytes = b.transport_bytes;
     s.reference_transport_bytes = ReferenceTransportBytes(s.uncompressed_bytes, world_size);
-    ledger_->Record(tensors_[i].name, method.spec(), s);
+    ledger_->Record(run.tensors[i].name, run.method->spec(), s);
   }
 }
 
-void AllReducePipeline::Phase(const char* phase, bool begin, const std::string& args) {
-  if (timeline_ == nullptr) return;
-  for (const AllReduceTensor& t : tensors_) {
+void AllReducePipeline::Phase(const BucketRun& run, const char* phase, bool begin,
+                              const std::string& args) {
+  if (run.timeline == nullptr) return;
+  for (const AllReduceTensor& t : run.tensors) {
     const std::string name(t.name);
     if (begin) {
-      timeline_->Begin(name, phase, args);
+      run.timeline->Begin(name, phase, args);
     } else {
-      timeline_->End(name, phase);
+      run.timeline->End(name, phase);
     }
   }
 }

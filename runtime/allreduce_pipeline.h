@@ -33,8 +33,21 @@
 //   gradient_as_bucket_view) are such buckets, since buckets are runs of consecutive
 //   tensors (Note [Consecutive buckets], control/fusion.h). Any other bucket (one tensor
 //   out of line) is packed: the check costs one pass over the tensors' pointers.
+//
+// Note [Allocation failure]
+//   A rank that cannot grow its fusion buffer fails the bucket with ResourceExhausted naming
+//   it (its id, its first tensors, the bytes asked), before any collective of the bucket
+//   started here, and aborts its communicator with that error. Its peers are in the
+//   bucket's collectives already and wait for it until the data plane's timeout; if this
+//   rank went on, its next collective would pair with theirs for this bucket (collectives
+//   pair by their order alone, transport/tag.h), so every later collective of this rank
+//   fails with the same error instead: the job ends with the reason, never with a wrong
+//   result.
+//
 // A bucket is described by plain values (no coordinator types), so whatever agrees on it
-// can run it.
+// can run it. Run passes what it learns about a bucket (its plans, its views, where they
+// lie) from step to step in a BucketRun of its own: nothing of one bucket is left in the
+// pipeline for the next but the fusion buffer and reused scratch space.
 #ifndef BRAID_RUNTIME_ALLREDUCE_PIPELINE_H_
 #define BRAID_RUNTIME_ALLREDUCE_PIPELINE_H_
 
@@ -42,6 +55,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -61,7 +75,7 @@ namespace braid {
 struct AllReduceTensor {
   absl::string_view name;
   absl::Span<const int64_t> shape;
-  const void* input = nullptr;  // NumElements(shape) elements of the bucket's dtype
+  const void* input = nullptr;  // ShapeElements(shape) elements of the bucket's dtype
   void* output = nullptr;       // the same size; may equal input
   // Note [Join]: a tensor of a rank that has joined: no input or output; the pack step
   // fills its place in the fusion buffer with the op's identity (zeros for sum and average)
@@ -69,13 +83,21 @@ struct AllReduceTensor {
   bool joined = false;
 };
 
+// Where a FusionBuffer gets its memory: std::aligned_alloc's contract (null when it cannot;
+// the memory is released with std::free). Tests pass one that fails.
+using AlignedAllocFn = void* (*)(size_t alignment, size_t bytes);
+
 // The fusion buffer: 64-byte aligned, grown (at least doubling) when a bucket needs more and
 // never shrunk, so the steady state allocates nothing (a fresh allocation costs a page fault
 // per 4 KiB when it is first written). Its contents do not survive a growth.
 class FusionBuffer {
  public:
-  // At least `bytes` bytes.
-  char* Reserve(size_t bytes);
+  // `allocate` null: std::aligned_alloc.
+  explicit FusionBuffer(AlignedAllocFn allocate = nullptr);
+
+  // At least `bytes` bytes. ResourceExhausted, saying how many bytes it asked for, when they
+  // cannot be allocated; the buffer then stays as it was.
+  absl::StatusOr<char*> Reserve(size_t bytes);
   size_t capacity() const { return capacity_; }
   const char* data() const { return data_.get(); }
 
@@ -83,52 +105,56 @@ class FusionBuffer {
   struct Free {
     void operator()(char* p) const { std::free(p); }
   };
+  AlignedAllocFn allocate_;
   std::unique_ptr<char, Free> data_;
   size_t capacity_ = 0;
 };
 
 class AllReducePipeline {
  public:
-  // Both outlive the pipeline.
-  AllReducePipeline(compression::CompressionStage* stage, StatisticsLedger* ledger)
-      : stage_(stage), ledger_(ledger) {}
-
-  // Where the next Runs record their phases; null (the default): nowhere. The caller keeps
-  // it alive while it is set.
-  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
+  // Both outlive the pipeline. `allocate`: where the fusion buffer gets its memory (null:
+  // std::aligned_alloc; tests pass one that fails).
+  AllReducePipeline(compression::CompressionStage* stage, StatisticsLedger* ledger,
+                    AlignedAllocFn allocate = nullptr)
+      : stage_(stage), ledger_(ledger), buffer_(allocate) {}
 
   // Reduces one bucket: `tensors` of `dtype`, all-reduced with `op` under `method`, in the
-  // order every rank uses. On success every output holds the result and the bucket's bytes
-  // are booked; on error the outputs' contents are unspecified. Errors: the stage's, the
-  // compressor's, the communicator's. Background thread only.
+  // order every rank uses; its phases go to `timeline` (null: nowhere). On success every
+  // output holds the result and the bucket's bytes are booked; on error the outputs'
+  // contents are unspecified. Errors: the stage's, the compressor's, the communicator's;
+  // InvalidArgument naming the tensor for a shape ShapeElements refuses (common/limits.h);
+  // ResourceExhausted naming the bucket when the fusion buffer cannot grow (Note
+  // [Allocation failure]: `comm` is aborted with it). Background thread only.
   absl::Status Run(int64_t bucket_id, const compression::CompressionMethod& method,
                    DataType dtype, ReduceOp op, absl::Span<const AllReduceTensor> tensors,
-                   transport::Communicator& comm);
+                   transport::Communicator& comm, Timeline* timeline = nullptr);
 
   const FusionBuffer& buffer() const { return buffer_; }
 
  private:
-  absl::StatusOr<absl::Span<const compression::TensorView>> Pack(
-      absl::Span<const compression::TensorPlan> plans);
+  struct BucketRun;
+
+  // Describes the bucket to the stage (the tensors' checked element counts).
+  absl::Status Describe(BucketRun& run);
+  // Plan, pack and reduce (Note [One pipeline]).
+  absl::Status Reduce(BucketRun& run, transport::Communicator& comm);
+  // Lays out the views as planned: in place, or packed into the fusion buffer.
+  absl::Status Pack(BucketRun& run, absl::Span<const compression::TensorPlan> plans);
   // Note [In place]: true when the bucket lies contiguously, its views then set up over it.
-  bool ViewInPlace(absl::Span<const compression::TensorPlan> plans);
-  void Unpack();
-  void Book(const compression::CompressionMethod& method, int world_size);
+  bool ViewInPlace(BucketRun& run, absl::Span<const compression::TensorPlan> plans);
+  // The error of a fusion buffer that could not grow to `bytes` (Note [Allocation failure]).
+  static absl::Status CannotPack(const BucketRun& run, size_t bytes, const absl::Status& s);
+  void Unpack(const BucketRun& run);
+  void Book(const BucketRun& run, int world_size);
   // Begins (or ends) `phase` on every tensor's timeline row.
-  void Phase(const char* phase, bool begin, const std::string& args = "");
+  static void Phase(const BucketRun& run, const char* phase, bool begin,
+                    const std::string& args = "");
 
   compression::CompressionStage* stage_;
   StatisticsLedger* ledger_;
-  Timeline* timeline_ = nullptr;
   FusionBuffer buffer_;
-  // The bucket being run.
-  DataType dtype_ = DataType::kFloat32;
-  ReduceOp op_ = ReduceOp::kSum;
-  absl::Span<const AllReduceTensor> tensors_;
-  bool packed_ = false;  // the views lie in the fusion buffer (else: where the tensors lie)
-  size_t packed_bytes_ = 0;  // written into the fusion buffer by Pack
-  bool reducing_ = false;  // packed, the collectives started
-  // Scratch, reused across buckets.
+  // Scratch, reused across buckets so the steady state allocates nothing; what a bucket
+  // keeps in them it reaches through its BucketRun.
   std::vector<compression::BucketTensor> bucket_;
   std::vector<compression::TensorView> views_;
   std::vector<size_t> offsets_;

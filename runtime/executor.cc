@@ -7,21 +7,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/limits.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
 namespace braid {
 namespace {
 
-int64_t NumElements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 // Elements per row of dim 0 (the product of the trailing dimensions).
-int64_t RowElements(const std::vector<int64_t>& shape) {
-  return shape.empty() ? 1 : NumElements({shape.begin() + 1, shape.end()});
+absl::StatusOr<int64_t> RowElements(absl::Span<const int64_t> shape) {
+  if (shape.empty()) return 1;
+  return ShapeElements("shape", shape.subspan(1));
 }
 
 // Rows of dim 0 each rank gets in a reduce-scatter: even, the first rows % size one more.
@@ -97,9 +93,7 @@ void Executor::Run(const Bucket& bucket) {
   }
   absl::Status s;
   if (bucket.collective == Collective::kAllReduce) {
-    pipeline_.set_timeline(timeline.get());
-    s = RunAllReduce(bucket, entries);
-    pipeline_.set_timeline(nullptr);
+    s = RunAllReduce(bucket, entries, timeline.get());
   } else if (entries[0] == nullptr) {
     s = RunJoined(bucket);
   } else {
@@ -108,7 +102,9 @@ void Executor::Run(const Bucket& bucket) {
     if (timeline) {
       timeline->Begin(r.name, phase,
                        absl::StrCat("\"bucket\": ", bucket.id, ", \"tensors\": 1, \"bytes\": ",
-                                    NumElements(r.shape) * DataTypeSize(r.dtype)));
+                                    // Checked at enqueue: the 0 is never taken.
+                                    ShapeElements("shape", r.shape).value_or(0) *
+                                        DataTypeSize(r.dtype)));
     }
     s = RunCollective(*entries[0], bucket);
     if (timeline) timeline->End(r.name, phase);
@@ -144,7 +140,8 @@ bool Executor::JoinedIn(const Bucket& bucket) const {
 }
 
 absl::Status Executor::RunAllReduce(const Bucket& bucket,
-                                    const std::vector<TensorEntry*>& entries) {
+                                    const std::vector<TensorEntry*>& entries,
+                                    Timeline* timeline) {
   // The bucket's kind: from this rank's own requests, else (this rank joined and submitted
   // none of them, Note [Join]) from the response.
   const compression::CompressionMethod* method = nullptr;
@@ -183,7 +180,7 @@ absl::Status Executor::RunAllReduce(const Bucket& bucket,
     }
     tensors.push_back({e->req.name, e->req.shape, e->req.input, e->req.output});
   }
-  return pipeline_.Run(bucket.id, *method, dtype, op, tensors, *parts_.data);
+  return pipeline_.Run(bucket.id, *method, dtype, op, tensors, *parts_.data, timeline);
 }
 
 absl::Status Executor::RunJoined(const Bucket& bucket) {
@@ -207,7 +204,7 @@ static void* OutputFor(TensorEntry& e, size_t bytes, std::vector<int64_t> shape,
 absl::Status Executor::RunCollective(TensorEntry& e, const Bucket& bucket) {
   const CollectiveRequest& r = e.req;
   const size_t elem = DataTypeSize(r.dtype);
-  const int64_t n = NumElements(r.shape);
+  BRAID_ASSIGN_OR_RETURN(const int64_t n, ShapeElements("shape", r.shape));
   switch (r.collective) {
     case Collective::kBroadcast:
       if (rank_ == bucket.root_rank && r.output != r.input && n > 0) {
@@ -240,7 +237,7 @@ absl::Status Executor::RunCollective(TensorEntry& e, const Bucket& bucket) {
 absl::Status Executor::RunAllGather(TensorEntry& e, const Bucket& bucket) {
   const CollectiveRequest& r = e.req;
   const size_t elem = DataTypeSize(r.dtype);
-  const int64_t row = RowElements(r.shape);
+  BRAID_ASSIGN_OR_RETURN(const int64_t row, RowElements(r.shape));
   std::vector<int64_t> shape = r.shape;
   std::vector<size_t> bytes(size_);
   shape[0] = 0;
@@ -254,7 +251,7 @@ absl::Status Executor::RunAllGather(TensorEntry& e, const Bucket& bucket) {
 
 absl::Status Executor::RunReduceScatter(TensorEntry& e) {
   const CollectiveRequest& r = e.req;
-  const int64_t row = RowElements(r.shape);
+  BRAID_ASSIGN_OR_RETURN(const int64_t row, RowElements(r.shape));
   std::vector<int64_t> shape = r.shape;
   std::vector<int64_t> rows = EvenRows(r.shape[0], size_);
   std::vector<size_t> counts(size_);
@@ -267,7 +264,7 @@ absl::Status Executor::RunReduceScatter(TensorEntry& e) {
 absl::Status Executor::RunAllToAll(TensorEntry& e) {
   const CollectiveRequest& r = e.req;
   const size_t elem = DataTypeSize(r.dtype);
-  const int64_t row = RowElements(r.shape);
+  BRAID_ASSIGN_OR_RETURN(const int64_t row, RowElements(r.shape));
   std::vector<int64_t> shape = r.shape;
   std::vector<int64_t> send_rows = r.splits.empty() ? EvenRows(r.shape[0], size_) : r.splits;
   std::vector<int64_t> recv_rows(size_);

@@ -63,7 +63,9 @@ class Executor {
   transport::TransportStats stats() const;
 
  private:
-  absl::Status RunAllReduce(const Bucket& bucket, const std::vector<TensorEntry*>& entries);
+  // `timeline`: where the pipeline records the bucket's phases, or null.
+  absl::Status RunAllReduce(const Bucket& bucket, const std::vector<TensorEntry*>& entries,
+                            Timeline* timeline);
   absl::Status RunCollective(TensorEntry& e, const Bucket& bucket);
   absl::Status RunAllGather(TensorEntry& e, const Bucket& bucket);
   absl::Status RunReduceScatter(TensorEntry& e);

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
+#include "common/limits.h"
 #include "control/fusion.h"
 
 namespace braid {
@@ -134,11 +135,12 @@ absl::StatusOr<Agreement> Agree(absl::Span<const uint64_t> gathered, int world_s
 }
 
 int64_t RequestBytes(const proto::Request& r) {
-  int64_t n = 1;
-  for (int64_t d : r.shape()) n *= d;
+  // The coordinator validated the request before it was cached (ValidateRequest), so
+  // neither check fails here and the product stays within the limit of a tensor.
+  const absl::StatusOr<int64_t> n = ShapeElements("shape", r.shape());
   const int v = static_cast<int>(r.dtype());
-  return IsValidDataType(v) ? n * static_cast<int64_t>(DataTypeSize(static_cast<DataType>(v)))
-                            : 0;
+  if (!n.ok() || !IsValidDataType(v)) return 0;
+  return *n * static_cast<int64_t>(DataTypeSize(static_cast<DataType>(v)));
 }
 
 std::vector<std::vector<int32_t>> PlanFastBuckets(const std::vector<int32_t>& ids,

@@ -267,11 +267,15 @@ void Finish(braid_handle* h) {
   h->result = h->handle->status();
   if (!h->result.ok() || h->collective != braid::Collective::kAllGather) return;
   const std::vector<int64_t>& shape = h->handle->output_shape();
-  int64_t elements = 1;
-  for (int64_t d : shape) elements *= d;
+  const absl::StatusOr<int64_t> elements = braid::ShapeElements("the result's shape", shape);
+  if (!elements.ok()) {  // a bug: the runtime's shape comes from sizes checked already
+    h->result = absl::InternalError(absl::StrCat("allgather '", h->name, "': ",
+                                                 elements.status().message()));
+    return;
+  }
   const int64_t first_dim = shape.empty() ? 0 : shape[0];
   if (h->output_first_dim != nullptr) *h->output_first_dim = first_dim;
-  h->result_bytes = static_cast<size_t>(elements) * h->element_bytes;
+  h->result_bytes = static_cast<size_t>(*elements) * h->element_bytes;
   // The runtime writes into the caller's buffer when it is large enough, and into the
   // handle's own otherwise (runtime.cc, output_for).
   h->result_held = h->output == nullptr || h->result_bytes > h->output_capacity_bytes;

@@ -170,8 +170,12 @@ class NativeHandle {
     const std::vector<int64_t>& shape = h_->output_shape();
     std::vector<py::ssize_t> dims(shape.begin(), shape.end());
     const std::vector<char>& bytes = h_->output();
-    size_t n = 1;
-    for (int64_t d : shape) n *= static_cast<size_t>(d);
+    const absl::StatusOr<int64_t> elements = braid::ShapeElements("the result's shape", shape);
+    if (!elements.ok()) {
+      Raise(absl::InternalError("collective '" + name_ + "': " +
+                                std::string(elements.status().message())));
+    }
+    const size_t n = static_cast<size_t>(*elements);
     if (n * static_cast<size_t>(dtype.itemsize()) != bytes.size()) {
       Raise(absl::InternalError("collective '" + name_ + "': result has " +
                                 std::to_string(bytes.size()) + " bytes, expected " +

@@ -1,12 +1,15 @@
 // Unit tests of the compression stage's math: 4-bit codecs against values worked out by hand,
 // stochastic rounding against its definition, the 4-bit all-reduce's layout, error feedback,
-// spec parsing, and the stage's warm-up, byte counts and native 16-bit path over a one-rank
-// fake communicator.
+// spec parsing, and the stage's plan and reduction, warm-up, byte counts and native 16-bit
+// path over a one-rank fake communicator.
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "common/half.h"
 #include "compression/error_feedback.h"
 #include "compression/four_bit.h"
@@ -429,6 +432,64 @@ TEST(StageTest, WarmUpRunsPlainThenCompressesAndCountsBytes) {
   // The step counts travel in the checkpoint: 3 reductions of each tensor.
   const std::string state = stage.SaveState(0, 1);
   EXPECT_NE(state.find(std::string("\x03\0\0\0\0\0\0\0", 8)), std::string::npos);
+}
+
+// Note [Bucket reduction]: the caller sequences plan -> pack -> reduce; the stage never calls
+// back. The plan says each tensor's step, warm-up and view dtype; a planned bucket dropped
+// without a reduction, or reduced with views other than planned, advances no step count;
+// the stage's state lock is held from the plan until the reduction, so a checkpoint taken
+// meanwhile waits for it.
+TEST(StageTest, PlanThenReduceWithNoCallback) {
+  CompressionStage stage(StageOptions{});
+  SelfCommunicator comm;
+  const CompressionMethod& method = *stage.Resolve("fp16:start_step=1").value();
+  std::vector<int64_t> shape = {4};
+  const std::vector<BucketTensor> tensors = {{"h", shape, DataType::kFloat16, 4},
+                                             {"f", shape, DataType::kFloat32, 4}};
+  std::vector<float> h(4, 1.5f), f(4, 2.5f);
+  const std::vector<TensorView> views = {{"h", shape, h.data(), 4}, {"f", shape, f.data(), 4}};
+  {
+    absl::StatusOr<PlannedBucket> planned = stage.Plan(method, tensors);
+    ASSERT_TRUE(planned.ok()) << planned.status();
+    ASSERT_EQ(planned->plans().size(), 2u);
+    for (const TensorPlan& p : planned->plans()) {
+      EXPECT_EQ(p.step, 0);
+      EXPECT_TRUE(p.warm_up);
+      EXPECT_EQ(p.work_dtype, DataType::kFloat32) << "a warm-up step runs in float32";
+      EXPECT_TRUE(p.separate_input);
+    }
+  }  // dropped unreduced: the lock is released and nothing advanced
+  absl::StatusOr<PlannedBucket> first = stage.Plan(method, tensors);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first->plans()[0].step, 0);
+  std::vector<TensorBytes> bytes(2);
+  ASSERT_TRUE(stage.Reduce(*std::move(first), views, ReduceOp::kSum, comm,
+                           absl::MakeSpan(bytes)).ok());
+  EXPECT_TRUE(bytes[0].warm_up && bytes[1].warm_up);
+  EXPECT_GT(comm.all_reduces, 0);
+  absl::StatusOr<PlannedBucket> second = stage.Plan(method, tensors);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->plans()[0].step, 1);
+  EXPECT_FALSE(second->plans()[0].warm_up);
+  EXPECT_EQ(second->plans()[0].work_dtype, DataType::kFloat16) << "fp16 takes it natively";
+  EXPECT_EQ(second->plans()[1].work_dtype, DataType::kFloat32);
+  // A checkpoint waits for the planned bucket.
+  absl::Notification saved;
+  std::thread saver([&] {
+    stage.SaveState(0, 1);
+    saved.Notify();
+  });
+  EXPECT_FALSE(saved.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  // float32 where float16 was planned: refused, no step advanced, the lock released.
+  absl::Status s = stage.Reduce(*std::move(second), views, ReduceOp::kSum, comm);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_EQ(s.message(), "compression 'fp16:start_step=1': tensor 'h' was packed as 4 x "
+                         "float32, planned 4 x float16");
+  saved.WaitForNotification();
+  saver.join();
+  absl::StatusOr<PlannedBucket> third = stage.Plan(method, tensors);
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(third->plans()[0].step, 1);
 }
 
 TEST(StageTest, ForgottenTensorsStartOverAsInAFreshStage) {

@@ -125,5 +125,19 @@ TEST(FastPathBucketsTest, FusesAllReducesOfOneKindUpToTheThreshold) {
   EXPECT_EQ(RequestBytes(cache.Find(2)->request), 80);
 }
 
+// The element count is common/limits.h's checked one: a shape whose product overflows, or a
+// negative dimension (neither passes the coordinator's validation, so neither is cached),
+// counts no bytes instead of a wrapped or negative size.
+TEST(FastPathBucketsTest, RequestBytesNeverWraps) {
+  proto::Request r = AllReduce("huge", (int64_t{1} << 40) + 1);
+  r.add_shape(int64_t{1} << 30);
+  EXPECT_EQ(RequestBytes(r), 0);
+  EXPECT_EQ(RequestBytes(AllReduce("negative", -10)), 0);
+  EXPECT_EQ(RequestBytes(AllReduce("empty", 0)), 0);
+  proto::Request scalar = AllReduce("scalar", 1, proto::FLOAT64);
+  scalar.clear_shape();
+  EXPECT_EQ(RequestBytes(scalar), 8);
+}
+
 }  // namespace
 }  // namespace braid

@@ -354,6 +354,20 @@ TEST(PowerSgdPlanTest, MatrixViewAndWhatStaysUncompressed) {
   EXPECT_EQ(PlanPowerSgd(std::vector<int64_t>{0, 5}, o).payload_bytes, 0u);
 }
 
+// The element count is common/limits.h's checked one: a shape whose product overflows (or a
+// negative dimension) plans as an empty tensor, never as a wrapped count.
+TEST(PowerSgdPlanTest, AShapeBeyondTheLimitsPlansAsEmpty) {
+  PowerSgdOptions o;
+  o.rank = 2;
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{(int64_t{1} << 40) + 1, int64_t{1} << 30},
+        std::vector<int64_t>{-4, 5}}) {
+    const PowerSgdPlan p = PlanPowerSgd(shape, o);
+    EXPECT_FALSE(p.compressed) << shape[0];
+    EXPECT_EQ(p.payload_bytes, 0u) << shape[0];
+  }
+}
+
 // ---- Orthogonalization ------------------------------------------------------------------------
 
 TEST(PowerSgdOrthogonalizeTest, ColumnsBecomeOrthonormal) {
