@@ -25,6 +25,9 @@
 
 namespace braid::coordinator {
 
+// "rank 1 (pid 7 on h)", or "pid 7 on h" without a rank of its own: a registration in messages.
+std::string Registrant(const proto::RegisterRequest& r);
+
 // Deferred work (completions of waiting calls), run once the service's lock is released.
 using Completions = std::vector<std::function<void()>>;
 

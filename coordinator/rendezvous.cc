@@ -12,13 +12,12 @@
 
 namespace braid::coordinator {
 
-absl::StatusOr<std::vector<proto::RegisterResponse>> AssignRanks(
-    const std::vector<proto::RegisterRequest>& requests, int world_size) {
+namespace {
+
+// Each request's rank: the one it claimed (once, inside the world), else the lowest free.
+absl::StatusOr<std::vector<int>> RanksOf(const std::vector<proto::RegisterRequest>& requests,
+                                         int world_size) {
   const int n = static_cast<int>(requests.size());
-  if (n != world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(n, " ranks registered for a world of size ", world_size));
-  }
   std::vector<int> rank_of(n, -1);
   std::map<int, int> taken;  // rank -> request index
   for (int i = 0; i < n; ++i) {
@@ -46,26 +45,52 @@ absl::StatusOr<std::vector<proto::RegisterResponse>> AssignRanks(
     rank_of[i] = next_free;
     taken[next_free] = i;
   }
+  return rank_of;
+}
 
-  std::vector<int> index_of_rank(n);
-  for (int i = 0; i < n; ++i) index_of_rank[rank_of[i]] = i;
+// Each request's (local rank, local size): as the launcher gave them when every request has
+// them, else counted per host in rank order.
+void LocalRanksOf(const std::vector<proto::RegisterRequest>& requests,
+                  const std::vector<int>& index_of_rank, std::vector<int>* local_rank,
+                  std::vector<int>* local_size) {
+  const int n = static_cast<int>(requests.size());
   bool all_local_given = true;
-  for (const auto& r : requests) all_local_given = all_local_given && r.local_rank() >= 0 && r.local_size() > 0;
-  std::vector<int> local_rank(n), local_size(n);
+  for (const auto& r : requests) {
+    all_local_given = all_local_given && r.local_rank() >= 0 && r.local_size() > 0;
+  }
+  local_rank->assign(n, 0);
+  local_size->assign(n, 0);
   if (all_local_given) {
     for (int i = 0; i < n; ++i) {
-      local_rank[i] = requests[i].local_rank();
-      local_size[i] = requests[i].local_size();
+      (*local_rank)[i] = requests[i].local_rank();
+      (*local_size)[i] = requests[i].local_size();
     }
-  } else {
-    std::map<std::string, int> count;
-    for (int r = 0; r < n; ++r) {
-      int i = index_of_rank[r];
-      local_rank[i] = count[requests[i].host()]++;
-    }
-    for (int i = 0; i < n; ++i) local_size[i] = count[requests[i].host()];
+    return;
   }
+  std::map<std::string, int> count;
+  for (int r = 0; r < n; ++r) {
+    int i = index_of_rank[r];
+    (*local_rank)[i] = count[requests[i].host()]++;
+  }
+  for (int i = 0; i < n; ++i) (*local_size)[i] = count[requests[i].host()];
+}
 
+}  // namespace
+
+absl::StatusOr<std::vector<proto::RegisterResponse>> AssignRanks(
+    const std::vector<proto::RegisterRequest>& requests, int world_size) {
+  const int n = static_cast<int>(requests.size());
+  if (n != world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(n, " ranks registered for a world of size ", world_size));
+  }
+  auto ranks = RanksOf(requests, world_size);
+  if (!ranks.ok()) return ranks.status();
+  const std::vector<int>& rank_of = *ranks;
+  std::vector<int> index_of_rank(n);
+  for (int i = 0; i < n; ++i) index_of_rank[rank_of[i]] = i;
+  std::vector<int> local_rank, local_size;
+  LocalRanksOf(requests, index_of_rank, &local_rank, &local_size);
   std::vector<proto::RegisterResponse> out(n);
   for (int i = 0; i < n; ++i) {
     out[i].set_rank(rank_of[i]);

@@ -218,49 +218,6 @@ const Variable kVariables[] = {
      }},
 };
 
-struct Scheme {
-  const char* source;
-  const char* rank;
-  const char* size;
-  const char* local_rank;
-  const char* local_size;
-  // Whether the launcher always sets the size with the rank, so a rank without it is a
-  // hand-made environment missing a variable: torchrun and mpirun do; braidrun's rank may
-  // take the size from a standalone coordinator (BRAID_COORDINATOR, checked in
-  // ConfigFromEnv), and a Slurm batch script has SLURM_PROCID without SLURM_NTASKS.
-  bool size_required;
-};
-
-// Reads an integer variable into *out when it is set; false when unset.
-absl::StatusOr<bool> ReadInt(const Getenv& env, const char* name, int64_t* out) {
-  const char* v = env(name);
-  if (v == nullptr || *v == '\0') return false;
-  auto parsed = ParseInteger(name, v, INT64_MIN, INT64_MAX);
-  if (!parsed.ok()) return parsed.status();
-  *out = *parsed;
-  return true;
-}
-
-// The launcher's name for the job (LaunchInfo::job_id), whichever launcher set one.
-std::string LauncherJobId(const Getenv& env) {
-  auto get = [&env](const char* name) -> std::string {
-    const char* v = env(name);
-    return v == nullptr ? std::string() : std::string(v);
-  };
-  // torchrun's static rendezvous names every run "none": no identity.
-  if (std::string id = get("TORCHELASTIC_RUN_ID"); !id.empty() && id != "none") {
-    return absl::StrCat("torchrun:", id);
-  }
-  if (std::string id = get("SLURM_JOB_ID"); !id.empty()) {
-    return absl::StrCat("slurm:", id, ".", get("SLURM_STEP_ID"));
-  }
-  if (std::string id = get("OMPI_MCA_ess_base_jobid"); !id.empty()) {
-    return absl::StrCat("openmpi:", id);
-  }
-  if (std::string id = get("PMIX_NAMESPACE"); !id.empty()) return absl::StrCat("pmix:", id);
-  return "";
-}
-
 }  // namespace
 
 absl::StatusOr<int64_t> ParseInteger(absl::string_view what, absl::string_view text,
@@ -373,61 +330,6 @@ absl::StatusOr<int64_t> ParseMebibytes(absl::string_view what, absl::string_view
   return static_cast<int64_t>(bytes);
 }
 
-absl::StatusOr<LaunchInfo> LaunchInfoFromEnv(const Getenv& env) {
-  static const Scheme kSchemes[] = {
-      {"braid", "BRAID_RANK", "BRAID_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_SIZE", false},
-      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", true},
-      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
-       false},
-      {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-       "OMPI_COMM_WORLD_LOCAL_SIZE", true},
-  };
-  LaunchInfo info;
-  for (const Scheme& s : kSchemes) {
-    int64_t rank = -1, size = 0;
-    auto has_rank = ReadInt(env, s.rank, &rank);
-    if (!has_rank.ok()) return has_rank.status();
-    auto has_size = ReadInt(env, s.size, &size);
-    if (!has_size.ok()) return has_size.status();
-    if (!*has_rank && !*has_size) continue;
-    if (*has_rank && !*has_size && s.size_required) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          s.rank, "=", rank, " is set but ", s.size, " is not: set both (", s.size,
-          " is the number of ranks in the job)"));
-    }
-    if (*has_size && (size < 1 || size > (1 << 16))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(s.size, " must be in [1, 65536], got ", size));
-    }
-    if (*has_rank && (rank < 0 || (*has_size && rank >= size) || rank >= (1 << 16))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(s.rank, "=", rank, " is outside the world of size ", size));
-    }
-    info.source = s.source;
-    info.rank = *has_rank ? static_cast<int>(rank) : -1;
-    info.size = *has_size ? static_cast<int>(size) : 0;
-    int64_t lr = -1, ls = 0;
-    auto has_lr = ReadInt(env, s.local_rank, &lr);
-    if (!has_lr.ok()) return has_lr.status();
-    // Slurm's SLURM_NTASKS_PER_NODE reads "2(x3)" on uneven layouts: an unreadable local
-    // size is left to the coordinator, which numbers local ranks by host.
-    auto has_ls = ReadInt(env, s.local_size, &ls);
-    if (!has_ls.ok() && absl::string_view(s.local_size) != "SLURM_NTASKS_PER_NODE") {
-      return has_ls.status();
-    }
-    const bool local_known = has_ls.ok() && *has_ls && *has_lr && ls > 0 && ls <= (1 << 16) &&
-                             lr >= 0 && lr < ls;
-    if (has_ls.ok() && *has_ls && *has_lr && !local_known) {
-      return absl::InvalidArgumentError(absl::StrCat(s.local_rank, "=", lr, " is outside ",
-                                                     s.local_size, "=", ls));
-    }
-    info.local_rank = local_known ? static_cast<int>(lr) : -1;
-    info.local_size = local_known ? static_cast<int>(ls) : 0;
-    break;
-  }
-  info.job_id = LauncherJobId(env);
-  return info;
-}
 
 proto::JobSettings ToProto(const JobSettings& s) {
   proto::JobSettings p;

@@ -71,11 +71,14 @@ void Runtime::Impl::CancelInit() {
   if (registering_ != nullptr) registering_->CancelRegister();
 }
 
-absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps deps) {
-  config_ = config;
-  // Misspelt BRAID_ and Horovod's variables (config.h: EnvironmentWarnings): braidrun warned
-  // once for the whole job; without it, the first local rank of each host does, once.
-  // Atomic: runtimes of one process may start on several threads at once (tests do).
+namespace {
+
+// What a rank does before anything else of Init: warn of misspelt BRAID_ and Horovod's
+// variables (config.h: EnvironmentWarnings) and watch its launcher.
+void BeforeInit(const RuntimeConfig& config) {
+  // braidrun warned once for the whole job; without it, the first local rank of each host
+  // does, once. Atomic: runtimes of one process may start on several threads at once (tests
+  // do).
   static std::atomic<bool> warned{false};
   if (config.launch.source != "braid" && config.launch.local_rank <= 0 && !warned.exchange(true)) {
     for (const std::string& w : config.environment_warnings) LOG(WARNING) << "braid: " << w;
@@ -88,6 +91,13 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
       LOG(WARNING) << "braid: " << s.message();
     }
   }
+}
+
+}  // namespace
+
+absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps deps) {
+  config_ = config;
+  BeforeInit(config);
   // Before the client: its heartbeats read the ledger (braidctl status).
   BRAID_RETURN_IF_ERROR(MakeCompression(config));
   CoordinatorClientSetup setup;
@@ -149,6 +159,24 @@ absl::Status Runtime::Impl::MakeCompression(const RuntimeConfig& config) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> Runtime::Impl::HostCoordinator(const RuntimeConfig& config,
+                                                           const JobSecret& secret,
+                                                           const LaunchInfo& launch, bool alone) {
+  coordinator::ServerOptions so;
+  so.bind_address = alone ? "127.0.0.1" : config.coordinator_host;
+  so.port = alone ? 0 : config.coordinator_port;
+  so.world_size = launch.size;
+  so.job_secret = secret.secret;
+  so.single_job = true;  // another job's ranks on this port are refused at once
+  so.register_timeout = RegistrationTimeout(config);  // before the ranks' own deadline
+  so.tls_cert_file = config.tls_cert_file;
+  so.tls_key_file = config.tls_key_file;
+  // No settings of its own: every rank's registration proposes the job settings it set,
+  // this one's included (Note [Job settings]).
+  BRAID_ASSIGN_OR_RETURN(hosted_, coordinator::StartCoordinator(so));
+  return hosted_->address();
+}
+
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> Runtime::Impl::ConnectDefaultCoordinator(
     const RuntimeConfig& config, const JobSecret& secret, LaunchInfo* launch,
     const CoordinatorClientSetup& setup) {
@@ -167,19 +195,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Runtime::Impl::ConnectDefault
           CheckHostResolves(config.coordinator_host, config.coordinator_host_from));
     }
     if (launch->rank == 0) {
-      coordinator::ServerOptions so;
-      so.bind_address = alone ? "127.0.0.1" : config.coordinator_host;
-      so.port = alone ? 0 : config.coordinator_port;
-      so.world_size = launch->size;
-      so.job_secret = secret.secret;
-      so.single_job = true;  // another job's ranks on this port are refused at once
-      so.register_timeout = RegistrationTimeout(config);  // before the ranks' own deadline
-      so.tls_cert_file = config.tls_cert_file;
-      so.tls_key_file = config.tls_key_file;
-      // No settings of its own: every rank's registration proposes the job settings it set,
-      // this one's included (Note [Job settings]).
-      BRAID_ASSIGN_OR_RETURN(hosted_, coordinator::StartCoordinator(so));
-      address = hosted_->address();
+      BRAID_ASSIGN_OR_RETURN(address, HostCoordinator(config, secret, *launch, alone));
     } else if (launch->rank < 0) {
       return absl::InvalidArgumentError(
           "BRAID_COORDINATOR is not set and this process has no rank from a launcher "

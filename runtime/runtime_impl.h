@@ -109,6 +109,11 @@ class Runtime::Impl {
   absl::StatusOr<std::unique_ptr<CoordinatorClient>> ConnectDefaultCoordinator(
       const RuntimeConfig& config, const JobSecret& secret, LaunchInfo* launch,
       const CoordinatorClientSetup& setup);
+  // Starts the coordinator this rank hosts (rank 0 without BRAID_COORDINATOR; `alone`: a
+  // private one on a free loopback port); its address.
+  absl::StatusOr<std::string> HostCoordinator(const RuntimeConfig& config,
+                                              const JobSecret& secret, const LaunchInfo& launch,
+                                              bool alone);
   // Opens the timeline of `path` for this rank (rank r > 0 writes PATH.rank<r>) and makes it
   // the one events go to, closing the one before (valid JSON); "" closes it only.
   absl::Status OpenTimeline(const std::string& path);
