@@ -20,9 +20,13 @@ namespace {
 class Table final : public InFlight {
  public:
   std::shared_ptr<Handle> Add(CollectiveRequest req, const compression::CompressionMethod* m) {
-    auto handle = std::make_shared<Handle>();
+    TensorEntry e;
+    e.handle = std::make_shared<Handle>();
+    e.method = m;
     std::string name = req.name;
-    entries_.emplace(name, TensorEntry{std::move(req), handle, m});
+    e.req = std::move(req);
+    auto handle = e.handle;
+    entries_.emplace(name, std::move(e));
     return handle;
   }
   TensorEntry* Find(const std::string& name) override {

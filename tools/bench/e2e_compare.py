@@ -18,7 +18,8 @@ and a verdict: "slower" only when every run of this build was slower than every 
 base (the ranges do not overlap), "faster" likewise, else "within spread". The bare
 Communicator runs the same code in both binaries, so its before/after ratio shows how much
 the machine alone moved the figures. With --step-tensors the training-like step (fused,
-fusion off) gets the same treatment. Exit code: 0, or 1 when a run failed.
+fusion off) gets the same treatment. --fast-path 1 (or 0) runs both sides with
+BRAID_FAST_PATH set so: run it once each way for the fast path's before/after. Exit code: 0, or 1 when a run failed.
 """
 import argparse
 import json
@@ -47,6 +48,8 @@ def run_once(exe, args, json_path):
     env.setdefault("UCX_NET_DEVICES", "lo")
     if args.compression:
         env["BRAID_COMPRESSION"] = args.compression  # the job's default: every e2e all-reduce
+    if args.fast_path is not None:
+        env["BRAID_FAST_PATH"] = args.fast_path  # both sides alike
     try:
         done = subprocess.run(argv, env=env, capture_output=True, text=True,
                               timeout=args.run_timeout)
@@ -130,6 +133,8 @@ def main(argv=None):
     p.add_argument("--compression", metavar="SPEC",
                    help="run both sides with BRAID_COMPRESSION=SPEC (the end-to-end rows and "
                         "the step then go through that method; bare rows stay uncompressed)")
+    p.add_argument("--fast-path", choices=("0", "1"),
+                   help="BRAID_FAST_PATH for both sides (default: the environment's)")
     p.add_argument("--run-timeout", type=float, default=900)
     p.add_argument("--wait-idle", type=float, default=0,
                    help="before each run, wait up to this many seconds for idle CPUs")
