@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/config.h"
+#include "transport/channels.h"
 #include "transport/communicator.h"
 #include "transport/ucx_communicator.h"
 
@@ -24,8 +25,10 @@ class DataPlane {
   // set them, else -1 / 0) and returns what peers need to reach and watch it.
   virtual absl::StatusOr<transport::PeerAddress> Open(const LaunchInfo& launch) = 0;
   // Phase 2: connects to every peer. peers[r] is rank r's address as the coordinator returned
-  // them, `rank` this rank's place as it assigned it. Called once, after Open.
-  virtual absl::StatusOr<std::unique_ptr<transport::Communicator>> Connect(
+  // them, `rank` this rank's place as it assigned it. Called once, after Open. Returns the
+  // data channel (tensors) and the control channel (votes, split exchanges, barriers) over
+  // the same endpoints (Note [Channels], transport/channels.h).
+  virtual absl::StatusOr<transport::Channels> Connect(
       int rank, std::vector<transport::PeerAddress> peers) = 0;
 };
 

@@ -37,13 +37,13 @@ std::string Upper(absl::string_view s) {
 
 Executor::Executor(const Parts& parts)
     : parts_(parts),
-      rank_(parts.data->rank()),
-      size_(parts.data->size()),
+      rank_(parts.control->rank()),
+      size_(parts.control->size()),
       pipeline_(parts.stage, parts.ledger) {}
 
 void Executor::Abort(const absl::Status& s) {
-  parts_.data->Abort(s);
-  if (parts_.control != parts_.data) parts_.control->Abort(s);
+  parts_.planes->ForEach([&](transport::Communicator& plane) { plane.Abort(s); });
+  parts_.control->Abort(s);
 }
 
 transport::TransportStats Executor::stats() const {
@@ -180,7 +180,7 @@ absl::Status Executor::RunAllReduce(const Bucket& bucket,
     }
     tensors.push_back({e->req.name, e->req.shape, e->req.input, e->req.output});
   }
-  return pipeline_.Run(bucket.id, *method, dtype, op, tensors, *parts_.data, timeline);
+  return pipeline_.Run(bucket.id, *method, dtype, op, tensors, HostPlane(), timeline);
 }
 
 absl::Status Executor::RunJoined(const Bucket& bucket) {
@@ -210,7 +210,7 @@ absl::Status Executor::RunCollective(TensorEntry& e, const Bucket& bucket) {
       if (rank_ == bucket.root_rank && r.output != r.input && n > 0) {
         std::memcpy(r.output, r.input, n * elem);
       }
-      return parts_.data->Broadcast(r.output, n * elem, bucket.root_rank);
+      return HostPlane().Broadcast(r.output, n * elem, bucket.root_rank);
     case Collective::kBarrier:
       return parts_.control->Barrier();
     case Collective::kJoin: {
@@ -246,7 +246,7 @@ absl::Status Executor::RunAllGather(TensorEntry& e, const Bucket& bucket) {
     shape[0] += bucket.first_dims[p];
   }
   void* out = OutputFor(e, shape[0] * row * elem, shape, false);
-  return parts_.data->AllGather(r.input, bytes[rank_], out, bytes);
+  return HostPlane().AllGather(r.input, bytes[rank_], out, bytes);
 }
 
 absl::Status Executor::RunReduceScatter(TensorEntry& e) {
@@ -258,7 +258,7 @@ absl::Status Executor::RunReduceScatter(TensorEntry& e) {
   for (int p = 0; p < size_; ++p) counts[p] = rows[p] * row;
   shape[0] = rows[rank_];
   void* out = OutputFor(e, counts[rank_] * DataTypeSize(r.dtype), shape, r.output != nullptr);
-  return parts_.data->ReduceScatter(r.input, out, counts, r.dtype, r.op);
+  return HostPlane().ReduceScatter(r.input, out, counts, r.dtype, r.op);
 }
 
 absl::Status Executor::RunAllToAll(TensorEntry& e) {
@@ -280,11 +280,13 @@ absl::Status Executor::RunAllToAll(TensorEntry& e) {
     shape[0] += recv_rows[p];
   }
   void* out = OutputFor(e, shape[0] * row * elem, shape, false);
-  return parts_.data->AllToAll(r.input, sb, out, rb);
+  return HostPlane().AllToAll(r.input, sb, out, rb);
 }
 
 void Executor::Finish(const std::vector<std::string>& names, const absl::Status& s) {
-  transport::TransportStats stats = parts_.data->stats();  // this thread's
+  // This thread's: the planes' and the control channel's counters, as one rank's traffic.
+  transport::TransportStats stats = parts_.control->stats();
+  parts_.planes->ForEach([&](transport::Communicator& plane) { stats += plane.stats(); });
   {
     absl::MutexLock lock(&mu_);
     stats_ = stats;

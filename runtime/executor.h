@@ -21,6 +21,7 @@
 #include "compression/stage.h"
 #include "control/bucket.h"
 #include "runtime/allreduce_pipeline.h"
+#include "runtime/data_planes.h"
 #include "runtime/in_flight.h"
 #include "runtime/statistics.h"
 #include "runtime/timeline.h"
@@ -31,9 +32,9 @@ namespace braid {
 class Executor {
  public:
   struct Parts {
-    // Tensors go over `data`; all-to-all split exchanges and barriers over `control` (the
-    // same communicator when the data plane carries both, the host data plane today).
-    transport::Communicator* data = nullptr;
+    // Tensors go over the plane of their memory (Note [Data planes]); all-to-all split
+    // exchanges and barriers over `control` (Note [Channels], transport/channels.h).
+    const DataPlaneRegistry* planes = nullptr;
     transport::Communicator* control = nullptr;
     compression::CompressionStage* stage = nullptr;  // a joined rank's compression
     StatisticsLedger* ledger = nullptr;              // the pipeline books bytes there
@@ -49,8 +50,8 @@ class Executor {
   // (and did not join for, Note [Join]) aborts the job through InFlight::Abort.
   void Run(const Bucket& bucket);
 
-  // Fails the collective in flight on the data plane at once, and every later one
-  // (transport::Communicator::Abort). Thread-safe; never waits for Run.
+  // Fails the collective in flight on every data plane and the control channel at once, and
+  // every later one (transport::Communicator::Abort). Thread-safe; never waits for Run.
   void Abort(const absl::Status& s);
 
   // The first data-plane timeout of the job (a bucket's, naming its tensors, or the fast
@@ -59,7 +60,8 @@ class Executor {
   // and repeats it.
   absl::Status FirstTimeout(const absl::Status& s);
 
-  // The data plane's counters as of the last bucket that finished.
+  // The counters of the data planes and the control channel together, as of the last bucket
+  // that finished.
   transport::TransportStats stats() const;
 
  private:
@@ -80,6 +82,10 @@ class Executor {
   // the peers waited on, transport/context.h): the same, naming the bucket's tensors too.
   absl::Status DataPlaneTimeout(const Bucket& bucket, const absl::Status& s);
   void Finish(const std::vector<std::string>& names, const absl::Status& s);
+
+  // The host data plane (Note [Data planes]): a bucket's memory kind comes with device
+  // tensors; until then every bucket is host memory.
+  transport::Communicator& HostPlane() const { return *parts_.planes->For(MemoryKind::kHost); }
 
   const Parts parts_;
   const int rank_;

@@ -135,12 +135,12 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   size_ = registered.size();
   local_rank_ = registered.local_rank();
   local_size_ = registered.local_size();
-  comm_ = std::move(joined.comm);
+  channels_ = std::move(joined.channels);
   timeline_max_bytes_ = config.timeline_max_bytes;
   BRAID_RETURN_IF_ERROR(OpenTimeline(config.timeline_path));
   BRAID_RETURN_IF_ERROR(StartLoop(registered.settings()));
-  VLOG(1) << "braid: rank " << rank_ << " of " << size_ << " joined (" << comm_->Describe()
-          << ")";
+  VLOG(1) << "braid: rank " << rank_ << " of " << size_ << " joined ("
+          << channels_.data->Describe() << ")";
   return absl::OkStatus();
 }
 
@@ -271,10 +271,12 @@ absl::Status Runtime::Impl::StopTimeline() {
 absl::Status Runtime::Impl::StartLoop(const proto::JobSettings& job) {
   {
     absl::MutexLock lock(&parts_mu_);
-    transport_description_ = comm_->Describe();
+    transport_description_ = channels_.data->Describe();
+    planes_ = DataPlaneRegistry();
+    planes_.Add(MemoryKind::kHost, channels_.data.get());
     Executor::Parts ep;
-    ep.data = comm_.get();
-    ep.control = comm_.get();
+    ep.planes = &planes_;
+    ep.control = channels_.control.get();
     ep.stage = stage_.get();
     ep.ledger = ledger_.get();
     ep.in_flight = &controller_;
@@ -286,7 +288,7 @@ absl::Status Runtime::Impl::StartLoop(const proto::JobSettings& job) {
   cp.rank = rank_;
   cp.size = size_;
   cp.client = client_.get();
-  cp.control = comm_.get();
+  cp.control = channels_.control.get();
   cp.abort_data_plane = [executor](const absl::Status& s) { executor->Abort(s); };
   cp.first_timeout = [executor](const absl::Status& s) { return executor->FirstTimeout(s); };
   cp.timeline = [this] { return timeline(); };
@@ -321,7 +323,7 @@ void Runtime::Impl::Loop(Executor& executor) {
 
 void Runtime::Impl::ReleaseParts() {
   OpenTimeline("").IgnoreError();  // flushes
-  comm_.reset();
+  channels_ = transport::Channels();
   client_.reset();
   if (hosted_) hosted_->Shutdown(absl::ZeroDuration());
   hosted_.reset();

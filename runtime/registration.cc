@@ -67,9 +67,9 @@ absl::StatusOr<Joined> JoinJob(const RuntimeConfig& config, const LaunchInfo& la
   }
   Joined joined;
   joined.registration = *std::move(registered);
-  auto comm = data_plane.Connect(joined.registration.rank(), std::move(peers));
-  if (!comm.ok()) return comm.status();
-  joined.comm = *std::move(comm);
+  auto channels = data_plane.Connect(joined.registration.rank(), std::move(peers));
+  if (!channels.ok()) return channels.status();
+  joined.channels = *std::move(channels);
   return joined;
 }
 

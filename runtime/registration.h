@@ -28,7 +28,7 @@ namespace braid {
 struct Joined {
   // This rank's place (rank, size, local rank and size) and the job's settings.
   proto::RegisterResponse registration;
-  std::unique_ptr<transport::Communicator> comm;  // connected to every peer
+  transport::Channels channels;  // data and control, connected to every peer
 };
 
 // Opens this rank's data-plane endpoint, registers through `client` (launch info, host, pid,

@@ -60,6 +60,7 @@
 #include "absl/synchronization/mutex.h"
 #include "compression/stage.h"
 #include "runtime/controller.h"
+#include "runtime/data_planes.h"
 #include "runtime/deps.h"
 #include "runtime/executor.h"
 #include "runtime/job_identity.h"
@@ -150,11 +151,14 @@ class Runtime::Impl {
   NegotiationController controller_;
   std::unique_ptr<coordinator::CoordinatorServer> hosted_;
   std::unique_ptr<CoordinatorClient> client_;
-  std::unique_ptr<transport::Communicator> comm_;  // the host data plane, control channel too
+  // The host data plane and the control channel (Note [Channels]), and the registry the
+  // executor takes data planes from (Note [Data planes]).
+  transport::Channels channels_;
+  DataPlaneRegistry planes_;
   // Replaced by Init only; read by the callers' threads (stats) under parts_mu_.
   mutable absl::Mutex parts_mu_;
   std::unique_ptr<Executor> executor_ ABSL_GUARDED_BY(parts_mu_);
-  // comm_->Describe(), taken in Init before the background thread owns comm_.
+  // The host data plane's Describe(), taken in Init before braid-loop owns the planes.
   std::string transport_description_ ABSL_GUARDED_BY(parts_mu_);
   // Created by Init (per job: compressor state and counters start fresh) before the client
   // (its heartbeats read the ledger) and replaced only by the next Init, after the client

@@ -24,22 +24,22 @@ class UcxDataPlane final : public DataPlane {
     return worker_->self();
   }
 
-  absl::StatusOr<std::unique_ptr<transport::Communicator>> Connect(
+  absl::StatusOr<transport::Channels> Connect(
       int /*rank: ConnectUcx finds this worker in the list*/,
       std::vector<transport::PeerAddress> peers) override {
     if (worker_ == nullptr) return absl::FailedPreconditionError("UCX: Connect before Open");
-    auto comm = transport::ConnectUcx(std::move(worker_), std::move(peers));
-    if (!comm.ok()) return comm.status();
+    auto channels = transport::ConnectUcxChannels(std::move(worker_), std::move(peers));
+    if (!channels.ok()) return channels.status();
     // No rank leaves Init before every rank has connected to it: a rank that returned and
     // shut down at once would remove the shared memory a slower peer is still attaching to
     // (UCX: "shmat ... Invalid argument", the slower peer's Init failing). The barrier's
     // messages travel every endpoint, so each is connected when it completes.
-    absl::Status s = (*comm)->Barrier();
+    absl::Status s = channels->control->Barrier();
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("UCX: the ranks' first barrier after connecting: ",
                                                  s.message()));
     }
-    return comm;
+    return channels;
   }
 
  private:

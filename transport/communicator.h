@@ -50,6 +50,16 @@ struct TransportStats {
   uint64_t messages_received = 0;
   uint64_t collectives = 0;
   uint64_t stray_messages_dropped = 0;
+  // Adds `o`'s counters: the traffic of several communicators of one rank as one.
+  TransportStats& operator+=(const TransportStats& o) {
+    bytes_sent += o.bytes_sent;
+    bytes_received += o.bytes_received;
+    messages_sent += o.messages_sent;
+    messages_received += o.messages_received;
+    collectives += o.collectives;
+    stray_messages_dropped += o.stray_messages_dropped;
+    return *this;
+  }
 };
 
 class Communicator {

@@ -22,7 +22,9 @@
 //         connect to). Two sources must not share a value at one destination.
 //   seq   the collective's sequence number modulo 2^16. A rank runs ahead of a peer only
 //         through collectives that need nothing from that peer (a broadcast root's sends), so
-//         two collectives 65536 apart never have messages in flight at once.
+//         two collectives 65536 apart never have messages in flight at once. Communicators
+//         that share one point-to-point layer as channels (transport/channels.h) give the
+//         field's top bit to the channel: 2^15 numbers each, still far beyond that window.
 //   slot  below kMaxTagSlots; pipelined algorithms size their pieces to stay below it.
 //
 // The in-process backend matches (source, seq, slot) directly; a later backend maps the Tag

@@ -34,8 +34,11 @@ absl::StatusOr<PeerAddress> DecodePeer(const std::string& s) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Communicator>> ConnectUcx(std::unique_ptr<UcxWorker> worker,
-                                                         std::vector<PeerAddress> peers) {
+namespace {
+
+// ConnectUcx's point-to-point layer, and the options it runs with.
+absl::StatusOr<std::unique_ptr<PointToPoint>> ConnectUcxPointToPoint(
+    std::unique_ptr<UcxWorker> worker, std::vector<PeerAddress> peers, UcxOptions* out) {
   if (worker == nullptr) return absl::InvalidArgumentError("ConnectUcx: no worker");
   // OpenUcxWorker is the only maker of workers ConnectUcx can connect.
   if (dynamic_cast<ucx::WorkerImpl*>(worker.get()) == nullptr) {
@@ -63,10 +66,27 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectUcx(std::unique_ptr<UcxWork
         "ConnectUcx: peers[", options.rank, "] is not this rank's own worker address"));
   }
   impl->SetPlace(options.rank, options.size);
+  *out = options;
+  return ucx::ConnectPointToPoint(std::move(impl), std::move(peers));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectUcx(std::unique_ptr<UcxWorker> worker,
+                                                         std::vector<PeerAddress> peers) {
+  UcxOptions options;
   BRAID_ASSIGN_OR_RETURN(std::unique_ptr<PointToPoint> p2p,
-                         ucx::ConnectPointToPoint(std::move(impl), std::move(peers)));
+                         ConnectUcxPointToPoint(std::move(worker), std::move(peers), &options));
   return std::unique_ptr<Communicator>(std::make_unique<CollectiveCommunicator>(
       std::move(p2p), static_cast<const CollectiveOptions&>(options)));
+}
+
+absl::StatusOr<Channels> ConnectUcxChannels(std::unique_ptr<UcxWorker> worker,
+                                            std::vector<PeerAddress> peers) {
+  UcxOptions options;
+  BRAID_ASSIGN_OR_RETURN(std::unique_ptr<PointToPoint> p2p,
+                         ConnectUcxPointToPoint(std::move(worker), std::move(peers), &options));
+  return SplitChannels(std::move(p2p), static_cast<const CollectiveOptions&>(options));
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(const UcxOptions& options) {

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/store.h"
+#include "transport/channels.h"
 #include "transport/communicator.h"
 #include "transport/context.h"
 
@@ -91,6 +92,10 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> OpenUcxWorker(const UcxOptions& optio
 // number of peers, peers[rank] not this worker, a null worker), Internal (UCX failed).
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectUcx(std::unique_ptr<UcxWorker> worker,
                                                          std::vector<PeerAddress> peers);
+// The same, split into a data and a control channel over the one worker (Note [Channels],
+// transport/channels.h).
+absl::StatusOr<Channels> ConnectUcxChannels(std::unique_ptr<UcxWorker> worker,
+                                            std::vector<PeerAddress> peers);
 
 // Both phases with the exchange in between, for tests and benchmarks: opens the worker,
 // publishes its PeerAddress in options.store under `store_prefix`/addr/<rank>, waits up to

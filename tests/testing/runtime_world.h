@@ -24,23 +24,24 @@
 #include "runtime/data_plane.h"
 #include "runtime/deps.h"
 #include "runtime/runtime.h"
+#include "transport/channels.h"
 #include "transport/local_communicator.h"
 
 namespace braid::testing {
 
-// The data plane of one rank of an in-process world: Connect hands over the communicator of
-// the rank the coordinator assigned.
+// The data plane of one rank of an in-process world: Connect hands over the channels (data
+// and control, transport/channels.h) of the rank the coordinator assigned.
 class LocalDataPlane final : public DataPlane {
  public:
-  using World = std::vector<std::unique_ptr<transport::Communicator>>;
+  using World = std::vector<transport::Channels>;
   explicit LocalDataPlane(std::shared_ptr<World> world) : world_(std::move(world)) {}
 
   absl::StatusOr<transport::PeerAddress> Open(const LaunchInfo& launch) override {
     return transport::PeerAddress{"localhost", getpid(), absl::StrCat("local:", launch.rank)};
   }
-  absl::StatusOr<std::unique_ptr<transport::Communicator>> Connect(
+  absl::StatusOr<transport::Channels> Connect(
       int rank, std::vector<transport::PeerAddress> peers) override {
-    if (rank < 0 || rank >= static_cast<int>(world_->size()) || (*world_)[rank] == nullptr ||
+    if (rank < 0 || rank >= static_cast<int>(world_->size()) || (*world_)[rank].data == nullptr ||
         peers.size() != world_->size()) {
       return absl::InvalidArgumentError(absl::StrCat("no in-process communicator for rank ",
                                                      rank, " of ", peers.size()));
@@ -61,7 +62,7 @@ struct RuntimeWorldOptions {
   absl::Duration timeout = absl::Seconds(30);
   // Per-rank changes to the configuration before Init (compression default, cycle time...).
   std::function<void(int rank, RuntimeConfig* config)> configure;
-  // Replaces a rank's in-process communicator before Init hands it over (a test's stand-in
+  // Replaces a rank's in-process data channel before Init hands it over (a test's stand-in
   // that delegates to it and misbehaves on cue); unset: every rank gets its own.
   std::function<std::unique_ptr<transport::Communicator>(
       int rank, std::unique_ptr<transport::Communicator> comm)>
@@ -101,10 +102,10 @@ class RuntimeWorld {
     transport::CollectiveOptions co;
     co.timeout = o_.timeout;
     auto world = std::make_shared<LocalDataPlane::World>(
-        transport::CreateLocalCommunicators(o_.size, co));
+        transport::CreateLocalChannels(o_.size, co));
     if (o_.wrap_communicator) {
       for (int r = 0; r < o_.size; ++r) {
-        (*world)[r] = o_.wrap_communicator(r, std::move((*world)[r]));
+        (*world)[r].data = o_.wrap_communicator(r, std::move((*world)[r].data));
       }
     }
     std::vector<absl::Status> out(o_.size);

@@ -5,13 +5,15 @@
 
 #include <cstring>
 #include <memory>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/node_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
-#include "tests/testing/local_world.h"
+#include "transport/channels.h"
 
 namespace braid {
 namespace {
@@ -57,17 +59,29 @@ class Table final : public InFlight {
   absl::Status aborted_;
 };
 
+// fn(rank, channels) on `size` threads over the in-process world split into a data and a
+// control channel per rank (transport/channels.h), as the runtime has them.
+void RunChannelWorld(int size,
+                     const std::function<void(int rank, transport::Channels& channels)>& fn) {
+  std::vector<transport::Channels> world = transport::CreateLocalChannels(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) threads.emplace_back([&, r] { fn(r, world[r]); });
+  for (std::thread& t : threads) t.join();
+}
+
 // One rank's executor and what it runs with.
 struct RankParts {
-  explicit RankParts(transport::Communicator& comm) : stage(compression::StageOptions{}) {
+  explicit RankParts(transport::Channels& channels) : stage(compression::StageOptions{}) {
+    planes.Add(MemoryKind::kHost, channels.data.get());
     Executor::Parts p;
-    p.data = &comm;
-    p.control = &comm;
+    p.planes = &planes;
+    p.control = channels.control.get();
     p.stage = &stage;
     p.ledger = &ledger;
     p.in_flight = &table;
     executor = std::make_unique<Executor>(p);
   }
+  DataPlaneRegistry planes;
   compression::CompressionStage stage;
   StatisticsLedger ledger;
   Table table;
@@ -87,7 +101,7 @@ CollectiveRequest AllReduceOf(const std::string& name, std::vector<float>& value
 }
 
 TEST(ExecutorTest, AFusedAllReduceBucketSumsEveryTensorAndCompletesItsHandles) {
-  testing::RunLocalWorld(3, {}, [](int rank, transport::Communicator& comm) {
+  RunChannelWorld(3, [](int rank, transport::Channels& comm) {
     RankParts parts(comm);
     std::vector<float> x = {1.0f * rank, 2.0f, 3.0f};
     std::vector<float> y = {10.0f + rank, -1.0f};
@@ -109,7 +123,7 @@ TEST(ExecutorTest, AFusedAllReduceBucketSumsEveryTensorAndCompletesItsHandles) {
 }
 
 TEST(ExecutorTest, AnErrorBucketFailsEveryNamedHandleAndSendsNothing) {
-  testing::RunLocalWorld(2, {}, [](int rank, transport::Communicator& comm) {
+  RunChannelWorld(2, [](int rank, transport::Channels& comm) {
     RankParts parts(comm);
     std::vector<float> x = {1.0f}, y = {2.0f};
     auto hx = parts.table.Add(AllReduceOf("x", x), &parts.stage.none());
@@ -126,7 +140,7 @@ TEST(ExecutorTest, AnErrorBucketFailsEveryNamedHandleAndSendsNothing) {
 }
 
 TEST(ExecutorTest, ABucketNamingATensorThisRankNeverSubmittedAbortsTheJob) {
-  testing::RunLocalWorld(1, {}, [](int rank, transport::Communicator& comm) {
+  RunChannelWorld(1, [](int rank, transport::Channels& comm) {
     RankParts parts(comm);
     Bucket b;
     b.names = {"ghost"};
@@ -137,7 +151,7 @@ TEST(ExecutorTest, ABucketNamingATensorThisRankNeverSubmittedAbortsTheJob) {
 }
 
 TEST(ExecutorTest, AJoinedRankTakesPartWithTheIdentity) {
-  testing::RunLocalWorld(2, {}, [](int rank, transport::Communicator& comm) {
+  RunChannelWorld(2, [](int rank, transport::Channels& comm) {
     RankParts parts(comm);
     std::vector<float> x = {5.0f, 6.0f};
     std::shared_ptr<Handle> h;
@@ -159,7 +173,7 @@ TEST(ExecutorTest, AJoinedRankTakesPartWithTheIdentity) {
 }
 
 TEST(ExecutorTest, AnAllToAllExchangesItsSplitsThenItsRows) {
-  testing::RunLocalWorld(2, {}, [](int rank, transport::Communicator& comm) {
+  RunChannelWorld(2, [](int rank, transport::Channels& comm) {
     RankParts parts(comm);
     // Rank 0 sends 1 row to rank 0 and 2 to rank 1; rank 1 sends 3 rows to 0 and none to 1.
     std::vector<int32_t> in = rank == 0 ? std::vector<int32_t>{0, 1, 2}
@@ -183,11 +197,17 @@ TEST(ExecutorTest, AnAllToAllExchangesItsSplitsThenItsRows) {
     std::vector<int32_t> got(want.size());
     std::memcpy(got.data(), h->output().data(), got.size() * sizeof(int32_t));
     EXPECT_EQ(got, want);
+    // Note [Channels]: the split exchange went over the control channel (one all-to-all of
+    // an int64 per peer), the rows over the data plane.
+    EXPECT_EQ(comm.control->stats().collectives, 1u);
+    EXPECT_EQ(comm.control->stats().bytes_sent, sizeof(int64_t));
+    EXPECT_EQ(comm.data->stats().collectives, 1u);
+    EXPECT_EQ(comm.data->stats().bytes_sent, (rank == 0 ? 2u : 3u) * sizeof(int32_t));  // to the peer
   });
 }
 
 TEST(ExecutorTest, TheFirstDataPlaneTimeoutIsKept) {
-  testing::RunLocalWorld(1, {}, [](int rank, transport::Communicator& comm) {
+  RunChannelWorld(1, [](int rank, transport::Channels& comm) {
     RankParts parts(comm);
     const absl::Status first = absl::DeadlineExceededError("first");
     EXPECT_EQ(parts.executor->FirstTimeout(first), first);

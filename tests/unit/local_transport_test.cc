@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/local_world.h"
+#include "transport/channels.h"
 #include "transport/collectives.h"
 #include "transport/local_communicator.h"
 
@@ -380,6 +381,66 @@ TEST(CommunicatorComposeTest, BarrierReturnsOnlyOnceEveryRankEnteredIt) {
       ASSERT_TRUE(comm.Barrier().ok());  // nobody enters the next round before all checked
     }
   });
+}
+
+}  // namespace
+}  // namespace braid::transport
+
+namespace braid::transport {
+namespace {
+
+// Note [Channels]: the two channels' messages under the same tag never match each other's
+// receives: rank 0 sends the data channel's message first, yet the control channel's receive
+// gets the control channel's (over one channel it would take the first one sent).
+TEST(ChannelsTest, TheChannelsOfOneLayerNeverMatchEachOthersMessages) {
+  auto layers = CreateLocalPointToPoints(2);
+  auto from = SplitPointToPoint(std::move(layers[0]));
+  auto to = SplitPointToPoint(std::move(layers[1]));
+  char d = 'd', c = 'c', got_c = 0, got_d = 0;
+  Request sd, sc, rc, rd;
+  ASSERT_TRUE(from.data->PostSend(1, Tag{0, 0}, &d, 1, &sd).ok());
+  ASSERT_TRUE(from.control->PostSend(1, Tag{0, 0}, &c, 1, &sc).ok());
+  ASSERT_TRUE(to.control->PostRecv(0, Tag{0, 0}, &got_c, 1, &rc).ok());
+  ASSERT_TRUE(to.data->PostRecv(0, Tag{0, 0}, &got_d, 1, &rd).ok());
+  EXPECT_TRUE(to.control->Test(&rc).value());
+  EXPECT_TRUE(to.data->Test(&rd).value());
+  EXPECT_TRUE(from.data->Test(&sd).value());
+  EXPECT_TRUE(from.control->Test(&sc).value());
+  EXPECT_EQ(got_c, 'c');
+  EXPECT_EQ(got_d, 'd');
+}
+
+// Each channel's collectives carry their own sequence: a vote's all-gather on the control
+// channel between two data all-reduces leaves both channels' results right.
+TEST(ChannelsTest, CollectivesOnBothChannelsInterleaveInOneOrder) {
+  std::vector<Channels> world = CreateLocalChannels(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      Channels& ch = world[r];
+      std::vector<float> data(1000, 1.0f + r);
+      int32_t mine = 10 + r;
+      std::vector<int32_t> gathered(2);
+      std::vector<size_t> four(2, sizeof(int32_t));
+      for (int step = 0; step < 3; ++step) {
+        EXPECT_TRUE(ch.data->AllReduce(data.data(), data.data(), data.size(),
+                                       DataType::kFloat32, ReduceOp::kSum).ok());
+        EXPECT_TRUE(ch.control->AllGather(&mine, sizeof(mine), gathered.data(), four).ok());
+      }
+      EXPECT_EQ(data, std::vector<float>(1000, 3.0f * 2 * 2));
+      EXPECT_EQ(gathered, (std::vector<int32_t>{10, 11}));
+      EXPECT_EQ(ch.data->stats().collectives, 3u);
+      EXPECT_EQ(ch.control->stats().collectives, 3u);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+// Aborting one channel aborts the layer under both: a failure is the rank's, not a channel's.
+TEST(ChannelsTest, AbortingOneChannelFailsTheOther) {
+  std::vector<Channels> world = CreateLocalChannels(2);
+  world[0].control->Abort(absl::CancelledError("stop"));
+  EXPECT_EQ(world[0].data->Barrier(), absl::CancelledError("stop"));
 }
 
 }  // namespace
