@@ -4,8 +4,11 @@
 # under ~/.cache/braid-bazel-disk, so later runs on the same machine are warm). The tests
 # themselves run once, under CTest (scripts/test.sh): running them again under Bazel took a
 # few minutes of every CI run and checked nothing CTest does not. scripts/bazel_test.sh runs
-# them under Bazel when wanted. Always shuts the Bazel server down on exit: it would
-# otherwise linger for hours. Exits non-zero when any target fails to build.
+# them under Bazel when wanted. Nothing built here runs, so it compiles without optimization
+# (--compilation_mode=fastbuild; .bazelrc's opt stays for bazel_test.sh, whose tests run):
+# the same sources, flags of warnings and dependency graph, in less time. Always shuts the
+# Bazel server down on exit: it would otherwise linger for hours. Exits non-zero when any
+# target fails to build.
 #
 # Usage: scripts/bazel_build.sh [bazel build flags] [targets; default //...]
 set -uo pipefail
@@ -23,7 +26,8 @@ done
 [ ${#targets[@]} -eq 0 ] && targets=(//...)
 
 start=$(date +%s)
-"$BAZEL" build --color=no --curses=no ${flags[@]+"${flags[@]}"} -- "${targets[@]}"
+"$BAZEL" build --color=no --curses=no --compilation_mode=fastbuild ${flags[@]+"${flags[@]}"} \
+  -- "${targets[@]}"
 rc=$?
 echo "==== bazel_build: $([ "$rc" -eq 0 ] && echo OK || echo "FAILED (bazel exit $rc)") in $(( $(date +%s) - start ))s ===="
 exit "$rc"
