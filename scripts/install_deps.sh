@@ -5,6 +5,8 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git procps
+  # lld links about twice as fast as GNU ld (CMakeLists.txt uses it when present).
+  lld
   libucx-dev ucx-utils
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libgflags-dev

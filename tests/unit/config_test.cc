@@ -31,20 +31,20 @@ TEST(LaunchInfoTest, EachLauncher) {
   };
   const Case cases[] = {
       {{{"BRAID_RANK", "3"}, {"BRAID_SIZE", "4"}, {"BRAID_LOCAL_RANK", "1"}, {"BRAID_LOCAL_SIZE", "2"}},
-       {3, 4, 1, 2, "braid"}},
+       {3, 4, 1, 2, "braid", ""}},
       {{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}},
-       {1, 2, 1, 2, "torchrun"}},
+       {1, 2, 1, 2, "torchrun", ""}},
       {{{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}, {"SLURM_NTASKS_PER_NODE", "4"}},
-       {5, 8, 1, 4, "slurm"}},
+       {5, 8, 1, 4, "slurm", ""}},
       {{{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "3"},
         {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}},
-       {2, 3, 0, 1, "openmpi"}},
+       {2, 3, 0, 1, "openmpi", ""}},
       // braid's own variables win over a launcher's.
-      {{{"BRAID_RANK", "0"}, {"BRAID_SIZE", "2"}, {"RANK", "1"}, {"WORLD_SIZE", "2"}}, {0, 2, -1, 0, "braid"}},
+      {{{"BRAID_RANK", "0"}, {"BRAID_SIZE", "2"}, {"RANK", "1"}, {"WORLD_SIZE", "2"}}, {0, 2, -1, 0, "braid", ""}},
       // Slurm's uneven "2(x3)" local size is left to the coordinator (by host).
       {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "6"}, {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS_PER_NODE", "2(x3)"}},
-       {0, 6, -1, 0, "slurm"}},
-      {{}, {-1, 0, -1, 0, ""}},
+       {0, 6, -1, 0, "slurm", ""}},
+      {{}, {-1, 0, -1, 0, "", ""}},
   };
   for (const Case& c : cases) {
     Env env{c.vars};
