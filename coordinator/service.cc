@@ -196,7 +196,11 @@ void CoordinatorService::KeyValueGet(int64_t call_id, const Caller& caller,
       resp.set_found(true);
       resp.set_value(*v);
     } else if (req.timeout_ms() > 0 && !shutting_down_) {
-      Waiter w{call_id, job_->id(), Now() + absl::Milliseconds(req.timeout_ms()), req.key()};
+      Waiter w;
+      w.id = call_id;
+      w.job_id = job_->id();
+      w.deadline = Now() + absl::Milliseconds(req.timeout_ms());
+      w.key = req.key();
       w.kv_done = std::move(done);
       waiters_.push_back(std::move(w));
       return;
@@ -278,8 +282,10 @@ void CoordinatorService::Status(int64_t call_id, const Caller& caller,
   {
     absl::MutexLock lock(&mu_);
     Job* job = FindJobLocked(req.job_id());
-    Waiter w{call_id, job != nullptr ? job->id() : req.job_id(),
-             Now() + absl::Milliseconds(req.wait_for_end_ms())};
+    Waiter w;
+    w.id = call_id;
+    w.job_id = job != nullptr ? job->id() : req.job_id();
+    w.deadline = Now() + absl::Milliseconds(req.wait_for_end_ms());
     w.status_done = std::move(done);
     if (job != nullptr && !job->ended() && req.wait_for_end_ms() > 0 && !shutting_down_) {
       waiters_.push_back(std::move(w));

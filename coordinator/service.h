@@ -127,8 +127,8 @@ class CoordinatorService {
 
  private:
   struct Waiter {
-    int64_t id;
-    int64_t job_id;           // Status waits: the job whose end it waits for
+    int64_t id = 0;
+    int64_t job_id = 0;       // Status waits: the job whose end it waits for
     absl::Time deadline;
     std::string key;          // KeyValueGet waits: the key
     KeyValueDone kv_done;

@@ -82,6 +82,10 @@ void Executor::Run(const Bucket& bucket) {
     Finish(bucket.names, bucket.error);
     return;
   }
+  if (absl::Status poisoned = Poisoned(); !poisoned.ok()) {
+    Finish(bucket.names, poisoned);  // Note [Poisoned data plane]: agreed before the abort
+    return;
+  }
   std::vector<TensorEntry*> entries;
   if (!Resolve(bucket, &entries)) return;
   // One timeline for the whole bucket, even if StartTimeline / StopTimeline swap it meanwhile.
@@ -111,6 +115,23 @@ void Executor::Run(const Bucket& bucket) {
   }
   if (s.code() == absl::StatusCode::kDeadlineExceeded) s = DataPlaneTimeout(bucket, s);
   Finish(bucket.names, s);
+  if (s.code() == absl::StatusCode::kDeadlineExceeded ||
+      s.code() == absl::StatusCode::kResourceExhausted) {
+    Poison(s);
+  }
+}
+
+absl::Status Executor::Poisoned() const {
+  absl::MutexLock lock(&mu_);
+  return poisoned_;
+}
+
+void Executor::Poison(const absl::Status& s) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (poisoned_.ok()) poisoned_ = s;
+  }
+  parts_.in_flight->Abort(s);  // outside mu_, a leaf: Abort calls back into Executor::Abort
 }
 
 absl::Status Executor::DataPlaneTimeout(const Bucket& bucket, const absl::Status& s) {

@@ -48,6 +48,14 @@ class Executor {
   // Runs `bucket` (an error bucket fails its tensors) and completes the handles of its
   // tensors through InFlight::Finish. A bucket naming a tensor this rank never submitted
   // (and did not join for, Note [Join]) aborts the job through InFlight::Abort.
+  //
+  // Note [Poisoned data plane]: a bucket that timed out on the data plane (DeadlineExceeded)
+  // or could not grow its fusion buffer (ResourceExhausted, Note [Allocation failure]) leaves
+  // the data plane aborted mid-collective: no later collective of this rank can pair with
+  // its peers' again. So its error also aborts the job through InFlight::Abort: every
+  // pending and later collective of this rank fails at once with that same error, rather
+  // than negotiating first (which waits on peers that may never answer) and failing only on
+  // the data plane. Buckets already agreed fail with it too.
   void Run(const Bucket& bucket);
 
   // Fails the collective in flight on every data plane and the control channel at once, and
@@ -82,6 +90,9 @@ class Executor {
   // the peers waited on, transport/context.h): the same, naming the bucket's tensors too.
   absl::Status DataPlaneTimeout(const Bucket& bucket, const absl::Status& s);
   void Finish(const std::vector<std::string>& names, const absl::Status& s);
+  // Note [Poisoned data plane]: the error that aborted the data plane, or OK.
+  absl::Status Poisoned() const;
+  void Poison(const absl::Status& s);
 
   // The host data plane (Note [Data planes]): a bucket's memory kind comes with device
   // tensors; until then every bucket is host memory.
@@ -93,6 +104,7 @@ class Executor {
   AllReducePipeline pipeline_;
   mutable absl::Mutex mu_;  // a leaf
   absl::Status first_timeout_ ABSL_GUARDED_BY(mu_);
+  absl::Status poisoned_ ABSL_GUARDED_BY(mu_);  // Note [Poisoned data plane]
   transport::TransportStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

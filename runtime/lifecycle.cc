@@ -76,11 +76,12 @@ namespace {
 // What a rank does before anything else of Init: warn of misspelt BRAID_ and Horovod's
 // variables (config.h: EnvironmentWarnings) and watch its launcher.
 void BeforeInit(const RuntimeConfig& config) {
-  // braidrun warned once for the whole job; without it, the first local rank of each host
-  // does, once. Atomic: runtimes of one process may start on several threads at once (tests
-  // do).
+  // braidrun (which hands its ranks BRAID_LAUNCHER_PIPE) warned once for the whole job;
+  // without it (no launcher, or another one, even one setting BRAID_RANK), the first local
+  // rank of each host does, once. Atomic: runtimes of one process may start on several
+  // threads at once (tests do).
   static std::atomic<bool> warned{false};
-  if (config.launch.source != "braid" && config.launch.local_rank <= 0 && !warned.exchange(true)) {
+  if (config.launcher_pipe_fd < 0 && config.launch.local_rank <= 0 && !warned.exchange(true)) {
     for (const std::string& w : config.environment_warnings) LOG(WARNING) << "braid: " << w;
   }
   // Note [Ranks die with their launcher]: first, so a rank waiting to register is covered.

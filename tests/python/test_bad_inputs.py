@@ -11,6 +11,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import pytest
+
 import braid_launch
 
 
@@ -86,12 +88,16 @@ def test_every_tool_names_itself_in_cli11_usage_errors():
         assert err.startswith(want), (argv, err)
 
 
-def test_a_misspelt_or_horovod_variable_is_a_warning_at_init_without_braidrun():
+@pytest.mark.parametrize("launcher", [{}, {"BRAID_RANK": "0", "BRAID_SIZE": "1"}],
+                         ids=["no launcher", "braid's own variables"])
+def test_a_misspelt_or_horovod_variable_is_a_warning_at_init_without_braidrun(launcher):
     """A process without braidrun warns once at init about a BRAID_ variable braid does not
-    read (naming the closest one) and a Horovod variable with a braid equivalent, and runs."""
+    read (naming the closest one) and a Horovod variable with a braid equivalent, and runs:
+    also when a launcher of its own set BRAID_RANK and BRAID_SIZE (only braidrun, which
+    warned for the whole job already, silences the ranks)."""
     build = braid_launch.build_dir()
     env = braid_launch.rank_env(build, {"BRAID_COMPRESION": "fp16",
-                                        "HOROVOD_CYCLE_TIME": "5"})
+                                        "HOROVOD_CYCLE_TIME": "5", **launcher})
     res = subprocess.run([braid_launch.PYTHON, "-c",
                           "import braid; braid.init(); braid.init(); print('ok', braid.size())"],
                          env=env, capture_output=True, text=True, timeout=120)

@@ -52,7 +52,8 @@ TORCH_MPI_OPS_API = ERRORS_AND_OPS | {
 # README: PyTorch API (`import braid.torch as hvd`).
 TORCH_API = TORCH_MPI_OPS_API | {
     "init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
-    "cross_rank", "cross_size", "compression_stats", "fusion_stats", "start_timeline",
+    "cross_rank", "cross_size", "compression_stats", "fusion_stats", "compression_state",
+    "load_compression_state", "start_timeline",
     "stop_timeline", "transport_description", "Compression", "Compressor",
     "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
     "broadcast_object", "allgather_object", "nccl_built", "mpi_built", "gloo_built",

@@ -514,7 +514,8 @@ TEST(RuntimeTest, InitAgainStartsANewJob) {
 }
 
 // A communicator that passes everything through, except that its all-reduces wait until
-// `release` is notified and then fail: a rank whose data plane stalls mid-collective.
+// `release` is notified and then time out: a rank whose data plane stalls mid-collective,
+// and finds its peers gone when it resumes.
 class StalledAllReduce final : public transport::Communicator {
  public:
   StalledAllReduce(std::unique_ptr<transport::Communicator> inner, absl::Notification* release)
@@ -523,7 +524,7 @@ class StalledAllReduce final : public transport::Communicator {
   int size() const override { return inner_->size(); }
   absl::Status AllReduce(const void*, void*, size_t, DataType, ReduceOp) override {
     release_->WaitForNotification();
-    return absl::CancelledError("stalled rank released");
+    return absl::DeadlineExceededError("stalled rank released, its peers gone");
   }
   absl::Status ReduceScatter(const void* send, void* recv, absl::Span<const size_t> counts,
                              DataType dtype, ReduceOp op) override {
@@ -582,10 +583,22 @@ TEST(RuntimeTest, ADataPlaneTimeoutNamesTheTensorsAndThePeer) {
     // Later work on the poisoned data plane fails with the error that names the tensor.
     auto h2 = world[0].Enqueue(AllReduce("layer2.grad", in.data(), later.data(), 8));
     auto h3 = world[1].Enqueue(AllReduce("layer2.grad", in.data(), later.data(), 8));
+    // So does one no other rank submits: it fails at once with the same error, not after
+    // negotiating for the peer that stopped (Note [Poisoned data plane]).
+    std::vector<float> solo(8);
+    auto h4 = world[0].Enqueue(AllReduce("only.rank0", in.data(), solo.data(), 8));
+    ASSERT_TRUE(h4.ok());
+    EXPECT_EQ(WaitFor(h4), s);
     release.Notify();
     EXPECT_EQ(WaitFor(h2), s);
-    EXPECT_FALSE(WaitFor(h1).ok());
-    EXPECT_FALSE(WaitFor(h3).ok());
+    // The stalled rank times out in turn, and its later collective, which rank 0 never
+    // submitted, fails with that error at once (not at WaitFor's 30 s).
+    const absl::Time released = absl::Now();
+    const absl::Status s1 = WaitFor(h1);
+    EXPECT_EQ(s1.code(), absl::StatusCode::kDeadlineExceeded) << s1;
+    EXPECT_TRUE(absl::StrContains(s1.message(), "stalled rank released")) << s1;
+    EXPECT_EQ(WaitFor(h3), s1);
+    EXPECT_LT(absl::Now() - released, absl::Seconds(10));
     world.Shutdown();
   }
 }

@@ -9,6 +9,7 @@ ranks of the per-rank mean gradients is the mean gradient of the union.
 import gc
 import os
 import sys
+import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -234,7 +235,7 @@ def check_misuse(size, rank):
     x, y = batch(1, rank)
     F.cross_entropy(model(x), y).backward()
     expect_raises(P, opt.zero_grad, "zero_grad between backward and step",
-                  contains=("zero_grad()", "before step()"))
+                  contains=("zero_grad()", "before step()", "call synchronize() first"))
     # A second backward pass with backward_passes_per_step=1 fails from backward() itself.
     expect_raises(P, lambda: F.cross_entropy(model(x), y).backward(), "too many passes",
                   contains=("backward_passes_per_step=1", "computed 2 times"))
@@ -242,6 +243,32 @@ def check_misuse(size, rank):
     opt.zero_grad()
     F.cross_entropy(model(x), y).backward()
     opt.step()
+    # The recovery the error names: synchronize(), then zero_grad() drops the pass.
+    F.cross_entropy(model(x), y).backward()
+    expect_raises(P, opt.zero_grad, "zero_grad between backward and step, again")
+    opt.synchronize()
+    opt.zero_grad()
+    check(all(p.grad is None or not p.grad.any() for p in model.parameters()),
+          "zero_grad() after synchronize() cleared the gradients")
+    # step() after synchronize() warns that it reduces the same gradients twice, unless a
+    # backward pass came in between (a skipped step): then it reduces the new ones once.
+    for new_pass, warns in ((True, False), (False, True)):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.synchronize()
+        if new_pass:
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+        before = hvd.compression_stats()["tensors"]["grad.fc1.weight"]["reductions"]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.step()
+        after = hvd.compression_stats()["tensors"]["grad.fc1.weight"]["reductions"]
+        warned = any("all-reduced twice" in str(w.message) for w in caught)
+        check(warned == warns, f"step() after synchronize() (new backward pass: {new_pass}) "
+              f"warned {warned}")
+        check(after == before + 1, f"step() after synchronize() (new backward pass: "
+              f"{new_pass}) reduced {after - before} times")
     log("misuse errors raised; training continued")
 
 

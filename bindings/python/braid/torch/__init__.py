@@ -30,6 +30,7 @@ Contents:
   ops ``Average`` (default), ``Sum``, ``Min``, ``Max``, ``Product`` (``Adasum`` exists and
   raises InvalidArgumentError: not implemented);
 - ``Compression`` (compression.py): the runtime's compression methods;
+  ``compression_state``/``load_compression_state``: the compressors' state for checkpoints;
 - ``DistributedOptimizer`` (optimizer.py);
 - ``broadcast_parameters``, ``broadcast_optimizer_state``, ``broadcast_object``,
   ``allgather_object`` (functions.py).
@@ -40,7 +41,8 @@ Errors are the ``braid.BraidError`` subclasses (InvalidArgumentError, FailedPrec
 ...), whose messages name the tensor and the ranks involved.
 """
 
-from .._core import runtime as _runtime, stats as _stats
+from .._core import compression as _compression, runtime as _runtime, stats as _stats
+from .._core.compression import *  # noqa: F401,F403  (compression_state, load_...)
 from .._core.runtime import *  # noqa: F401,F403  (init, shutdown, size, rank, ...)
 from .._core.stats import *  # noqa: F401,F403  (compression_stats, fusion_stats, timeline)
 from . import mpi_ops
@@ -94,7 +96,7 @@ def rocm_built():
     return False
 
 
-__all__ = sorted(_runtime.__all__ + _stats.__all__ + mpi_ops.__all__ + [
+__all__ = sorted(_runtime.__all__ + _stats.__all__ + _compression.__all__ + mpi_ops.__all__ + [
     "allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
     "Compression", "Compressor", "cross_rank", "cross_size", "cuda_built", "DistributedOptimizer",
     "gloo_built", "mpi_built", "nccl_built", "rocm_built",

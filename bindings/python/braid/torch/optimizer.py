@@ -255,6 +255,9 @@ class _DistributedMixin:
                 f"DistributedOptimizer: the gradient of '{self._names[p]}' requires grad "
                 "(backward(create_graph=True)), which DistributedOptimizer does not support")
         self._passes[p] = passes
+        # A backward pass after synchronize() (a step skipped, say): step() reduces these
+        # new gradients once; nothing is all-reduced twice.
+        self._synchronized = False
         if passes < self.backward_passes_per_step:
             return
         group = self._group_of.get(p)
@@ -567,7 +570,9 @@ class _DistributedMixin:
                 f"step() or synchronize(), while the gradients of {len(pending)} parameter(s) "
                 f"(e.g. '{pending[0]}') are being accumulated or all-reduced: clearing them "
                 "now would lose them or race with the all-reduce. Call zero_grad() before "
-                "backward() or after step().")
+                "backward() or after step(); to drop this backward pass's gradients, call "
+                "synchronize() first (their all-reduce, which the other ranks' step pairs "
+                "with, completes), then zero_grad().")
         self._track_trainable()
         if self._views:
             # The gradients stay views into the flat buffers (set_to_none would detach them):
