@@ -9,8 +9,8 @@
 #               tests/CMakeLists.txt says which, and why multi-process tests are out of its
 #               reach)
 #   build-fuzz  libFuzzer (Debian's clang, which alone has it) on the coordinator's request
-#               validation (tests/fuzz), for FUZZ_SECONDS (default 60), starting from the
-#               saved corpus
+#               validation (tests/fuzz), FUZZ_SECONDS (default 60) of fuzzing spread over
+#               the cores, starting from the saved corpus
 # Each test executable runs whole, in one process (the sanitizers' start-up is paid once per
 # binary, not once per test case as under ctest). Every finding fails the run. UCX's memory
 # hooks and its error handler clash with ASan: they are off here (UCX_MEM_MALLOC_HOOKS,
@@ -38,21 +38,32 @@ configure() {  # DIR CMAKE_ARGS...
   # -O1: the sanitizers' usual level (RelWithDebInfo's -O2 compiles slower, Debug's -O0 runs
   # slower); the test code itself is -O0 (tests/CMakeLists.txt). -g1: line tables only, all a
   # sanitizer's report needs for file:line in every frame, in about 3/4 of -g's compile time.
+  # Tests are listed at ctest time, not after each link (PRE_TEST): these trees never run
+  # ctest, so listing them would only cost a sanitized start-up per executable.
   cmake -S . -B "$dir" -G Ninja -DPython3_EXECUTABLE=/usr/bin/python3 \
     -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g1 -O1" -DCMAKE_C_FLAGS_DEBUG="-g1 -O1" \
-    "$@" >/dev/null
+    -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST "$@" >/dev/null
 }
 
 stamp() { echo "sanitize_test: $* ($(date +%T))"; }
 
-# Runs every executable listed in FILE (one path a line, written by CMake), each whole.
+# Runs every executable listed in FILE (one path a line, written by CMake), each whole, as
+# many at once as there are cores (most are single-threaded; ctest runs them two at a time
+# too). Each one's output is shown when it ends; the run fails if any fails, after the
+# others end.
 run_listed() {  # FILE
-  local t
-  while read -r t; do
-    [ -n "$t" ] || continue
-    echo "== ${t#"$PWD"/}"
-    "$t" --gtest_brief=1
-  done < "$1"
+  local logs
+  logs=$(mktemp -d)
+  SAN_LOGS="$logs" SAN_ROOT="$PWD/" xargs -a "$1" -r -P "$(getconf _NPROCESSORS_ONLN)" -n 1 bash -c '
+    t=$1; log="$SAN_LOGS/${t##*/}.log"
+    if "$t" --gtest_brief=1 >"$log" 2>&1; then
+      echo "== ${t#"$SAN_ROOT"}: passed"
+    else
+      echo "== ${t#"$SAN_ROOT"}: FAILED"; cat "$log"; exit 1
+    fi' _
+  local rc=$?
+  rm -rf "$logs"
+  return "$rc"
 }
 
 for suite in "${suites[@]}"; do
@@ -79,8 +90,13 @@ for suite in "${suites[@]}"; do
       # New inputs go to a scratch corpus; the saved one (tests/fuzz/corpus) is only read.
       work=build-fuzz/corpus
       mkdir -p "$work"
-      stamp "fuzzing the coordinator for ${FUZZ_SECONDS:-60} s"
-      build-fuzz/tests/fuzz/coordinator_fuzz -max_total_time="${FUZZ_SECONDS:-60}" \
+      # FUZZ_SECONDS of fuzzing in all, spread over the cores (libFuzzer's -fork: one fuzzing
+      # process a core, sharing the corpus; the first crash ends the run and fails it): as
+      # much fuzzing as one process for FUZZ_SECONDS, in 1/cores of the wall time.
+      cores=$(getconf _NPROCESSORS_ONLN)  # not nproc: it obeys OMP_NUM_THREADS
+      seconds=$(( (${FUZZ_SECONDS:-60} + cores - 1) / cores ))
+      stamp "fuzzing the coordinator on $cores cores for $seconds s"
+      build-fuzz/tests/fuzz/coordinator_fuzz -fork="$cores" -max_total_time="$seconds" \
         -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ \
         "$work" tests/fuzz/corpus
       ;;
