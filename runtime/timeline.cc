@@ -15,7 +15,7 @@ namespace braid {
 
 namespace {
 
-constexpr char kEmpty[] = "[\n]\n";  // a valid, empty file: the closing "]\n" is rewritten
+constexpr char kEmpty[] = "[\n]\n";  // a valid, empty file: the closing "\n]\n" is rewritten
 
 }  // namespace
 
@@ -123,10 +123,12 @@ void Timeline::WriterLoop() {
 }
 
 void Timeline::Write(const std::deque<Event>& batch) {
-  // Overwrite the closing "]\n" and put it back after the new events: the file is a
-  // complete JSON array after every batch.
-  std::fseek(file_, -2, SEEK_END);
-  file_bytes_ -= 2;
+  // Overwrite the closing "\n]\n" and put it back after the new events: the file is a
+  // complete JSON array after every batch. All three bytes: a "\n" left behind would sit
+  // uncounted by the rotation check below, and a file closed right after it would end one
+  // byte over max_bytes.
+  std::fseek(file_, -3, SEEK_END);
+  file_bytes_ -= 3;
   for (const Event& e : batch) {
     if (e.row_name) row_names_.push_back(e.json);
     const int64_t bytes = static_cast<int64_t>(e.json.size()) + (first_event_ ? 0 : 2);

@@ -81,6 +81,36 @@ TEST(TimelineTest, RotatesBeyondItsLimitAndEachFileStandsAlone) {
   std::remove((path + ".1").c_str());
 }
 
+// Every event in a batch of its own, so every rotation comes at a batch's first event, over
+// a range of limits so that some event ends exactly at one: the file closed then must not
+// keep the last batch's trailing newline beyond its limit (it did, one byte over).
+TEST(TimelineTest, AFileRotatedBetweenBatchesStaysWithinItsLimit) {
+  const std::string path = TempPath("rotate_batches.json");
+  for (int64_t limit = 1000; limit < 1100; ++limit) {
+    std::remove(path.c_str());
+    std::remove((path + ".1").c_str());
+    TimelineOptions o;
+    o.max_bytes = limit;
+    int64_t rotations = 0;
+    {
+      auto t = Timeline::Open(path, 0, o);
+      ASSERT_TRUE(t.ok()) << t.status();
+      for (int i = 0; i < 40; ++i) {
+        (*t)->Begin("w", "ALLREDUCE", "", absl::UnixEpoch());  // every event the same size
+        (*t)->Flush();
+      }
+      rotations = (*t)->rotations();
+    }
+    ASSERT_GE(rotations, 1) << limit;
+    for (const std::string& p : {path, path + ".1"}) {
+      ASSERT_LE(static_cast<int64_t>(Read(p).size()), limit) << p;
+      ASSERT_FALSE(Parse(p).empty()) << p;
+    }
+  }
+  std::remove(path.c_str());
+  std::remove((path + ".1").c_str());
+}
+
 TEST(TimelineTest, WithoutALimitOneFileHoldsEverything) {
   const std::string path = TempPath("unlimited.json");
   std::remove((path + ".1").c_str());
