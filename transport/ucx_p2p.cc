@@ -77,6 +77,7 @@ class UcxPointToPoint final : public PointToPoint {
   std::vector<std::pair<UcxPointToPoint*, int>> ep_args_;  // err-handler argument per peer
   std::vector<uint32_t> send_pair_, recv_pair_;              // tag pair fields per peer
   std::vector<int> pending_;                                 // requests pending per peer
+  std::vector<char> remote_;  // per peer: on another host (Note [Eager across hosts])
   // Note [Adaptive spin]. spin_limit_ is the most a wait spins (UcxOptions::spin, or chosen
   // by over-subscription); spin_ is the current budget, within [kMinSpin, spin_limit_].
   void AdaptSpin(absl::Duration waited);
@@ -102,6 +103,7 @@ absl::Status UcxPointToPoint::Connect() {
   send_pair_.resize(size_);
   recv_pair_.resize(size_);
   pending_.assign(size_, 0);
+  remote_.assign(size_, 0);
   for (int p = 0; p < size_; ++p) {
     send_pair_[p] = o.pair_tag ? o.pair_tag(rank_, p) : static_cast<uint32_t>(rank_);
     recv_pair_[p] = o.pair_tag ? o.pair_tag(p, rank_) : static_cast<uint32_t>(p);
@@ -117,6 +119,7 @@ absl::Status UcxPointToPoint::Connect() {
     // watched through /proc instead (LostPeers), so they use the default mode unless
     // options.peer_error_handling forces it; remote peers always use it.
     const bool local = peers_[p].host == self.host;
+    remote_[p] = local ? 0 : 1;
     ep.err_mode = (local && !o.peer_error_handling) ? UCP_ERR_HANDLING_MODE_NONE
                                                     : UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = &UcxPointToPoint::OnEndpointError;
@@ -172,6 +175,9 @@ absl::Status UcxPointToPoint::PostSend(int peer, Tag tag, const void* buf, size_
   static char empty;
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+  // Note [Eager across hosts] (ucx_worker.cc): to another host, eager up to
+  // RNDV_SEND_NBR_THRESH, with no rendezvous handshake.
+  if (remote_[peer]) p.op_attr_mask |= UCP_OP_ATTR_FLAG_FAST_CMPL;
   p.datatype = ucp_dt_make_contig(1);
   void* r = ucp_tag_send_nbx(eps_[peer], bytes ? buf : &empty, bytes,
                              EncodeUcxTag(send_pair_[peer], tag), &p);

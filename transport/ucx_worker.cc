@@ -53,6 +53,18 @@ absl::Status WorkerImpl::Open() {
     setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
     setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
   }
+  // Note [Eager across hosts]
+  // Over tcp, UCX sends a tagged message of more than 8 KiB (its tcp segment) with a
+  // rendezvous: the sender's request, the receiver's reply, then the data. On a full link the
+  // reply queues behind the receiver's own outgoing data (up to the qdisc's or the switch's
+  // queue: tens of ms at 100 Mbit/s), once for every ring step, and the link idles meanwhile.
+  // So sends to a peer on another host (and only those: shared memory keeps its one-copy
+  // rendezvous) carry UCP_OP_ATTR_FLAG_FAST_CMPL (ucx_p2p.cc: PostSend), for which UCX
+  // switches to a rendezvous only from RNDV_SEND_NBR_THRESH up (its "local" threshold) and
+  // sends eagerly below it: copied out at once, no handshake. braid raises that threshold
+  // above the ring's pieces (chunk_bytes, 256 KiB by default) unless the user set it; no
+  // other send of braid's uses the flag, so nothing else changes.
+  setenv("UCX_RNDV_SEND_NBR_THRESH", "1m", 0);
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return UcxError("ucp_config_read", st);

@@ -7,6 +7,11 @@ plane used, for the test to assert.
 
 Every rank all-reduces (sum) a 1 MiB float32 vector whose elements are rank + 1 and checks
 each element equals n(n+1)/2 (exact in float32 for these sizes); all-gathers the hostnames.
+Then, across the sizes where the data plane's protocol to another host changes (eager up to
+UCX's 8 KiB segment, eager in many segments up to RNDV_SEND_NBR_THRESH, rendezvous above:
+Note [Eager across hosts] in transport/ucx_worker.cc), it all-reduces vectors whose elements
+differ by index and rank, broadcasts 3 MiB from the last rank and all-gathers 300 KB a rank,
+and counts every element that is not the exact expected value.
 With --loop it then prints "READY pid=<pid> ppid=<ppid>" and all-reduces until stopped (for the
 tests that kill a rank, a host or braidrun). Exit status 0 when every check passed.
 
@@ -47,6 +52,18 @@ def main():
     want = size * (size + 1) / 2
     wrong = int(np.count_nonzero(y != want))
     hosts = braid.allgather_object(socket.gethostname())
+    for n in (1, 2049, 65537, 262145, 300001):  # floats: 4 B to 1.2 MB
+        v = (np.arange(n) % 97 + rank + 1).astype(np.float32)
+        got = braid.allreduce(v, name=f"sizes.{n}", op=braid.Sum)
+        wrong += int(np.count_nonzero(got != size * (np.arange(n) % 97) + want))
+    src = np.arange(3 << 20, dtype=np.uint64).astype(np.uint8)
+    b = src if rank == size - 1 else np.zeros_like(src)
+    braid.broadcast_(b, root_rank=size - 1, name="bcast.3MiB")
+    wrong += int(np.count_nonzero(b != src))
+    part = ((np.arange(300000) + rank) % 251).astype(np.uint8)
+    gathered = braid.allgather(part, name="gather.300KB")
+    wrong += sum(int(np.count_nonzero(gathered[r * 300000:(r + 1) * 300000] !=
+                                      (np.arange(300000) + r) % 251)) for r in range(size))
     secret = os.environ.get("BRAID_JOB_SECRET", "")
     result = {
         "rank": rank, "size": size, "local_rank": braid.local_rank(),
