@@ -144,9 +144,12 @@ absl::Status UcxPointToPoint::Connect() {
 
 UcxPointToPoint::~UcxPointToPoint() {
   // No closing barrier: a collective completes on this rank only once its sends have
-  // completed (a rendezvous send completes after the peer pulled the data), so nothing a
-  // peer still needs from us is in flight. A barrier here would make every rank's shutdown
-  // wait for the slowest peer's, or hang on one that aborted.
+  // completed. A rendezvous send completes after the peer pulled the data; an eager send to
+  // another host (Note [Eager across hosts], ucx_worker.cc) completes once copied out, and
+  // what of it UCX still holds is flushed into the socket by the non-forced close below
+  // (bounded by its 500 ms: at most ring_window pieces per peer, well under that at 100
+  // Mbit/s and up). A barrier here would make every rank's shutdown wait for the slowest
+  // peer's, or hang on one that aborted.
   std::vector<void*> closing;
   for (ucp_ep_h ep : eps_) {
     if (ep == nullptr) continue;
