@@ -1,7 +1,8 @@
-"""The communication-bound benchmark's smoke run (tools/bench/comm_bound_bench.py --smoke):
-2 test hosts on 100 Mbit/s links, a few steps of every method, a one-configuration step
-matrix and a 3-size all-reduce sweep (braid, gloo, Open MPI). It asserts that every run completed and was reported (table and plots), and facts
-that hold at any speed: every braid run's data plane used tcp between the hosts, and the
+"""The communication-bound benchmark's smoke run (tools/bench/comm_bound_bench.py --smoke): 2
+test hosts on 100 Mbit/s links, a few steps of every method, a one-configuration step matrix
+and a 3-size all-reduce sweep (braid, gloo, Open MPI). It asserts that every run completed
+and was reported (table and plots, the uncompressed step beside its floor), and facts that
+hold at any speed: every braid run's data plane used tcp between the hosts, and the
 compressed methods put fewer bytes on the wire than the uncompressed ones.
 """
 
@@ -41,7 +42,16 @@ def test_smoke(tmp_path):
         assert wire[m] < 0.7 * wire["none"], wire
     assert wire["ddp-powersgd:2"] < wire["ddp"], wire
     assert [(x["method"], x["ranks"]) for x in res["matrix_runs"]] == [("none", 2), ("ddp-fp16", 2)]
+    # The floor's inputs: the CNN's 215,370 float32 parameters, and the phases timed apart.
+    none = res["matrix_runs"][0]
+    assert none["gradient_bytes"] == 861480, none
+    assert 0 < none["forward_median_s"] + none["update_median_s"] < none["step_time_median_s"]
+    # Each rank sends at least what the all-reduce needs per timed step: 2(n-1)/n of the
+    # gradient, plus headers (eth0's counter sees GSO packets: fewer headers than frames).
+    assert none["wire_bytes_timed"] / none["timed_steps"] / 2 >= 861480, none
     table = (tmp_path / "table.md").read_text()
+    assert "### Against the floor (uncompressed methods)" in table, table
+    assert "| 2 ranks 100mbit | braid none | " in table, table
     for label in ("braid none", "braid powersgd:rank=2", "DDP gloo", "DDP powerSGD_hook rank 2",
                   "DDP fp16_compress_hook", "no communication"):
         assert f"| {label} |" in table, table

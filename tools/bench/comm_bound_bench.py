@@ -24,7 +24,13 @@ communication: the computation alone).
 Phase 1 (time to accuracy): --ranks hosts at --rate, each method trains --epochs epochs with
 the same seed, data order and schedule; the test set is scored every --eval-every steps (off
 the training clock). Phase 2 (--matrix, step time only): --matrix-steps steps of each
---matrix-methods method for every --matrix-ranks x --matrix-rates. Phase 3 (--sweep): the
+--matrix-methods method for every --matrix-ranks x --matrix-rates, and for the uncompressed
+methods (braid none, DDP) the configuration's floor beside the step: the fewest bytes a rank
+must send (2(n-1)/n of the gradient bytes, in 1514-byte frames of 1448 bytes of payload) at
+the link rate, plus the computation no communication can overlap (zero_grad + forward and
+the update, the run's medians), and the bytes each rank's eth0 really sent per timed step
+(its counter sees the kernel's GSO packets, up to 64 KB under one set of headers, so it may
+read below the minimum in frames, never below the payload). Phase 3 (--sweep): the
 nccl-tests all-reduce sweep (float32 sum, --sweep-min to --sweep-max bytes, x4) over the
 same links, --ranks hosts at each --matrix-rates: braid (tools/bench/link_allreduce_rank.py,
 through its Python API), gloo (torch.distributed) and Open MPI (mpi-allreduce-bench under
@@ -168,6 +174,53 @@ def rate_gbps(rate):
         if rate.lower().endswith(u):
             return float(rate[:-len(u)]) * m / 8 / 1e9
     raise ValueError(f"rate '{rate}': expected NNkbit, NNmbit or NNgbit")
+
+
+# Ethernet frames as tc counts them on the test hosts' links: 1514 bytes (14 of Ethernet
+# header, 20 of IP, 32 of TCP with timestamps) carrying 1448 bytes of payload.
+FRAME_BYTES, FRAME_PAYLOAD = 1514, 1448
+
+
+def floor_of(run):
+    """The uncompressed step's floor for a run's configuration, (seconds, bytes a rank must
+    send): a ring or any bandwidth-optimal all-reduce makes each rank send at least
+    2(n-1)/n of the gradient bytes, here in full frames at the link rate, plus the step's
+    computation that no communication can overlap (zero_grad + forward and the update, the
+    run's own medians). None for runs without the phases (older results)."""
+    if "gradient_bytes" not in run or "forward_median_s" not in run:
+        return None
+    n = run["ranks"]
+    payload = 2 * (n - 1) / n * run["gradient_bytes"]
+    wire = -(-payload // FRAME_PAYLOAD) * FRAME_BYTES
+    seconds = wire / (rate_gbps(run["rate"]) * 1e9)
+    return seconds + run["forward_median_s"] + run["update_median_s"], wire
+
+
+def floor_table(runs, configs):
+    """Markdown rows: each uncompressed method's step against its configuration's floor."""
+    lines = ["| configuration | method | ms/step | floor ms (wire + zero_grad/forward + "
+             "update) | step / floor | KB a rank sent per step: measured (eth0), minimum "
+             "payload, minimum in frames |",
+             "|---|---|---:|---:|---:|---:|"]
+    for n, rate in configs:
+        for r in runs:
+            if (r.get("ranks"), r.get("rate")) != (n, rate) or "error" in r:
+                continue
+            if r["method"] not in ("none", "ddp"):
+                continue  # the floor is the uncompressed gradient's
+            fl = floor_of(r)
+            if fl is None:
+                continue
+            floor_s, wire = fl
+            wire_s = wire / (rate_gbps(rate) * 1e9)
+            sent = r["wire_bytes_timed"] / max(1, r["timed_steps"]) / n
+            lines.append(
+                f"| {n} ranks {rate} | {r['label']} | {1e3 * r['step_time_median_s']:.1f} | "
+                f"{1e3 * floor_s:.1f} ({1e3 * wire_s:.1f} + {1e3 * r['forward_median_s']:.1f}"
+                f" + {1e3 * r['update_median_s']:.1f}) | "
+                f"{r['step_time_median_s'] / floor_s:.3f} | {sent / 1e3:.0f}, "
+                f"{2 * (n - 1) / n * r['gradient_bytes'] / 1e3:.0f}, {wire / 1e3:.0f} |")
+    return lines
 
 
 def sweep_table(records):
@@ -440,6 +493,9 @@ def report(args, results, configs):
         lines += ["", "### Step time (median ms; one rank per host)", ""]
         lines += matrix_table(results["matrix_runs"], configs)
         plot_steps(results["matrix_runs"], configs, os.path.join(args.out, "steps.png"))
+        floor = floor_table(results["matrix_runs"], configs)
+        if len(floor) > 2:
+            lines += ["", "### Against the floor (uncompressed methods)", ""] + floor
     if results["sweep"]:
         lines += ["", "### All-reduce sweep (float32 sum, in place, one rank per host; nccl-tests "
                       "method: busbw = algbw x 2(n-1)/n)"]

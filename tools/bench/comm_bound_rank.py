@@ -17,9 +17,12 @@ initial weights), with one of three ways to average the gradients:
                       the others (what the step costs in computation on these CPUs)
 
 Timing: each step (zero_grad, forward, backward, waiting for the gradients, the update) on a
-monotonic clock; the training clock stops while the test set is scored (every --eval-every
-steps and at the end: each rank scores every size-th test image, the counts are summed), so
-"time to accuracy" is training time. Bytes on the wire: each rank's eth0 transmit counter
+monotonic clock, and apart its two phases that no communication can overlap: zero_grad +
+forward, and the update (braid: synchronize(), then step() under skip_synchronize(), as
+Horovod's API allows, so the update is timed without the wait). The training clock stops
+while the test set is scored (every --eval-every steps and at the end: each rank scores
+every size-th test image, the counts are summed), so "time to accuracy" is training time.
+Bytes on the wire: each rank's eth0 transmit counter
 (/sys/class/net/eth0/statistics/tx_bytes: IP packets with their headers) over the training,
 summed over ranks, the same measure for every framework; braid's own transport and payload
 bytes too. Rank 0 prints one line "RESULT {json}" at the end.
@@ -116,6 +119,20 @@ class Comm:
         opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=self.args.momentum)
         return net, opt
 
+    def update(self):
+        """The step after backward: waits for the averaged gradients (braid: synchronize();
+        DDP had them at the end of backward), then applies the update. Returns the time the
+        update (the wrapped optimizer's step alone) began."""
+        if self.framework == "braid":
+            self.opt.synchronize()
+            start = time.perf_counter()
+            with self.opt.skip_synchronize():
+                self.opt.step()
+            return start
+        start = time.perf_counter()
+        self.opt.step()
+        return start
+
     def sum(self, values):
         """Sums a list of floats over ranks (exact: float64, never compressed)."""
         import torch
@@ -154,7 +171,9 @@ def evaluate(comm, model, images, labels, fmnist):
 
 
 def train(args, comm, model, data, fmnist):
-    """The training loop; returns (history, step times, steps, training seconds)."""
+    """The training loop; returns (history, step times, steps, training seconds, phases):
+    phases holds each step's (zero_grad + forward, update) seconds, the computation the
+    gradients' communication cannot overlap."""
     import torch
     import torch.nn.functional as F
     train_x, train_y, test_x, test_y = data
@@ -163,7 +182,11 @@ def train(args, comm, model, data, fmnist):
     total = max(1, int(args.epochs * per_epoch))
     if args.max_steps:
         total = min(total, args.max_steps)
-    history, step_times, clock, step = [], [], 0.0, 0
+    history, step_times, phases, clock, step = [], [], [], 0.0, 0
+    # This rank's bytes on the wire over the timed steps (those after the warm-up, as
+    # main() times them), up to the last scoring: what a step really sends.
+    warm = args.warmup_steps if total > args.warmup_steps else 0
+    tx_timed = [tx_bytes(args.device), 0]
     while step < total:
         epoch = step // per_epoch
         order = torch.randperm(n, generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
@@ -176,16 +199,23 @@ def train(args, comm, model, data, fmnist):
             idx = shard[s * args.batch_size:(s + 1) * args.batch_size]
             t0 = time.perf_counter()
             comm.opt.zero_grad()
-            F.cross_entropy(comm.net(fmnist.normalize(train_x[idx])), train_y[idx]).backward()
-            comm.opt.step()
+            loss = F.cross_entropy(comm.net(fmnist.normalize(train_x[idx])), train_y[idx])
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = comm.update()
             dt = time.perf_counter() - t0
             clock += dt
             step_times.append(dt)
+            phases.append((t1 - t0, time.perf_counter() - t2))
             step += 1
+            if step == warm:
+                tx_timed[0] = tx_bytes(args.device)
+            if step == total:
+                tx_timed[1] = tx_bytes(args.device)
             if (args.eval_every and step % args.eval_every == 0) or step == total:
                 acc = evaluate(comm, model, test_x, test_y, fmnist)
                 history.append({"step": step, "train_time_s": clock, "test_accuracy": acc})
-    return history, step_times, step, clock
+    return history, step_times, step, clock, phases, tx_timed
 
 
 def main(argv=None):
@@ -202,18 +232,24 @@ def main(argv=None):
     test_x, test_y = fmnist.load("test")
     test_x, test_y = test_x[:args.test_images], test_y[:args.test_images]
     tx0 = tx_bytes(args.device)
-    history, step_times, steps, clock = train(args, comm, model,
+    history, step_times, steps, clock, phases, tx_timed = train(args, comm, model,
                                               (train_x, train_y, test_x, test_y), fmnist)
-    wire = comm.sum([float(tx_bytes(args.device) - tx0)])[0]
+    wire, wire_timed = comm.sum([float(tx_bytes(args.device) - tx0),
+                                 float(tx_timed[1] - tx_timed[0])])
     # Every step ends with every rank's gradients (braid, DDP), so rank 0's step times are
     # the job's; without communication (local) they are rank 0's own.
     timed = step_times[args.warmup_steps:] or step_times
+    timed_phases = phases[args.warmup_steps:] or phases
     result = {
         "framework": args.framework, "compression": args.compression,
         "ddp_hook": args.ddp_hook, "powersgd_rank": args.powersgd_rank,
         "ranks": comm.size, "steps": steps, "batch_size_per_rank": args.batch_size,
         "train_time_s": clock, "history": history,
         "step_time_median_s": statistics.median(timed),
+        "forward_median_s": statistics.median(f for f, _ in timed_phases),
+        "update_median_s": statistics.median(u for _, u in timed_phases),
+        "timed_steps": len(timed), "wire_bytes_timed": int(wire_timed),
+        "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
         "wire_bytes": int(wire), "final_test_accuracy": history[-1]["test_accuracy"],
         **comm.braid_bytes(),
     }
