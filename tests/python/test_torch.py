@@ -47,7 +47,7 @@ def test_distributed_optimizer(np_):
     """Same parameters as one process on the union of the batches (backward_passes_per_step
     1 and 2, SGD and Adam); compression; unused layers; sparse gradients; misuse errors;
     p.grad replaced before step(); two optimizers with the same parameter names under
-    scalecomp; add_param_group()."""
+    scalecomp; add_param_group(); the first bucket all-reduced while backward runs."""
     run("torch_optimizer.py", np_)
 
 

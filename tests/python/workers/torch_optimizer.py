@@ -9,6 +9,7 @@ ranks of the per-rank mean gradients is the mean gradient of the union.
 import gc
 import os
 import sys
+import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -540,13 +541,80 @@ def check_add_param_group(size, rank):
     log("add_param_group: new parameters averaged; lr from the wrapped optimizer")
 
 
+class _Gate(torch.autograd.Function):
+    """The identity; its backward, which autograd runs once the layers after it have their
+    gradients (their accumulators run first) and before the layers before it get theirs,
+    calls ``wait()`` first."""
+
+    @staticmethod
+    def forward(ctx, x, wait):
+        ctx.wait = wait
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.wait()
+        return g, None
+
+
+def check_first_bucket_overlaps_backward(size, rank):
+    """Overlap: the first bucket of a DistributedOptimizer step (the last layer's gradients,
+    which backward produces first) is all-reduced while backward is still running. A gate
+    between fc1 and fc2 holds backward there until this rank's counters show fc2's
+    all-reduce done (its reduction counted, its bytes sent): event order, no timing. A
+    runtime that held the gradients back until backward ended would keep the gate shut,
+    and the check fails at the gate's deadline (a liveness bound only). The step's result
+    is still the one-process reference's."""
+    model, ref = new_model(), new_model()
+    opt = hvd.DistributedOptimizer(make_opt("sgd", model.parameters()),
+                                   named_parameters=model.named_parameters())
+    ref_opt = make_opt("sgd", ref.parameters())
+    seen = []
+
+    def counts():
+        t = braid.compression_stats()["tensors"].get("grad.fc2.weight", {})
+        return t.get("reductions", 0), t.get("transport_bytes", 0)
+
+    for step in range(3):
+        before = counts()
+
+        def wait():
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                now = counts()
+                if now[0] > before[0] and now[1] > before[1]:
+                    seen.append(step)
+                    return
+                time.sleep(0.001)
+
+        def forward(net, x, gated):
+            h = F.max_pool2d(F.relu(net.conv(x)), 2)
+            h = F.relu(net.fc1(h.flatten(1)))
+            return net.fc2(_Gate.apply(h, wait) if gated else h)
+
+        opt.zero_grad()
+        x, y = batch(step, rank)
+        F.cross_entropy(forward(model, x, True), y).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        xs, ys = zip(*(batch(step, r) for r in range(size)))
+        F.cross_entropy(forward(ref, torch.cat(xs), False), torch.cat(ys)).backward()
+        ref_opt.step()
+    check(seen == [0, 1, 2],
+          f"rank {rank}: fc2's all-reduce finished before backward ended in steps {seen} of "
+          "[0, 1, 2]")
+    check_same(model, ref, "overlap")
+    log("first bucket: all-reduced while backward runs")
+
+
 def body():
     hvd.init()
     size, rank = hvd.size(), hvd.rank()
     only = os.environ.get("TORCH_OPTIMIZER_CHECKS")  # comma-separated names, for debugging
     for fn in (check_equivalence, check_unused_and_synchronize, check_sparse, check_rewrap,
                check_misuse, check_bucket_view, check_replaced_grad, check_same_names,
-               check_add_param_group, check_fresh_state_after_drop):
+               check_add_param_group, check_fresh_state_after_drop,
+               check_first_bucket_overlaps_backward):
         if not only or fn.__name__ in only.split(","):
             fn(size, rank)
     hvd.shutdown()
