@@ -3,7 +3,7 @@
 and reports, as one JSON line per rank (prefixed "RESULT "), where it ran and what the data
 plane used, for the test to assert.
 
-    job.py [--loop]
+    job.py [--loop [MIB]]
 
 Every rank all-reduces (sum) a 1 MiB float32 vector whose elements are rank + 1 and checks
 each element equals n(n+1)/2 (exact in float32 for these sizes); all-gathers the hostnames.
@@ -12,8 +12,9 @@ UCX's 8 KiB segment, eager in many segments up to RNDV_SEND_NBR_THRESH, rendezvo
 Note [Eager across hosts] in transport/ucx_worker.cc), it all-reduces vectors whose elements
 differ by index and rank, broadcasts 3 MiB from the last rank and all-gathers 300 KB a rank,
 and counts every element that is not the exact expected value.
-With --loop it then prints "READY pid=<pid> ppid=<ppid>" and all-reduces until stopped (for the
-tests that kill a rank, a host or braidrun). Exit status 0 when every check passed.
+With --loop it then prints "READY pid=<pid> ppid=<ppid>" and all-reduces (1 MiB, or MIB MiB)
+until stopped (for the tests that kill a rank, a host or braidrun). Exit status 0 when every
+check passed.
 
 It also checks that the job's secret reached it (BRAID_JOB_SECRET under braidrun) and that no
 process of its host shows the secret on its command line.
@@ -44,7 +45,9 @@ def secret_on_a_command_line(secret):
 
 
 def main():
-    loop = "--loop" in sys.argv[1:]
+    args = sys.argv[1:]
+    loop = "--loop" in args
+    loop_mib = int(args[args.index("--loop") + 1]) if loop and args[-1] != "--loop" else 1
     braid.init()
     rank, size = braid.rank(), braid.size()
     x = np.full(1 << 18, rank + 1, np.float32)
@@ -78,10 +81,9 @@ def main():
     os.write(sys.stdout.fileno(), ("RESULT " + json.dumps(result) + "\n").encode())
     if loop:
         print(f"READY pid={os.getpid()} ppid={os.getppid()}", flush=True)
-        step = 0
+        big = np.ones(loop_mib << 18, np.float32)
         while True:
-            braid.allreduce(x, name="loop", op=braid.Sum)
-            step += 1
+            braid.allreduce(big, name="loop", op=braid.Sum)
     braid.shutdown()
     return 0 if wrong == 0 else 1
 
