@@ -2,6 +2,7 @@
 // CollectiveCommunicator; CreateUcxCommunicator exchanges PeerAddresses through a Store.
 #include "transport/ucx_communicator.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +35,23 @@ absl::StatusOr<PeerAddress> DecodePeer(const std::string& s) {
 
 }  // namespace
 
+// Note [Pieces across hosts]: over tcp between hosts, the ring pipeline's pieces are small.
+// The reduce-scatter is direct (canonical order, Note [Canonical reduction order]), so a rank
+// has ring_window x (n-1) pieces in flight to as many peers, all through one link: at 256 KiB
+// pieces that is 3 MiB for 4 ranks, more than a switch (or the test hosts' tc queue, 100 ms
+// at the link rate) holds, and the dropped segments stall tcp. Measured on 4 test hosts
+// (BENCHMARKS.md, the all-reduce sweep across hosts): 256 KiB pieces used 77-81% of a
+// 100 Mbit/s link from 1 to 16 MiB and 31-44% of 1 Gbit/s; 16 KiB pieces 93-95% and 69-82%,
+// above gloo's ring (89-93%, 40-46%). Every rank sees the same peer list, so every rank cuts
+// the same pieces (their count is part of the tags). One host keeps its pieces: shared
+// memory has no such queue, and larger pieces cost it fewer messages.
+size_t PipelineChunkBytes(const UcxOptions& options, const std::vector<PeerAddress>& peers) {
+  bool across_hosts = false;
+  for (const PeerAddress& p : peers) across_hosts |= p.host != peers[0].host;
+  if (!across_hosts || options.chunk_bytes_across_hosts == 0) return options.chunk_bytes;
+  return std::min(options.chunk_bytes, options.chunk_bytes_across_hosts);
+}
+
 namespace {
 
 // ConnectUcx's point-to-point layer, and the options it runs with.
@@ -65,6 +83,7 @@ absl::StatusOr<std::unique_ptr<PointToPoint>> ConnectUcxPointToPoint(
     return absl::InvalidArgumentError(absl::StrCat(
         "ConnectUcx: peers[", options.rank, "] is not this rank's own worker address"));
   }
+  options.chunk_bytes = PipelineChunkBytes(options, peers);
   impl->SetPlace(options.rank, options.size);
   *out = options;
   return ucx::ConnectPointToPoint(std::move(impl), std::move(peers));

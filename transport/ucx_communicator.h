@@ -48,6 +48,10 @@ struct UcxOptions : CollectiveOptions {
   // disables the single-copy CMA rendezvous, and braid watches local peers' processes itself.
   // Remote peers always use it.
   bool peer_error_handling = false;
+  // The pipeline piece (CollectiveOptions::chunk_bytes) of a job whose ranks are on more
+  // than one host: chunk_bytes becomes the smaller of the two on every rank (Note [Pieces
+  // across hosts] in ucx_communicator.cc). 0: chunk_bytes everywhere.
+  size_t chunk_bytes_across_hosts = 16 * 1024;
   // Busy-poll at most this long before blocking on the event fd; the spin adapts below it to
   // how long waits take (Note [Adaptive spin] in ucx_p2p.cc). Negative: choose by
   // over-subscription (50 us when ranks on this host <= cores, else none).
@@ -66,6 +70,11 @@ struct PeerAddress {
   int64_t pid = 0;      // process id on `host`
   std::string address;  // opaque backend address bytes (the UCX worker address)
 };
+
+// The pipeline piece a job with these peers runs with: options.chunk_bytes, or the smaller
+// options.chunk_bytes_across_hosts when the peers are on more than one host (Note [Pieces
+// across hosts] in ucx_communicator.cc). ConnectUcx applies it.
+size_t PipelineChunkBytes(const UcxOptions& options, const std::vector<PeerAddress>& peers);
 
 // An opened UCP context and worker, not yet connected to any peer (phase 1 of 2).
 class UcxWorker {

@@ -62,8 +62,9 @@ absl::Status WorkerImpl::Open() {
   // rendezvous) carry UCP_OP_ATTR_FLAG_FAST_CMPL (ucx_p2p.cc: PostSend), for which UCX
   // switches to a rendezvous only from RNDV_SEND_NBR_THRESH up (its "local" threshold) and
   // sends eagerly below it: copied out at once, no handshake. braid raises that threshold
-  // above the ring's pieces (chunk_bytes, 256 KiB by default) unless the user set it; no
-  // other send of braid's uses the flag, so nothing else changes.
+  // above the ring's pieces (16 KiB across hosts, Note [Pieces across hosts] in
+  // ucx_communicator.cc) and the whole messages of recursive doubling (below 256 KiB)
+  // unless the user set it; no other send of braid's uses the flag, so nothing else changes.
   setenv("UCX_RNDV_SEND_NBR_THRESH", "1m", 0);
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);

@@ -113,5 +113,22 @@ TEST(UcxWorkerTest, CreateNeedsAStoreForSeveralRanks) {
   EXPECT_EQ(comm.status().message(), "UcxOptions.store is required when size > 1");
 }
 
+// Note [Pieces across hosts]: a job on several hosts cuts 16 KiB pieces on every rank, one
+// host keeps chunk_bytes; an explicit chunk_bytes below the cap, or a cap of 0, is kept.
+TEST(UcxWorkerTest, PiecesAreSmallOnlyWhenTheJobSpansHosts) {
+  UcxOptions o;
+  ASSERT_EQ(o.chunk_bytes, 256u * 1024);
+  const std::vector<PeerAddress> one_host = {{"h0", 1, "a"}, {"h0", 2, "b"}, {"h0", 3, "c"}};
+  const std::vector<PeerAddress> two_hosts = {{"h0", 1, "a"}, {"h0", 2, "b"}, {"h1", 3, "c"}};
+  EXPECT_EQ(PipelineChunkBytes(o, one_host), 256u * 1024);
+  EXPECT_EQ(PipelineChunkBytes(o, two_hosts), 16u * 1024);
+  EXPECT_EQ(PipelineChunkBytes(o, {{"h0", 1, "a"}}), 256u * 1024);
+  o.chunk_bytes = 4096;
+  EXPECT_EQ(PipelineChunkBytes(o, two_hosts), 4096u);
+  o.chunk_bytes = 1 << 20;
+  o.chunk_bytes_across_hosts = 0;
+  EXPECT_EQ(PipelineChunkBytes(o, two_hosts), 1u << 20);
+}
+
 }  // namespace
 }  // namespace braid::transport
