@@ -125,7 +125,7 @@ class HostSet:
                 rec.update(method=method, label=label, rate=self.rate,
                            job_seconds=time.monotonic() - start)
                 return rec
-        tail = "\n".join((r.stdout + r.stderr).splitlines()[-15:])
+        tail = "\n".join((r.stdout + r.stderr).splitlines()[-60:])
         return {"method": method, "label": label, "error": f"exit {r.returncode}: {tail}"}
 
 
