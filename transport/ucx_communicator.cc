@@ -38,13 +38,15 @@ absl::StatusOr<PeerAddress> DecodePeer(const std::string& s) {
 // Note [Pieces across hosts]: over tcp between hosts, the ring pipeline's pieces are small.
 // The reduce-scatter is direct (canonical order, Note [Canonical reduction order]), so a rank
 // has ring_window x (n-1) pieces in flight to as many peers, all through one link: at 256 KiB
-// pieces that is 3 MiB for 4 ranks, more than a switch (or the test hosts' tc queue, 100 ms
-// at the link rate) holds, and the dropped segments stall tcp. Measured on 4 test hosts
-// (BENCHMARKS.md, the all-reduce sweep across hosts): 256 KiB pieces used 77-81% of a
-// 100 Mbit/s link from 1 to 16 MiB and 31-44% of 1 Gbit/s; 16 KiB pieces 93-95% and 69-82%,
-// above gloo's ring (89-93%, 40-46%). Every rank sees the same peer list, so every rank cuts
-// the same pieces (their count is part of the tags). One host keeps its pieces: shared
-// memory has no such queue, and larger pieces cost it fewer messages.
+// pieces that is 3 MiB for 4 ranks queued at the link (a switch port, or the test hosts' tc
+// queue), while a piece moves to its next stage only once it has wholly arrived. Measured on
+// 4 test hosts (BENCHMARKS.md, section 22): 256 KiB pieces used 77-81% of a 100 Mbit/s link
+// from 1 to 16 MiB and 31-44% of 1 Gbit/s; 16 KiB pieces 93-95% and 69-82%, above gloo's
+// ring (89-93%, 40-46%). Not loss: the links' queues dropped no packet at either size; where
+// exactly the larger pieces leave the link idle was not traced further. Every rank sees the
+// same peer list, so every rank cuts the same pieces (their count is part of the tags). One
+// host keeps its pieces: shared memory has no such queue, and larger pieces cost it fewer
+// messages.
 size_t PipelineChunkBytes(const UcxOptions& options, const std::vector<PeerAddress>& peers) {
   bool across_hosts = false;
   for (const PeerAddress& p : peers) across_hosts |= p.host != peers[0].host;
