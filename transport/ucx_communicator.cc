@@ -44,8 +44,9 @@ absl::StatusOr<PeerAddress> DecodePeer(const std::string& s) {
 // from 1 to 16 MiB and 31-44% of 1 Gbit/s; 16 KiB pieces 93-95% and 69-82%, above gloo's
 // ring (89-93%, 40-46%). Not loss: the links' queues dropped no packet at either size; where
 // exactly the larger pieces leave the link idle was not traced further. Every rank sees the
-// same peer list, so every rank cuts the same pieces (their count is part of the tags). One
-// host keeps its pieces: shared memory has no such queue, and larger pieces cost it fewer
+// same peer list, so every rank cuts the same pieces (their count is part of the tags),
+// also a pair of ranks on one host within such a job. A job whose ranks are all on one host
+// keeps its pieces: shared memory has no such queue, and larger pieces cost it fewer
 // messages.
 size_t PipelineChunkBytes(const UcxOptions& options, const std::vector<PeerAddress>& peers) {
   bool across_hosts = false;

@@ -12,7 +12,8 @@ also for DDP: braidrun launches any command). Needs root.
 Workload: examples/train_fashion_mnist.py's CNN (215k float32 parameters, 861 KB of
 gradients a step) at 32 images per rank per step (tools/bench/comm_bound_rank.py). Its
 computation is a few milliseconds a step while an uncompressed ring all-reduce of 861 KB
-over 4 ranks moves 2(n-1)/n x 861 KB = 1.29 MB per rank, about 103 ms at 100 Mbit/s: the
+over 4 ranks moves 2(n-1)/n x 861 KB = 1.29 MB of payload per rank, about 103 ms at
+100 Mbit/s (108 ms in Ethernet frames, what the floor below counts): the
 step is communication-bound (the table's "comm share" measures it: 1 - the step time with no
 communication, `local`, over the method's step time).
 
@@ -24,11 +25,11 @@ communication: the computation alone).
 Phase 1 (time to accuracy): --ranks hosts at --rate, each method trains --epochs epochs with
 the same seed, data order and schedule; the test set is scored every --eval-every steps (off
 the training clock). Phase 2 (--matrix, step time only): --matrix-steps steps of each
---matrix-methods method for every --matrix-ranks x --matrix-rates, and for the uncompressed
-methods (braid none, DDP) the configuration's floor beside the step: the fewest bytes a rank
+--matrix-methods method for every --matrix-ranks x --matrix-rates, and for each run of an
+uncompressed method (braid none, DDP) its floor beside the step: the fewest bytes a rank
 must send (2(n-1)/n of the gradient bytes, in 1514-byte frames of 1448 bytes of payload) at
 the link rate, plus the computation no communication can overlap (zero_grad + forward and
-the update, the run's medians), and the bytes each rank's eth0 really sent per timed step
+the update, that run's own medians, so two methods' floors differ by their computation), and the bytes each rank's eth0 really sent per timed step
 (its counter sees the kernel's GSO packets, up to 64 KB under one set of headers, so it may
 read below the minimum in frames, never below the payload). Phase 3 (--sweep): the
 nccl-tests all-reduce sweep (float32 sum, --sweep-min to --sweep-max bytes, x4) over the
