@@ -303,16 +303,26 @@ TEST(FastPathTest, ATensorOneRankStopsSubmittingIsReportedStalled) {
       fputs(getenv("BRAID_COORDINATOR"), f);
       fclose(f);
     }
-    std::vector<float> a(4, 1.0f), b(4), l(4);
+    std::vector<float> a(4, 1.0f), b(4), l(4), in(4, 1.0f);
     std::shared_ptr<Handle> lonely;
     const absl::Time limit = absl::Now() + absl::Seconds(40);
-    for (int step = 0; !Exists(dir + "/checked") && absl::Now() < limit; ++step) {
+    // The ranks stop at the same step: rank 0 alone looks for "checked" and adds 1 to the
+    // first element of "t" when it has, which every rank then sees in the sum. (Each rank
+    // looking for itself lets one run a step more, whose "t" then rightly fails with
+    // "rank 1 already shut down".)
+    bool stop = false;
+    for (int step = 0; !stop; ++step) {
       // From step 3 on, rank 1 no longer submits "lonely"; rank 0 submits it once more.
       if (step < 3 || (rank == 0 && step == 3)) {
         auto h = rt.Enqueue(AllReduceOf("lonely", a.data(), l.data(), 4, ReduceOp::kSum));
         if (c.Ok(h.status(), "enqueue lonely")) lonely = *h;
       }
-      c.Ok(WaitFor(rt.Enqueue(AllReduceOf("t", a.data(), b.data(), 4, ReduceOp::kSum))), "t");
+      in[0] = rank == 0 && (Exists(dir + "/checked") || absl::Now() >= limit) ? 2.0f : 1.0f;
+      if (!c.Ok(WaitFor(rt.Enqueue(AllReduceOf("t", in.data(), b.data(), 4, ReduceOp::kSum))),
+                "t")) {
+        break;
+      }
+      stop = b[0] != 2.0f;
       if (step < 3) c.Ok(lonely->Wait(absl::Seconds(30)), "lonely");
       absl::SleepFor(absl::Milliseconds(10));  // a training step's compute
     }
