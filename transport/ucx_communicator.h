@@ -56,6 +56,11 @@ struct UcxOptions : CollectiveOptions {
   // how long waits take (Note [Adaptive spin] in ucx_p2p.cc). Negative: choose by
   // over-subscription (50 us when ranks on this host <= cores, else none).
   absl::Duration spin = absl::Microseconds(-1);
+  // At connection, send a few hundred small messages to every peer on this host so that
+  // UCX's shared-memory receive descriptors are paged in before the first collective
+  // (Note [Warm shared memory] in ucx_p2p.cc). Off: the first ~60 small messages to each
+  // local peer take a few microseconds more.
+  bool warm_shared_memory = true;
   // The pair field of the tags (Note [Tag layout]) on messages from `source` to
   // `destination`; unset: the source rank. Every rank must use the same function, and no
   // two sources may map to one value at the same destination.

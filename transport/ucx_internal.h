@@ -47,6 +47,26 @@ class WorkerImpl final : public UcxWorker {
 absl::StatusOr<std::unique_ptr<PointToPoint>> ConnectPointToPoint(
     std::unique_ptr<WorkerImpl> worker, std::vector<PeerAddress> peers);
 
+// Note [Warm shared memory] (ucx_warmup.cc): messages that page in UCX's shared-memory
+// receive descriptors at connection. Used by the point-to-point layer's thread only.
+class SharedMemoryWarmup {
+ public:
+  // Posts the warm-up's receives from, and sends to, every rank in `local` (peers on this
+  // host), with the tags' pair fields of ucx_p2p.cc. Errors are left to the collectives.
+  void Start(ucp_worker_h worker, const std::vector<ucp_ep_h>& eps,
+             const std::vector<int>& local, const std::vector<uint32_t>& send_pair,
+             const std::vector<uint32_t>& recv_pair);
+  // Releases the receives that completed, in order; with `cancel`, cancels the rest too
+  // (at the end). Frees the buffers once none is left.
+  void Release(ucp_worker_h worker, bool cancel);
+  bool active() const { return !recvs_.empty(); }
+
+ private:
+  std::vector<void*> recvs_;
+  size_t done_ = 0;  // recvs_[0, done_) completed and released
+  std::vector<char> buf_;
+};
+
 absl::Status UcxError(absl::string_view what, ucs_status_t status);
 std::string HostName();
 // True when process `pid` on this host is gone (or a zombie nobody reaped yet).

@@ -88,6 +88,7 @@ class UcxPointToPoint final : public PointToPoint {
   // Peers whose endpoint reported an error (set inside ucp_worker_progress).
   std::vector<std::pair<int, ucs_status_t>> ep_failures_;
   mutable std::string describe_cache_;
+  SharedMemoryWarmup warmup_;  // Note [Warm shared memory] in ucx_warmup.cc
 
   // Set from any thread by Abort().
   std::atomic<bool> aborted_{false};
@@ -139,10 +140,18 @@ absl::Status UcxPointToPoint::Connect() {
   }
   spin_ = spin_limit_;
   next_peer_check_ = absl::Now() + kPeerCheckInterval;
+  if (o.warm_shared_memory) {
+    std::vector<int> local;
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_ && !remote_[p]) local.push_back(p);
+    }
+    warmup_.Start(worker_, eps_, local, send_pair_, recv_pair_);
+  }
   return absl::OkStatus();
 }
 
 UcxPointToPoint::~UcxPointToPoint() {
+  warmup_.Release(worker_, /*cancel=*/true);
   // No closing barrier: a collective completes on this rank only once its sends have
   // completed. A rendezvous send completes after the peer pulled the data; an eager send to
   // another host (Note [Eager across hosts], ucx_worker.cc) completes once copied out, and
@@ -314,6 +323,7 @@ absl::Status UcxPointToPoint::Wait(absl::Time idle_since, absl::Time until) {
     bool progressed = false;
     while (ucp_worker_progress(worker_) != 0) progressed = true;
     BRAID_RETURN_IF_ERROR(Health());
+    if (warmup_.active()) warmup_.Release(worker_, /*cancel=*/false);
     if (progressed) {  // the caller tests its requests
       AdaptSpin(absl::Now() - idle_since);
       return absl::OkStatus();

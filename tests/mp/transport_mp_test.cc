@@ -422,6 +422,61 @@ TEST(TransportTagTest, KeyedPairFieldsMatchOnlyUnderTheSameKey) {
   }
 }
 
+// Note [Warm shared memory] (transport/ucx_warmup.cc): the warm-up's messages, sent at
+// connection under sequence number 0xFFFF, are all received by the warm-up and never meet a
+// collective's receive: collectives of every sequence number past 0xFFFF (the tag keeps 16
+// bits), every 64th of 8000 bytes (the warm-up's size: a leftover message would fill it with
+// zeros rather than fail), stay exact. A warm-up that posted no receives fails here at call
+// 65535 with a wrong sum. Rank 1 connects 300 ms late, so rank 0's warm-up messages wait
+// for it as unexpected ones.
+TEST(TransportWarmupTest, CollectivesPastTheWarmUpsSequenceNumberStayExact) {
+  const std::string dir = braid::testing::MakeTempDir("braid_warmup_");
+  ASSERT_FALSE(dir.empty());
+  RunRanksOptions o;
+  o.ranks = 2;
+  o.deadline = absl::Seconds(240);
+  auto exits = RunRanks(o, [&](int rank) {
+    SetTransportEnv("sm");
+    if (rank == 1) absl::SleepFor(absl::Milliseconds(300));
+    FileStore store(dir);
+    auto comm = Connect(rank, 2, &store, absl::Seconds(30));
+    if (!comm.ok()) return 1;
+    std::vector<int64_t> big(1000);  // 8000 bytes
+    constexpr int kCalls = 0x10000 + 1000;
+    for (int i = 0; i < kCalls; ++i) {
+      if (i % 64 == 63) {
+        for (size_t k = 0; k < big.size(); ++k) big[k] = (rank + 1) * (i + static_cast<int64_t>(k));
+        absl::Status s = (*comm)->AllReduce(big.data(), big.data(), big.size(), DataType::kInt64,
+                                            ReduceOp::kSum);
+        for (size_t k = 0; s.ok() && k < big.size(); ++k) {
+          if (big[k] != 3 * (i + static_cast<int64_t>(k))) {
+            fprintf(stderr, "[rank %d] call %d: element %zu is %lld\n", rank, i, k,
+                    static_cast<long long>(big[k]));
+            return 2;
+          }
+        }
+        if (!s.ok()) {
+          fprintf(stderr, "[rank %d] call %d: %s\n", rank, i, s.ToString().c_str());
+          return 3;
+        }
+        continue;
+      }
+      int64_t x = (rank + 1) * static_cast<int64_t>(i);
+      absl::Status s = (*comm)->AllReduce(&x, &x, 1, DataType::kInt64, ReduceOp::kSum);
+      if (!s.ok() || x != 3 * static_cast<int64_t>(i)) {
+        fprintf(stderr, "[rank %d] call %d: %s, %lld\n", rank, i, s.ToString().c_str(),
+                static_cast<long long>(x));
+        return 4;
+      }
+    }
+    return (*comm)->Barrier().ok() ? 0 : 5;
+  });
+  for (const RankExit& e : exits) {
+    EXPECT_FALSE(e.timed_out) << "rank " << e.rank << " hung";
+    EXPECT_EQ(e.exit_code, 0) << "rank " << e.rank;
+  }
+}
+
 // Exit codes a rank reports in the failure tests.
 constexpr int kExitUnavailable = 20;
 constexpr int kExitDeadline = 21;

@@ -69,6 +69,7 @@ struct Config {
   std::optional<int> ring_window;
   std::optional<int> direct_max_ranks;
   std::optional<double> spin_us;
+  bool warm_shared_memory = true;
   // --peer-error-handling (falling back to BRAID_UCX_PEER_ERROR_HANDLING), validated in the
   // parent; the flags above override the rest.
   transport::UcxOptions ucx_base;
@@ -285,6 +286,7 @@ int RunRank(const Config& cfg, int rank, const std::string& store_dir, double me
     if (cfg.ring_window) opts.ring_window = *cfg.ring_window;
     if (cfg.direct_max_ranks) opts.direct_max_ranks = *cfg.direct_max_ranks;
     if (cfg.spin_us) opts.spin = absl::Microseconds(*cfg.spin_us);
+    opts.warm_shared_memory = cfg.warm_shared_memory;
     BRAID_ASSIGN_OR_RETURN(std::unique_ptr<transport::Communicator> comm,
                            transport::CreateUcxCommunicator(opts));
     info.transports = comm->Describe();
@@ -427,6 +429,12 @@ int main(int argc, char** argv) {
   app.add_option("--spin-us", spin_us,
                  "UcxOptions::spin in microseconds (negative: by over-subscription)")
       ->capture_default_str();
+  int warm_shared_memory = 1;
+  app.add_option("--warm-shared-memory", warm_shared_memory,
+                 "UcxOptions::warm_shared_memory: 1 pages UCX's shared-memory receive "
+                 "descriptors in at connection, 0 leaves them to the first messages")
+      ->check(CLI::Range(0, 1))
+      ->capture_default_str();
   BRAID_CLI_PARSE(app, argc, argv);
 
   auto fail = [](const absl::Status& s) {
@@ -485,6 +493,7 @@ int main(int argc, char** argv) {
     *dst = static_cast<size_t>(*v);
   }
   if (spin_us >= 0) cfg.spin_us = spin_us;
+  cfg.warm_shared_memory = warm_shared_memory == 1;
   if (ring_window > 0) cfg.ring_window = ring_window;
   if (direct_max_ranks >= 0) cfg.direct_max_ranks = direct_max_ranks;
   if (peer_error_handling != 0 && peer_error_handling != 1) {
