@@ -80,7 +80,7 @@ class CoalesceTest : public ServiceTest {
 TEST_F(CoalesceTest, StreamsOfAFastPathJobAreNeverCoalesced) {
   for (int r = 0; r < 2; ++r) {
     proto::RegisterRequest req = Reg(r, 2);
-    req.mutable_settings()->set_fast_path(1);  // opt-in (kDefaultFastPath is 0)
+    req.mutable_settings()->set_fast_path(1);  // as kDefaultFastPath, but said outright
     Register(req);
   }
   for (const auto& sink : OpenStreams(2)) {
