@@ -399,7 +399,8 @@ const std::vector<SettingFlag>& SettingFlags() {
       {"--negotiation-timeout", "BRAID_NEGOTIATION_TIMEOUT_S",
        "seconds before a tensor some ranks submitted and others did not fails on every rank"},
       {"--fast-path", "BRAID_FAST_PATH",
-       "1: ranks agree on cached tensors over the data plane, 0: always ask the coordinator"},
+       "1 (default): ranks agree on cached tensors over the data plane, 0: always ask the "
+       "coordinator"},
       {"--compression", "BRAID_COMPRESSION",
        "default compression of float all-reduces, e.g. fp16, fp4:ef=1"},
   };
