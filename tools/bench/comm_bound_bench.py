@@ -46,6 +46,7 @@ is not.
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,8 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 PYTHON = "/usr/bin/python3"
 TESTHOSTS = os.path.join(REPO, "tools", "testhosts", "braid-testhosts")
 RANK_PROGRAM = os.path.join(HERE, "comm_bound_rank.py")
+# Lines that start a failure in a rank's output (Python's exceptions, braid's errors).
+FIRST_ERROR = re.compile(r"Traceback|Error|error:|FAILED|can never complete|Fatal")
 SWEEP_PROGRAM = os.path.join(HERE, "link_allreduce_rank.py")
 SSH_DIR = "/tmp/braid-testhosts/ssh"
 SSH = ["--ssh-identity-file", f"{SSH_DIR}/id_ed25519", "--ssh-option",
@@ -126,8 +129,14 @@ class HostSet:
                 rec.update(method=method, label=label, rate=self.rate,
                            job_seconds=time.monotonic() - start)
                 return rec
-        tail = "\n".join((r.stdout + r.stderr).splitlines()[-60:])
-        return {"method": method, "label": label, "error": f"exit {r.returncode}: {tail}"}
+        lines = (r.stdout + r.stderr).splitlines()
+        # The first error lines of any rank first: the rank that failed first is often not the
+        # one whose lines come last (a survivor reports the peer that left).
+        first = [ln for ln in lines if FIRST_ERROR.search(ln)][:8]
+        tail = "\n".join(lines[-60:])
+        return {"method": method, "label": label,
+                "error": f"exit {r.returncode}; first error lines:\n" + "\n".join(first) +
+                         f"\n--- last 60 lines ---\n{tail}"}
 
 
 def run_sweep(args, hosts, build):
