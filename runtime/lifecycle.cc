@@ -248,7 +248,11 @@ absl::Status Runtime::Impl::OpenTimeline(const std::string& path) {
     absl::MutexLock lock(&timeline_mu_);
     old = std::exchange(timeline_, std::move(opened));
   }
-  return absl::OkStatus();  // `old` closes (flushed, valid JSON) when its last user is done
+  // What was recorded before the swap is in the file when this returns (stop_timeline, then
+  // read the file): its writer thread may not have run yet. `old` closes (valid JSON) when
+  // its last user is done; a bucket that began before the swap still ends in it.
+  if (old) old->Flush();
+  return absl::OkStatus();
 }
 
 std::shared_ptr<Timeline> Runtime::Impl::timeline() const {
