@@ -58,7 +58,7 @@ struct UcxOptions : CollectiveOptions {
   absl::Duration spin = absl::Microseconds(-1);
   // At connection, send a few hundred small messages to every peer on this host so that
   // UCX's shared-memory receive descriptors are paged in before the first collective
-  // (Note [Warm shared memory] in ucx_p2p.cc). Off: the first ~60 small messages to each
+  // (Note [Warm shared memory] in ucx_warmup.cc). Off: the first ~60 small messages to each
   // local peer take a few microseconds more.
   bool warm_shared_memory = true;
   // The pair field of the tags (Note [Tag layout]) on messages from `source` to

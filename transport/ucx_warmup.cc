@@ -35,6 +35,9 @@ namespace {
 constexpr int kWarmMessages = 128;
 constexpr size_t kWarmBytes = 8000;  // under one segment with UCX's headers (8256 B)
 constexpr uint32_t kWarmSeq = 0xFFFF;
+// What the sends read: static storage, so a send UCX still holds at shutdown reads valid
+// memory.
+const char kZeros[kWarmBytes] = {};
 
 }  // namespace
 
@@ -43,8 +46,6 @@ void SharedMemoryWarmup::Start(ucp_worker_h worker, const std::vector<ucp_ep_h>&
                                const std::vector<uint32_t>& send_pair,
                                const std::vector<uint32_t>& recv_pair) {
   if (local.empty()) return;
-  // The sends read from static storage: a send UCX still holds at shutdown reads valid memory.
-  static const std::vector<char>* const kZeros = new std::vector<char>(kWarmBytes, 0);
   buf_.resize(local.size() * kWarmBytes);  // a peer's receives all land in its slot
   ucp_request_param_t prm{};
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
@@ -61,7 +62,7 @@ void SharedMemoryWarmup::Start(ucp_worker_h worker, const std::vector<ucp_ep_h>&
   for (int p : local) {
     for (int m = 0; m < kWarmMessages; ++m) {
       const Tag tag{kWarmSeq, static_cast<uint32_t>(m)};
-      void* r = ucp_tag_send_nbx(eps[p], kZeros->data(), kWarmBytes,
+      void* r = ucp_tag_send_nbx(eps[p], kZeros, kWarmBytes,
                                  EncodeUcxTag(send_pair[p], tag), &prm);
       if (UCS_PTR_IS_ERR(r)) break;
       if (r != nullptr) ucp_request_free(r);  // UCX releases it when done
