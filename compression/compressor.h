@@ -42,6 +42,12 @@ struct TensorView {
   // then only receives the result). Set only for compressors whose ReadsSeparateInput() is
   // true; others always find it null and their input in `data`.
   const void* input = nullptr;
+  // Gathered: when set (with `input`), the result goes here instead, and `data` is scratch
+  // of the view's size, back to back with its neighbours' as in a packed bucket, holding
+  // nothing yet: a bucket whose tensors lie scattered, reduced without the runtime's copies
+  // into and out of its fusion buffer (Note [Gathered all-reduce], transport/gather.h). Set
+  // only for compressors whose WritesSeparateOutput() is true.
+  void* output = nullptr;
 
   float* f32() const { return static_cast<float*>(data); }
   size_t bytes() const { return count * DataTypeSize(dtype); }
@@ -87,6 +93,9 @@ class Compressor {
   // Whether Reduce honours TensorView::input (reads its values from there and writes the
   // result to `data`), which saves the runtime a copy when the result goes elsewhere.
   virtual bool ReadsSeparateInput() const { return false; }
+  // Whether Reduce honours TensorView::output (reads `input`, writes the result to `output`,
+  // may use `data` as scratch), which saves the runtime both copies of a scattered bucket.
+  virtual bool WritesSeparateOutput() const { return false; }
 
   // Reduces `tensors` (one bucket: the same names, shapes, dtypes and order on every rank) in
   // place: afterwards every rank holds bit-identical values approximating the sum (kSum) or

@@ -16,9 +16,13 @@ class NoneCompressor : public Compressor {
   bool TakesNatively(DataType) const override { return true; }
   bool ReadsSeparateInput() const override { return true; }
 
+  bool WritesSeparateOutput() const override { return true; }
+
   // One all-reduce per run of tensors that lie back to back in one dtype, their inputs too
   // when they are read out of place: one for a packed bucket (the runtime's fusion buffer),
-  // one for a bucket or a tensor reduced where it lies.
+  // one for a bucket or a tensor reduced where it lies. A run of gathered views (their
+  // `output` set: Note [Gathered all-reduce], transport/gather.h) is one gathered
+  // all-reduce through their scratch, wherever their inputs and outputs lie.
   absl::Status Reduce(absl::Span<const TensorView> tensors, transport::Communicator& comm,
                       StepContext& ctx) override {
     for (size_t i = 0; i < tensors.size() && i < ctx.payload_bytes.size(); ++i) {
@@ -32,8 +36,18 @@ class NoneCompressor : public Compressor {
         count += tensors[last++].count;
       }
       if (count > 0) {
-        const void* in = head.input != nullptr ? head.input : head.data;
-        absl::Status s = comm.AllReduce(in, head.data, count, head.dtype, ctx.op);
+        absl::Status s;
+        if (head.output != nullptr) {
+          pieces_.clear();
+          for (size_t i = first; i < last; ++i) {
+            const TensorView& v = tensors[i];
+            if (v.count > 0) pieces_.push_back({v.input, v.output, v.bytes()});
+          }
+          s = comm.AllReduceGathered(pieces_, head.data, count, head.dtype, ctx.op);
+        } else {
+          const void* in = head.input != nullptr ? head.input : head.data;
+          s = comm.AllReduce(in, head.data, count, head.dtype, ctx.op);
+        }
         if (!s.ok()) return s;
       }
       first = last;
@@ -42,16 +56,19 @@ class NoneCompressor : public Compressor {
   }
 
  private:
-  // Whether b continues a's run: right after it, and read in place as a is, or out of
-  // place right after a's input.
+  // Whether b continues a's run: right after it, and gathered as a is, or read in place as
+  // a is, or out of place right after a's input.
   static bool Follows(const TensorView& a, const TensorView& b) {
     if (b.dtype != a.dtype || static_cast<const char*>(a.data) + a.bytes() != b.data) {
       return false;
     }
+    if ((a.output == nullptr) != (b.output == nullptr)) return false;
+    if (a.output != nullptr) return true;  // gathered: inputs and outputs lie anywhere
     if (a.input == nullptr || b.input == nullptr) return a.input == b.input;
     return static_cast<const char*>(a.input) + a.bytes() == b.input;
   }
 
+  std::vector<transport::GatheredPiece> pieces_;  // reused: the steady state allocates nothing
   const std::string spec_ = "none";
 };
 

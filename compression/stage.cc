@@ -63,6 +63,7 @@ void CompressionStage::PlanLocked(CompressionMethod& m, absl::Span<const BucketT
     if (m.is_none()) {
       p.work_dtype = tensors[i].dtype;
       p.separate_input = true;
+      p.separate_output = m.compressor_->WritesSeparateOutput();
       continue;
     }
     auto record = m.tensors_.find(tensors[i].name);
@@ -71,6 +72,8 @@ void CompressionStage::PlanLocked(CompressionMethod& m, absl::Span<const BucketT
     const bool native = !p.warm_up && m.compressor_->TakesNatively(tensors[i].dtype);
     p.work_dtype = native ? tensors[i].dtype : DataType::kFloat32;
     p.separate_input = p.warm_up || m.compressor_->ReadsSeparateInput();
+    p.separate_output = p.warm_up ? plain_->WritesSeparateOutput()
+                                  : m.compressor_->WritesSeparateOutput();
   }
 }
 
@@ -110,6 +113,13 @@ absl::Status CompressionStage::CheckPacked(const PlannedBucket& bucket,
           "compression '", m.spec(), "': tensor '", tensors[i].name, "' was packed as ",
           views[i].count, " x ", DataTypeName(views[i].dtype), ", planned ",
           tensors[i].count, " x ", DataTypeName(plans_[i].work_dtype)));
+    }
+    // A gathered view whose compressor would write its result to `data` would lose it.
+    if (views[i].output != nullptr &&
+        (!plans_[i].separate_output || views[i].input == nullptr)) {
+      return absl::InternalError(absl::StrCat(
+          "compression '", m.spec(), "': tensor '", tensors[i].name,
+          "' was laid out gathered (TensorView::output), which its plan does not allow"));
     }
   }
   return absl::OkStatus();

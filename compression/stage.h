@@ -96,6 +96,7 @@ struct TensorPlan {
   bool warm_up = false;  // start_step not reached: a plain float32 all-reduce
   DataType work_dtype = DataType::kFloat32;  // the dtype its TensorView must have
   bool separate_input = false;               // its view may set TensorView::input
+  bool separate_output = false;              // its view may set TensorView::output
 };
 
 // What one tensor of a bucket cost this rank.

@@ -128,6 +128,7 @@ struct AllReducePipeline::BucketRun {
   // Set by Pack: each tensor's view, laid out as planned.
   absl::Span<compression::TensorView> views;
   bool packed = false;      // the views lie in the fusion buffer (else where the tensors lie)
+  bool gathered = false;    // packed, by the compressor as it reduces (Note [Pipelined copy])
   size_t packed_bytes = 0;  // written into the fusion buffer
 };
 
@@ -177,7 +178,7 @@ absl::Status AllReducePipeline::Run(int64_t bucket_id,
     }
   }
   const absl::Status s = Reduce(run, comm);
-  if (run.packed) {
+  if (run.packed && !run.gathered) {
     Phase(run, "MEMCPY_OUT_FUSION_BUFFER", true, run.args);
     if (s.ok()) Unpack(run);
     Phase(run, "MEMCPY_OUT_FUSION_BUFFER", false);
@@ -216,7 +217,9 @@ absl::Status AllReducePipeline::Reduce(BucketRun& run, transport::Communicator& 
     comm.Abort(packed);  // Note [Allocation failure]
     return packed;
   }
-  Phase(run, "ALLREDUCE", /*begin=*/true, run.args);  // the collectives start now
+  // The collectives start now (and the copies, for a gathered bucket).
+  Phase(run, "ALLREDUCE", /*begin=*/true,
+        run.gathered ? absl::StrCat(run.args, ", \"pipelined_copy\": true") : run.args);
   const absl::Status s =
       stage_->Reduce(std::move(planned), run.views, run.op, comm, absl::MakeSpan(bytes_));
   Phase(run, "ALLREDUCE", /*begin=*/false);
@@ -260,6 +263,7 @@ absl::Status AllReducePipeline::Pack(BucketRun& run, absl::Span<const TensorPlan
   if (!base.ok()) return CannotPack(run, total, base.status());
   run.packed = true;
   run.packed_bytes = total;
+  if (pipelined_copy_ && ViewGathered(run, plans, *base)) return absl::OkStatus();
   Phase(run, "MEMCPY_IN_FUSION_BUFFER", true,
         absl::StrCat("\"tensors\": ", run.tensors.size(), ", \"bytes\": ", total));
   for (size_t i = 0; i < views_.size(); ++i) {
@@ -319,6 +323,36 @@ bool AllReducePipeline::ViewInPlace(BucketRun& run, absl::Span<const TensorPlan>
     v.data = out + offset;
     if (!in_place) v.input = in + offset;
     offset += v.bytes();
+  }
+  return true;
+}
+
+bool AllReducePipeline::ViewGathered(BucketRun& run, absl::Span<const TensorPlan> plans,
+                                     char* base) {
+  spans_.clear();
+  for (size_t i = 0; i < run.tensors.size(); ++i) {
+    const AllReduceTensor& t = run.tensors[i];
+    if (t.joined || plans[i].work_dtype != run.dtype || !plans[i].separate_input ||
+        !plans[i].separate_output) {
+      return false;
+    }
+    const size_t bytes = run.views[i].bytes();
+    if (bytes == 0) continue;
+    const auto in = reinterpret_cast<uintptr_t>(t.input);
+    const auto out = reinterpret_cast<uintptr_t>(t.output);
+    spans_.emplace_back(out, out + bytes);
+    if (in != out) spans_.emplace_back(in, in + bytes);
+  }
+  // Pairwise apart (an input shared by two tensors too: rare, and then packed as before).
+  std::sort(spans_.begin(), spans_.end());
+  for (size_t k = 1; k < spans_.size(); ++k) {
+    if (spans_[k].first < spans_[k - 1].second) return false;
+  }
+  run.gathered = true;
+  for (size_t i = 0; i < run.views.size(); ++i) {
+    run.views[i].data = base + offsets_[i];
+    run.views[i].input = run.tensors[i].input;
+    run.views[i].output = run.tensors[i].output;
   }
   return true;
 }

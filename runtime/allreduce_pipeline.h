@@ -14,6 +14,8 @@
 //           each tensor is converted at most once each way (an fp16 tensor under fp16
 //           compression not at all: the cast compressor takes it natively). A joined
 //           rank's tensor (Note [Join]) is always packed, as the op's identity.
+//           A scattered bucket whose compressor writes separate outputs (none) skips
+//           both copies here instead (Note [Pipelined copy]).
 //   Reduce  Compressor::Reduce over the views, through the stage (warm-up, step counts).
 //   Unpack  copies (or converts back) each result into its output; then the bucket's bytes
 //           go to the statistics ledger.
@@ -33,6 +35,18 @@
 //   gradient_as_bucket_view) are such buckets, since buckets are runs of consecutive
 //   tensors (Note [Consecutive buckets], control/fusion.h). Any other bucket (one tensor
 //   out of line) is packed: the check costs one pass over the tensors' pointers.
+//
+// Note [Pipelined copy]
+//   A bucket that must be packed (its tensors lie scattered) is not copied into the fusion
+//   buffer here when every tensor keeps its dtype, none is joined, the compressor writes
+//   separate outputs (TensorPlan::separate_output: none, and warm-up steps) and no tensor's
+//   output overlaps another's input or output. Each view then points at its place in the
+//   fusion buffer (`data`, scratch), its input and its output, and the compressor's gathered
+//   all-reduce copies each pipeline piece in and out as the transfer reaches it (Note
+//   [Gathered all-reduce], transport/gather.h): the same bits as the packed bucket, the
+//   copies overlapped with the transfer. The bucket still counts as packed (its bytes pass
+//   through the fusion buffer); its timeline has no MEMCPY phases, the copies being inside
+//   ALLREDUCE. BRAID_PIPELINED_COPY=0 packs and unpacks as three passes instead.
 //
 // Note [Allocation failure]
 //   A rank that cannot grow its fusion buffer fails the bucket with ResourceExhausted naming
@@ -56,6 +70,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -131,6 +146,10 @@ class AllReducePipeline {
 
   const FusionBuffer& buffer() const { return buffer_; }
 
+  // Note [Pipelined copy]: on by default; off, every scattered bucket is packed and unpacked
+  // as three passes. A rank's own choice: the result and the messages are the same.
+  void set_pipelined_copy(bool on) { pipelined_copy_ = on; }
+
  private:
   struct BucketRun;
 
@@ -142,6 +161,10 @@ class AllReducePipeline {
   absl::Status Pack(BucketRun& run, absl::Span<const compression::TensorPlan> plans);
   // Note [In place]: true when the bucket lies contiguously, its views then set up over it.
   bool ViewInPlace(BucketRun& run, absl::Span<const compression::TensorPlan> plans);
+  // Note [Pipelined copy]: true when the bucket may be gathered rather than packed, its
+  // views then set up over the fusion buffer at `base` (offsets_) as scratch.
+  bool ViewGathered(BucketRun& run, absl::Span<const compression::TensorPlan> plans,
+                    char* base);
   // The error of a fusion buffer that could not grow to `bytes` (Note [Allocation failure]).
   static absl::Status CannotPack(const BucketRun& run, size_t bytes, const absl::Status& s);
   void Unpack(const BucketRun& run);
@@ -153,12 +176,14 @@ class AllReducePipeline {
   compression::CompressionStage* stage_;
   StatisticsLedger* ledger_;
   FusionBuffer buffer_;
+  bool pipelined_copy_ = true;
   // Scratch, reused across buckets so the steady state allocates nothing; what a bucket
   // keeps in them it reaches through its BucketRun.
   std::vector<compression::BucketTensor> bucket_;
   std::vector<compression::TensorView> views_;
   std::vector<size_t> offsets_;
   std::vector<compression::TensorBytes> bytes_;
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans_;  // Gatherable's [begin, end)s
 };
 
 }  // namespace braid

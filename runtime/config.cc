@@ -153,6 +153,10 @@ const Variable kVariables[] = {
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        return Assign(ParseZeroOrOne(w, t), &c->ucx_peer_error_handling);
      }},
+    {"BRAID_PIPELINED_COPY",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       return Assign(ParseZeroOrOne(w, t), &c->pipelined_copy);
+     }},
     {"BRAID_LAUNCHER_PIPE",
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        const size_t colon = t.find(':');

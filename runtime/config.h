@@ -126,6 +126,9 @@ struct RuntimeConfig {
   // BRAID_REGISTER_TIMEOUT_S: how long the ranks may take to register (RegistrationTimeout).
   std::optional<absl::Duration> register_timeout;
   bool ucx_peer_error_handling = false;  // BRAID_UCX_PEER_ERROR_HANDLING
+  // BRAID_PIPELINED_COPY: a scattered bucket's copies into and out of the fusion buffer
+  // overlap its transfer (Note [Pipelined copy], runtime/allreduce_pipeline.h).
+  bool pipelined_copy = true;
   // BRAID_LAUNCHER_PIPE "FD:INODE", which braidrun sets for the ranks on its host: descriptor
   // FD is the read end of the pipe (of that inode) whose write end braidrun holds (Note
   // [Ranks die with their launcher] in runtime/launcher_watch.h). -1: none.

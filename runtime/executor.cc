@@ -39,7 +39,9 @@ Executor::Executor(const Parts& parts)
     : parts_(parts),
       rank_(parts.control->rank()),
       size_(parts.control->size()),
-      pipeline_(parts.stage, parts.ledger) {}
+      pipeline_(parts.stage, parts.ledger) {
+  pipeline_.set_pipelined_copy(parts.pipelined_copy);
+}
 
 void Executor::Abort(const absl::Status& s) {
   parts_.planes->ForEach([&](transport::Communicator& plane) { plane.Abort(s); });

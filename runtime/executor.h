@@ -39,6 +39,8 @@ class Executor {
     compression::CompressionStage* stage = nullptr;  // a joined rank's compression
     StatisticsLedger* ledger = nullptr;              // the pipeline books bytes there
     InFlight* in_flight = nullptr;                   // the entries buckets name
+    // BRAID_PIPELINED_COPY (Note [Pipelined copy], runtime/allreduce_pipeline.h).
+    bool pipelined_copy = true;
     // The timeline events go to now, or null (runtime_impl.h: Impl::timeline()).
     std::function<std::shared_ptr<Timeline>()> timeline;
   };

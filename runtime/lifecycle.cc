@@ -285,6 +285,7 @@ absl::Status Runtime::Impl::StartLoop(const proto::JobSettings& job) {
     ep.stage = stage_.get();
     ep.ledger = ledger_.get();
     ep.in_flight = &controller_;
+    ep.pipelined_copy = config_.pipelined_copy;
     ep.timeline = [this] { return timeline(); };
     executor_ = std::make_unique<Executor>(ep);
   }

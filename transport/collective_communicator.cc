@@ -9,6 +9,7 @@
 #include "common/limits.h"
 #include "common/status_macros.h"
 #include "transport/collectives.h"
+#include "transport/gather.h"
 #include "transport/ring_schedule.h"
 
 namespace braid::transport {
@@ -89,6 +90,29 @@ absl::Status CollectiveCommunicator::AllReduce(const void* send, void* recv, siz
       return AllReduceDirect(ctx_, send, recv, count, dtype, op);
     }
     return AllReduceRing(ctx_, send, recv, count, dtype, op);
+  });
+}
+
+absl::Status CollectiveCommunicator::AllReduceGathered(absl::Span<const GatheredPiece> pieces,
+                                                       void* scratch, size_t count,
+                                                       DataType dtype, ReduceOp op) {
+  if (!sticky_.ok()) return sticky_;
+  BRAID_RETURN_IF_ERROR(CheckReduceOp(dtype, op));
+  BRAID_RETURN_IF_ERROR(CheckTotal({count}, DataTypeSize(dtype), "all-reduce"));
+  BRAID_RETURN_IF_ERROR(CheckGathered(pieces, count, dtype));
+  const CollectiveOptions& o = ctx_.options();
+  const GatherMap gather(pieces);
+  return Run([&]() {
+    if (ChooseAllReduceAlgorithm(gather.bytes(), count, size(), o.ring_threshold_bytes) ==
+        AllReduceAlgorithm::kRecursiveDoubling) {
+      char* buf = static_cast<char*>(scratch);
+      gather.CopyIn(buf, 0, gather.bytes(), ctx_.kernels());
+      BRAID_RETURN_IF_ERROR(AllReduceRecursiveDoubling(ctx_, buf, buf, count, dtype, op));
+      gather.CopyOut(buf, 0, gather.bytes(), ctx_.kernels());
+      return absl::OkStatus();
+    }
+    return transport::AllReduceGathered(ctx_, gather, scratch, count, dtype, op,
+                             ChooseReduceScatterAlgorithm(size(), o.direct_max_ranks));
   });
 }
 

@@ -35,6 +35,10 @@ class CollectiveCommunicator final : public Communicator {
   int size() const override { return ctx_.size(); }
   absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype,
                          ReduceOp op) override;
+  // Note [Gathered all-reduce] (transport/gather.h): the pipelined algorithms copy each piece
+  // in and out as the transfer reaches it; recursive doubling copies in, reduces, copies out.
+  absl::Status AllReduceGathered(absl::Span<const GatheredPiece> pieces, void* scratch,
+                                 size_t count, DataType dtype, ReduceOp op) override;
   absl::Status ReduceScatter(const void* send, void* recv, absl::Span<const size_t> recv_counts,
                              DataType dtype, ReduceOp op) override;
   absl::Status AllGather(const void* send, size_t send_bytes, void* recv,

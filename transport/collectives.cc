@@ -84,9 +84,22 @@ absl::Status AllReduceRingWide(Context& ctx, const void* send, void* recv, size_
   return RunRingPipeline(ctx, a);
 }
 
+// `gather` set: `send` == `recv` is the scratch the map gathers into (Note [Gathered
+// all-reduce], transport/gather.h).
 absl::Status AllReducePipelined(Context& ctx, const void* send, void* recv, size_t count,
-                                DataType dtype, ReduceOp op, ReduceScatterKind kind) {
+                                DataType dtype, ReduceOp op, ReduceScatterKind kind,
+                                const GatherMap* gather = nullptr) {
   const size_t elem = DataTypeSize(dtype);
+  if (gather != nullptr &&
+      (ctx.size() == 1 || (kind == ReduceScatterKind::kRing && AccumulatesInFloat32(dtype, op)))) {
+    // Three passes: one rank has nothing to overlap; the 16-bit ring widens its whole input
+    // before its first message.
+    char* buf = static_cast<char*>(recv);
+    gather->CopyIn(buf, 0, gather->bytes(), ctx.kernels());
+    BRAID_RETURN_IF_ERROR(AllReducePipelined(ctx, buf, buf, count, dtype, op, kind));
+    gather->CopyOut(buf, 0, gather->bytes(), ctx.kernels());
+    return absl::OkStatus();
+  }
   if (ctx.size() == 1) {
     ctx.kernels().Copy(recv, send, count * elem);  // the average of one rank is itself
     return absl::OkStatus();
@@ -102,6 +115,7 @@ absl::Status AllReducePipelined(Context& ctx, const void* send, void* recv, size
   a.dtype = dtype;
   a.op = op;
   a.reduce_scatter = kind;
+  a.gather = gather;
   return RunRingPipeline(ctx, a);
 }
 
@@ -213,6 +227,16 @@ absl::Status AllReduceDirect(Context& ctx, const void* send, void* recv, size_t 
 absl::Status AllReduceRing(Context& ctx, const void* send, void* recv, size_t count,
                            DataType dtype, ReduceOp op) {
   return AllReducePipelined(ctx, send, recv, count, dtype, op, ReduceScatterKind::kRing);
+}
+
+absl::Status AllReduceGathered(Context& ctx, const GatherMap& gather, void* scratch,
+                               size_t count, DataType dtype, ReduceOp op,
+                               ReduceScatterAlgorithm reduce_scatter) {
+  return AllReducePipelined(ctx, scratch, scratch, count, dtype, op,
+                            reduce_scatter == ReduceScatterAlgorithm::kDirect
+                                ? ReduceScatterKind::kDirect
+                                : ReduceScatterKind::kRing,
+                            &gather);
 }
 
 absl::Status ReduceScatterDirect(Context& ctx, const void* send, void* recv,

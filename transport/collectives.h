@@ -31,6 +31,8 @@
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "transport/context.h"
+#include "transport/gather.h"
+#include "transport/ring_schedule.h"
 
 namespace braid::transport {
 
@@ -66,6 +68,14 @@ absl::Status AllReduceDirect(Context& ctx, const void* send, void* recv, size_t 
 // how tensors were fused: not canonical. Every rank still gets the owner's bits.
 absl::Status AllReduceRing(Context& ctx, const void* send, void* recv, size_t count,
                            DataType dtype, ReduceOp op);
+
+// AllReduceDirect (kDirect) or AllReduceRing (kRing) of the buffer `gather` maps, in place
+// in `scratch` (gather.bytes() bytes, `count` elements): the same messages and result, each
+// piece's copy in and out overlapped with the transfer (Note [Gathered all-reduce] in
+// transport/gather.h). Memory: the copies' reads and writes besides the algorithm's.
+absl::Status AllReduceGathered(Context& ctx, const GatherMap& gather, void* scratch,
+                               size_t count, DataType dtype, ReduceOp op,
+                               ReduceScatterAlgorithm reduce_scatter);
 
 // ---- Reduce-scatter: `send` holds sum(recv_counts) elements; rank r receives into `recv`
 // the reduction of elements [sum(recv_counts[0..r)), +recv_counts[r]). ----

@@ -62,6 +62,15 @@ struct TransportStats {
   }
 };
 
+// One piece of a gathered all-reduce (Communicator::AllReduceGathered, Note [Gathered
+// all-reduce] in transport/gather.h): `bytes` bytes of the buffer read from `input`, their
+// result written to `output` (equal to `input` for a piece reduced in place).
+struct GatheredPiece {
+  const void* input = nullptr;
+  void* output = nullptr;
+  size_t bytes = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -78,6 +87,20 @@ class Communicator {
   // CollectiveOptions::direct_max_ranks ranks, where its reduce-scatter becomes a ring.
   virtual absl::Status AllReduce(const void* send, void* recv, size_t count, DataType dtype,
                                  ReduceOp op) = 0;
+
+  // AllReduce of the `count` elements of `dtype` that `pieces` hold back to back, in their
+  // order (their bytes sum to count * DataTypeSize(dtype)), each piece's result going to its
+  // `output`; `scratch` (count elements, 64-byte aligned) is where the buffer is gathered
+  // and reduced, its contents unspecified afterwards. The same bits as AllReduce of the
+  // gathered buffer, and the same collectives on the wire, so ranks may gather or not as
+  // they like. An output may equal its own input but must not overlap any other piece's
+  // input or output (the copy out of one piece may precede the copy in of the next).
+  // InvalidArgument when the pieces' bytes do not add up. Errors otherwise as AllReduce's;
+  // on error the outputs' contents are unspecified. This implementation copies every piece
+  // in, all-reduces `scratch` in place and copies every piece out (host memory);
+  // CollectiveCommunicator overlaps the copies with the transfer instead.
+  virtual absl::Status AllReduceGathered(absl::Span<const GatheredPiece> pieces, void* scratch,
+                                         size_t count, DataType dtype, ReduceOp op);
 
   // `send` holds sum(recv_counts) elements; rank r receives into `recv` the reduction of
   // elements [sum(recv_counts[0..r)), +recv_counts[r]). recv_counts.size() == size().

@@ -33,16 +33,33 @@ class RingPipeline {
   absl::Status PostRingStep(int j, const RingStep& st, bool first_stage);
   absl::Status PostGather(int j, const RingStep& st);
   void Finish(int j);
+  // Copies piece j of every segment in from the gather map, or out to it.
+  void Gather(int j, bool in);
   void ReduceDirect(int j);
   void ReduceRingStep(int j, const RingStep& st, bool last);
   absl::StatusOr<bool> Step();
   void CancelAll();
 
-  const char* In(const Span1D& s) const { return a_.send + s.offset * a_.elem; }
+  // This rank's input for piece `s`: with a gather map, where it lies when it lies within
+  // one piece of the map, else its copy in the scratch (Note [Gathered all-reduce]).
+  const char* In(const Span1D& s) const {
+    if (a_.gather == nullptr) return a_.send + s.offset * a_.elem;
+    size_t at = 0;
+    const GatheredPiece* p = a_.gather->Within(s.offset * a_.elem, Bytes(s), &at);
+    return p != nullptr ? static_cast<const char*>(p->input) + at : Work(s);
+  }
   char* Work(const Span1D& s) const { return a_.work + s.offset * a_.elem; }
+  // Where piece `s`'s final result goes: with a gather map, its output when it lies within
+  // one piece of the map, else the scratch (copied out once the piece is done).
+  char* Result(const Span1D& s) const {
+    if (a_.gather == nullptr) return Work(s);
+    size_t at = 0;
+    const GatheredPiece* p = a_.gather->Within(s.offset * a_.elem, Bytes(s), &at);
+    return p != nullptr ? static_cast<char*>(p->output) + at : Work(s);
+  }
   // Where the owned segment's result for piece `s` goes.
   char* OwnedOut(const Span1D& s) const {
-    if (a_.owned_out == nullptr) return Work(s);
+    if (a_.owned_out == nullptr) return Result(s);
     return a_.owned_out + (s.offset - a_.segments[owned_].offset) * a_.elem;
   }
   char* Slot(int j) const { return scratch_ + ps_[j].slot * slot_bytes_; }
@@ -87,6 +104,10 @@ RingPipeline::RingPipeline(Context& ctx, const RingPipelineArgs& a)
     }
     if (s.phase == RingStep::kAllGather && a.all_gather) ag_.push_back(s);
   }
+  CHECK(a.gather == nullptr ||
+        (a.send == a.work && a.owned_out == nullptr && a.all_gather &&
+         a.reduce_scatter != ReduceScatterKind::kNone))
+      << "a gather map is for an all-reduce in place";
   rs_stages_ = a.reduce_scatter == ReduceScatterKind::kDirect ? 1 : static_cast<int>(rs_.size());
   total_stages_ = rs_stages_ + static_cast<int>(ag_.size());
   size_t max_seg = 0;
@@ -119,6 +140,7 @@ absl::Status RingPipeline::Start() {
   const int j = next_++;
   ps_[j].slot = free_slots_.back();
   free_slots_.pop_back();
+  if (a_.gather != nullptr) Gather(j, /*in=*/true);
   return Post(j);
 }
 
@@ -166,8 +188,8 @@ absl::Status RingPipeline::PostGather(int j, const RingStep& st) {
   const Span1D& sp = piece_of_[st.send_segment][j];
   p.sends.assign(1, Request{});
   p.recvs.assign(1, Request{});
-  BRAID_RETURN_IF_ERROR(ctx_.Recv(left_, TagFor(j), Work(rp), Bytes(rp), &p.recvs[0]));
-  return ctx_.Send(right_, TagFor(j), Work(sp), Bytes(sp), &p.sends[0]);
+  BRAID_RETURN_IF_ERROR(ctx_.Recv(left_, TagFor(j), Result(rp), Bytes(rp), &p.recvs[0]));
+  return ctx_.Send(right_, TagFor(j), Result(sp), Bytes(sp), &p.sends[0]);
 }
 
 void RingPipeline::ReduceDirect(int j) {
@@ -199,6 +221,19 @@ void RingPipeline::ReduceRingStep(int j, const RingStep& st, bool last) {
   }
 }
 
+void RingPipeline::Gather(int j, bool in) {
+  for (int s = 0; s < n_; ++s) {
+    const Span1D& piece = piece_of_[s][j];
+    size_t at = 0;
+    if (a_.gather->Within(piece.offset * a_.elem, Bytes(piece), &at) != nullptr) continue;
+    if (in) {
+      a_.gather->CopyIn(a_.work, piece.offset * a_.elem, Bytes(piece), ctx_.kernels());
+    } else {
+      a_.gather->CopyOut(a_.work, piece.offset * a_.elem, Bytes(piece), ctx_.kernels());
+    }
+  }
+}
+
 void RingPipeline::Finish(int j) {
   const int stage = ps_[j].stage;
   if (stage >= rs_stages_) return;  // the all-gather received straight into place
@@ -224,6 +259,7 @@ absl::StatusOr<bool> RingPipeline::Step() {
     }
     p.done = true;
     ++finished_;
+    if (a_.gather != nullptr) Gather(j, /*in=*/false);
     free_slots_.push_back(p.slot);
     while (first_ < next_ && ps_[first_].done) ++first_;
     if (next_ < pieces_) BRAID_RETURN_IF_ERROR(Start());

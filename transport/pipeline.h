@@ -18,6 +18,11 @@
 // The owned segment's result is written straight to its destination (out = reduce(inputs)),
 // so an out-of-place call never copies its input first. A stage starts only once the previous
 // one's sends completed too, so no buffer is overwritten while a peer may still read it.
+// With a GatherMap (Note [Gathered all-reduce], transport/gather.h; an all-reduce in place
+// in `work`, the scratch), piece j of a segment that lies within one of the map's pieces is
+// read from that input and its result written to (and all-gathered from) that output; one
+// that spans pieces is copied into `work` when piece j starts and out once its last stage
+// completed.
 // Tags: slot = stage * P + j (Note [Tag layout]); P is capped so that stays below 2^16.
 #ifndef BRAID_TRANSPORT_PIPELINE_H_
 #define BRAID_TRANSPORT_PIPELINE_H_
@@ -28,6 +33,7 @@
 #include "absl/status/status.h"
 #include "common/dtype.h"
 #include "transport/context.h"
+#include "transport/gather.h"
 #include "transport/ring_schedule.h"
 
 namespace braid::transport {
@@ -47,6 +53,9 @@ struct RingPipelineArgs {
   // Rank r owns segment RingOwnedSegment(r, n, shift) after the reduce-scatter, and the
   // all-gather starts by sending it: 0 for an all-reduce, n-1 to own segment r.
   int shift = 0;
+  // Set: an all-reduce (reduce-scatter and all-gather, send == work, no owned_out) of the
+  // buffer this map gathers into `work`.
+  const GatherMap* gather = nullptr;
 };
 
 // Runs the pipeline on ctx (n >= 2). Errors: those of transport/collectives.h.

@@ -51,10 +51,12 @@ inline absl::Status InitRuntime(Runtime& rt) {
 }
 
 // Runs `body(rank, runtime, checker)` on `size` ranks against a fresh coordinator process and
-// expects every rank to exit 0 within `deadline`.
+// expects every rank to exit 0 within `deadline`. `env` is set on every rank, then
+// `before_init(rank)` runs (a rank's own settings), then the runtime starts.
 inline void RunJob(int size, const std::function<void(int, Runtime&, Checker&)>& body,
             absl::Duration deadline = absl::Seconds(120), double timeout_s = 30,
-            const std::vector<std::pair<std::string, std::string>>& env = {}) {
+            const std::vector<std::pair<std::string, std::string>>& env = {},
+            const std::function<void(int)>& before_init = {}) {
   CoordinatorProcess coord(size);
   ASSERT_FALSE(coord.address().empty()) << "coordinator did not start";
   RunRanksOptions o;
@@ -63,6 +65,7 @@ inline void RunJob(int size, const std::function<void(int, Runtime&, Checker&)>&
   auto exits = RunRanks(o, [&](int rank) {
     SetRankEnv(coord.address(), rank, size, timeout_s);
     for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    if (before_init) before_init(rank);
     Checker c{rank};
     Runtime rt;
     if (!c.Ok(InitRuntime(rt), "init")) return 1;

@@ -3,6 +3,7 @@
 // Note [One pipeline] (packed, converted, joined; in place; a lone tensor read out of place),
 // a bucket's timeline passed with the bucket, and Note [Allocation failure].
 #include <atomic>
+#include <cstring>
 #include <cstdint>
 #include <cstdio>
 #include <deque>
@@ -14,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/half.h"
 #include "compression/stage.h"
 #include "gtest/gtest.h"
 #include "runtime/allreduce_pipeline.h"
@@ -151,7 +153,8 @@ TEST(AllReducePipelineTest, ReducesALoneTensorInItsOutput) {
 }
 
 // A bucket's timeline comes with the bucket: its phases go where that Run was told, and a
-// later Run told nothing records nothing.
+// later Run told nothing records nothing. A scattered bucket packed as three passes shows
+// its copies; a gathered one (Note [Pipelined copy]) copies inside its ALLREDUCE.
 TEST(AllReducePipelineTest, RecordsPhasesOnTheTimelineItIsGiven) {
   const std::string path = ::testing::TempDir() + "/allreduce_pipeline_timeline.json";
   {
@@ -165,10 +168,15 @@ TEST(AllReducePipelineTest, RecordsPhasesOnTheTimelineItIsGiven) {
       TestBucket scattered;
       scattered.Add("ta", 4, a.data(), c.data());
       scattered.Add("tb", 4, b.data(), d.data());
+      pipeline.set_pipelined_copy(false);
       ASSERT_TRUE(pipeline.Run(41, stage.none(), DataType::kFloat32, ReduceOp::kSum,
                                scattered.tensors(), comm, timeline->get()).ok());
       ASSERT_TRUE(pipeline.Run(42, stage.none(), DataType::kFloat32, ReduceOp::kSum,
                                scattered.tensors(), comm).ok());
+      pipeline.set_pipelined_copy(true);
+      ASSERT_TRUE(pipeline.Run(43, stage.none(), DataType::kFloat32, ReduceOp::kSum,
+                               scattered.tensors(), comm, timeline->get()).ok());
+      EXPECT_EQ(d, std::vector<float>(4, 2.0f));
     });
     (*timeline)->Flush();
   }
@@ -182,6 +190,15 @@ TEST(AllReducePipelineTest, RecordsPhasesOnTheTimelineItIsGiven) {
   }
   EXPECT_TRUE(absl::StrContains(json, "\"bucket\":41")) << json;
   EXPECT_FALSE(absl::StrContains(json, "\"bucket\":42")) << json;
+  EXPECT_TRUE(absl::StrContains(json, "\"bucket\":43,\"bytes\":32,\"pipelined_copy\":true"))
+      << json;
+  // Bucket 41's two tensors alone copied in as a phase of their own.
+  size_t copies = 0;
+  for (size_t at = json.find("MEMCPY_IN_FUSION_BUFFER\",\"ph\":\"B\""); at != std::string::npos;
+       at = json.find("MEMCPY_IN_FUSION_BUFFER\",\"ph\":\"B\"", at + 1)) {
+    ++copies;
+  }
+  EXPECT_EQ(copies, 2u) << json;
   std::remove(path.c_str());
 }
 
@@ -307,6 +324,95 @@ TEST(AllReducePipelineTest, AOneSidedAllocationFailureNeverPairsTheNextBucket) {
                                       lone.tensors(), comm);
     EXPECT_FALSE(later.ok()) << "rank " << rank;
   });
+}
+
+// Note [Pipelined copy]: a scattered bucket reduced with the copies pipelined has the bits of
+// the same bucket packed and unpacked as three passes, on every rank, whichever of the two
+// each rank uses; tensors in place and out of place, every dtype none takes in a float
+// format, sums of values whose rounding depends on the order. Small pieces and a low ring
+// threshold put most pieces within one tensor and many across two (Note [Gathered
+// all-reduce]). A bucket where one tensor's output is another's input is packed as before.
+TEST(AllReducePipelineTest, PipelinedCopyGivesTheBitsOfTheCopiesAsThreePasses) {
+  transport::CollectiveOptions o;
+  o.ring_threshold_bytes = 512;
+  o.chunk_bytes = 256;
+  o.ring_window = 3;
+  for (const int n : {2, 3}) {
+    testing::RunLocalWorld(n, o, [&](int rank, transport::Communicator& comm) {
+      compression::CompressionStage stage(compression::StageOptions{}),
+          twin(compression::StageOptions{});
+      StatisticsLedger ledger;
+      AllReducePipeline pipelined(&stage, &ledger), copied(&twin, &ledger);
+      copied.set_pipelined_copy(false);
+      for (const DataType dt : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                                DataType::kBFloat16}) {
+        for (const bool mixed : {false, true}) {
+          SCOPED_TRACE(absl::StrCat(DataTypeName(dt), mixed ? " mixed" : "", " n=", n,
+                                    " rank ", rank));
+          const size_t elem = DataTypeSize(dt);
+          constexpr int kTensors = 12;
+          std::vector<std::vector<char>> in(kTensors), out(kTensors), in2, out2;
+          TestBucket a, b;
+          uint64_t x = 12345 + static_cast<uint64_t>(rank);
+          for (int t = 0; t < kTensors; ++t) {
+            const size_t count = (t * 37 + 11) % 300 + (t == 4 ? 0 : 1);
+            in[t].resize(count * elem);
+            for (size_t i = 0; i < count; ++i) {
+              x = x * 6364136223846793005ull + 1442695040888963407ull;
+              const float v = static_cast<float>(x >> 40) / (1 << 20) - 4.0f;
+              if (dt == DataType::kFloat32) std::memcpy(&in[t][i * 4], &v, 4);
+              if (dt == DataType::kFloat64) {
+                const double d = v / 3.0;
+                std::memcpy(&in[t][i * 8], &d, 8);
+              }
+              if (elem == 2) {
+                const uint16_t h =
+                    dt == DataType::kFloat16 ? FloatToFloat16(v) : FloatToBFloat16(v);
+                std::memcpy(&in[t][i * 2], &h, 2);
+              }
+            }
+            out[t].assign(count * elem, '\x7f');
+          }
+          in2 = in;
+          out2 = out;
+          for (int t = 0; t < kTensors; ++t) {
+            const std::string name = absl::StrCat("t", t);
+            const bool in_place = t % 3 == 0;
+            a.Add(name, static_cast<int64_t>(in[t].size() / elem), in[t].data(),
+                  in_place ? in[t].data() : out[t].data());
+            b.Add(name, static_cast<int64_t>(in2[t].size() / elem), in2[t].data(),
+                  in_place ? in2[t].data() : out2[t].data());
+          }
+          AllReducePipeline& first = mixed && rank % 2 == 1 ? copied : pipelined;
+          ASSERT_TRUE(first.Run(7, (&first == &pipelined ? stage : twin).none(), dt,
+                                ReduceOp::kSum, a.tensors(), comm).ok());
+          ASSERT_TRUE(copied.Run(8, twin.none(), dt, ReduceOp::kSum, b.tensors(), comm).ok());
+          for (int t = 0; t < kTensors; ++t) {
+            const bool in_place = t % 3 == 0;
+            EXPECT_EQ(in_place ? in[t] : out[t], in_place ? in2[t] : out2[t]) << "tensor " << t;
+            if (!in_place) EXPECT_NE(out[t], std::vector<char>(out[t].size(), '\x7f'));
+          }
+        }
+      }
+      // Tensor y's output is x's input: gathered, y's result could overwrite x's input
+      // before x's last piece was read; packed, every input is read first.
+      std::vector<float> x(200), y(200), x_out(200), y_out(200);
+      for (size_t i = 0; i < x.size(); ++i) {
+        x[i] = 0.5f * static_cast<float>(i + rank);
+        y[i] = 1.0f;
+      }
+      TestBucket aliased;
+      aliased.Add("x", 200, x.data(), x_out.data());
+      aliased.Add("y", 200, y.data(), x.data());
+      ASSERT_TRUE(pipelined.Run(9, stage.none(), DataType::kFloat32, ReduceOp::kSum,
+                                aliased.tensors(), comm).ok());
+      for (size_t i = 0; i < x.size(); ++i) {
+        const float want_x = 0.5f * static_cast<float>(n * i) + 0.5f * n * (n - 1) / 2;
+        ASSERT_EQ(x_out[i], want_x) << i;
+        ASSERT_EQ(x[i], static_cast<float>(n)) << i;
+      }
+    });
+  }
 }
 
 }  // namespace

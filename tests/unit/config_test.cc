@@ -157,6 +157,7 @@ TEST(ConfigTest, DefaultsAndOverrides) {
   // Job-wide settings are unset unless their variable is: the coordinator decides them
   // (its defaults are coordinator::DefaultJobSettings, tested with the rendezvous).
   EXPECT_FALSE(d->job.fusion_threshold_bytes.has_value());
+  EXPECT_TRUE(d->pipelined_copy);
   EXPECT_FALSE(d->job.cache_capacity.has_value());
   EXPECT_FALSE(d->job.heartbeat_timeout.has_value());
   EXPECT_FALSE(d->job.stall_check.has_value());
@@ -166,7 +167,8 @@ TEST(ConfigTest, DefaultsAndOverrides) {
            {"BRAID_COMPRESSION", "fp16"}, {"BRAID_COORDINATOR_PORT", "29700"},
            {"BRAID_STALL_CHECK_S", "1.5"}, {"BRAID_STALL_SHUTDOWN_S", "0"},
            {"BRAID_CACHE_CAPACITY", "5"}, {"BRAID_HEARTBEAT_TIMEOUT_S", "2"},
-           {"BRAID_CYCLE_TIME_MS", "3"}, {"BRAID_UCX_PEER_ERROR_HANDLING", "1"}}};
+           {"BRAID_CYCLE_TIME_MS", "3"}, {"BRAID_UCX_PEER_ERROR_HANDLING", "1"},
+           {"BRAID_PIPELINED_COPY", "0"}}};
   auto s = ConfigFromEnv(set.fn());
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->timeout, absl::Milliseconds(2500));
@@ -175,6 +177,7 @@ TEST(ConfigTest, DefaultsAndOverrides) {
   EXPECT_EQ(s->coordinator_port, 29700);
   EXPECT_EQ(s->cycle_time, absl::Milliseconds(3));
   EXPECT_TRUE(s->ucx_peer_error_handling);
+  EXPECT_FALSE(s->pipelined_copy);
   EXPECT_EQ(s->job.fusion_threshold_bytes, 0);
   EXPECT_EQ(s->job.cache_capacity, 5);
   EXPECT_EQ(s->job.stall_check, absl::Milliseconds(1500));
