@@ -60,8 +60,11 @@ struct MethodCompressionStats {
 // tensors lie back to back, as gradients allocated as bucket views do).
 struct FusionStats {
   uint64_t buckets = 0;         // all-reduce buckets run
-  uint64_t packed_buckets = 0;  // those that went through the fusion buffer
-  uint64_t packed_bytes = 0;    // bytes written into the fusion buffer by packing
+  // Those that went through the fusion buffer, and their bytes: packed there, or gathered
+  // through it (Note [Pipelined copy], runtime/allreduce_pipeline.h: only the pipeline
+  // pieces that span tensors are copied, but the whole bucket counts).
+  uint64_t packed_buckets = 0;
+  uint64_t packed_bytes = 0;
   uint64_t in_place_bytes = 0;  // bytes of the buckets reduced where they lie
 };
 

@@ -98,9 +98,11 @@ def fusion_stats():
     fusion buffer. Returns a dict of ints, cumulative over steps:
 
     - ``buckets``: all-reduce buckets run (a bucket is one tensor, or several fused);
-    - ``packed_buckets``: those copied (or converted) into the fusion buffer and back out;
-    - ``packed_bytes``: bytes written into the fusion buffer by them (as many are copied
-      back out);
+    - ``packed_buckets``: those copied (or converted) into the fusion buffer and back out,
+      or, for scattered tensors under ``none``, gathered through it (only the pipeline
+      pieces that span two tensors are copied: ``BRAID_PIPELINED_COPY``);
+    - ``packed_bytes``: the bytes of those buckets (what the three-pass copy writes into
+      the fusion buffer, and copies back out);
     - ``in_place_bytes``: bytes of the buckets reduced where their tensors lie, with no
       copy: a lone tensor, or tensors that lie back to back in memory in the bucket's order
       (``braid.torch.DistributedOptimizer(gradient_as_bucket_view=True)`` lays gradients
