@@ -153,6 +153,17 @@ const Variable kVariables[] = {
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        return Assign(ParseZeroOrOne(w, t), &c->ucx_peer_error_handling);
      }},
+    {"BRAID_LOOP_CPU",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       int cpu = -1;
+       // 1024: CPU_SETSIZE, the most CPUs a thread's affinity mask names here.
+       if (t == "auto" || t == "none" || (absl::SimpleAtoi(t, &cpu) && cpu >= 0 && cpu < 1024)) {
+         c->loop_cpu = std::string(t);
+         return absl::OkStatus();
+       }
+       return absl::InvalidArgumentError(absl::StrCat(
+           w, " must be 'auto', 'none' or a CPU number from 0 to 1023, got '", t, "'"));
+     }},
     {"BRAID_PIPELINED_COPY",
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        return Assign(ParseZeroOrOne(w, t), &c->pipelined_copy);

@@ -129,6 +129,9 @@ struct RuntimeConfig {
   // BRAID_PIPELINED_COPY: a scattered bucket's copies into and out of the fusion buffer
   // overlap its transfer (Note [Pipelined copy], runtime/allreduce_pipeline.h).
   bool pipelined_copy = true;
+  // BRAID_LOOP_CPU: "auto", "none" or a CPU number (Note [Loop thread affinity],
+  // runtime/loop_affinity.h).
+  std::string loop_cpu = "auto";
   // BRAID_LAUNCHER_PIPE "FD:INODE", which braidrun sets for the ranks on its host: descriptor
   // FD is the read end of the pipe (of that inode) whose write end braidrun holds (Note
   // [Ranks die with their launcher] in runtime/launcher_watch.h). -1: none.

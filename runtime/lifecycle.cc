@@ -16,6 +16,7 @@
 #include "runtime/heartbeat_report.h"
 #include "runtime/job_identity.h"
 #include "runtime/launcher_watch.h"
+#include "runtime/loop_affinity.h"
 #include "runtime/resolve.h"
 #include "runtime/registration.h"
 #include "runtime/runtime_impl.h"
@@ -314,6 +315,14 @@ absl::Status Runtime::Impl::StartLoop(const proto::JobSettings& job) {
   loop_ = std::thread([this, executor] { Loop(*executor); });
   // Named by its creator, so the name is there by the time Init returns.
   pthread_setname_np(loop_.native_handle(), "braid-loop");
+  // Note [Loop thread affinity]: a rank that cannot bind its loop thread runs unbound.
+  const int cpu = ChooseLoopCpu(config_.loop_cpu, AllowedCpus(), local_rank_, local_size_);
+  if (cpu >= 0) {
+    if (absl::Status s = BindThread(loop_.native_handle(), cpu); !s.ok()) {
+      LOG(WARNING) << "braid: " << s.message() << " (BRAID_LOOP_CPU=" << config_.loop_cpu
+                   << "); it runs where the scheduler puts it";
+    }
+  }
   return absl::OkStatus();
 }
 

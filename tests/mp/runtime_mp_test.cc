@@ -2,7 +2,9 @@
 // (port 0), real rank processes, real UCX between them. Results are checked against
 // references computed here; errors against their exact text.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -26,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "runtime/loop_affinity.h"
 #include "runtime/runtime.h"
 #include "tests/testing/coordinator_process.h"
 #include "tests/testing/fork_ranks.h"
@@ -694,6 +697,58 @@ TEST_P(RuntimeWorldTest, PipelinedCopyOnAndOffGiveBitIdenticalResults) {
     EXPECT_TRUE(on == ReadAll(absl::StrCat(dir, "/off.", r))) << "rank " << r << ": on and off";
     EXPECT_TRUE(on == ReadAll(absl::StrCat(dir, "/mixed.", r))) << "rank " << r << ": mixed";
   }
+}
+
+// The CPUs the thread of this process named `name` may run on ("" when there is none).
+std::string ThreadCpus(const std::string& name) {
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return "";
+  std::string out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream comm(absl::StrCat("/proc/self/task/", e->d_name, "/comm"));
+    std::string n;
+    std::getline(comm, n);
+    if (n != name) continue;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(std::atoi(e->d_name), sizeof(set), &set) != 0) break;
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) absl::StrAppend(&out, out.empty() ? "" : ",", c);
+    }
+  }
+  closedir(d);
+  return out;
+}
+
+// Note [Loop thread affinity] in real rank processes: two ranks on one host, by default,
+// each bind their braid-loop thread to a CPU of their own (on a machine of 2 or more CPUs),
+// and all-reduce as before; BRAID_LOOP_CPU=none leaves it on every CPU the process has.
+TEST(LoopAffinityMpTest, TwoRanksOnAHostBindTheirLoopThreadsApartByDefault) {
+  const std::vector<int> allowed = AllowedCpus();
+  if (allowed.size() < 2) GTEST_SKIP() << "one CPU";
+  const std::string dir = braid::testing::MakeTempDir("braid_loop_cpu_");
+  for (const char* setting : {"auto", "none"}) {
+    RunJob(2, [&](int rank, Runtime& rt, Checker& c) {
+      std::vector<float> x(1000, 1.0f + rank);
+      c.Ok(WaitFor(rt.Enqueue(AllReduceOf("x", x.data(), x.data(), 1000, ReduceOp::kSum))),
+           "all-reduce");
+      c.Expect(x[0] == 3.0f && x[999] == 3.0f, "all-reduce value");
+      std::ofstream(absl::StrCat(dir, "/", setting, ".", rank)) << ThreadCpus("braid-loop");
+    }, absl::Seconds(60), 30, {{"BRAID_LOOP_CPU", setting}});
+  }
+  auto read = [&](const std::string& f) {
+    std::ifstream in(absl::StrCat(dir, "/", f));
+    std::string s;
+    std::getline(in, s);
+    return s;
+  };
+  std::string all;
+  for (int c : allowed) absl::StrAppend(&all, all.empty() ? "" : ",", c);
+  EXPECT_EQ(read("auto.0"), std::to_string(allowed[0]));
+  EXPECT_EQ(read("auto.1"), std::to_string(allowed[allowed.size() / 2]));
+  EXPECT_EQ(read("none.0"), all);
+  EXPECT_EQ(read("none.1"), all);
 }
 
 // A 3-step run with the timeline on: each rank's file parses as JSON and shows, for every

@@ -158,6 +158,7 @@ TEST(ConfigTest, DefaultsAndOverrides) {
   // (its defaults are coordinator::DefaultJobSettings, tested with the rendezvous).
   EXPECT_FALSE(d->job.fusion_threshold_bytes.has_value());
   EXPECT_TRUE(d->pipelined_copy);
+  EXPECT_EQ(d->loop_cpu, "auto");
   EXPECT_FALSE(d->job.cache_capacity.has_value());
   EXPECT_FALSE(d->job.heartbeat_timeout.has_value());
   EXPECT_FALSE(d->job.stall_check.has_value());
@@ -168,7 +169,7 @@ TEST(ConfigTest, DefaultsAndOverrides) {
            {"BRAID_STALL_CHECK_S", "1.5"}, {"BRAID_STALL_SHUTDOWN_S", "0"},
            {"BRAID_CACHE_CAPACITY", "5"}, {"BRAID_HEARTBEAT_TIMEOUT_S", "2"},
            {"BRAID_CYCLE_TIME_MS", "3"}, {"BRAID_UCX_PEER_ERROR_HANDLING", "1"},
-           {"BRAID_PIPELINED_COPY", "0"}}};
+           {"BRAID_PIPELINED_COPY", "0"}, {"BRAID_LOOP_CPU", "none"}}};
   auto s = ConfigFromEnv(set.fn());
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->timeout, absl::Milliseconds(2500));
@@ -178,6 +179,7 @@ TEST(ConfigTest, DefaultsAndOverrides) {
   EXPECT_EQ(s->cycle_time, absl::Milliseconds(3));
   EXPECT_TRUE(s->ucx_peer_error_handling);
   EXPECT_FALSE(s->pipelined_copy);
+  EXPECT_EQ(s->loop_cpu, "none");
   EXPECT_EQ(s->job.fusion_threshold_bytes, 0);
   EXPECT_EQ(s->job.cache_capacity, 5);
   EXPECT_EQ(s->job.stall_check, absl::Milliseconds(1500));
@@ -229,6 +231,8 @@ TEST(ConfigTest, BadValuesAreNamedErrors) {
       {{"BRAID_COORDINATOR", "localhost"}, "BRAID_COORDINATOR must be HOST:PORT (a port in [1, 65535]) or unix:PATH, got 'localhost'"},
       {{"BRAID_COORDINATOR", "h:0"}, "BRAID_COORDINATOR must be HOST:PORT (a port in [1, 65535]) or unix:PATH, got 'h:0'"},
       {{"BRAID_UCX_PEER_ERROR_HANDLING", "yes"}, "BRAID_UCX_PEER_ERROR_HANDLING must be 0 or 1, got 'yes'"},
+      {{"BRAID_LOOP_CPU", "-1"}, "BRAID_LOOP_CPU must be 'auto', 'none' or a CPU number from 0 to 1023, got '-1'"},
+      {{"BRAID_LOOP_CPU", "1024"}, "BRAID_LOOP_CPU must be 'auto', 'none' or a CPU number from 0 to 1023, got '1024'"},
       {{"BRAID_TEST_COMPRESSORS", "2"}, "BRAID_TEST_COMPRESSORS must be 0 or 1, got '2'"},
       {{"BRAID_SEED", "-3"}, "BRAID_SEED must be in [0, 9223372036854775807], got -3"},
       {{"RANK", "1.0"}, "RANK must be an integer, got '1.0'"},

@@ -21,6 +21,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "runtime/loop_affinity.h"
 #include "runtime/runtime.h"
 #include "tests/testing/runtime_world.h"
 #include "tests/testing/thread_count.h"
@@ -621,4 +622,38 @@ TEST(RuntimeTest, EachRankRunsTheThreadsTheArchitecturePageStates) {
 }
 
 }  // namespace
+// Note [Loop thread affinity]: `auto` binds only where two or more ranks share a host and
+// the process may run on as many CPUs, spreading the local ranks over the allowed CPUs;
+// `none` never binds; a number binds there whatever the world.
+TEST(LoopAffinityTest, AutoSpreadsTheLocalRanksOverTheAllowedCpusWhenThereIsRoom) {
+  const std::vector<int> two = {0, 1}, many = {2, 3, 5, 7, 11, 13, 17, 19};
+  EXPECT_EQ(ChooseLoopCpu("auto", two, 0, 2), 0);
+  EXPECT_EQ(ChooseLoopCpu("auto", two, 1, 2), 1);
+  EXPECT_EQ(ChooseLoopCpu("auto", many, 0, 4), 2);
+  EXPECT_EQ(ChooseLoopCpu("auto", many, 1, 4), 5);
+  EXPECT_EQ(ChooseLoopCpu("auto", many, 3, 4), 17);
+  EXPECT_EQ(ChooseLoopCpu("auto", many, 7, 8), 19);
+  EXPECT_EQ(ChooseLoopCpu("auto", two, 0, 1), -1) << "alone on its host";
+  EXPECT_EQ(ChooseLoopCpu("auto", two, 2, 3), -1) << "more ranks than CPUs";
+  EXPECT_EQ(ChooseLoopCpu("auto", {4}, 1, 2), -1) << "a launcher bound it to one CPU";
+  EXPECT_EQ(ChooseLoopCpu("auto", {}, 0, 2), -1) << "the CPUs could not be read";
+  EXPECT_EQ(ChooseLoopCpu("none", many, 1, 4), -1);
+  EXPECT_EQ(ChooseLoopCpu("3", two, 0, 1), 3);
+}
+
+TEST(LoopAffinityTest, BindsAThreadWhereItIsAllowedAndNamesACpuItCannotHave) {
+  const std::vector<int> allowed = AllowedCpus();
+  ASSERT_FALSE(allowed.empty());
+  int got = -1;
+  std::thread t([&] {
+    ASSERT_TRUE(BindThread(pthread_self(), allowed.back()).ok());
+    got = sched_getcpu();
+  });
+  t.join();
+  EXPECT_EQ(got, allowed.back());
+  const absl::Status s = BindThread(pthread_self(), 1023);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(absl::StrContains(s.message(), "cannot bind braid-loop to CPU 1023")) << s;
+}
+
 }  // namespace braid
