@@ -350,9 +350,14 @@ bool AllReducePipeline::ViewGathered(BucketRun& run, absl::Span<const TensorPlan
   }
   run.gathered = true;
   for (size_t i = 0; i < run.views.size(); ++i) {
-    run.views[i].data = base + offsets_[i];
-    run.views[i].input = run.tensors[i].input;
-    run.views[i].output = run.tensors[i].output;
+    TensorView& v = run.views[i];
+    v.data = base + offsets_[i];
+    // An empty tensor's pointers may be null (PyTorch's are): it points at its place in the
+    // buffer instead, so that every view of the bucket is gathered and the compressor runs
+    // one collective for all of them, as over the packed bucket (a rank that packs it must
+    // see the same collectives).
+    v.input = v.count == 0 ? v.data : run.tensors[i].input;
+    v.output = v.count == 0 ? v.data : run.tensors[i].output;
   }
   return true;
 }

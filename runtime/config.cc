@@ -155,9 +155,8 @@ const Variable kVariables[] = {
      }},
     {"BRAID_LOOP_CPU",
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
-       int cpu = -1;
-       // 1024: CPU_SETSIZE, the most CPUs a thread's affinity mask names here.
-       if (t == "auto" || t == "none" || (absl::SimpleAtoi(t, &cpu) && cpu >= 0 && cpu < 1024)) {
+       // 1023: CPU_SETSIZE - 1, the highest CPU a thread's affinity mask names here.
+       if (t == "auto" || t == "none" || ParseInteger(w, t, 0, 1023).ok()) {
          c->loop_cpu = std::string(t);
          return absl::OkStatus();
        }

@@ -233,6 +233,8 @@ TEST(ConfigTest, BadValuesAreNamedErrors) {
       {{"BRAID_UCX_PEER_ERROR_HANDLING", "yes"}, "BRAID_UCX_PEER_ERROR_HANDLING must be 0 or 1, got 'yes'"},
       {{"BRAID_LOOP_CPU", "-1"}, "BRAID_LOOP_CPU must be 'auto', 'none' or a CPU number from 0 to 1023, got '-1'"},
       {{"BRAID_LOOP_CPU", "1024"}, "BRAID_LOOP_CPU must be 'auto', 'none' or a CPU number from 0 to 1023, got '1024'"},
+      {{"BRAID_LOOP_CPU", "+1"}, "BRAID_LOOP_CPU must be 'auto', 'none' or a CPU number from 0 to 1023, got '+1'"},
+      {{"BRAID_LOOP_CPU", " 1"}, "BRAID_LOOP_CPU must be 'auto', 'none' or a CPU number from 0 to 1023, got ' 1'"},
       {{"BRAID_TEST_COMPRESSORS", "2"}, "BRAID_TEST_COMPRESSORS must be 0 or 1, got '2'"},
       {{"BRAID_SEED", "-3"}, "BRAID_SEED must be in [0, 9223372036854775807], got -3"},
       {{"RANK", "1.0"}, "RANK must be an integer, got '1.0'"},
