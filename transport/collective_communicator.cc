@@ -106,10 +106,9 @@ absl::Status CollectiveCommunicator::AllReduceGathered(absl::Span<const Gathered
     if (ChooseAllReduceAlgorithm(gather.bytes(), count, size(), o.ring_threshold_bytes) ==
         AllReduceAlgorithm::kRecursiveDoubling) {
       char* buf = static_cast<char*>(scratch);
-      gather.CopyIn(buf, 0, gather.bytes(), ctx_.kernels());
-      BRAID_RETURN_IF_ERROR(AllReduceRecursiveDoubling(ctx_, buf, buf, count, dtype, op));
-      gather.CopyOut(buf, 0, gather.bytes(), ctx_.kernels());
-      return absl::OkStatus();
+      return ReduceInThreePasses(gather, buf, ctx_.kernels(), [&] {
+        return AllReduceRecursiveDoubling(ctx_, buf, buf, count, dtype, op);
+      });
     }
     return transport::AllReduceGathered(ctx_, gather, scratch, count, dtype, op,
                              ChooseReduceScatterAlgorithm(size(), o.direct_max_ranks));

@@ -95,10 +95,9 @@ absl::Status AllReducePipelined(Context& ctx, const void* send, void* recv, size
     // Three passes: one rank has nothing to overlap; the 16-bit ring widens its whole input
     // before its first message.
     char* buf = static_cast<char*>(recv);
-    gather->CopyIn(buf, 0, gather->bytes(), ctx.kernels());
-    BRAID_RETURN_IF_ERROR(AllReducePipelined(ctx, buf, buf, count, dtype, op, kind));
-    gather->CopyOut(buf, 0, gather->bytes(), ctx.kernels());
-    return absl::OkStatus();
+    return ReduceInThreePasses(*gather, buf, ctx.kernels(), [&] {
+      return AllReducePipelined(ctx, buf, buf, count, dtype, op, kind);
+    });
   }
   if (ctx.size() == 1) {
     ctx.kernels().Copy(recv, send, count * elem);  // the average of one rank is itself

@@ -15,12 +15,16 @@ GatherMap::GatherMap(absl::Span<const GatheredPiece> pieces) : pieces_(pieces) {
   }
 }
 
+size_t GatherMap::First(size_t begin) const {
+  return static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) -
+                             starts_.begin()) - 1;
+}
+
 template <typename Visit>
 void GatherMap::ForRange(size_t begin, size_t n, Visit visit) const {
   if (n == 0) return;
-  // The last piece starting at or before `begin` (empty pieces before it hold nothing).
-  size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) -
-                                 starts_.begin()) - 1;
+  // Empty pieces after the first hold nothing: skipped below.
+  size_t i = First(begin);
   const size_t end = begin + n;
   for (size_t at = begin; at < end; ++i) {
     const size_t start = starts_[i], stop = start + pieces_[i].bytes;
@@ -33,8 +37,7 @@ void GatherMap::ForRange(size_t begin, size_t n, Visit visit) const {
 
 const GatheredPiece* GatherMap::Within(size_t begin, size_t n, size_t* offset) const {
   if (n == 0 || starts_.empty()) return nullptr;
-  const size_t i = static_cast<size_t>(
-      std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin()) - 1;
+  const size_t i = First(begin);
   if (begin + n > starts_[i] + pieces_[i].bytes) return nullptr;
   *offset = begin - starts_[i];
   return &pieces_[i];
@@ -68,17 +71,22 @@ absl::Status CheckGathered(absl::Span<const GatheredPiece> pieces, size_t count,
   return absl::OkStatus();
 }
 
+absl::Status ReduceInThreePasses(const GatherMap& map, char* buffer, const Kernels& kernels,
+                                 absl::FunctionRef<absl::Status()> reduce) {
+  map.CopyIn(buffer, 0, map.bytes(), kernels);
+  BRAID_RETURN_IF_ERROR(reduce());
+  map.CopyOut(buffer, 0, map.bytes(), kernels);
+  return absl::OkStatus();
+}
+
 // The three-pass form (Note [Gathered all-reduce]), for every communicator that does not
 // overlap the copies: host memory.
 absl::Status Communicator::AllReduceGathered(absl::Span<const GatheredPiece> pieces,
                                              void* scratch, size_t count, DataType dtype,
                                              ReduceOp op) {
   BRAID_RETURN_IF_ERROR(CheckGathered(pieces, count, dtype));
-  const GatherMap map(pieces);
-  map.CopyIn(static_cast<char*>(scratch), 0, map.bytes(), HostKernels());
-  BRAID_RETURN_IF_ERROR(AllReduce(scratch, scratch, count, dtype, op));
-  map.CopyOut(static_cast<const char*>(scratch), 0, map.bytes(), HostKernels());
-  return absl::OkStatus();
+  return ReduceInThreePasses(GatherMap(pieces), static_cast<char*>(scratch), HostKernels(),
+                             [&] { return AllReduce(scratch, scratch, count, dtype, op); });
 }
 
 }  // namespace braid::transport

@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "transport/communicator.h"
@@ -49,6 +50,8 @@ class GatherMap {
   const GatheredPiece* Within(size_t begin, size_t n, size_t* offset) const;
 
  private:
+  // The last piece that starts at or before byte `begin` (pieces not empty).
+  size_t First(size_t begin) const;
   // Calls visit(piece, offset in the piece, offset in the buffer, bytes) for each part of
   // [begin, begin + n) that lies in one piece.
   template <typename Visit>
@@ -62,6 +65,11 @@ class GatherMap {
 // InvalidArgument unless the pieces' bytes add up to `count` elements of `dtype`.
 absl::Status CheckGathered(absl::Span<const GatheredPiece> pieces, size_t count,
                            DataType dtype);
+
+// The three-pass form, where nothing overlaps: copies every piece of `map` into `buffer`,
+// runs `reduce` (an all-reduce in place in `buffer`), and on success copies every piece out.
+absl::Status ReduceInThreePasses(const GatherMap& map, char* buffer, const Kernels& kernels,
+                                 absl::FunctionRef<absl::Status()> reduce);
 
 }  // namespace braid::transport
 

@@ -45,7 +45,7 @@ class RingPipeline {
   const char* In(const Span1D& s) const {
     if (a_.gather == nullptr) return a_.send + s.offset * a_.elem;
     size_t at = 0;
-    const GatheredPiece* p = a_.gather->Within(s.offset * a_.elem, Bytes(s), &at);
+    const GatheredPiece* p = Whole(s, &at);
     return p != nullptr ? static_cast<const char*>(p->input) + at : Work(s);
   }
   char* Work(const Span1D& s) const { return a_.work + s.offset * a_.elem; }
@@ -54,8 +54,13 @@ class RingPipeline {
   char* Result(const Span1D& s) const {
     if (a_.gather == nullptr) return Work(s);
     size_t at = 0;
-    const GatheredPiece* p = a_.gather->Within(s.offset * a_.elem, Bytes(s), &at);
+    const GatheredPiece* p = Whole(s, &at);
     return p != nullptr ? static_cast<char*>(p->output) + at : Work(s);
+  }
+  // The gather map's piece that holds all of piece `s` (and where `s` starts in it), or
+  // null when `s` spans pieces: then it passes through the scratch.
+  const GatheredPiece* Whole(const Span1D& s, size_t* at) const {
+    return a_.gather->Within(s.offset * a_.elem, Bytes(s), at);
   }
   // Where the owned segment's result for piece `s` goes.
   char* OwnedOut(const Span1D& s) const {
@@ -225,7 +230,7 @@ void RingPipeline::Gather(int j, bool in) {
   for (int s = 0; s < n_; ++s) {
     const Span1D& piece = piece_of_[s][j];
     size_t at = 0;
-    if (a_.gather->Within(piece.offset * a_.elem, Bytes(piece), &at) != nullptr) continue;
+    if (Whole(piece, &at) != nullptr) continue;
     if (in) {
       a_.gather->CopyIn(a_.work, piece.offset * a_.elem, Bytes(piece), ctx_.kernels());
     } else {
