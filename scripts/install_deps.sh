@@ -1,28 +1,65 @@
 #!/usr/bin/env bash
-# Installs every Debian 12 package braid needs to build, test and benchmark.
-# Idempotent: when everything is present it prints nothing and touches nothing.
+# Installs the Debian 12 packages braid needs.
+#
+#   scripts/install_deps.sh            the library, its tools and examples (scripts/build.sh)
+#   scripts/install_deps.sh --tests    the same, and what the tests and benchmarks need
+#                                      (scripts/test.sh): Slurm, munge, an OpenSSH server,
+#                                      Open MPI, Bazel, clang, GoogleTest, ...
+#   scripts/install_deps.sh --list [--tests]   prints the package names, installs nothing
+#
+# The library's set starts no daemon; the test set does (sshd and munged come with their
+# packages), which is why it is kept apart. Idempotent: when everything is present it prints
+# nothing and touches nothing.
 set -euo pipefail
 
-PACKAGES=(
+# The library, braidrun/braidctl/braid-coordinator, the Python package and both examples.
+LIBRARY_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git procps
   # lld links about twice as fast as GNU ld (CMakeLists.txt uses it when present).
   lld
   libucx-dev ucx-utils
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libgflags-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev
   libopenblas-dev
-  python3 python3-dev pybind11-dev python3-numpy python3-pytest python3-sklearn python3-torch
-  python3-tqdm dataset-fashion-mnist
+  # Job secrets and the data plane's keyed tags (libcrypto).
+  libssl-dev
+  python3 python3-dev pybind11-dev python3-numpy python3-torch python3-tqdm python3-sklearn
+  dataset-fashion-mnist
+  # braidrun starts the ranks of other hosts over ssh (the client only).
+  openssh-client
+  # The Debian package (cmake --build build --target package): CPack's DEB generator runs
+  # dpkg-shlibdeps (dpkg-dev) and file.
+  dpkg-dev file
+)
+
+# The tests, the sanitizer and fuzzing builds, the Bazel build and the benchmarks.
+TEST_PACKAGES=(
+  libgtest-dev libgmock-dev libbenchmark-dev python3-pytest python3-matplotlib
   libopenmpi-dev openmpi-bin
-  iproute2 openssh-client openssh-server slurm-wlm munge python3-matplotlib dpkg-dev
+  # Test hosts (network namespaces), jobs across them over ssh, and under Slurm.
+  iproute2 openssh-server slurm-wlm munge
   bazel-bootstrap bazel-rules-java
-  # Job secrets and keyed tags (libcrypto), the tests' TLS certificates, their outsider user.
-  libssl-dev openssl passwd
+  # The tests' TLS certificates and their outsider user.
+  openssl passwd
   # The sanitizer and fuzzing builds (scripts/sanitize_test.sh): clang and its runtimes.
   clang libclang-rt-14-dev
 )
+
+tests=0 list=0
+for arg in "$@"; do
+  case "$arg" in
+    --tests) tests=1 ;;
+    --list) list=1 ;;
+    *) echo "install_deps: unknown argument '$arg' (--tests, --list)" >&2; exit 2 ;;
+  esac
+done
+PACKAGES=("${LIBRARY_PACKAGES[@]}")
+[ "$tests" -eq 1 ] && PACKAGES+=("${TEST_PACKAGES[@]}")
+if [ "$list" -eq 1 ]; then
+  printf '%s\n' "${PACKAGES[@]}"
+  exit 0
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -19,7 +19,7 @@
 # Usage: scripts/sanitize_test.sh [asan] [tsan] [fuzz]   (default: all three, in that order)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install_deps.sh
+scripts/install_deps.sh --tests
 
 suites=("$@")
 [ ${#suites[@]} -eq 0 ] && suites=(asan tsan fuzz)

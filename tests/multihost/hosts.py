@@ -8,7 +8,7 @@
 Every set gets a name of its own (so two test runs never share one); leaving the `with`
 tears it down and asserts that nothing (namespace, link, bridge, qdisc, state) is left.
 
-The tests need root and the tools of scripts/install_deps.sh; a missing one fails the test
+The tests need root and the tools of scripts/install_deps.sh --tests; a missing one fails the test
 with the package to install (`require`), never skips it.
 """
 
@@ -49,7 +49,7 @@ def require(*tools):
     if missing:
         pkgs = sorted({TOOLS.get(t, t) for t in missing})
         pytest.fail(f"missing {', '.join(missing)}: apt install {' '.join(pkgs)} "
-                    "(scripts/install_deps.sh installs them)")
+                    "(scripts/install_deps.sh --tests installs them)")
 
 
 def build_dir():

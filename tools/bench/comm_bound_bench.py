@@ -417,7 +417,7 @@ def check_setup(args):
         sys.exit("comm_bound_bench: needs root (network namespaces, tc)")
     for tool in ("ip", "tc", "unshare", "nsenter", "sshd", "ssh-keygen"):
         if shutil.which(tool, path="/usr/sbin:/usr/bin:/sbin:/bin") is None:
-            sys.exit(f"comm_bound_bench: '{tool}' not found (scripts/install_deps.sh)")
+            sys.exit(f"comm_bound_bench: '{tool}' not found (scripts/install_deps.sh --tests)")
     if not os.path.exists(os.path.join(args.build_dir, "tools", "braidrun", "braidrun")):
         sys.exit(f"comm_bound_bench: no braidrun in {args.build_dir} (scripts/build.sh)")
 
