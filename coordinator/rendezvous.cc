@@ -91,12 +91,15 @@ absl::StatusOr<std::vector<proto::RegisterResponse>> AssignRanks(
   for (int i = 0; i < n; ++i) index_of_rank[rank_of[i]] = i;
   std::vector<int> local_rank, local_size;
   LocalRanksOf(requests, index_of_rank, &local_rank, &local_size);
+  const bool homogeneous =
+      std::all_of(local_size.begin(), local_size.end(), [&](int s) { return s == local_size[0]; });
   std::vector<proto::RegisterResponse> out(n);
   for (int i = 0; i < n; ++i) {
     out[i].set_rank(rank_of[i]);
     out[i].set_size(world_size);
     out[i].set_local_rank(local_rank[i]);
     out[i].set_local_size(local_size[i]);
+    out[i].set_homogeneous(homogeneous);
     for (int r = 0; r < n; ++r) {
       const auto& q = requests[index_of_rank[r]];
       proto::PeerInfo* p = out[i].add_peers();

@@ -137,6 +137,7 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   size_ = registered.size();
   local_rank_ = registered.local_rank();
   local_size_ = registered.local_size();
+  homogeneous_ = registered.homogeneous() ? 1 : 0;
   channels_ = std::move(joined.channels);
   timeline_max_bytes_ = config.timeline_max_bytes;
   BRAID_RETURN_IF_ERROR(OpenTimeline(config.timeline_path));
@@ -386,6 +387,11 @@ absl::StatusOr<int> Runtime::rank() const { return impl_->Get(&Impl::rank_); }
 absl::StatusOr<int> Runtime::size() const { return impl_->Get(&Impl::size_); }
 absl::StatusOr<int> Runtime::local_rank() const { return impl_->Get(&Impl::local_rank_); }
 absl::StatusOr<int> Runtime::local_size() const { return impl_->Get(&Impl::local_size_); }
+absl::StatusOr<bool> Runtime::is_homogeneous() const {
+  absl::StatusOr<int> v = impl_->Get(&Impl::homogeneous_);
+  if (!v.ok()) return v.status();
+  return *v != 0;
+}
 absl::Status Runtime::StartTimeline(const std::string& path) {
   return impl_->StartTimeline(path);
 }

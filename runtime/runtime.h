@@ -97,6 +97,8 @@ class Runtime {
   absl::StatusOr<int> size() const;
   absl::StatusOr<int> local_rank() const;
   absl::StatusOr<int> local_size() const;
+  // Whether every host runs the same number of ranks (every rank's local_size is equal).
+  absl::StatusOr<bool> is_homogeneous() const;
 
   // Enqueues a collective and returns at once. Errors returned here (the handle is not
   // created): FailedPrecondition (not initialised), AlreadyExists (a collective with this

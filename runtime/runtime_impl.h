@@ -99,6 +99,7 @@ class Runtime::Impl {
   absl::Status StopTimeline();
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  int homogeneous_ = 1;  // 1: every rank's local_size is the same
 
  private:
   // ---- lifecycle.cc ----

@@ -33,7 +33,7 @@ ERRORS_AND_OPS = {
 # README: Python API (`import braid`); braid.numpy exports the same.
 NUMPY_API = ERRORS_AND_OPS | {
     "Handle", "SUPPORTED_DTYPES", "init", "shutdown", "is_initialized", "size", "rank",
-    "local_rank", "local_size", "allreduce", "allreduce_", "allreduce_async",
+    "local_rank", "local_size", "is_homogeneous", "allreduce", "allreduce_", "allreduce_async",
     "allreduce_async_", "allgather", "allgather_async", "broadcast", "broadcast_",
     "broadcast_async", "broadcast_async_", "reducescatter", "reducescatter_async", "alltoall",
     "alltoall_async", "barrier", "join", "poll", "synchronize", "broadcast_object",
@@ -57,7 +57,8 @@ TORCH_API = TORCH_MPI_OPS_API | {
     "stop_timeline", "transport_description", "Compression", "Compressor",
     "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
     "broadcast_object", "allgather_object", "nccl_built", "mpi_built", "gloo_built",
-    "cuda_built", "rocm_built",
+    "cuda_built", "rocm_built", "is_homogeneous", "mpi_enabled", "gloo_enabled",
+    "mpi_threads_supported", "SyncBatchNorm",
 }
 
 EXPORTS = r"""

@@ -25,6 +25,14 @@ def run(worker, np_, args=(), timeout=240):
     return res
 
 
+@pytest.mark.parametrize("np_", [2, 4])
+def test_sync_batch_norm(np_):
+    """SyncBatchNorm equals one process's BatchNorm over the concatenated batch (outputs,
+    input/weight/bias gradients, running statistics; training and eval; uneven and empty
+    batches); a Horovod-style script with it; is_homogeneous and the MPI/Gloo answers."""
+    run("torch_sync_batch_norm.py", np_)
+
+
 @pytest.mark.parametrize("np_", [2, 3])
 def test_collectives(np_):
     """Every collective/dtype/op vs torch references; in place vs out of place; transposed

@@ -224,7 +224,18 @@ TEST(RendezvousTest, AssignsFreeRanksInRegistrationOrderAndLocalRanksByHost) {
     ASSERT_EQ(r.peers_size(), 4);
     EXPECT_EQ(r.peers(0).pid(), 13);
     EXPECT_EQ(r.peers(3).pid(), 12);
+    EXPECT_TRUE(r.homogeneous());
   }
+}
+
+TEST(RendezvousTest, HomogeneousOnlyWhenEveryHostRunsAsManyRanks) {
+  // Host a runs 2 ranks, host b 1: not homogeneous (Horovod's is_homogeneous()).
+  auto out = AssignRanks({Reg(-1, "a", 10), Reg(-1, "a", 11), Reg(-1, "b", 12)}, 3);
+  ASSERT_TRUE(out.ok()) << out.status();
+  for (const auto& r : *out) EXPECT_FALSE(r.homogeneous());
+  auto one = AssignRanks({Reg(-1, "a", 10)}, 1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_TRUE((*one)[0].homogeneous());
 }
 
 TEST(RendezvousTest, DuplicateAndOutOfRangeRanksAreRejected) {

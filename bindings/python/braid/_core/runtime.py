@@ -21,7 +21,8 @@ from .checks import INT32, check_compression, check_int, check_name, is_utf8
 from .errors import Average, BraidError, FailedPreconditionError, InvalidArgumentError
 from .handles import forget_all
 
-__all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size"]
+__all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
+           "is_homogeneous"]
 
 _COLL = _braid.COLLECTIVES
 
@@ -30,7 +31,8 @@ _COLL = _braid.COLLECTIVES
 _lock = threading.Lock()
 _counters = {}       # collective -> next default-name index
 _init_pid = None     # the process that called init() (forked children must not shut it down)
-_topology = None     # (rank, size, local_rank, local_size) at init, for forked children
+_topology = None     # (rank, size, local_rank, local_size, is_homogeneous) at init, for forked
+                     # children
 _atexit_registered = False
 
 
@@ -105,7 +107,8 @@ def init(comm=None, process_sets=None):
         with _lock:
             _counters.clear()
     _init_pid = os.getpid()
-    _topology = (_braid.rank(), _braid.size(), _braid.local_rank(), _braid.local_size())
+    _topology = (_braid.rank(), _braid.size(), _braid.local_rank(), _braid.local_size(),
+                 _braid.is_homogeneous())
     if not _atexit_registered:
         atexit.register(_atexit_shutdown)
         _atexit_registered = True
@@ -160,6 +163,12 @@ def local_rank():
 def local_size():
     """The number of ranks on this host. FailedPreconditionError before ``init()``."""
     return _topo(3, _braid.local_size)
+
+
+def is_homogeneous():
+    """True when every host runs the same number of ranks (every rank's ``local_size()`` is
+    the same), as Horovod's. FailedPreconditionError before ``init()``."""
+    return _topo(4, _braid.is_homogeneous)
 
 
 @contextlib.contextmanager

@@ -32,6 +32,10 @@ Contents:
 - ``Compression`` (compression.py): the runtime's compression methods;
   ``compression_state``/``load_compression_state``: the compressors' state for checkpoints;
 - ``DistributedOptimizer`` (optimizer.py);
+- ``SyncBatchNorm`` (sync_batch_norm.py): batch normalization over every rank's batch;
+- build and job facts, as Horovod's: ``is_homogeneous``, ``mpi_enabled``, ``gloo_enabled``,
+  ``mpi_threads_supported``, ``mpi_built``, ``gloo_built``, ``nccl_built``, ``cuda_built``,
+  ``rocm_built``;
 - ``broadcast_parameters``, ``broadcast_optimizer_state``, ``broadcast_object``,
   ``allgather_object`` (functions.py).
 
@@ -55,6 +59,7 @@ from .functions import (  # noqa: F401
 )
 from .mpi_ops import *  # noqa: F401,F403  (the collectives, handles, errors and ops)
 from .optimizer import DistributedOptimizer  # noqa: F401
+from .sync_batch_norm import SyncBatchNorm  # noqa: F401
 
 
 def cross_size():
@@ -96,8 +101,28 @@ def rocm_built():
     return False
 
 
+def mpi_enabled():
+    """False: braid's jobs never run on MPI (under mpirun, braid only reads its rank
+    variables: docs/launching.md)."""
+    return False
+
+
+def gloo_enabled():
+    """False: braid's jobs never run on Gloo."""
+    return False
+
+
+def mpi_threads_supported():
+    """False: there is no MPI in braid's jobs, so none whose threads a script could use.
+    (Horovod raises ValueError here when it runs without MPI; a script that asks before
+    using mpi4py alongside gets a plain False.) braid's own collectives may be called from
+    any thread."""
+    return False
+
+
 __all__ = sorted(_runtime.__all__ + _stats.__all__ + _compression.__all__ + mpi_ops.__all__ + [
     "allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
     "Compression", "Compressor", "cross_rank", "cross_size", "cuda_built", "DistributedOptimizer",
-    "gloo_built", "mpi_built", "nccl_built", "rocm_built",
+    "gloo_built", "gloo_enabled", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "nccl_built", "rocm_built", "SyncBatchNorm",
 ], key=str.lower)
