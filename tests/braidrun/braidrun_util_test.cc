@@ -1,6 +1,13 @@
 // Unit tests of braidrun's pure parts: host lists and files, rank placement, rank
 // environments, the ssh command and script of remote ranks, line prefixing.
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include <string>
 #include <tuple>
@@ -15,6 +22,7 @@
 #include "tools/braidrun/network.h"
 #include "tools/braidrun/rank_env.h"
 #include "tools/braidrun/remote.h"
+#include "tools/braidrun/watch.h"
 
 namespace braid::braidrun {
 namespace {
@@ -393,6 +401,68 @@ TEST(LinePrefixer, BinaryBytesPassThrough) {
   std::string out;
   p.Feed(in, &out);
   EXPECT_EQ(out, std::string("[0] a\0b\n", 8));
+}
+
+// ---- watching a job (Note [Watching a braidrun job]) ----
+
+TEST(Watch, TheCommandQuotesOnlyWhatNeedsIt) {
+  EXPECT_EQ(WatchCommand("/opt/braid/bin/braidctl", "10.0.0.1:5000", "/run/user/1000/braid/"
+                         "job-12.secret", ""),
+            "/opt/braid/bin/braidctl status --coordinator 10.0.0.1:5000 --secret-file "
+            "/run/user/1000/braid/job-12.secret");
+  EXPECT_EQ(WatchCommand("braidctl", "[::1]:5000", "/home/a b/s", "ca.pem"),
+            "braidctl status --coordinator '[::1]:5000' --secret-file '/home/a b/s' "
+            "--tls-ca ca.pem");
+}
+
+std::string MakeTempDir() {
+  std::string tmpl = ::testing::TempDir() + "braid_watch.XXXXXX";
+  EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
+  return tmpl;
+}
+
+TEST(Watch, SecretDirIsPrivateAndPrefersXdgRuntimeDir) {
+  const std::string base = MakeTempDir();
+  const std::string xdg = base + "/xdg", home = base + "/home";
+  ASSERT_EQ(mkdir(xdg.c_str(), 0700), 0);
+  ASSERT_EQ(mkdir(home.c_str(), 0755), 0);
+  auto dir = JobSecretDir(xdg, home);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(*dir, xdg + "/braid");
+  struct stat st;
+  ASSERT_EQ(stat(dir->c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  // An XDG_RUNTIME_DIR open to others is passed over for HOME's cache.
+  ASSERT_EQ(chmod(xdg.c_str(), 0755), 0);
+  dir = JobSecretDir(xdg, home);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(*dir, home + "/.cache/braid/jobs");
+  ASSERT_EQ(stat(dir->c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  // A jobs directory that group or others can enter is refused, naming it and its mode.
+  ASSERT_EQ(chmod(dir->c_str(), 0750), 0);
+  auto open = JobSecretDir("", home);
+  EXPECT_EQ(open.status().message(),
+            home + "/.cache/braid/jobs is open to group or others (mode 750); chmod 0700 it");
+  EXPECT_FALSE(JobSecretDir("", "").ok());
+  std::filesystem::remove_all(base);
+}
+
+TEST(Watch, StaleSecretFilesOfDeadBraidrunsAreRemoved) {
+  const std::string dir = MakeTempDir();
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);
+  for (const std::string& p : {JobSecretPath(dir, dead), JobSecretPath(dir, getpid()),
+                               dir + "/other.secret"}) {
+    std::ofstream(p) << "x";
+  }
+  EXPECT_EQ(RemoveStaleJobSecrets(dir), 1);
+  EXPECT_FALSE(std::filesystem::exists(JobSecretPath(dir, dead)));
+  EXPECT_TRUE(std::filesystem::exists(JobSecretPath(dir, getpid())));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/other.secret"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -44,3 +44,116 @@ def test_a_rank_that_raises_stops_the_job(tmp_path):
         pid = int((tmp_path / f"pid.{r}").read_text())
         assert not os.path.exists(f"/proc/{pid}") or \
             open(f"/proc/{pid}/stat").read().split()[2] == "Z", f"rank {r} (pid {pid}) still runs"
+
+
+WAIT_FOR_GO = r'''
+import os, sys, time
+import braid
+braid.init()
+deadline = time.time() + 60
+while not os.path.exists(sys.argv[1]) and time.time() < deadline:
+    time.sleep(0.05)
+braid.barrier()
+'''
+
+
+def _outsider():
+    """(uid, gid) of an unprivileged user for the "other user" checks (made when missing, as
+    the admission tests do), or None when not root."""
+    if os.geteuid() != 0:
+        return None
+    import pwd
+    try:
+        pw = pwd.getpwnam("braid-outsider")
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                        "/usr/sbin/nologin", "braid-outsider"], check=False)
+        try:
+            pw = pwd.getpwnam("braid-outsider")
+        except KeyError:
+            return None
+    return pw.pw_uid, pw.pw_gid
+
+
+def test_a_job_is_watched_with_the_command_braidrun_prints(tmp_path):
+    """A job whose secret braidrun made up: braidrun keeps it in a file of mode 0600 in a
+    directory of mode 0700 (HOME/.cache/braid/jobs without XDG_RUNTIME_DIR) and prints the
+    braidctl command; that command, run as printed, shows the job; another user running it
+    is refused; the file is gone when the job ends, and one left by a dead braidrun is
+    removed."""
+    import json
+    import shlex
+    import stat
+    import threading
+    braidrun = build_dir() / "tools" / "braidrun" / "braidrun"
+    if not braidrun.exists():
+        pytest.skip("braidrun is not built")
+    home = tmp_path / "home"
+    jobs = home / ".cache" / "braid" / "jobs"
+    jobs.mkdir(parents=True, mode=0o700)
+    (home / ".cache").chmod(0o700)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = jobs / f"job-{dead.pid}.secret"
+    stale.write_text("0" * 64)
+    stale.chmod(0o600)
+    script = tmp_path / "wait.py"
+    script.write_text(WAIT_FOR_GO)
+    go = tmp_path / "go"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("XDG_RUNTIME_DIR", "BRAID_JOB_SECRET", "BRAID_JOB_SECRET_FILE")}
+    env.update(HOME=str(home), UCX_TLS="sm", UCX_NET_DEVICES="lo")
+    job = subprocess.Popen([str(braidrun), "-np", "2", PYTHON, str(script), str(go)], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    printed = threading.Event()
+
+    def read_stderr():
+        for line in job.stderr:
+            lines.append(line)
+            if "watch this job with: " in line:
+                printed.set()
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        assert printed.wait(30), "".join(lines)
+        cmd = next(l for l in lines if "watch this job with: " in l).split(
+            "watch this job with: ", 1)[1].strip()
+        words = shlex.split(cmd)
+        secret_file = words[words.index("--secret-file") + 1]
+        assert os.path.dirname(secret_file) == str(jobs), cmd
+        st = os.stat(secret_file)
+        assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid(), oct(st.st_mode)
+        assert stat.S_IMODE(os.stat(jobs).st_mode) == 0o700
+        assert not stale.exists(), "the file of a dead braidrun was left"
+        # The printed command, as printed (plus --json to read it), shows this job's ranks.
+        deadline = time.time() + 30
+        while True:
+            st_out = subprocess.run(words + ["--json"], capture_output=True, text=True,
+                                    timeout=30)
+            status = json.loads(st_out.stdout) if st_out.returncode == 0 else {}
+            if len(status.get("ranks", [])) == 2 or time.time() > deadline:
+                break
+            time.sleep(0.2)
+        assert st_out.returncode == 0, st_out.stderr
+        assert len(status["ranks"]) == 2, st_out.stdout
+        outsider = _outsider()
+        if outsider is not None:
+            uid, gid = outsider
+
+            def demote():
+                os.setgroups([])
+                os.setgid(gid)
+                os.setuid(uid)
+            other = subprocess.run(words, capture_output=True, text=True, timeout=30,
+                                   preexec_fn=demote, cwd="/")
+            assert other.returncode != 0, other.stdout
+            assert "secret" in other.stderr and "ranks" not in other.stdout, other.stderr
+        go.write_text("")
+        assert job.wait(timeout=60) == 0, "".join(lines)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    reader.join(5)
+    assert not os.path.exists(secret_file), "the job's secret file outlived braidrun"

@@ -40,6 +40,7 @@
 #include "tools/braidrun/rank_env.h"
 #include "tools/braidrun/watchdog.h"
 #include "tools/braidrun/remote.h"
+#include "tools/braidrun/watch.h"
 #include "tools/cli.h"
 
 extern char** environ;
@@ -81,12 +82,17 @@ std::string PackageDir(const std::string& candidate) {
 // braidrun -> build/python), so ranks can `import braid` uninstalled; P/<python dir> when
 // installed under a prefix P (P/bin/braidrun) other than /usr and /usr/local, whose
 // dist-packages Debian's Python searches already (and whose order must not change).
-std::string PythonPackageDir() {
+std::string ExecutableDir() {
   char exe[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   if (n <= 0) return "";
   std::string path(exe, static_cast<size_t>(n));
-  std::string dir = path.substr(0, path.rfind('/'));
+  return path.substr(0, path.rfind('/'));
+}
+
+std::string PythonPackageDir() {
+  std::string dir = ExecutableDir();
+  if (dir.empty()) return "";
   if (std::string build = PackageDir(dir + "/../../python"); !build.empty()) return build;
 #ifdef BRAIDRUN_PYTHON_RELDIR
   std::string installed = PackageDir(dir + "/../" BRAIDRUN_PYTHON_RELDIR);
@@ -97,6 +103,18 @@ std::string PythonPackageDir() {
 #endif
   return "";
 }
+
+// Removes the secret file braidrun made for its job (Note [Watching a braidrun job]) when
+// braidrun leaves main(), however it does.
+struct OwnSecretFile {
+  std::string path;
+  OwnSecretFile() = default;
+  OwnSecretFile(const OwnSecretFile&) = delete;
+  OwnSecretFile& operator=(const OwnSecretFile&) = delete;
+  ~OwnSecretFile() {
+    if (!path.empty()) unlink(path.c_str());
+  }
+};
 
 std::string Hostname() {
   char buf[HOST_NAME_MAX + 1] = {0};
@@ -465,6 +483,35 @@ int main(int argc, char** argv) {
     }
     so.job_secret = *secret;
   }
+  // Note [Watching a braidrun job]: a secret made up here is also kept in a file only this
+  // user can read, for the braidctl command printed below; the file goes when braidrun ends.
+  std::string watch_secret_file = args->secret_file;
+  if (watch_secret_file.empty()) {
+    const char* f = std::getenv("BRAID_JOB_SECRET_FILE");
+    if (f != nullptr && so.job_secret == args->config.job_secret) watch_secret_file = f;
+  }
+  OwnSecretFile own_secret_file;
+  if (so.job_secret.empty()) {
+    const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+    const char* home = std::getenv("HOME");
+    auto dir = braid::braidrun::JobSecretDir(xdg ? xdg : "", home ? home : "");
+    if (dir.ok()) {
+      braid::braidrun::RemoveStaleJobSecrets(*dir);
+      std::string path = braid::braidrun::JobSecretPath(*dir, getpid());
+      unlink(path.c_str());  // a file of a dead braidrun whose pid this one got
+      auto secret = braid::ReadOrCreateSecretFile("the job's secret file", path);
+      if (secret.ok()) {
+        so.job_secret = *secret;
+        own_secret_file.path = path;
+        watch_secret_file = path;
+      } else {
+        Fail(absl::StrCat("no braidctl command for this job: ", secret.status().message()));
+      }
+    } else {
+      Fail(absl::StrCat("no braidctl command for this job: no private directory for its "
+                        "secret: ", dir.status().message()));
+    }
+  }
   if (so.job_secret.empty()) so.job_secret = braid::RandomSecret();
   so.single_job = true;
   // Registrations that wait longer fail naming the missing ranks, before the ranks' own
@@ -488,6 +535,19 @@ int main(int argc, char** argv) {
   std::unique_ptr<braid::coordinator::CoordinatorServer> coordinator = *std::move(server);
   const std::string address = coordinator->address();
   std::cerr << "braidrun: coordinator listening on " << address << std::endl;
+  if (!watch_secret_file.empty()) {
+    std::string tls_ca = args->config.tls_ca_file;
+    if (tls_ca.empty() && !args->config.tls_cert_file.empty()) tls_ca = "CA_FILE";
+    std::cerr << "braidrun: watch this job with: "
+              << braid::braidrun::WatchCommand(braid::braidrun::BraidctlPath(ExecutableDir()),
+                                               address, watch_secret_file, tls_ca)
+              << (tls_ca == "CA_FILE" ? "   (CA_FILE: the CA of the job's TLS certificate)" : "")
+              << std::endl;
+  } else {
+    std::cerr << "braidrun: watch this job with: "
+              << braid::braidrun::BraidctlPath(ExecutableDir()) << " status --coordinator "
+              << address << "   (with this job's BRAID_JOB_SECRET set)" << std::endl;
+  }
 
   JobEnv job;
   job.world_size = args->np;
