@@ -68,10 +68,20 @@ def test_fashion_mnist_compression_keeps_accuracy(tmp_path):
     methods = ("none", "fp16", "fp4", "powersgd:rank=2", "scalecomp:ratio=100")
     for method in methods:
         report = tmp_path / f"{method.replace(':', '_')}.json"
-        run_job(2, [str(REPO / "examples" / "train_fashion_mnist.py"), "--epochs", "3",
-                    "--train-subset", "12000", "--seed", "0", "--compression", method,
-                    "--no-progress", "--json", str(report)])
-        results[method] = json.loads(report.read_text())
+        out = run_job(2, [str(REPO / "examples" / "train_fashion_mnist.py"), "--epochs", "3",
+                          "--train-subset", "12000", "--seed", "0", "--compression", method,
+                          "--no-progress", "--json", str(report)])
+        results[method] = r = json.loads(report.read_text())
+        # The labels say what the figures beside them are: the method in force; the wire
+        # ratio is the printed bytes' ratio, the payload ratio the compressor's.
+        assert f"compression {method}\n" in out, out
+        assert r["compression"] == method, r
+        wire = r["reference_transport_bytes"] / r["transport_bytes"]
+        assert abs(r["wire_ratio"] - wire) < 1e-9, r
+        assert (f"{r['transport_bytes'] / 1e6:.1f} MB, against "
+                f"{r['reference_transport_bytes'] / 1e6:.1f} MB for a bandwidth-optimal "
+                f"uncompressed all-reduce: wire ratio {wire:.2f}x (payload ratio "
+                f"{r['payload_ratio']:.2f}x)") in out, out
     summary = {m: round(100 * r["test_accuracy"], 2) for m, r in results.items()}
     print(f"test accuracy after 3 epochs on 12,000 images, 2 ranks: {summary}")
     base = results["none"]
