@@ -4,7 +4,7 @@
 # stage runs even when an earlier one failed (except after a failed build), and the last line
 # says what passed and what failed across them:
 #   test: PASSED: build passed; ctest 808/808 passed; Bazel build passed; asan passed; ...
-# Cold on 2 cores: about 25 minutes and 6 GB of disk (docs/testing.md).
+# Cold on 2 cores: about 25 minutes and 5 GB of disk (docs/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/stages.sh
