@@ -22,8 +22,9 @@ LIBRARY_PACKAGES=(
   libabsl-dev libgoogle-glog-dev libgflags-dev
   libcli11-dev nlohmann-json3-dev
   libopenblas-dev
-  # Job secrets and the data plane's keyed tags (libcrypto).
-  libssl-dev
+  # Job secrets and the data plane's keyed tags (libcrypto); openssl makes a secret
+  # (`openssl rand -hex 32`, as braidrun's refusal of a weak one advises).
+  libssl-dev openssl
   python3 python3-dev pybind11-dev python3-numpy python3-torch python3-tqdm python3-sklearn
   dataset-fashion-mnist
   # braidrun starts the ranks of other hosts over ssh (the client only).
@@ -40,8 +41,8 @@ TEST_PACKAGES=(
   # Test hosts (network namespaces), jobs across them over ssh, and under Slurm.
   iproute2 openssh-server slurm-wlm munge
   bazel-bootstrap bazel-rules-java
-  # The tests' TLS certificates and their outsider user.
-  openssl passwd
+  # The tests' outsider user.
+  passwd
   # The sanitizer and fuzzing builds (scripts/sanitize_test.sh): clang and its runtimes.
   clang libclang-rt-14-dev
 )
@@ -51,6 +52,7 @@ for arg in "$@"; do
   case "$arg" in
     --tests) tests=1 ;;
     --list) list=1 ;;
+    -h|--help) sed -n '2,12s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) echo "install_deps: unknown argument '$arg' (--tests, --list)" >&2; exit 2 ;;
   esac
 done

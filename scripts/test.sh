@@ -34,7 +34,11 @@ ctest_rc=0
 ctest --test-dir build --output-on-failure -j2 --timeout 900 2>&1 | tee "$ctest_log" ||
   ctest_rc=${PIPESTATUS[0]}
 counts=$(ctest_counts "$ctest_log")
-stage_record ctest "$ctest_rc" "ctest ${counts:-FAILED (exit $ctest_rc)}"
+if [ -n "$counts" ]; then
+  stage_record ctest "$ctest_rc" "ctest $counts"
+else  # ctest ran no test (none found, or it could not start): a failure whatever its exit
+  stage_record ctest 1 "ctest FAILED (no test ran; exit $ctest_rc)"
+fi
 bazel_rc=0
 wait "$bazel_pid" || bazel_rc=$?
 cat "$bazel_log"

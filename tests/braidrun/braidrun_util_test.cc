@@ -444,7 +444,11 @@ TEST(Watch, SecretDirIsPrivateAndPrefersXdgRuntimeDir) {
   auto open = JobSecretDir("", home);
   EXPECT_EQ(open.status().message(),
             home + "/.cache/braid/jobs is open to group or others (mode 750); chmod 0700 it");
-  EXPECT_FALSE(JobSecretDir("", "").ok());
+  EXPECT_EQ(JobSecretDir("", "").status().message(),
+            "XDG_RUNTIME_DIR is not set, and HOME is not set");
+  EXPECT_EQ(JobSecretDir(xdg, "").status().message(),
+            "XDG_RUNTIME_DIR: " + xdg +
+                " is open to group or others (mode 755); chmod 0700 it, and HOME is not set");
   std::filesystem::remove_all(base);
 }
 

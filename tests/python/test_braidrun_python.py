@@ -157,3 +157,34 @@ def test_a_job_is_watched_with_the_command_braidrun_prints(tmp_path):
             job.wait()
     reader.join(5)
     assert not os.path.exists(secret_file), "the job's secret file outlived braidrun"
+
+
+def test_the_watch_line_is_a_command_or_says_why_there_is_none(tmp_path):
+    """With BRAID_JOB_SECRET given, the printed command pastes as it is (what it needs is a
+    shell comment); with nowhere private to keep a made-up secret (no HOME, no
+    XDG_RUNTIME_DIR), braidrun prints no command but says why, once."""
+    import secrets as _secrets
+    import shlex
+    braidrun = build_dir() / "tools" / "braidrun" / "braidrun"
+    if not braidrun.exists():
+        pytest.skip("braidrun is not built")
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("XDG_RUNTIME_DIR", "BRAID_JOB_SECRET", "BRAID_JOB_SECRET_FILE", "HOME")}
+    given = subprocess.run([str(braidrun), "-np", "1", "/bin/true"], capture_output=True,
+                           text=True, timeout=60,
+                           env=dict(base, HOME=str(tmp_path),
+                                    BRAID_JOB_SECRET=_secrets.token_hex(32)))
+    assert given.returncode == 0, given.stderr
+    line = [l for l in given.stderr.splitlines() if "watch this job with: " in l]
+    assert len(line) == 1, given.stderr
+    words = shlex.split(line[0].split("watch this job with: ", 1)[1], comments=True)
+    assert words[1:] == ["status", "--coordinator", words[3]] and words[0].endswith("braidctl"), words
+    assert line[0].endswith("# with this job's BRAID_JOB_SECRET in the environment"), line
+    nowhere = subprocess.run([str(braidrun), "-np", "1", "/bin/true"], capture_output=True,
+                             text=True, timeout=60, env=base)
+    assert nowhere.returncode == 0, nowhere.stderr
+    assert "watch this job with" not in nowhere.stderr, nowhere.stderr
+    assert nowhere.stderr.count("braidctl") == 1, nowhere.stderr
+    assert ("braidrun: this job cannot be watched with braidctl (no private directory for its "
+            "secret: XDG_RUNTIME_DIR is not set, and HOME is not set); give braidrun "
+            "--secret-file FILE to watch a job") in nowhere.stderr, nowhere.stderr

@@ -491,6 +491,7 @@ int main(int argc, char** argv) {
     if (f != nullptr && so.job_secret == args->config.job_secret) watch_secret_file = f;
   }
   OwnSecretFile own_secret_file;
+  std::string unwatchable;  // why a made-up secret could not be kept for braidctl
   if (so.job_secret.empty()) {
     const char* xdg = std::getenv("XDG_RUNTIME_DIR");
     const char* home = std::getenv("HOME");
@@ -505,11 +506,11 @@ int main(int argc, char** argv) {
         own_secret_file.path = path;
         watch_secret_file = path;
       } else {
-        Fail(absl::StrCat("no braidctl command for this job: ", secret.status().message()));
+        unwatchable = std::string(secret.status().message());
       }
     } else {
-      Fail(absl::StrCat("no braidctl command for this job: no private directory for its "
-                        "secret: ", dir.status().message()));
+      unwatchable = absl::StrCat("no private directory for its secret: ",
+                                 dir.status().message());
     }
   }
   if (so.job_secret.empty()) so.job_secret = braid::RandomSecret();
@@ -535,18 +536,23 @@ int main(int argc, char** argv) {
   std::unique_ptr<braid::coordinator::CoordinatorServer> coordinator = *std::move(server);
   const std::string address = coordinator->address();
   std::cerr << "braidrun: coordinator listening on " << address << std::endl;
+  // Every printed command pastes into a shell as it is; what it needs besides is a comment.
+  const std::string braidctl = braid::braidrun::BraidctlPath(ExecutableDir());
+  std::string tls_ca = args->config.tls_ca_file;
+  if (tls_ca.empty() && !args->config.tls_cert_file.empty()) tls_ca = "CA_FILE";
+  const std::string tls_note =
+      tls_ca == "CA_FILE" ? "  # CA_FILE: the CA that signed the job's TLS certificate" : "";
   if (!watch_secret_file.empty()) {
-    std::string tls_ca = args->config.tls_ca_file;
-    if (tls_ca.empty() && !args->config.tls_cert_file.empty()) tls_ca = "CA_FILE";
     std::cerr << "braidrun: watch this job with: "
-              << braid::braidrun::WatchCommand(braid::braidrun::BraidctlPath(ExecutableDir()),
-                                               address, watch_secret_file, tls_ca)
-              << (tls_ca == "CA_FILE" ? "   (CA_FILE: the CA of the job's TLS certificate)" : "")
-              << std::endl;
-  } else {
-    std::cerr << "braidrun: watch this job with: "
-              << braid::braidrun::BraidctlPath(ExecutableDir()) << " status --coordinator "
-              << address << "   (with this job's BRAID_JOB_SECRET set)" << std::endl;
+              << braid::braidrun::WatchCommand(braidctl, address, watch_secret_file, tls_ca)
+              << tls_note << std::endl;
+  } else if (!unwatchable.empty()) {
+    std::cerr << "braidrun: this job cannot be watched with braidctl (" << unwatchable
+              << "); give braidrun --secret-file FILE to watch a job" << std::endl;
+  } else {  // the secret came from BRAID_JOB_SECRET
+    std::cerr << "braidrun: watch this job with: " << braidctl << " status --coordinator "
+              << address << (tls_ca.empty() ? "" : " --tls-ca " + tls_ca)
+              << "  # with this job's BRAID_JOB_SECRET in the environment" << std::endl;
   }
 
   JobEnv job;

@@ -80,13 +80,16 @@ std::string Word(absl::string_view word) {
 
 absl::StatusOr<std::string> JobSecretDir(absl::string_view xdg_runtime_dir,
                                          absl::string_view home) {
+  std::string xdg_refused = "XDG_RUNTIME_DIR is not set";
   if (!xdg_runtime_dir.empty()) {
     std::string dir = absl::StrCat(xdg_runtime_dir, "/braid");
-    if (PrivateDir(std::string(xdg_runtime_dir)).ok() && PrivateDir(dir).ok()) return dir;
+    absl::Status ok = PrivateDir(std::string(xdg_runtime_dir));
+    if (ok.ok()) ok = PrivateDir(dir);
+    if (ok.ok()) return dir;
+    xdg_refused = absl::StrCat("XDG_RUNTIME_DIR: ", ok.message());
   }
   if (home.empty()) {
-    return absl::FailedPreconditionError(
-        "neither XDG_RUNTIME_DIR nor HOME is set, so there is no private directory for it");
+    return absl::FailedPreconditionError(absl::StrCat(xdg_refused, ", and HOME is not set"));
   }
   absl::Status made = MakeDirs(std::string(home), {".cache", "braid"});
   if (!made.ok()) return made;

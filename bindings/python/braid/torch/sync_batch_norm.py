@@ -20,12 +20,16 @@ every rank's batch; the input gradient is the batch-norm gradient with those glo
 own (their all-reduce is the optimizer's, as for every other parameter).
 
 Statistics are computed in float64 whatever the input's dtype. Every rank's batch may have a
-different size (even zero rows, when another rank has some). In eval mode with running
-statistics, or with one rank, it is ``torch.nn.BatchNorm`` and nothing is communicated.
+different size (even zero rows, when another rank has some). In eval mode, or with one rank,
+it is ``torch.nn.BatchNorm`` and nothing is communicated (as ``torch.nn.SyncBatchNorm``:
+without running statistics, eval mode normalizes with this rank's batch alone), so eval loops
+whose ranks run different numbers of batches never wait on each other.
 
 The collectives are named ``sync_batch_norm.stats`` and ``sync_batch_norm.grad``: every rank
-must run its SyncBatchNorm layers' forward (and backward) passes in the same order, as it
-runs its model.
+must run its SyncBatchNorm layers' training forward (and backward) passes in the same order,
+as it runs its model. A rank that skips one leaves the others waiting: the coordinator warns
+of the stall after BRAID_STALL_CHECK_S, and the collective fails on every rank with
+DeadlineExceededError after BRAID_NEGOTIATION_TIMEOUT_S.
 """
 
 import torch
@@ -63,7 +67,14 @@ class _SyncBatchNormFn(torch.autograd.Function):
             m_local = xd.new_zeros(c)
             m2_local = xd.new_zeros(c)
         row = torch.cat([xd.new_tensor([float(n_local)]), m_local, m2_local]).unsqueeze(0)
-        rows = allgather(row, name="sync_batch_norm.stats")
+        try:
+            rows = allgather(row, name="sync_batch_norm.stats")
+        except InvalidArgumentError as e:
+            if "trailing shape differs" not in str(e):
+                raise
+            raise InvalidArgumentError(
+                f"SyncBatchNorm: the ranks' inputs differ in their number of channels (this "
+                f"rank: {c}; each rank sends 1 + 2 x channels statistics): {e}") from e
         counts, means, m2s = rows[:, 0], rows[:, 1:1 + c], rows[:, 1 + c:]
         n = counts.sum()
         if n <= 1:
@@ -127,9 +138,9 @@ class SyncBatchNorm(_BatchNorm):
     (0.1; None: a cumulative moving average), ``affine`` (True), ``track_running_stats``
     (True). Input: (N, C, *) on the CPU, any floating dtype; output the same shape and dtype.
     Raises ValueError for an input of fewer than 2 dimensions, or for a single value per
-    channel over all ranks in training; the braid errors (InvalidArgumentError, ...) of the
-    collectives, naming ``sync_batch_norm.stats`` / ``.grad`` and the ranks, when ranks
-    disagree (different C, or a rank that skips a layer).
+    channel over all ranks in training; InvalidArgumentError on every rank, naming the
+    channels and the ranks, when ranks' inputs differ in C; the collectives' other braid
+    errors (a rank that skips a layer: see the module's docstring).
     """
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
@@ -156,12 +167,14 @@ class SyncBatchNorm(_BatchNorm):
             factor = (1.0 / float(self.num_batches_tracked) if self.momentum is None
                       else self.momentum)
         # Batch statistics in training, or in eval without running statistics; the running
-        # statistics are used in eval, and updated in training when tracked.
+        # statistics are used in eval, and updated in training when tracked. Only training
+        # synchronizes (as torch.nn.SyncBatchNorm; Horovod's also synchronizes an eval pass
+        # without running statistics, which hangs eval loops of uneven length).
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
         use_running = not self.training or self.track_running_stats
         running_mean = self.running_mean if use_running else None
         running_var = self.running_var if use_running else None
-        if not bn_training or _runtime.size() == 1:
+        if not self.training or _runtime.size() == 1:
             return F.batch_norm(input, running_mean, running_var, self.weight, self.bias,
                                 bn_training, factor, self.eps)
         return _SyncBatchNormFn.apply(input, self.weight, self.bias, running_mean, running_var,
