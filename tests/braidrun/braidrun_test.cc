@@ -455,6 +455,25 @@ TEST(Braidrun, SigintIsForwardedToEveryRank) {
   EXPECT_THAT(SurvivorsAfterSettling(RankPids(dir.path(), 3)), ::testing::IsEmpty());
 }
 
+TEST(Braidrun, RanksOfABraidrunStartedWithSigintIgnoredStillStopOnSigint) {
+  // As a non-interactive shell starts a background job: SIGINT ignored, inherited through
+  // exec. SIGTERM to braidrun is forwarded as SIGINT, which the ranks must be able to act on.
+  TempDir dir;
+  std::vector<std::string> args = ShRanks(
+      2, dir.path(), "trap 'echo got INT; exit 3' INT; echo $$ > $D/pid.$BRAID_RANK; sleep 60");
+  args.insert(args.begin(), {"-c", "trap '' INT; exec \"$0\" \"$@\"", BRAIDRUN_PATH});
+  Braidrun b(args, CleanEnv(), "/bin/sh");
+  b.Pump(20, [&] { return AllPidFilesWritten(dir.path(), 2); });
+  ASSERT_TRUE(AllPidFilesWritten(dir.path(), 2)) << b.err_so_far();
+  usleep(200000);  // let the shells reach `sleep`
+  auto t0 = Clock::now();
+  ASSERT_EQ(kill(b.pid(), SIGTERM), 0);
+  Result r = b.Finish(20);
+  EXPECT_LT(SecondsSince(t0), 4.5) << "the ranks should exit on SIGINT, before any SIGKILL";
+  EXPECT_THAT(Lines(r.out), UnorderedElementsAre("[0] got INT", "[1] got INT")) << r.err;
+  EXPECT_THAT(SurvivorsAfterSettling(RankPids(dir.path(), 2)), ::testing::IsEmpty());
+}
+
 TEST(Braidrun, RankIgnoringSigintIsKilledAfterTheGracePeriod) {
   TempDir dir;
   Braidrun b(ShRanks(2, dir.path(), "trap '' INT TERM; echo $$ > $D/pid.$BRAID_RANK; sleep 60"));

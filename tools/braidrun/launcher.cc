@@ -183,6 +183,11 @@ class Supervisor {
     sigset_t empty, defaults = signals_.handled;
     sigemptyset(&empty);
     sigaddset(&defaults, SIGPIPE);  // braidrun ignores SIGPIPE; ranks must not inherit that
+    // Nor an ignored SIGINT (braidrun started in the background by a non-interactive shell):
+    // braidrun stops its ranks with SIGINT first, and a rank that inherited it ignored could
+    // not act on it (a shell cannot even trap it) and was SIGKILLed after the grace period.
+    // A rank leads its own process group, so the only SIGINT it gets is braidrun's.
+    sigaddset(&defaults, SIGINT);
     posix_spawnattr_setsigmask(&attr, &empty);
     posix_spawnattr_setsigdefault(&attr, &defaults);
     // Its own process group, so that a signal reaches the rank and everything it started
