@@ -39,14 +39,8 @@ if [ -n "$counts" ]; then
 else  # ctest ran no test (none found, or it could not start): a failure whatever its exit
   stage_record ctest 1 "ctest FAILED (no test ran; exit $ctest_rc)"
 fi
-bazel_rc=0
-wait "$bazel_pid" || bazel_rc=$?
+stage "Bazel build" wait "$bazel_pid"
 cat "$bazel_log"
-if [ "$bazel_rc" -eq 0 ]; then
-  stage_record bazel 0 "Bazel build passed"
-else
-  stage_record bazel 1 "Bazel build FAILED (exit $bazel_rc)"
-fi
 # AddressSanitizer + UBSan, ThreadSanitizer and libFuzzer, each in its own build directory.
 for suite in asan tsan fuzz; do
   stage "$suite" scripts/sanitize_test.sh "$suite"

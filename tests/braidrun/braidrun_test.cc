@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <filesystem>
@@ -438,40 +439,52 @@ TEST(Braidrun, RankKilledBySignalGives128PlusSignal) {
   EXPECT_THAT(r.err, HasSubstr("braidrun: rank 0 was killed by signal 9 (SIGKILL)\n"));
 }
 
-TEST(Braidrun, SigintIsForwardedToEveryRank) {
+// np ranks that trap SIGINT (print "got INT", exit 3), under a braidrun that `start` spawns
+// from braidrun's arguments; once every rank is in `sleep`, `sig` goes to that process,
+// and the ranks must all stop on SIGINT, before the grace period's SIGKILL, leaving none
+// behind. `*result`: braidrun's result, for the caller's own checks.
+void ExpectRanksStopOnSigint(
+    int np, int sig,
+    const std::function<std::unique_ptr<Braidrun>(std::vector<std::string>)>& start,
+    Result* result) {
   TempDir dir;
-  Braidrun b(ShRanks(3, dir.path(),
-                     "trap 'echo got INT; exit 3' INT; echo $$ > $D/pid.$BRAID_RANK; sleep 60"));
-  b.Pump(20, [&] { return AllPidFilesWritten(dir.path(), 3); });
-  ASSERT_TRUE(AllPidFilesWritten(dir.path(), 3)) << b.err_so_far();
+  std::unique_ptr<Braidrun> b = start(ShRanks(
+      np, dir.path(), "trap 'echo got INT; exit 3' INT; echo $$ > $D/pid.$BRAID_RANK; sleep 60"));
+  b->Pump(20, [&] { return AllPidFilesWritten(dir.path(), np); });
+  ASSERT_TRUE(AllPidFilesWritten(dir.path(), np)) << b->err_so_far();
   usleep(200000);  // let the shells reach `sleep`
   auto t0 = Clock::now();
-  ASSERT_EQ(kill(b.pid(), SIGINT), 0);
-  Result r = b.Finish(20);
+  ASSERT_EQ(kill(b->pid(), sig), 0);
+  Result& r = *result;
+  r = b->Finish(20);
   EXPECT_LT(SecondsSince(t0), 4.5) << "the ranks should exit on SIGINT, before any SIGKILL";
+  std::vector<std::string> want;
+  for (int i = 0; i < np; ++i) want.push_back("[" + std::to_string(i) + "] got INT");
+  EXPECT_THAT(Lines(r.out), ::testing::UnorderedElementsAreArray(want)) << r.err;
+  EXPECT_THAT(SurvivorsAfterSettling(RankPids(dir.path(), np)), ::testing::IsEmpty());
+}
+
+TEST(Braidrun, SigintIsForwardedToEveryRank) {
+  Result r;
+  ASSERT_NO_FATAL_FAILURE(ExpectRanksStopOnSigint(
+      3, SIGINT,
+      [](std::vector<std::string> args) { return std::make_unique<Braidrun>(std::move(args)); },
+      &r));
   EXPECT_EQ(r.exit_code(), 128 + SIGINT) << r.err;
-  EXPECT_THAT(Lines(r.out), UnorderedElementsAre("[0] got INT", "[1] got INT", "[2] got INT"));
   EXPECT_THAT(r.err, HasSubstr("braidrun: received SIGINT"));
-  EXPECT_THAT(SurvivorsAfterSettling(RankPids(dir.path(), 3)), ::testing::IsEmpty());
 }
 
 TEST(Braidrun, RanksOfABraidrunStartedWithSigintIgnoredStillStopOnSigint) {
   // As a non-interactive shell starts a background job: SIGINT ignored, inherited through
   // exec. SIGTERM to braidrun is forwarded as SIGINT, which the ranks must be able to act on.
-  TempDir dir;
-  std::vector<std::string> args = ShRanks(
-      2, dir.path(), "trap 'echo got INT; exit 3' INT; echo $$ > $D/pid.$BRAID_RANK; sleep 60");
-  args.insert(args.begin(), {"-c", "trap '' INT; exec \"$0\" \"$@\"", BRAIDRUN_PATH});
-  Braidrun b(args, CleanEnv(), "/bin/sh");
-  b.Pump(20, [&] { return AllPidFilesWritten(dir.path(), 2); });
-  ASSERT_TRUE(AllPidFilesWritten(dir.path(), 2)) << b.err_so_far();
-  usleep(200000);  // let the shells reach `sleep`
-  auto t0 = Clock::now();
-  ASSERT_EQ(kill(b.pid(), SIGTERM), 0);
-  Result r = b.Finish(20);
-  EXPECT_LT(SecondsSince(t0), 4.5) << "the ranks should exit on SIGINT, before any SIGKILL";
-  EXPECT_THAT(Lines(r.out), UnorderedElementsAre("[0] got INT", "[1] got INT")) << r.err;
-  EXPECT_THAT(SurvivorsAfterSettling(RankPids(dir.path(), 2)), ::testing::IsEmpty());
+  Result r;
+  ExpectRanksStopOnSigint(
+      2, SIGTERM,
+      [](std::vector<std::string> args) {
+        args.insert(args.begin(), {"-c", "trap '' INT; exec \"$0\" \"$@\"", BRAIDRUN_PATH});
+        return std::make_unique<Braidrun>(std::move(args), CleanEnv(), "/bin/sh");
+      },
+      &r);
 }
 
 TEST(Braidrun, RankIgnoringSigintIsKilledAfterTheGracePeriod) {

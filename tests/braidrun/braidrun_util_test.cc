@@ -413,6 +413,8 @@ TEST(Watch, TheCommandQuotesOnlyWhatNeedsIt) {
   EXPECT_EQ(WatchCommand("braidctl", "[::1]:5000", "/home/a b/s", "ca.pem"),
             "braidctl status --coordinator '[::1]:5000' --secret-file '/home/a b/s' "
             "--tls-ca ca.pem");
+  EXPECT_EQ(WatchCommand("braidctl", "127.0.0.1:5000", "", ""),
+            "braidctl status --coordinator 127.0.0.1:5000");
 }
 
 std::string MakeTempDir() {

@@ -21,10 +21,16 @@ time.sleep(120)
 '''
 
 
-def test_a_rank_that_raises_stops_the_job(tmp_path):
-    braidrun = build_dir() / "tools" / "braidrun" / "braidrun"
-    if not braidrun.exists():
+def _braidrun():
+    """The build tree's braidrun (the test is skipped when it is not built)."""
+    path = build_dir() / "tools" / "braidrun" / "braidrun"
+    if not path.exists():
         pytest.skip("braidrun is not built")
+    return path
+
+
+def test_a_rank_that_raises_stops_the_job(tmp_path):
+    braidrun = _braidrun()
     script = tmp_path / "fail.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, UCX_TLS="sm", UCX_NET_DEVICES="lo")
@@ -85,9 +91,7 @@ def test_a_job_is_watched_with_the_command_braidrun_prints(tmp_path):
     import shlex
     import stat
     import threading
-    braidrun = build_dir() / "tools" / "braidrun" / "braidrun"
-    if not braidrun.exists():
-        pytest.skip("braidrun is not built")
+    braidrun = _braidrun()
     home = tmp_path / "home"
     jobs = home / ".cache" / "braid" / "jobs"
     jobs.mkdir(parents=True, mode=0o700)
@@ -165,9 +169,7 @@ def test_the_watch_line_is_a_command_or_says_why_there_is_none(tmp_path):
     XDG_RUNTIME_DIR), braidrun prints no command but says why, once."""
     import secrets as _secrets
     import shlex
-    braidrun = build_dir() / "tools" / "braidrun" / "braidrun"
-    if not braidrun.exists():
-        pytest.skip("braidrun is not built")
+    braidrun = _braidrun()
     base = {k: v for k, v in os.environ.items()
             if k not in ("XDG_RUNTIME_DIR", "BRAID_JOB_SECRET", "BRAID_JOB_SECRET_FILE", "HOME")}
     given = subprocess.run([str(braidrun), "-np", "1", "/bin/true"], capture_output=True,

@@ -486,9 +486,9 @@ int main(int argc, char** argv) {
   // Note [Watching a braidrun job]: a secret made up here is also kept in a file only this
   // user can read, for the braidctl command printed below; the file goes when braidrun ends.
   std::string watch_secret_file = args->secret_file;
-  if (watch_secret_file.empty()) {
-    const char* f = std::getenv("BRAID_JOB_SECRET_FILE");
-    if (f != nullptr && so.job_secret == args->config.job_secret) watch_secret_file = f;
+  if (const char* f = std::getenv("BRAID_JOB_SECRET_FILE");
+      watch_secret_file.empty() && f != nullptr) {
+    watch_secret_file = f;  // the secret so.job_secret holds (args->config read it)
   }
   OwnSecretFile own_secret_file;
   std::string unwatchable;  // why a made-up secret could not be kept for braidctl
@@ -542,17 +542,16 @@ int main(int argc, char** argv) {
   if (tls_ca.empty() && !args->config.tls_cert_file.empty()) tls_ca = "CA_FILE";
   const std::string tls_note =
       tls_ca == "CA_FILE" ? "  # CA_FILE: the CA that signed the job's TLS certificate" : "";
-  if (!watch_secret_file.empty()) {
-    std::cerr << "braidrun: watch this job with: "
-              << braid::braidrun::WatchCommand(braidctl, address, watch_secret_file, tls_ca)
-              << tls_note << std::endl;
-  } else if (!unwatchable.empty()) {
+  if (!unwatchable.empty()) {
     std::cerr << "braidrun: this job cannot be watched with braidctl (" << unwatchable
               << "); give braidrun --secret-file FILE to watch a job" << std::endl;
-  } else {  // the secret came from BRAID_JOB_SECRET
-    std::cerr << "braidrun: watch this job with: " << braidctl << " status --coordinator "
-              << address << (tls_ca.empty() ? "" : " --tls-ca " + tls_ca)
-              << "  # with this job's BRAID_JOB_SECRET in the environment" << std::endl;
+  } else {  // without a secret file, the secret came from BRAID_JOB_SECRET
+    std::cerr << "braidrun: watch this job with: "
+              << braid::braidrun::WatchCommand(braidctl, address, watch_secret_file, tls_ca)
+              << (watch_secret_file.empty()
+                      ? "  # with this job's BRAID_JOB_SECRET in the environment"
+                      : "")
+              << tls_note << std::endl;
   }
 
   JobEnv job;

@@ -121,8 +121,8 @@ int RemoveStaleJobSecrets(const std::string& dir) {
 
 std::string WatchCommand(absl::string_view braidctl, absl::string_view address,
                          absl::string_view secret_file, absl::string_view tls_ca) {
-  std::string cmd = absl::StrCat(Word(braidctl), " status --coordinator ", Word(address),
-                                 " --secret-file ", Word(secret_file));
+  std::string cmd = absl::StrCat(Word(braidctl), " status --coordinator ", Word(address));
+  if (!secret_file.empty()) absl::StrAppend(&cmd, " --secret-file ", Word(secret_file));
   if (!tls_ca.empty()) absl::StrAppend(&cmd, " --tls-ca ", Word(tls_ca));
   return cmd;
 }

@@ -42,7 +42,8 @@ std::string JobSecretPath(const std::string& dir, pid_t pid);
 int RemoveStaleJobSecrets(const std::string& dir);
 
 // "BRAIDCTL status --coordinator ADDRESS --secret-file FILE" (each word shell-quoted when it
-// needs it), with " --tls-ca CA" when `tls_ca` is not empty.
+// needs it), without --secret-file when `secret_file` is empty (the secret then comes from
+// BRAID_JOB_SECRET), with " --tls-ca CA" when `tls_ca` is not empty.
 std::string WatchCommand(absl::string_view braidctl, absl::string_view address,
                          absl::string_view secret_file, absl::string_view tls_ca);
 
