@@ -377,6 +377,9 @@ const std::vector<std::string>& KnownBraidVariables() {
   static const std::vector<std::string>* const kKnown = [] {
     auto* known = new std::vector<std::string>{
         "BRAID_RANK", "BRAID_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_SIZE",
+        // The torch.distributed backend's all-reduce method, read by braid.torch.distributed
+        // (docs/torch.md), which checks it with the registry's canonical_compression.
+        "BRAID_C10D_COMPRESSION",
         // The test suite's: the build tree (tests/python), coordinator_wire_test's report.
         "BRAID_BUILD_DIR", "BRAID_MEMORY_TEST_OMIT_APPLIED"};
     for (const Variable& v : kVariables) {

@@ -26,6 +26,9 @@ LIBRARY_PACKAGES=(
   # (`openssl rand -hex 32`, as braidrun's refusal of a weak one advises).
   libssl-dev openssl
   python3 python3-dev pybind11-dev python3-numpy python3-torch python3-tqdm python3-sklearn
+  # PyTorch's C++ headers and libraries: the `braid` torch.distributed backend (a C++
+  # extension against c10d's ProcessGroup) builds against them.
+  libtorch-dev
   dataset-fashion-mnist
   # braidrun starts the ranks of other hosts over ssh (the client only).
   openssh-client

@@ -33,6 +33,7 @@
 #include "runtime/config.h"
 #include "runtime/handle.h"
 #include "runtime/runtime.h"
+#include "bindings/python/runtime_bridge.h"
 
 namespace py = pybind11;
 
@@ -459,6 +460,69 @@ void Init() {
   Check(s);
 }
 
+// The runtime for braid/torch/process_group.so (the torch.distributed backend): runtime_bridge.h.
+class HandleOperation final : public braid::bridge::Operation {
+ public:
+  explicit HandleOperation(std::shared_ptr<braid::Handle> h) : h_(std::move(h)) {}
+  bool Wait(double timeout_s) override {
+    (void)h_->Wait(absl::Seconds(std::max(0.0, timeout_s)));
+    return h_->Poll();
+  }
+  braid::bridge::Status status() const override { return ToBridge(h_->status()); }
+  const std::vector<char>& output() const override { return h_->output(); }
+  std::vector<int64_t> output_shape() const override { return h_->output_shape(); }
+
+  static braid::bridge::Status ToBridge(const absl::Status& s) {
+    return {static_cast<int>(s.code()), std::string(s.message())};
+  }
+
+ private:
+  std::shared_ptr<braid::Handle> h_;
+};
+
+class RuntimeBridge final : public braid::bridge::Runtime {
+ public:
+  int version() const override { return braid::bridge::kVersion; }
+  bool initialized() const override { return braid::GlobalRuntime().initialized(); }
+  int rank() const override { return braid::GlobalRuntime().rank().value_or(-1); }
+  int size() const override { return braid::GlobalRuntime().size().value_or(-1); }
+
+  // The checks NewRequest makes for the Python callers, as a status instead of an exception
+  // (this runs without the GIL, on whichever thread torch calls the backend from).
+  braid::bridge::Status Enqueue(braid::bridge::Request b,
+                                std::unique_ptr<braid::bridge::Operation>* op) override {
+    if (b.collective < 0 || b.collective > static_cast<int>(braid::Collective::kJoin) ||
+        !braid::IsValidReduceOp(b.op) || !braid::IsValidDataType(b.dtype)) {
+      return {static_cast<int>(absl::StatusCode::kInvalidArgument),
+              "collective '" + b.name + "': unknown collective, reduce op or dtype code"};
+    }
+    absl::Status s = braid::CheckName("the collective's name", b.name);
+    if (!s.ok()) return HandleOperation::ToBridge(s);
+    braid::CollectiveRequest r;
+    r.name = std::move(b.name);
+    r.collective = static_cast<braid::Collective>(b.collective);
+    r.op = static_cast<braid::ReduceOp>(b.op);
+    r.dtype = static_cast<braid::DataType>(b.dtype);
+    r.root_rank = b.root_rank;
+    r.splits = std::move(b.splits);
+    r.compression = std::move(b.compression);
+    r.shape = std::move(b.shape);
+    r.input = b.input;
+    r.output = b.output;
+    r.output_capacity_bytes = b.output == nullptr ? 0 : b.output_capacity;
+    absl::StatusOr<std::shared_ptr<braid::Handle>> h = braid::GlobalRuntime().Enqueue(std::move(r));
+    if (!h.ok()) return HandleOperation::ToBridge(h.status());
+    *op = std::make_unique<HandleOperation>(*std::move(h));
+    return {};
+  }
+
+  braid::bridge::Status ReportFailure(const std::string& name,
+                                      const braid::bridge::Status& cause) override {
+    return HandleOperation::ToBridge(braid::GlobalRuntime().ReportFailure(
+        name, absl::Status(static_cast<absl::StatusCode>(cause.code), cause.message)));
+  }
+};
+
 PyObject* NewError(py::module_& m, const char* name, PyObject* base, const char* doc) {
   std::string full = std::string("braid.") + name;
   PyObject* cls = PyErr_NewExceptionWithDoc(full.c_str(), doc, base, nullptr);
@@ -626,4 +690,10 @@ PYBIND11_MODULE(_braid, m) {
     ops[py::str(std::string(braid::ReduceOpName(static_cast<braid::ReduceOp>(o))))] = o;
   }
   m.attr("REDUCE_OPS") = ops;
+
+  // For braid/torch/process_group.so; never freed (the runtime outlives every process group).
+  static RuntimeBridge* bridge = new RuntimeBridge();
+  m.attr("_runtime_bridge") =
+      py::capsule(static_cast<braid::bridge::Runtime*>(bridge), braid::bridge::kCapsuleName);
+  m.attr("_RUNTIME_BRIDGE_VERSION") = braid::bridge::kVersion;
 }

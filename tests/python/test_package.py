@@ -58,7 +58,7 @@ TORCH_API = TORCH_MPI_OPS_API | {
     "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
     "broadcast_object", "allgather_object", "nccl_built", "mpi_built", "gloo_built",
     "cuda_built", "rocm_built", "is_homogeneous", "mpi_enabled", "gloo_enabled",
-    "mpi_threads_supported", "SyncBatchNorm",
+    "mpi_threads_supported", "SyncBatchNorm", "ddp_comm_hook",
 }
 
 EXPORTS = r"""

@@ -19,7 +19,9 @@ communication, `local`, over the method's step time).
 
 Methods: braid `none`, `fp16`, `fp4`, `powersgd:rank=2`, `scalecomp:ratio=100` (any braid
 compression spec), `ddp` (DistributedDataParallel, gloo, uncompressed), `ddp-powersgd:R`
-(its powerSGD_hook at rank R), `ddp-fp16` (its fp16_compress_hook), `local` (no
+(its powerSGD_hook at rank R), `ddp-fp16` (its fp16_compress_hook), `ddp-braid` (DDP over
+the `braid` torch.distributed backend, uncompressed), `ddp-braid-hook:SPEC` (DDP with
+braid.torch.ddp_comm_hook and braid's method SPEC, over the braid backend), `local` (no
 communication: the computation alone).
 
 Phase 1 (time to accuracy): --ranks hosts at --rate, each method trains --epochs epochs with
@@ -80,6 +82,12 @@ def method_args(method):
         return ["--framework", "ddp"], "DDP gloo"
     if method == "ddp-fp16":
         return ["--framework", "ddp", "--ddp-hook", "fp16"], "DDP fp16_compress_hook"
+    if method == "ddp-braid":
+        return ["--framework", "ddp", "--ddp-backend", "braid"], "DDP braid backend"
+    if method.startswith("ddp-braid-hook:"):
+        spec = method.split(":", 1)[1]
+        return (["--framework", "ddp", "--ddp-backend", "braid", "--ddp-hook", "braid",
+                 "--compression", spec], f"DDP braid hook {spec}")
     if method.startswith("ddp-powersgd:"):
         r = method.split(":", 1)[1]
         return (["--framework", "ddp", "--ddp-hook", "powersgd", "--powersgd-rank", r],
@@ -216,7 +224,7 @@ def floor_table(runs, configs):
         for r in runs:
             if (r.get("ranks"), r.get("rate")) != (n, rate) or "error" in r:
                 continue
-            if r["method"] not in ("none", "ddp"):
+            if r["method"] not in ("none", "ddp", "ddp-braid"):
                 continue  # the floor is the uncompressed gradient's
             fl = floor_of(r)
             if fl is None:

@@ -8,9 +8,11 @@ initial weights), with one of three ways to average the gradients:
 
   --framework braid   braid.torch's DistributedOptimizer with --compression SPEC (launched
                       by braidrun, which sets BRAID_RANK/BRAID_SIZE)
-  --framework ddp     PyTorch DistributedDataParallel over gloo, --ddp-hook none | fp16
+  --framework ddp     PyTorch DistributedDataParallel over --ddp-backend gloo (default) or
+                      braid (braid.torch.distributed), --ddp-hook none | fp16
                       (fp16_compress_hook) | powersgd (powerSGD_hook, --powersgd-rank R,
-                      compressing from the second step as braid does from the first)
+                      compressing from the second step as braid does from the first) |
+                      braid (braid.torch.ddp_comm_hook with --compression SPEC)
                       (rank and world size from BRAID_RANK/BRAID_SIZE, store at
                       MASTER_ADDR:MASTER_PORT)
   --framework local   no communication at all: each rank trains alone, at the same time as
@@ -44,7 +46,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--framework", choices=("braid", "ddp", "local"), required=True)
     p.add_argument("--compression", default="none", help="braid: compression spec")
-    p.add_argument("--ddp-hook", choices=("none", "fp16", "powersgd"), default="none")
+    p.add_argument("--ddp-hook", choices=("none", "fp16", "powersgd", "braid"), default="none")
+    p.add_argument("--ddp-backend", choices=("gloo", "braid"), default="gloo")
     p.add_argument("--powersgd-rank", type=int, default=2)
     p.add_argument("--epochs", type=float, default=2.0, help="epochs to train (may be fractional)")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: no limit)")
@@ -99,11 +102,20 @@ class Comm:
     def _ddp(self, model, lr):
         import torch
         import torch.distributed as dist
+        if self.args.ddp_backend == "braid" or self.args.ddp_hook == "braid":
+            import braid.torch as hvd
+            import braid.torch.distributed  # noqa: F401  (registers the backend)
+            self.hvd = hvd
+            hvd.init()
         dist.init_process_group(
-            "gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+            self.args.ddp_backend,
+            init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
             rank=self.rank, world_size=self.size)
         net = torch.nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's weights
-        if self.args.ddp_hook == "fp16":
+        if self.args.ddp_hook == "braid":
+            net.register_comm_hook(*self.hvd.ddp_comm_hook(
+                compression=self.args.compression, named_parameters=model.named_parameters()))
+        elif self.args.ddp_hook == "fp16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             net.register_comm_hook(None, default_hooks.fp16_compress_hook)
         elif self.args.ddp_hook == "powersgd":
@@ -146,10 +158,11 @@ class Comm:
         return [float(v) for v in t]
 
     def braid_bytes(self):
-        if self.framework != "braid":
+        if not hasattr(self, "hvd"):
             return {}
+        # DistributedOptimizer's "grad.*", the DDP hook's "ddp0.*", the backend's "c10d.*".
         grads = [t for n, t in self.hvd.compression_stats()["tensors"].items()
-                 if n.startswith("grad.")]
+                 if n.startswith(("grad.", "ddp0.", "c10d."))]
         keys = ("transport_bytes", "uncompressed_bytes", "payload_bytes")
         totals = self.sum([float(sum(t[k] for t in grads)) for k in keys])
         out = dict(zip(keys, (int(v) for v in totals)))
@@ -242,7 +255,8 @@ def main(argv=None):
     timed_phases = phases[args.warmup_steps:] or phases
     result = {
         "framework": args.framework, "compression": args.compression,
-        "ddp_hook": args.ddp_hook, "powersgd_rank": args.powersgd_rank,
+        "ddp_hook": args.ddp_hook, "ddp_backend": args.ddp_backend,
+        "powersgd_rank": args.powersgd_rank,
         "ranks": comm.size, "steps": steps, "batch_size_per_rank": args.batch_size,
         "train_time_s": clock, "history": history,
         "step_time_median_s": statistics.median(timed),

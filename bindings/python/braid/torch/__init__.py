@@ -33,6 +33,9 @@ Contents:
   ``compression_state``/``load_compression_state``: the compressors' state for checkpoints;
 - ``DistributedOptimizer`` (optimizer.py);
 - ``SyncBatchNorm`` (sync_batch_norm.py): batch normalization over every rank's batch;
+- for PyTorch DDP users: ``ddp_comm_hook`` (ddp_comm_hooks.py), a communication hook that
+  all-reduces DDP's buckets with any of braid's methods, and ``braid.torch.distributed``
+  (imported explicitly), which registers the ``braid`` torch.distributed backend;
 - build and job facts, as Horovod's: ``is_homogeneous``, ``mpi_enabled``, ``gloo_enabled``,
   ``mpi_threads_supported``, ``mpi_built``, ``gloo_built``, ``nccl_built``, ``cuda_built``,
   ``rocm_built``;
@@ -51,6 +54,7 @@ from .._core.runtime import *  # noqa: F401,F403  (init, shutdown, size, rank, .
 from .._core.stats import *  # noqa: F401,F403  (compression_stats, fusion_stats, timeline)
 from . import mpi_ops
 from .compression import Compression, Compressor  # noqa: F401
+from .ddp_comm_hooks import ddp_comm_hook  # noqa: F401
 from .functions import (  # noqa: F401
     allgather_object,
     broadcast_object,
@@ -122,7 +126,8 @@ def mpi_threads_supported():
 
 __all__ = sorted(_runtime.__all__ + _stats.__all__ + _compression.__all__ + mpi_ops.__all__ + [
     "allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
-    "Compression", "Compressor", "cross_rank", "cross_size", "cuda_built", "DistributedOptimizer",
+    "Compression", "Compressor", "cross_rank", "cross_size", "cuda_built", "ddp_comm_hook",
+    "DistributedOptimizer",
     "gloo_built", "gloo_enabled", "mpi_built", "mpi_enabled", "mpi_threads_supported",
     "nccl_built", "rocm_built", "SyncBatchNorm",
 ], key=str.lower)
