@@ -560,11 +560,14 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
       r.dtype = kUInt8;
       r.shape = {t.numel() * static_cast<int64_t>(t.element_size())};
     }
-    if (collective == kAllGather || collective == kAllToAll) {
-      // Rows of dim 0 in elements; a scalar travels as one row.
-      const int64_t elements = t.numel();
-      const int64_t scale = code >= 0 ? 1 : static_cast<int64_t>(t.element_size());
-      r.shape = {elements * scale};
+    const int64_t units = t.numel() * (code >= 0 ? 1 : static_cast<int64_t>(t.element_size()));
+    if (collective == kAllGather) {
+      // One row per rank: the runtime refuses, on every rank, ranks whose rows differ in
+      // length (torch's all-gathers take equal sizes), where a flat concatenation of unequal
+      // parts would be cut at the wrong places without an error on some ranks.
+      r.shape = {1, units};
+    } else if (collective == kAllToAll) {
+      r.shape = {units};  // the splits count elements (or bytes) of the flat run
     }
     r.input = t.data_ptr();
     r.output = output;

@@ -184,6 +184,12 @@ def collectives():
     t = base(rank, n)
     dist.all_reduce(t)
     expect_equal(t, sum(everyone[1:], everyone[0].clone()), "the all_reduce after a refusal")
+    # All-gathers of unequal sizes (torch's take equal ones): every rank raises, none is
+    # handed parts cut at the wrong places.
+    outs = [torch.empty(2 + rank) for _ in range(size)]
+    expect_runtime_error(lambda: dist.all_gather(outs, torch.ones(2 + rank)),
+                         "all_gather of unequal sizes",
+                         ("trailing shape differs", "rank 0", f"rank {size - 1}"))
     # braid's own counters saw the backend's all-reduces.
     stats = hvd.compression_stats()["methods"]
     check("none" in stats and stats["none"]["reductions"] >= 20, f"braid's counters: {stats}")
