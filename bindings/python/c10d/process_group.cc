@@ -143,11 +143,16 @@ int DTypeCode(at::ScalarType t) {
 
 class ProcessGroupBraid : public c10d::ProcessGroup {
  public:
-  ProcessGroupBraid(int rank, int size, std::string group, std::string compression)
+  // `refusal` non-empty: a group braid cannot run (a subset of the job); every call raises
+  // it. Refusing at creation instead would leave the ranks outside the group waiting in
+  // torch's store-based barrier of new_group() until its timeout.
+  ProcessGroupBraid(int rank, int size, std::string group, std::string compression,
+                    std::string refusal)
       : c10d::ProcessGroup(rank, size),
         runtime_(TheRuntime()),
         group_(std::move(group)),
-        compression_(std::move(compression)) {
+        compression_(std::move(compression)),
+        refusal_(std::move(refusal)) {
     completer_ = std::thread([this] { CompleteInOrder(); });
   }
 
@@ -401,6 +406,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
+    RefuseIfUnsupported();
     // Note [Names of the backend's collectives]: one name for every barrier of the group.
     const std::string name = "c10d." + group_ + ".barrier";
     return Guard(name, "barrier", [&] {
@@ -429,9 +435,12 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   // --- naming and refusals --------------------------------------------------------------------
 
   std::string NextName() {
+    RefuseIfUnsupported();
     std::lock_guard<std::mutex> lock(mu_);
     return "c10d." + group_ + "." + std::to_string(next_++);
   }
+
+  void RefuseIfUnsupported() const { TORCH_CHECK(refusal_.empty(), refusal_); }
 
   std::string Say(const std::string& name, const char* what, const std::string& why) const {
     return std::string("braid backend: ") + what + " (collective '" + name + "', rank " +
@@ -731,6 +740,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   bridge::Runtime* const runtime_;
   const std::string group_;
   const std::string compression_;
+  const std::string refusal_;
   // Set by Enqueue when the runtime refused a request (it reported the refusal itself);
   // read by Guard on the calling thread. torch calls a group's collectives from one thread
   // at a time in the order every rank makes them.
@@ -755,10 +765,12 @@ PYBIND11_MODULE(process_group, m) {
   py::class_<ProcessGroupBraid, c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupBraid>>(
       m, "ProcessGroupBraid")
       .def(py::init([](int rank, int size, const std::string& group,
-                       const std::string& compression) {
-             return c10::make_intrusive<ProcessGroupBraid>(rank, size, group, compression);
+                       const std::string& compression, const std::string& refusal) {
+             return c10::make_intrusive<ProcessGroupBraid>(rank, size, group, compression,
+                                                           refusal);
            }),
-           py::arg("rank"), py::arg("size"), py::arg("group"), py::arg("compression"))
+           py::arg("rank"), py::arg("size"), py::arg("group"), py::arg("compression"),
+           py::arg("refusal") = "")
       .def_property_readonly("group_name", &ProcessGroupBraid::group)
       .def_property_readonly("compression", &ProcessGroupBraid::compression)
       .def_property_readonly("calls", &ProcessGroupBraid::calls);

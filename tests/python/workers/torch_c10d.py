@@ -190,6 +190,17 @@ def collectives():
     expect_runtime_error(lambda: dist.all_gather(outs, torch.ones(2 + rank)),
                          "all_gather of unequal sizes",
                          ("trailing shape differs", "rank 0", f"rank {size - 1}"))
+    # A group of the whole job is a group of its own; a subset is refused at its first call
+    # (new_group itself returns on every rank).
+    world = dist.new_group()
+    t = base(rank, n)
+    dist.all_reduce(t, group=world)
+    expect_equal(t, sum(everyone[1:], everyone[0].clone()), "all_reduce on new_group()")
+    subset = dist.new_group(list(range(size - 1)))
+    if rank < size - 1:
+        expect_runtime_error(lambda: dist.all_reduce(torch.ones(2), group=subset),
+                             "a subset group", ("groups of the whole job only",))
+    dist.barrier(group=world)
     # braid's own counters saw the backend's all-reduces.
     stats = hvd.compression_stats()["methods"]
     check("none" in stats and stats["none"]["reductions"] >= 20, f"braid's counters: {stats}")

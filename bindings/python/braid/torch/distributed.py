@@ -26,8 +26,8 @@ AVG, MIN, MAX, PRODUCT), ``all_reduce_coalesced``, ``broadcast``, ``all_gather``
 ``isend``/``irecv``), bitwise reduce ops and ``PREMUL_SUM`` raise RuntimeError naming the
 operation. Dtypes braid reduces: float32/64, float16, bfloat16, int32, int64, uint8; other
 dtypes travel as bytes for the collectives that only move data. Only groups of the whole
-job in braid's rank order (``new_group(ranks=None)``, or every rank in order); others raise
-InvalidArgumentError.
+job in braid's rank order (``new_group(ranks=None)``, or every rank in order); on another,
+every call raises RuntimeError saying so.
 
 Names (the backend's collectives have none): a group's n-th call is named
 ``"c10d.<group>.<n>"``, a barrier ``"c10d.<group>.barrier"``; a call one rank refuses still
@@ -88,16 +88,22 @@ def backend_compression():
 
 
 def _create(opts, pg_options):
-    """torch's creator (extended API): a ProcessGroupBraid for the group ``opts`` describes."""
+    """torch's creator (extended API): a ProcessGroupBraid for the group ``opts`` describes.
+    A group that is not the whole job in its rank order is created, and every call on it
+    raises RuntimeError saying so: raising here would leave the ranks outside the group
+    waiting in new_group()'s store barrier until its timeout."""
     _runtime.init()
     size, rank = _runtime.size(), _runtime.rank()
     ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
+    refusal = ""
     if opts.group_size != size or opts.group_rank != rank or ranks != list(range(size)):
-        raise InvalidArgumentError(
-            f"the braid torch.distributed backend runs groups of the whole job only, in its "
-            f"rank order: group '{opts.group_id}' has ranks {ranks} (this process is its rank "
-            f"{opts.group_rank} of {opts.group_size}), braid's job is rank {rank} of {size}; "
-            "use a gloo group for subsets")
+        refusal = (
+            f"braid backend: group '{opts.group_id}' has ranks {ranks} (this process is its "
+            f"rank {opts.group_rank} of {opts.group_size}); braid runs groups of the whole "
+            f"job only, in its rank order ({size} ranks): use a gloo group for subsets")
+    if refusal:
+        return ProcessGroupBraid(opts.group_rank, opts.group_size, str(opts.group_id), "none",
+                                 refusal)
     return ProcessGroupBraid(rank, size, str(opts.group_id), backend_compression())
 
 
