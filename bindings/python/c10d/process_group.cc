@@ -240,9 +240,8 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
       at::Tensor buffer = t.is_contiguous() ? t : t.contiguous();
       bridge::Request r = Request(kBroadcast, name, buffer, buffer.data_ptr(), kSum);
       r.root_rank = static_cast<int>(opts.rootRank);
-      std::function<void(const bridge::Operation*)> back;
-      if (!buffer.is_same(t)) back = [t, buffer](const bridge::Operation*) mutable { t.copy_(buffer); };
-      return Enqueue(name, c10d::OpType::BROADCAST, {t}, std::move(r), {buffer}, back);
+      return Enqueue(name, c10d::OpType::BROADCAST, {t}, std::move(r), {buffer},
+                     CopyBackIfStaged(t, buffer));
     });
   }
 
@@ -589,10 +588,9 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> Reduce(const std::string& name, c10d::OpType type, at::Tensor t,
                                         int op, std::vector<at::Tensor> results) {
     at::Tensor buffer = t.is_contiguous() ? t : t.contiguous();
-    std::function<void(const bridge::Operation*)> back;
-    if (!buffer.is_same(t)) back = [t, buffer](const bridge::Operation*) mutable { t.copy_(buffer); };
     return Enqueue(name, type, std::move(results),
-                   Request(kAllReduce, name, buffer, buffer.data_ptr(), op), {buffer}, back);
+                   Request(kAllReduce, name, buffer, buffer.data_ptr(), op), {buffer},
+                   CopyBackIfStaged(t, buffer));
   }
 
   // An all-gather of `t` into `outs` (one tensor of every rank's part, or one per rank, in
@@ -630,9 +628,8 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     at::Tensor target = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
     bridge::Request r = Request(kReduceScatter, name, input, target.data_ptr(), op);
     r.output_capacity = target.numel() * target.element_size();
-    std::function<void(const bridge::Operation*)> back;
-    if (!target.is_same(out)) back = [out, target](const bridge::Operation*) mutable { out.copy_(target); };
-    return Enqueue(name, type, {out}, std::move(r), {input, target}, back);
+    return Enqueue(name, type, {out}, std::move(r), {input, target},
+                   CopyBackIfStaged(out, target));
   }
 
   c10::intrusive_ptr<c10d::Work> AllToAll(const std::string& name, c10d::OpType type,
@@ -666,6 +663,14 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
                        at += n;
                      }
                    });
+  }
+
+  // What completes a collective that ran on `buffer`, a contiguous copy of `t` (nothing when
+  // it ran on `t` itself): the result copied back into `t`.
+  static std::function<void(const bridge::Operation*)> CopyBackIfStaged(at::Tensor t,
+                                                                        at::Tensor buffer) {
+    if (buffer.is_same(t)) return nullptr;
+    return [t, buffer](const bridge::Operation*) mutable { t.copy_(buffer); };
   }
 
   static void CopyInto(at::Tensor& o, const char* src, int64_t n) {
