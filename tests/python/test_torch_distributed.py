@@ -96,6 +96,34 @@ def test_collectives_torchrun_style(tmp_path):
         assert p.returncode == 0, f"rank {r}:\n" + "\n".join(outputs)
 
 
+def test_collectives_rank_given_to_torch(tmp_path):
+    """init_process_group("braid", init_method="tcp://...", rank=r, world_size=n) in
+    processes no launcher started (mp.spawn's pattern): braid takes torch's rank, world size
+    and store address."""
+    port = _free_port()
+    script = braid_launch.REPO / "tests/python/workers" / WORKER
+    procs = []
+    for r in range(2):
+        env = braid_launch.rank_env(braid_launch.build_dir(), {
+            "TEST_RANK": str(r), "TEST_WORLD_SIZE": "2"})
+        env.pop("MASTER_ADDR", None)
+        env.pop("MASTER_PORT", None)
+        procs.append(subprocess.Popen(
+            [braid_launch.PYTHON, str(script), "collectives", f"tcp://127.0.0.1:{port}"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True))
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=120)[0].decode(errors="replace"))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r}:\n" + "\n".join(outputs)
+
+
 def test_ddp_matches_gloo_at_two_ranks(tmp_path):
     """DDP over braid and over gloo: bit-identical parameters after 20 steps at 2 ranks (a
     sum of two is the same in every order); braid's counters hold every DDP bucket's bytes,
@@ -184,6 +212,16 @@ def test_ddp_hook_options_match_gloo(tmp_path):
     _same_on_every_rank(hooked)
     for name, value in gloo[0]["params"].items():
         assert torch.equal(hooked[0]["params"][name], value), f"{name}: hook != gloo"
+
+
+def test_torch_powersgd_hook_on_a_braid_group(tmp_path):
+    """torch's own powerSGD_hook, whose callbacks wait on further collectives of the group,
+    on the braid backend: no hang, and at 2 ranks the same parameters as on gloo."""
+    gloo = _ddp(tmp_path, 2, "gloo", "gloo", "torch_powersgd", "bucket_cap_mb=0.2")
+    braid = _ddp(tmp_path, 2, "braid", "braid", "torch_powersgd", "bucket_cap_mb=0.2")
+    _same_on_every_rank(braid)
+    for name, value in gloo[0]["params"].items():
+        assert torch.equal(braid[0]["params"][name], value), f"{name}: braid != gloo"
 
 
 def test_killed_rank_raises_everywhere():

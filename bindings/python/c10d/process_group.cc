@@ -16,14 +16,18 @@
 // the refusal is reported to the coordinator under that name (Runtime::ReportFailure), so
 // the other ranks fail at once with this rank's reason, and every rank's counter stays
 // aligned: an error never shifts the names of the calls after it. A barrier is named
-// "c10d.<group>.barrier" on every call (no counter), as braid's own unnamed barrier, so
-// that barriers pair in order and resynchronize the ranks after an error.
+// "c10d.<group>.barrier" on every call (no counter), as braid's own unnamed barrier, so that
+// barriers pair in order; it is braid's barrier, at which the calls some ranks made before
+// it and others did not fail; and after it an all-reduce (max) of the ranks' counters
+// (Realign) sets every rank's counter alike, so ranks that made different numbers of calls
+// pair their calls again after a barrier.
 //
 // Completion: the runtime completes each collective on its own thread; here one thread per
-// process group waits for the group's collectives in the order they were made, copies
-// results that the runtime allocated (all-gather, all-to-all) into torch's output tensors,
-// then completes the c10d::Work and its Future (on which DDP chains its own callbacks, as it
-// does on gloo's threads). Errors come as torch's backends raise them: work.wait() and the
+// process group waits for the group's collectives in the order they were made (each for at
+// most the group's timeout), and a CallbackRunner's thread copies results that the runtime
+// allocated (all-gather, all-to-all) into torch's output tensors, then completes the Future
+// (on which DDP and comm hooks chain their callbacks, as on gloo's threads) and the
+// c10d::Work. Errors come as torch's backends raise them: work.wait() and the
 // future raise RuntimeError with braid's message, prefixed with braid's error class.
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -33,6 +37,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -40,6 +45,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -102,14 +108,14 @@ class BraidWork : public c10d::Work {
   std::vector<at::Tensor> result() override { return results_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
-  // Completes the work, then its future (whose callbacks run here, on this thread).
+  // Completes the future (whose callbacks run here, on this thread), then the work.
   void Complete(std::exception_ptr error) {
-    finish(error);
     if (error) {
       future_->setError(error);
     } else {
       future_->markCompleted(c10::IValue(results_));
     }
+    finish(error);
   }
 
  private:
@@ -120,13 +126,102 @@ class BraidWork : public c10d::Work {
 // One collective in flight: the runtime's operation, what must stay alive until it
 // completes, and what to do with its result.
 struct Pending {
+  std::string name;
+  std::chrono::steady_clock::time_point start;
   c10::intrusive_ptr<BraidWork> work;
   std::unique_ptr<bridge::Operation> op;  // null: completed at once (nothing to send)
   std::vector<at::Tensor> keep_alive;
   std::function<void(const bridge::Operation*)> finish;  // may throw
 };
 
-std::runtime_error Refusal(const std::string& what) { return std::runtime_error(what); }
+// Runs the completions of a group's collectives (the futures' callbacks: DDP's, a comm
+// hook's) off the thread that waits for the runtime, each on a thread that is free at the
+// time: a callback may wait for another collective of the same group (torch's own
+// powerSGD_hook does, inside its callbacks), which only a thread other than the blocked one
+// can complete, and a slow callback must not hold back the completions queued after it.
+// Threads are started when every running one is busy (in practice one or two per group)
+// and stop with the group. (c10's own thread pools have a fixed size, which a chain of
+// callbacks that wait on each other could exhaust.)
+class CallbackRunner {
+ public:
+  ~CallbackRunner() { Stop(); }
+
+  // Runs what is queued, then ends the threads. Idempotent.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+  // Waits up to `timeout_s` until nothing is queued or running; whether that happened.
+  bool WaitIdle(double timeout_s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_idle_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] {
+      return queue_.empty() && idle_ == threads_.size();
+    });
+  }
+
+  void Post(std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(fn));
+    if (queue_.size() > idle_) {
+      threads_.emplace_back([this] { Loop(); });
+    } else {
+      cv_.notify_one();
+    }
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      ++idle_;
+      if (queue_.empty() && idle_ == threads_.size()) cv_idle_.notify_all();
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      --idle_;
+      if (queue_.empty()) return;  // stopping, nothing left
+      std::function<void()> fn = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable cv_idle_;
+  std::deque<std::function<void()>> queue_;
+  size_t idle_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// A refusal of this rank's call, as braid's own: InvalidArgumentError's class first.
+std::runtime_error Refusal(const std::string& what) {
+  return std::runtime_error("braid.InvalidArgumentError: " + what);
+}
+
+std::string Seconds(double s) {
+  std::ostringstream out;
+  out << s;
+  return out.str();
+}
+
+std::string ReduceOpName(c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::BAND: return "BAND";
+    case c10d::ReduceOp::BOR: return "BOR";
+    case c10d::ReduceOp::BXOR: return "BXOR";
+    case c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
+    default: return std::to_string(static_cast<int>(op));
+  }
+}
 
 int DTypeCode(at::ScalarType t) {
   switch (t) {
@@ -146,13 +241,16 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   // `refusal` non-empty: a group braid cannot run (a subset of the job); every call raises
   // it. Refusing at creation instead would leave the ranks outside the group waiting in
   // torch's store-based barrier of new_group() until its timeout.
+  // `timeout_s`: init_process_group's timeout (<= 0: none), after which a collective that has
+  // not completed fails on this rank (see CompleteInOrder).
   ProcessGroupBraid(int rank, int size, std::string group, std::string compression,
-                    std::string refusal)
+                    std::string refusal, double timeout_s)
       : c10d::ProcessGroup(rank, size),
         runtime_(TheRuntime()),
         group_(std::move(group)),
         compression_(std::move(compression)),
-        refusal_(std::move(refusal)) {
+        refusal_(std::move(refusal)),
+        timeout_s_(timeout_s) {
     completer_ = std::thread([this] { CompleteInOrder(); });
   }
 
@@ -162,9 +260,30 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
       stop_ = true;
     }
     cv_.notify_all();
-    // The thread drains what is pending first: the runtime may still write into those
-    // tensors, and completes every collective within its own deadlines (or at shutdown).
+    // Without the GIL (the last reference may drop in Python): the group's threads free
+    // tensors that have Python objects, which takes the GIL.
+    if (PyGILState_Check()) {
+      py::gil_scoped_release release;
+      Stop();
+    } else {
+      Stop();
+    }
+  }
+
+  // The thread drains what is pending first: the runtime may still write into those
+  // tensors, and completes every collective within its own deadlines (or at shutdown).
+  // Then the runner's threads finish the completions handed to them.
+  void Stop() {
     if (completer_.joinable()) completer_.join();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (realign_ != nullptr) {
+        while (!realign_->Wait(0.1)) {
+        }
+        realign_.reset();
+      }
+    }
+    runner_.Stop();
   }
 
   const std::string getBackendName() const override { return "braid"; }
@@ -173,6 +292,25 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   int64_t calls() const {
     std::lock_guard<std::mutex> lock(mu_);
     return next_;
+  }
+
+  // Waits up to `timeout_s` until every collective made so far has completed and its
+  // callbacks have run; whether that happened. braid.torch.distributed calls it at
+  // interpreter exit, after braid's shutdown has completed what was pending, so that no
+  // callback (a Python one: DDP's, a hook's) still runs on this group's threads while the
+  // interpreter finalizes.
+  bool Drain(double timeout_s) {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_drained_.wait_until(lock, deadline, [this] { return in_flight_ == 0; })) {
+        return false;
+      }
+    }
+    const double left =
+        std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    return runner_.WaitIdle(std::max(0.0, left));
   }
 
   // --- collectives ---------------------------------------------------------------------------
@@ -406,12 +544,16 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
     RefuseIfUnsupported();
-    // Note [Names of the backend's collectives]: one name for every barrier of the group.
+    // Note [Names of the backend's collectives]: one name for every barrier of the group, and
+    // after it the ranks' counters agree again.
     const std::string name = "c10d." + group_ + ".barrier";
     return Guard(name, "barrier", [&] {
       at::Tensor empty = at::empty({0}, at::kByte);
-      return Enqueue(name, c10d::OpType::BARRIER, {},
-                     Request(kBarrier, name, empty, nullptr, kSum), {empty}, nullptr);
+      c10::intrusive_ptr<c10d::Work> work =
+          Enqueue(name, c10d::OpType::BARRIER, {},
+                  Request(kBarrier, name, empty, nullptr, kSum), {empty}, nullptr);
+      Realign();
+      return work;
     });
   }
 
@@ -436,7 +578,33 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   std::string NextName() {
     RefuseIfUnsupported();
     std::lock_guard<std::mutex> lock(mu_);
+    FinishRealign();
     return "c10d." + group_ + "." + std::to_string(next_++);
+  }
+
+  // After a barrier (Note [Names of the backend's collectives]): an all-reduce (max) of the
+  // ranks' counters, which the runtime sends once the barrier has completed; the next call
+  // takes its number from the result, on every rank, so a group whose ranks made different
+  // numbers of calls before the barrier (an error, a call on some ranks only) pairs its
+  // calls again after it.
+  void Realign() {
+    std::lock_guard<std::mutex> lock(mu_);
+    FinishRealign();
+    realign_counter_ = at::full({1}, next_, at::kLong);
+    bridge::Request r = Request(kAllReduce, "c10d." + group_ + ".realign", realign_counter_,
+                                realign_counter_.data_ptr(), kMax);
+    std::unique_ptr<bridge::Operation> op;
+    if (runtime_->Enqueue(std::move(r), &op).ok()) realign_ = std::move(op);
+  }
+
+  // Waits for the realignment a barrier started, if any (called with mu_ held).
+  void FinishRealign() {
+    if (realign_ == nullptr) return;
+    while (!realign_->Wait(0.1)) {
+    }
+    // On an error (a lost rank...) the counter stays: the calls that follow fail anyway.
+    if (realign_->status().ok()) next_ = std::max(next_, realign_counter_.item<int64_t>());
+    realign_.reset();
   }
 
   void RefuseIfUnsupported() const { TORCH_CHECK(refusal_.empty(), refusal_); }
@@ -454,8 +622,12 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
       return make();
     } catch (const std::exception& e) {
       if (!reported_) {
-        // The call never reached the runtime: the other ranks learn why now.
-        (void)runtime_->ReportFailure(name, {3, e.what()});
+        // The call never reached the runtime: the other ranks learn why now (the runtime
+        // puts the class in front again).
+        std::string why = e.what();
+        const std::string prefix = "braid.InvalidArgumentError: ";
+        if (why.compare(0, prefix.size(), prefix) == 0) why = why.substr(prefix.size());
+        (void)runtime_->ReportFailure(name, {3, why});
       }
       reported_ = false;
       throw;
@@ -544,9 +716,8 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
       case c10d::ReduceOp::MAX: return kMax;
       case c10d::ReduceOp::PRODUCT: return kProduct;
       default:
-        throw Refusal(Say(name, what, "reduce op " + std::to_string(static_cast<int>(op.op_)) +
-                                          " is not supported (SUM, AVG, MIN, MAX, PRODUCT are; "
-                                          "not the bitwise ones or PREMUL_SUM)"));
+        throw Refusal(Say(name, what, "reduce op " + ReduceOpName(op.op_) +
+                                          " is not supported (SUM, AVG, MIN, MAX, PRODUCT are)"));
     }
   }
 
@@ -580,7 +751,13 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     r.input = t.data_ptr();
     r.output = output;
     r.output_capacity = output == nullptr ? 0 : t.numel() * t.element_size();
-    r.compression = collective == kAllReduce ? compression_ : "";
+    // The group's method applies to floating-point sums and averages; every other
+    // all-reduce (integers, min/max/product: DDP's own bookkeeping, metrics) is exact.
+    const bool floating = code == kFloat32 || code == kFloat64 || code == kFloat16 ||
+                          code == kBFloat16;
+    r.compression = collective == kAllReduce && floating && (op == kSum || op == kAverage)
+                        ? compression_
+                        : "none";
     return r;
   }
 
@@ -690,6 +867,8 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
                                          std::vector<at::Tensor> keep_alive,
                                          std::function<void(const bridge::Operation*)> finish) {
     Pending p;
+    p.name = name;
+    p.start = std::chrono::steady_clock::now();
     p.work = c10::make_intrusive<BraidWork>(getRank(), type, std::move(results));
     p.keep_alive = std::move(keep_alive);
     p.finish = std::move(finish);
@@ -707,45 +886,86 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     {
       std::lock_guard<std::mutex> lock(mu_);
       pending_.push_back(std::move(p));
+      ++in_flight_;
     }
     cv_.notify_all();
     return work;
   }
 
+  // Waits for the group's collectives in the order they were made and hands each
+  // completion to the callback runner. A collective still running after the group's timeout
+  // fails here, on this rank (as gloo's do), and is kept, with its tensors, until the runtime
+  // completes it (when the other ranks call it, or at braid's own deadlines).
   void CompleteInOrder() {
+    std::vector<Pending> late;
     while (true) {
       Pending p;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [this] { return stop_ || !pending_.empty(); });
-        if (pending_.empty()) return;  // stopping, nothing left
+        if (pending_.empty()) break;  // stopping, nothing left
         p = std::move(pending_.front());
         pending_.pop_front();
       }
       std::exception_ptr error;
       if (p.op != nullptr) {
-        while (!p.op->Wait(0.1)) {
+        const auto deadline = p.start + std::chrono::duration<double>(timeout_s_);
+        bool done = false;
+        while (!(done = p.op->Wait(0.1))) {
+          ReleaseCompleted(&late);
+          if (timeout_s_ > 0 && std::chrono::steady_clock::now() >= deadline) break;
+        }
+        if (!done) {
+          error = std::make_exception_ptr(std::runtime_error(
+              "braid.DeadlineExceededError: braid backend: collective '" + p.name +
+              "' did not complete within the process group's timeout (" +
+              Seconds(timeout_s_) + " s, init_process_group(timeout=...)) on rank " +
+              std::to_string(getRank()) + ": a rank has not called it"));
+          runner_.Post([work = p.work, error] { work->Complete(error); });
+          late.push_back(std::move(p));
+          Posted();
+          continue;
         }
         const bridge::Status s = p.op->status();
         if (!s.ok()) error = std::make_exception_ptr(std::runtime_error(Describe(s)));
       }
-      if (!error && p.finish) {
-        try {
-          p.finish(p.op.get());
-        } catch (...) {
-          error = std::current_exception();
+      runner_.Post([p = std::make_shared<Pending>(std::move(p)), error]() mutable {
+        if (!error && p->finish) {
+          try {
+            p->finish(p->op.get());
+          } catch (...) {
+            error = std::current_exception();
+          }
         }
-      }
-      p.op.reset();
-      p.keep_alive.clear();
-      p.work->Complete(error);
+        p->op.reset();
+        p->keep_alive.clear();
+        p->work->Complete(error);
+      });
+      Posted();
     }
+    for (Pending& p : late) {
+      while (!p.op->Wait(0.1)) {
+      }
+    }
+  }
+
+  // One collective's completion was handed to the runner.
+  void Posted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--in_flight_ == 0) cv_drained_.notify_all();
+  }
+
+  static void ReleaseCompleted(std::vector<Pending>* late) {
+    late->erase(std::remove_if(late->begin(), late->end(),
+                               [](Pending& p) { return p.op->Wait(0); }),
+                late->end());
   }
 
   bridge::Runtime* const runtime_;
   const std::string group_;
   const std::string compression_;
   const std::string refusal_;
+  const double timeout_s_;
   // Set by Enqueue when the runtime refused a request (it reported the refusal itself);
   // read by Guard on the calling thread. torch calls a group's collectives from one thread
   // at a time in the order every rank makes them.
@@ -754,7 +974,13 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   std::condition_variable cv_;
   std::deque<Pending> pending_;
   int64_t next_ = 0;
+  int64_t in_flight_ = 0;  // enqueued, completion not yet handed to the runner
+  std::condition_variable cv_drained_;
   bool stop_ = false;
+  // The realignment a barrier started (Realign), and the counter it reduces.
+  std::unique_ptr<bridge::Operation> realign_;
+  at::Tensor realign_counter_;
+  CallbackRunner runner_;  // declared before completer_: joined after it
   std::thread completer_;
 };
 
@@ -770,14 +996,17 @@ PYBIND11_MODULE(process_group, m) {
   py::class_<ProcessGroupBraid, c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupBraid>>(
       m, "ProcessGroupBraid")
       .def(py::init([](int rank, int size, const std::string& group,
-                       const std::string& compression, const std::string& refusal) {
+                       const std::string& compression, const std::string& refusal,
+                       double timeout_s) {
              return c10::make_intrusive<ProcessGroupBraid>(rank, size, group, compression,
-                                                           refusal);
+                                                           refusal, timeout_s);
            }),
            py::arg("rank"), py::arg("size"), py::arg("group"), py::arg("compression"),
-           py::arg("refusal") = "")
+           py::arg("refusal") = "", py::arg("timeout_s") = 0.0)
       .def_property_readonly("group_name", &ProcessGroupBraid::group)
       .def_property_readonly("compression", &ProcessGroupBraid::compression)
-      .def_property_readonly("calls", &ProcessGroupBraid::calls);
+      .def_property_readonly("calls", &ProcessGroupBraid::calls)
+      .def("drain", &ProcessGroupBraid::Drain, py::arg("timeout_s"),
+           py::call_guard<py::gil_scoped_release>());
   m.attr("RUNTIME_BRIDGE_VERSION") = braid::bridge::kVersion;
 }

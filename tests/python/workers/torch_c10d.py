@@ -1,8 +1,11 @@
 """Rank program for the `braid` torch.distributed backend (braid.torch.distributed).
 
-    torch_c10d.py collectives          every collective of the backend vs a reference
+    torch_c10d.py collectives [URL]    every collective of the backend vs a reference
                                        computed here from every rank's known inputs; the
-                                       errors (unsupported calls, a refusal on one rank)
+                                       errors (unsupported calls, a refusal on one rank);
+                                       with URL (tcp://...), init_process_group(rank=
+                                       TEST_RANK, world_size=TEST_WORLD_SIZE) and no
+                                       launcher, as mp.spawn scripts
     torch_c10d.py ddp BACKEND OUT [OPTION...]
                                        20 steps of the Fashion-MNIST CNN under DDP over
                                        BACKEND (braid or gloo); writes OUT.rank<r>.pt
@@ -10,7 +13,8 @@
                                        hook=SPEC (braid.torch.ddp_comm_hook with SPEC),
                                        lr=LR (0.01), bucket_cap_mb=MB, bucket_view (DDP's
                                        gradient_as_bucket_view), static_graph, no_sync (odd
-                                       steps accumulate under no_sync(): 10 updates)
+                                       steps accumulate under no_sync(): 10 updates),
+                                       torch_powersgd (torch's powerSGD_hook, rank 2)
     torch_c10d.py reference N OUT      (one process, no launcher) what `ddp braid` on N ranks
                                        must give: every rank's gradient computed here, scaled
                                        by 1/N as DDP scales it, summed in braid's canonical
@@ -26,6 +30,7 @@ import os
 import signal
 import sys
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -64,8 +69,13 @@ def expect_runtime_error(fn, what, contains):
     return ""
 
 
-def collectives():
-    dist.init_process_group("braid")
+def collectives(init_method=None):
+    if init_method is None:
+        dist.init_process_group("braid")
+    else:  # as mp.spawn scripts do: no launcher's variables, torch's rank and world size
+        dist.init_process_group("braid", init_method=init_method,
+                                rank=int(os.environ["TEST_RANK"]),
+                                world_size=int(os.environ["TEST_WORLD_SIZE"]))
     rank, size = dist.get_rank(), dist.get_world_size()
     check(dist.get_backend() == "braid", f"backend {dist.get_backend()}")
     check((rank, size) == (hvd.rank(), hvd.size()), "torch's rank and size are braid's")
@@ -201,6 +211,47 @@ def collectives():
         expect_runtime_error(lambda: dist.all_reduce(torch.ones(2), group=subset),
                              "a subset group", ("groups of the whole job only",))
     dist.barrier(group=world)
+    # A barrier realigns the group's names: rank 0 makes a call the others do not make;
+    # the barrier fails it (braid's pairing boundary), and the calls after it pair again.
+    extra = dist.all_reduce(torch.ones(3), async_op=True) if rank == 0 else None
+    dist.barrier()
+    if extra is not None:
+        expect_runtime_error(extra.wait, "a call only rank 0 made",
+                             ("InvalidArgumentError", "before barrier"))
+    t = base(rank, n)
+    dist.all_reduce(t)
+    expect_equal(t, sum(everyone[1:], everyone[0].clone()), "the all_reduce after a barrier")
+    # init_process_group's / new_group's timeout: a call the others make late fails on the
+    # waiting rank at the timeout (as gloo's), and completes once they make it.
+    timed = dist.new_group(timeout=timedelta(seconds=2))
+    if rank == 0:
+        t0 = time.monotonic()
+        expect_runtime_error(lambda: dist.all_reduce(torch.ones(2), group=timed),
+                             "a call past the group's timeout",
+                             ("DeadlineExceededError", "timeout (2 s"))
+        waited = time.monotonic() - t0
+        check(1.9 < waited < 10, f"the timeout came after {waited:.1f} s, not 2")
+    else:
+        time.sleep(3)
+        late = torch.ones(2)
+        dist.all_reduce(late, group=timed)
+        expect_equal(late, torch.full((2,), float(size)), "the late call, paired")
+    dist.barrier(group=timed)
+    # The group's method (here fp16) applies to floating-point sums and averages only:
+    # integer sums, min/max/product stay exact.
+    os.environ["BRAID_C10D_COMPRESSION"] = "fp16"
+    half = dist.new_group()
+    del os.environ["BRAID_C10D_COMPRESSION"]
+    big = torch.full((3,), 2.0**40 + 1, dtype=torch.float64) * (rank + 1)
+    dist.all_reduce(big, group=half, op=dist.ReduceOp.MAX)
+    expect_equal(big, torch.full((3,), 2.0**40 + 1, dtype=torch.float64) * size, "MAX under fp16")
+    ints = torch.full((3,), 2**40 + rank, dtype=torch.int64)
+    dist.all_reduce(ints, group=half)
+    expect_equal(ints, torch.full((3,), size * 2**40 + sum(range(size)), dtype=torch.int64),
+                 "int64 SUM under fp16")
+    x = torch.full((4,), 1.0 + 2.0**-12)  # fp16 rounds it to 1
+    dist.all_reduce(x, group=half)
+    expect_equal(x, torch.full((4,), float(size)), "a float32 SUM compressed to fp16")
     # braid's own counters saw the backend's all-reduces.
     stats = hvd.compression_stats()["methods"]
     check("none" in stats and stats["none"]["reductions"] >= 20, f"braid's counters: {stats}")
@@ -228,6 +279,12 @@ def ddp(backend, out, *options):
     if hook:
         ddp_model.register_comm_hook(*hvd.ddp_comm_hook(
             compression=hook, named_parameters=model.named_parameters()))
+    if "torch_powersgd" in opts:
+        # torch's own hook, whose callbacks wait on further collectives of the group.
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+        ddp_model.register_comm_hook(ps.PowerSGDState(
+            process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2,
+            random_seed=0), ps.powerSGD_hook)
     # lr 0.01: DDP over gloo and over braid then stay within 1e-7 (relative) of each other
     # at 3-4 ranks after 20 steps, where they sum in different orders; at 0.05 with momentum
     # the rounding differences grow to 1e-3 in 20 steps.
@@ -337,7 +394,7 @@ def killed():
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "collectives":
-        main(collectives)
+        main(lambda: collectives(*sys.argv[2:]))
     elif mode == "ddp":
         main(lambda: ddp(*sys.argv[2:]))
     elif mode == "reference":

@@ -92,23 +92,36 @@ class BraidHookState:
                     mpi_ops.synchronize(h)
                 except BaseException as e:  # noqa: BLE001  (DDP raises it from the future)
                     error = error or e
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(buffer)
+            future.set_result(buffer if error is None else error)
+
+
+def _raise_error(future):
+    """The bucket's tensor, or the braid error its future holds raised. torch 1.13's
+    Future.set_exception keeps the exception as the future's value, which DDP's C++ side then
+    fails to read as a tensor ("Unable to cast ... to Tensor"); raised in a callback of
+    ``then``, it becomes the chained future's error, with braid's class and message."""
+    value = future.value()
+    if isinstance(value, BaseException):
+        raise value
+    return value
 
 
 def _hook(state, bucket):
     """DDP's hook: starts the average of the bucket's gradients and returns its future."""
-    buffer = bucket.buffer()
     future = torch.futures.Future()
+    result = future.then(_raise_error)
+    buffer = bucket.buffer()
+    if buffer.is_sparse:
+        future.set_result(InvalidArgumentError(
+            f"ddp_comm_hook: bucket {bucket.index()} holds a sparse gradient (an "
+            "nn.Embedding(sparse=True)?), which braid does not all-reduce: use dense gradients"))
+        return result
     params = bucket.parameters()
     if sum(p.numel() for p in params) != buffer.numel():
-        future.set_exception(InvalidArgumentError(
+        future.set_result(InvalidArgumentError(
             f"ddp_comm_hook: bucket {bucket.index()} holds {buffer.numel()} elements, its "
-            f"parameters {sum(p.numel() for p in params)}: a layout this hook does not know "
-            "(sparse gradients?)"))
-        return future
+            f"parameters {sum(p.numel() for p in params)}: a layout this hook does not know"))
+        return result
     handles, at = [], 0
     try:
         # The buffer holds the gradients one after another, in this order: each is reduced
@@ -125,10 +138,10 @@ def _hook(state, bucket):
                 mpi_ops.synchronize(h)
             except BraidError:
                 pass
-        future.set_exception(e)
-        return future
+        future.set_result(e)
+        return result
     state.submit(handles, future, buffer)
-    return future
+    return result
 
 
 def ddp_comm_hook(compression="none", named_parameters=None):

@@ -13,10 +13,14 @@ rank raises on every other rank within braid's timeouts instead of hanging).
 
 Rendezvous: under torchrun, srun or mpirun, ``env://`` works as for gloo (``MASTER_ADDR``,
 ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``), and braid finds its coordinator from the same
-variables (docs/launching.md). Under ``braidrun``, which sets braid's variables and not
-torch's, ``env://`` without ``MASTER_ADDR`` forms torch's store itself: rank 0 starts a
-TCPStore on a free port of its address towards braid's coordinator and broadcasts the
-address over braid; this serves ``init_process_group`` for any backend (gloo included).
+variables (docs/launching.md); so does ``init_process_group("braid", rank=r,
+world_size=n)`` in processes started by ``mp.spawn`` and ``init_method="tcp://..."``
+(braid takes torch's rank, world size and store address). Under ``braidrun``, which sets
+braid's variables, importing this module also sets torchrun's (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) where unset, and ``env://`` without ``MASTER_ADDR``
+forms torch's store itself: rank 0 starts a TCPStore on a free port of its address towards
+braid's coordinator and broadcasts the address over braid; this serves
+``init_process_group`` for any backend (gloo included).
 
 Supported, on CPU tensors (one tensor per call, as gloo on the CPU): ``all_reduce`` (SUM,
 AVG, MIN, MAX, PRODUCT), ``all_reduce_coalesced``, ``broadcast``, ``all_gather``,
@@ -32,22 +36,27 @@ every call raises RuntimeError saying so.
 Names (the backend's collectives have none): a group's n-th call is named
 ``"c10d.<group>.<n>"``, a barrier ``"c10d.<group>.barrier"``; a call one rank refuses still
 takes its number, and the refusal is reported to the other ranks under that name, so an
-error never shifts later calls' pairing (docs/failures.md: No error shifts a step).
+error never shifts later calls' pairing (docs/failures.md: No error shifts a step); after
+ranks made different numbers of calls, ``barrier()`` realigns them. The group's timeout
+(``init_process_group(timeout=...)``) bounds each call on the rank that waits, as gloo's.
 
-Compression: the group all-reduces with the method ``BRAID_C10D_COMPRESSION`` names, else
-with the job's (``BRAID_COMPRESSION``, ``braidrun --compression``). Because every call has a name of its own, only
-methods that keep no state per tensor apply here (none, fp16, bf16, fp4/int4 without error
-feedback); a method with error feedback or PowerSGD's factors needs a name that returns
-every step, which DDP's bucket index gives: use ``braid.torch.ddp_comm_hook``. Creating a
-group with such a method raises InvalidArgumentError saying so.
+Compression: the group's floating-point sums and averages use the method
+``BRAID_C10D_COMPRESSION`` names, else the job's (``BRAID_COMPRESSION``, ``braidrun
+--compression``); integer all-reduces and MIN, MAX, PRODUCT stay exact. Because every
+call has a name of its own, only methods that keep no state per tensor apply here (none,
+fp16, bf16, fp4/int4 without error feedback); a method with error feedback or PowerSGD's
+factors needs a name that returns every step, which ``braid.torch.ddp_comm_hook`` gives
+each gradient. Creating a group with such a method raises InvalidArgumentError saying so.
 
 Errors: ``work.wait()`` and the work's future raise RuntimeError whose message starts with
 braid's error class (``braid.UnavailableError: ...``), as torch's backends raise theirs.
 """
 
+import atexit
 import importlib
 import os
 import socket
+import weakref
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -92,6 +101,7 @@ def _create(opts, pg_options):
     A group that is not the whole job in its rank order is created, and every call on it
     raises RuntimeError saying so: raising here would leave the ranks outside the group
     waiting in new_group()'s store barrier until its timeout."""
+    _join_as(opts)
     _runtime.init()
     size, rank = _runtime.size(), _runtime.rank()
     ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
@@ -101,10 +111,47 @@ def _create(opts, pg_options):
             f"braid backend: group '{opts.group_id}' has ranks {ranks} (this process is its "
             f"rank {opts.group_rank} of {opts.group_size}); braid runs groups of the whole "
             f"job only, in its rank order ({size} ranks): use a gloo group for subsets")
+    timeout_s = opts.timeout.total_seconds()
     if refusal:
         return ProcessGroupBraid(opts.group_rank, opts.group_size, str(opts.group_id), "none",
-                                 refusal)
-    return ProcessGroupBraid(rank, size, str(opts.group_id), backend_compression())
+                                 refusal, timeout_s)
+    group = ProcessGroupBraid(rank, size, str(opts.group_id), backend_compression(), "",
+                              timeout_s)
+    _groups.add(group)
+    return group
+
+
+_groups = weakref.WeakSet()  # the braid groups alive in this process
+
+
+@atexit.register
+def _drain_groups():
+    """At interpreter exit (after braid's own shutdown, registered later by init(), has
+    completed what was pending): waits, 10 s at most, for the groups' last callbacks, which
+    must not run Python while the interpreter finalizes."""
+    for group in list(_groups):
+        group.drain(10.0)
+
+
+# The variables by which a launcher gives braid a rank (docs/launching.md).
+_LAUNCHER_RANKS = ("BRAID_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+
+
+def _join_as(opts):
+    """Before braid joins the job for torch's default group, when no launcher gave it a rank:
+    torch's rank and world size (``init_process_group(rank=..., world_size=...)``, as
+    ``mp.spawn`` scripts pass them) as ``RANK``/``WORLD_SIZE``, and torch's store's address
+    as ``MASTER_ADDR``/``MASTER_PORT`` when unset (``init_method="tcp://..."``), from which
+    braid finds its coordinator as under torchrun."""
+    if (_runtime.is_initialized() or list(opts.global_ranks_in_group)
+            or any(v in os.environ for v in _LAUNCHER_RANKS)):
+        return
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(opts.group_rank), str(opts.group_size)
+    store = opts.store
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    if "MASTER_ADDR" not in os.environ and hasattr(store, "host"):
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = store.host, str(store.port)
 
 
 # --- env:// under braidrun -------------------------------------------------------------------
@@ -160,6 +207,19 @@ def _env_handler(url, timeout=timedelta(minutes=30), **kwargs):
     raise RuntimeError("the env:// rendezvous under braidrun is not restartable")
 
 
+def _torchrun_variables():
+    """Under braidrun, torchrun's rank variables for the scripts that read them
+    (``LOCAL_RANK`` to pick a device, ``RANK``, or ``env://`` with a ``MASTER_ADDR`` the
+    script sets itself), from braid's; braid itself reads its own first."""
+    pairs = (("RANK", "BRAID_RANK"), ("WORLD_SIZE", "BRAID_SIZE"),
+             ("LOCAL_RANK", "BRAID_LOCAL_RANK"), ("LOCAL_WORLD_SIZE", "BRAID_LOCAL_SIZE"))
+    if "BRAID_RANK" in os.environ and "RANK" not in os.environ:
+        for torch_name, braid_name in pairs:
+            if braid_name in os.environ:
+                os.environ.setdefault(torch_name, os.environ[braid_name])
+
+
+_torchrun_variables()
 if not hasattr(dist.Backend, BACKEND.upper()):
     dist.Backend.register_backend(BACKEND, _create, extended_api=True)
     # torch offers no way to extend an existing scheme: the handler wraps torch's own and
