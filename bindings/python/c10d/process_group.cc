@@ -108,14 +108,23 @@ class BraidWork : public c10d::Work {
   std::vector<at::Tensor> result() override { return results_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
-  // Completes the future (whose callbacks run here, on this thread), then the work.
+  // wait() returns once the future holds the result too, so that a caller who waited may
+  // read either.
+  bool wait(std::chrono::milliseconds timeout) override {
+    const bool done = c10d::Work::wait(timeout);
+    future_->wait();
+    return done;
+  }
+
+  // Completes the work, then the future, whose callbacks run here, on this thread (the
+  // future is marked before they run, so wait() does not wait for them).
   void Complete(std::exception_ptr error) {
+    finish(error);
     if (error) {
       future_->setError(error);
     } else {
       future_->markCompleted(c10::IValue(results_));
     }
-    finish(error);
   }
 
  private:
