@@ -3,7 +3,7 @@
 # every target), run every test once under CTest, then the sanitizer and fuzzing suites. Every
 # stage runs even when an earlier one failed (except after a failed install or build), and
 # the last line says what passed and what failed across them:
-#   test: PASSED: install passed; build passed; ctest 815/815 passed; Bazel build passed; ...
+#   test: PASSED: install passed; build passed; ctest 816/816 passed; Bazel build passed; ...
 # Cold on 2 cores: about 25 minutes and 5 GB of disk (docs/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
