@@ -69,24 +69,23 @@ def test_collectives(np_):
     _run(np_, "collectives")
 
 
-def test_collectives_torchrun_style(tmp_path):
-    """init_process_group("braid") with torch's own env:// variables (as torchrun sets them),
-    braid finding its coordinator from the same variables."""
-    port, braid_port = _free_port(), _free_port()
-    procs = []
+def _run_without_launcher(args, envs, timeout=120):
+    """Runs the worker with `args` once per environment of `envs` (one process per rank, no
+    launcher); every process must exit 0."""
     script = braid_launch.REPO / "tests/python/workers" / WORKER
-    for r in range(2):
-        env = braid_launch.rank_env(braid_launch.build_dir(), {
-            "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "BRAID_COORDINATOR_PORT": str(braid_port)})
-        procs.append(subprocess.Popen([braid_launch.PYTHON, str(script), "collectives"],
-                                      env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, start_new_session=True))
+    procs = []
+    for extra in envs:
+        env = braid_launch.rank_env(braid_launch.build_dir(), extra)
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            if name not in extra:
+                env.pop(name, None)
+        procs.append(subprocess.Popen([braid_launch.PYTHON, str(script), *args], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      start_new_session=True))
     outputs = []
     try:
         for p in procs:
-            outputs.append(p.communicate(timeout=120)[0].decode(errors="replace"))
+            outputs.append(p.communicate(timeout=timeout)[0].decode(errors="replace"))
     finally:
         for p in procs:
             if p.poll() is None:
@@ -94,34 +93,24 @@ def test_collectives_torchrun_style(tmp_path):
                 p.wait()
     for r, p in enumerate(procs):
         assert p.returncode == 0, f"rank {r}:\n" + "\n".join(outputs)
+
+
+def test_collectives_torchrun_style(tmp_path):
+    """init_process_group("braid") with torch's own env:// variables (as torchrun sets them),
+    braid finding its coordinator from the same variables."""
+    port, braid_port = _free_port(), _free_port()
+    _run_without_launcher(["collectives"], [{
+        "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "BRAID_COORDINATOR_PORT": str(braid_port)} for r in range(2)])
 
 
 def test_collectives_rank_given_to_torch(tmp_path):
     """init_process_group("braid", init_method="tcp://...", rank=r, world_size=n) in
     processes no launcher started (mp.spawn's pattern): braid takes torch's rank, world size
     and store address."""
-    port = _free_port()
-    script = braid_launch.REPO / "tests/python/workers" / WORKER
-    procs = []
-    for r in range(2):
-        env = braid_launch.rank_env(braid_launch.build_dir(), {
-            "TEST_RANK": str(r), "TEST_WORLD_SIZE": "2"})
-        env.pop("MASTER_ADDR", None)
-        env.pop("MASTER_PORT", None)
-        procs.append(subprocess.Popen(
-            [braid_launch.PYTHON, str(script), "collectives", f"tcp://127.0.0.1:{port}"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True))
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=120)[0].decode(errors="replace"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r}:\n" + "\n".join(outputs)
+    _run_without_launcher(["collectives", f"tcp://127.0.0.1:{_free_port()}"],
+                          [{"TEST_RANK": str(r), "TEST_WORLD_SIZE": "2"} for r in range(2)])
 
 
 def test_ddp_matches_gloo_at_two_ranks(tmp_path):
