@@ -39,9 +39,20 @@ def test_older_results_have_no_floor():
 
 def test_table_lists_the_uncompressed_methods_only():
     runs = [run(), run(method="ddp", label="DDP gloo", step_time_median_s=0.131),
-            run(method="fp16", label="braid fp16")]
+            run(method="fp16", label="braid fp16"),
+            run(method="ddp-braid", label="DDP braid backend", step_time_median_s=0.133),
+            run(method="ddp-braid-hook:powersgd:rank=2", label="DDP braid hook")]
     lines = bench.floor_table(runs, [(4, "100mbit")])
-    assert len(lines) == 4, lines
+    assert len(lines) == 5, lines
     assert lines[2].startswith("| 4 ranks 100mbit | braid none | 125.0 | 113.2 (108.2 + 4.0 + "
                                "1.0) | 1.105 | 1400, 1292, 1352 |"), lines[2]
     assert "| DDP gloo | 131.0 |" in lines[3]
+    assert "| DDP braid backend | 133.0 |" in lines[4]
+
+
+def test_results_record_no_path_of_the_machine():
+    args = bench.parse_args(["--build-dir", os.path.join(bench.REPO, "build"),
+                             "--out", "/tmp/somewhere/cb_ddp/"])
+    recorded = bench.recorded_args(args)
+    assert (recorded["build_dir"], recorded["out"]) == ("build", "cb_ddp")
+    assert recorded["ranks"] == args.ranks

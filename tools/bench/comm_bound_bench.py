@@ -420,6 +420,18 @@ def parse_args(argv=None):
     return args
 
 
+def recorded_args(args):
+    """The arguments as results.json records them: the build and output folders relative to
+    the repository when inside it, else by their last component only, so that results
+    committed to the repository name no path of the machine that produced them."""
+    def recorded(path):
+        full = os.path.abspath(path)
+        if full == REPO or full.startswith(REPO + os.sep):
+            return os.path.relpath(full, REPO)
+        return os.path.basename(full.rstrip(os.sep))
+    return dict(vars(args), build_dir=recorded(args.build_dir), out=recorded(args.out))
+
+
 def check_setup(args):
     if os.geteuid() != 0:
         sys.exit("comm_bound_bench: needs root (network namespaces, tc)")
@@ -469,7 +481,7 @@ def main(argv=None):
         return 0
     check_setup(args)
     os.makedirs(args.out, exist_ok=True)
-    results = {"args": vars(args), "accuracy_runs": [], "matrix_runs": []}
+    results = {"args": recorded_args(args), "accuracy_runs": [], "matrix_runs": []}
     if args.methods:
         print(f"phase 1: {args.ranks} hosts at {args.rate}, time to "
               f"{100 * args.target_accuracy:g}% test accuracy", flush=True)
