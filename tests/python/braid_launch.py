@@ -242,6 +242,38 @@ def _launch(coordinator_bin, port_file, command, np, timeout, env, grace, out, p
         time.sleep(0.02)
 
 
+def free_port():
+    """A TCP port of 127.0.0.1 that was free when this returned."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_without_launcher(command, envs, timeout=120, drop=()):
+    """Starts `command` (a list) once per dict of `envs` (variables over rank_env's, less the
+    names in `drop`), each process a rank of a job no launcher started (torchrun's variables
+    set by hand, or mp.spawn's pattern), and waits for all of them; the process groups still
+    running after `timeout` seconds are killed. Returns [(returncode, output)] in order."""
+    procs = []
+    for extra in envs:
+        env = rank_env(build_dir(), extra)
+        for name in drop:
+            env.pop(name, None)
+        procs.append(subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, start_new_session=True))
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=timeout)[0].decode(errors="replace"))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    return [(p.returncode, out) for p, out in zip(procs, outputs)]
+
+
 def run_worker(worker, np, args=(), timeout=120, env=None):
     """Runs tests/python/workers/<worker> with the system Python on `np` ranks."""
     script = Path(__file__).resolve().parent / "workers" / worker

@@ -110,13 +110,6 @@ print("init returned", flush=True)
 """
 
 
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("rank", [0, 1])
 def test_ctrl_c_interrupts_init_waiting_for_registration(rank):
     """Rank 0 of a job of 2 whose rank 1 never comes waits in init() for registration, and
@@ -127,7 +120,7 @@ def test_ctrl_c_interrupts_init_waiting_for_registration(rank):
     env = braid_launch.rank_env(braid_launch.build_dir(), {
         "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
         "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-        "BRAID_COORDINATOR_PORT": str(_free_port()), "BRAID_TIMEOUT_S": "600"})
+        "BRAID_COORDINATOR_PORT": str(braid_launch.free_port()), "BRAID_TIMEOUT_S": "600"})
     p = subprocess.Popen([braid_launch.PYTHON, "-c", INTERRUPTED_INIT], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -156,7 +149,7 @@ def test_a_rank_that_cannot_reach_rank_0_says_where_it_looked():
     where rank 0 should host it and which variables said so."""
     import re
     import time
-    port = _free_port()
+    port = braid_launch.free_port()
     env = braid_launch.rank_env(braid_launch.build_dir(), {
         "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
         "MASTER_ADDR": "127.0.0.1", "BRAID_COORDINATOR_PORT": str(port),

@@ -3,9 +3,6 @@ workers/, which check every result against a reference they compute themselves, 
 comparison with PyTorch's DistributedDataParallel (gloo) trained the same way.
 """
 
-import os
-import signal
-import socket
 import subprocess
 
 import pytest
@@ -67,39 +64,21 @@ def test_sparsifier_matches_torch_reference(np_):
     run("torch_sparse_reference.py", np_)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_torchrun_style(mode, out, np_, timeout=180):
     """Ranks started the way torchrun starts them: its variables set by hand (torchrun itself
     does not start on Debian's Python 3.11). braid's rank 0 then hosts the coordinator on
     MASTER_ADDR at BRAID_COORDINATOR_PORT."""
-    port, braid_port = _free_port(), _free_port()
-    procs = []
-    for r in range(np_):
-        env = braid_launch.rank_env(braid_launch.build_dir(), {
-            "RANK": str(r), "WORLD_SIZE": str(np_), "LOCAL_RANK": str(r),
-            "LOCAL_WORLD_SIZE": str(np_), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "BRAID_COORDINATOR_PORT": str(braid_port), "GLOO_SOCKET_IFNAME": "lo"})
-        procs.append(subprocess.Popen(
-            [braid_launch.PYTHON, str(braid_launch.REPO / "tests/python/workers/torch_ddp_compare.py"),
-             mode, str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True))
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=timeout)[0].decode(errors="replace"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, (f"{mode} rank {r} exited with {p.returncode}:\n"
-                                   + "\n".join(outputs))
+    port, braid_port = braid_launch.free_port(), braid_launch.free_port()
+    results = braid_launch.run_without_launcher(
+        [braid_launch.PYTHON, str(braid_launch.REPO / "tests/python/workers/torch_ddp_compare.py"),
+         mode, str(out)],
+        [{"RANK": str(r), "WORLD_SIZE": str(np_), "LOCAL_RANK": str(r),
+          "LOCAL_WORLD_SIZE": str(np_), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+          "BRAID_COORDINATOR_PORT": str(braid_port), "GLOO_SOCKET_IFNAME": "lo"}
+         for r in range(np_)], timeout=timeout)
+    for r, (rc, _) in enumerate(results):
+        assert rc == 0, (f"{mode} rank {r} exited with {rc}:\n"
+                         + "\n".join(out for _, out in results))
 
 
 def test_matches_distributed_data_parallel(tmp_path):

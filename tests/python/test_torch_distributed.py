@@ -5,7 +5,6 @@ The ranks run workers/torch_c10d.py; DDP trains the Fashion-MNIST example's CNN 
 on the dataset's first images, the same seed, data and split on every backend.
 """
 
-import socket
 import subprocess
 
 import pytest
@@ -50,12 +49,6 @@ def _same_on_every_rank(runs):
             assert torch.equal(run["params"][name], value), f"{name}: rank {r} differs"
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _relative(a, b):
     return float((a - b).norm() / b.norm())
 
@@ -69,36 +62,20 @@ def test_collectives(np_):
     _run(np_, "collectives")
 
 
-def _run_without_launcher(args, envs, timeout=120):
-    """Runs the worker with `args` once per environment of `envs` (one process per rank, no
-    launcher); every process must exit 0."""
-    script = braid_launch.REPO / "tests/python/workers" / WORKER
-    procs = []
-    for extra in envs:
-        env = braid_launch.rank_env(braid_launch.build_dir(), extra)
-        for name in ("MASTER_ADDR", "MASTER_PORT"):
-            if name not in extra:
-                env.pop(name, None)
-        procs.append(subprocess.Popen([braid_launch.PYTHON, str(script), *args], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      start_new_session=True))
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=timeout)[0].decode(errors="replace"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r}:\n" + "\n".join(outputs)
+def _run_without_launcher(args, envs, drop=()):
+    """The worker with `args`, one process per environment of `envs`, no launcher; every
+    process must exit 0."""
+    results = braid_launch.run_without_launcher(
+        [braid_launch.PYTHON, str(braid_launch.REPO / "tests/python/workers" / WORKER), *args],
+        envs, drop=drop)
+    for r, (rc, _) in enumerate(results):
+        assert rc == 0, f"rank {r}:\n" + "\n".join(out for _, out in results)
 
 
 def test_collectives_torchrun_style(tmp_path):
     """init_process_group("braid") with torch's own env:// variables (as torchrun sets them),
     braid finding its coordinator from the same variables."""
-    port, braid_port = _free_port(), _free_port()
+    port, braid_port = braid_launch.free_port(), braid_launch.free_port()
     _run_without_launcher(["collectives"], [{
         "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
@@ -109,8 +86,9 @@ def test_collectives_rank_given_to_torch(tmp_path):
     """init_process_group("braid", init_method="tcp://...", rank=r, world_size=n) in
     processes no launcher started (mp.spawn's pattern): braid takes torch's rank, world size
     and store address."""
-    _run_without_launcher(["collectives", f"tcp://127.0.0.1:{_free_port()}"],
-                          [{"TEST_RANK": str(r), "TEST_WORLD_SIZE": "2"} for r in range(2)])
+    _run_without_launcher(["collectives", f"tcp://127.0.0.1:{braid_launch.free_port()}"],
+                          [{"TEST_RANK": str(r), "TEST_WORLD_SIZE": "2"} for r in range(2)],
+                          drop=("MASTER_ADDR", "MASTER_PORT"))
 
 
 def test_ddp_matches_gloo_at_two_ranks(tmp_path):
