@@ -211,10 +211,23 @@ class CallbackRunner {
   std::vector<std::thread> threads_;
 };
 
-// A refusal of this rank's call, as braid's own: InvalidArgumentError's class first.
-std::runtime_error Refusal(const std::string& what) {
-  return std::runtime_error("braid.InvalidArgumentError: " + what);
-}
+// This rank refused its call before the runtime saw it: braid's InvalidArgumentError, whose
+// class comes first in the message, as in the runtime's own.
+class Refusal : public std::runtime_error {
+ public:
+  explicit Refusal(const std::string& why)
+      : std::runtime_error("braid.InvalidArgumentError: " + why), why_(why) {}
+  const std::string& why() const { return why_; }
+
+ private:
+  std::string why_;
+};
+
+// The runtime refused the request; it has told the other ranks itself.
+class RuntimeRefusal : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 std::string Seconds(double s) {
   std::ostringstream out;
@@ -327,7 +340,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
     const std::string name = NextName();
-    return Guard(name, "allreduce", [&] {
+    return Guard(name, [&] {
       at::Tensor t = Single(name, "allreduce", tensors);
       const int op = ReduceOpCode(name, "allreduce", opts.reduceOp, t);
       return Reduce(name, c10d::OpType::ALLREDUCE, t, op, {t});
@@ -337,7 +350,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
     const std::string name = NextName();
-    return Guard(name, "allreduce_coalesced", [&] {
+    return Guard(name, [&] {
       if (tensors.empty()) throw Refusal(Say(name, "allreduce_coalesced", "no tensors"));
       for (const at::Tensor& t : tensors) {
         CheckTensor(name, "allreduce_coalesced", t);
@@ -365,7 +378,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override {
     const std::string name = NextName();
-    return Guard(name, "reduce", [&] {
+    return Guard(name, [&] {
       at::Tensor t = Single(name, "reduce", tensors);
       CheckRoot(name, "reduce", opts.rootRank);
       const int op = ReduceOpCode(name, "reduce", opts.reduceOp, t);
@@ -381,7 +394,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
     const std::string name = NextName();
-    return Guard(name, "broadcast", [&] {
+    return Guard(name, [&] {
       at::Tensor t = Single(name, "broadcast", tensors);
       CheckRoot(name, "broadcast", opts.rootRank);
       at::Tensor buffer = t.is_contiguous() ? t : t.contiguous();
@@ -396,7 +409,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions&) override {
     const std::string name = NextName();
-    return Guard(name, "allgather", [&] {
+    return Guard(name, [&] {
       at::Tensor t = Single(name, "allgather", inputs);
       if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(getSize())) {
         throw Refusal(Say(name, "allgather", "takes one list of world-size (" +
@@ -411,7 +424,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions&) override {
     const std::string name = NextName();
-    return Guard(name, "_allgather_base", [&] {
+    return Guard(name, [&] {
       CheckTensor(name, "_allgather_base", input);
       CheckOutput(name, "_allgather_base", output, input, input.numel() * getSize());
       std::vector<at::Tensor> outs{output};
@@ -423,7 +436,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
                                         std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override {
     const std::string name = NextName();
-    return Guard(name, "gather", [&] {
+    return Guard(name, [&] {
       at::Tensor t = Single(name, "gather", inputs);
       CheckRoot(name, "gather", opts.rootRank);
       std::vector<at::Tensor> outs;
@@ -446,7 +459,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
                                          std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override {
     const std::string name = NextName();
-    return Guard(name, "scatter", [&] {
+    return Guard(name, [&] {
       at::Tensor out = Single(name, "scatter", outputs);
       CheckRoot(name, "scatter", opts.rootRank);
       const int64_t n = out.numel();
@@ -483,7 +496,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override {
     const std::string name = NextName();
-    return Guard(name, "reduce_scatter", [&] {
+    return Guard(name, [&] {
       at::Tensor out = Single(name, "reduce_scatter", outputs);
       if (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(getSize())) {
         throw Refusal(Say(name, "reduce_scatter", "takes one list of world-size (" +
@@ -501,7 +514,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
     const std::string name = NextName();
-    return Guard(name, "_reduce_scatter_base", [&] {
+    return Guard(name, [&] {
       CheckTensor(name, "_reduce_scatter_base", output);
       CheckOutput(name, "_reduce_scatter_base", input, output, output.numel() * getSize());
       return ReduceScatter(name, c10d::OpType::_REDUCE_SCATTER_BASE, input.reshape({-1}),
@@ -514,7 +527,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
                                                std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions&) override {
     const std::string name = NextName();
-    return Guard(name, "alltoall_base", [&] {
+    return Guard(name, [&] {
       CheckTensor(name, "alltoall_base", input);
       CheckTensor(name, "alltoall_base", output);
       if (input.dim() == 0 || output.dim() == 0) {
@@ -530,7 +543,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
                                           std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions&) override {
     const std::string name = NextName();
-    return Guard(name, "alltoall", [&] {
+    return Guard(name, [&] {
       if (inputs.size() != static_cast<size_t>(getSize()) ||
           outputs.size() != static_cast<size_t>(getSize())) {
         throw Refusal(Say(name, "alltoall", "takes world-size (" + std::to_string(getSize()) +
@@ -556,7 +569,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     // Note [Names of the backend's collectives]: one name for every barrier of the group, and
     // after it the ranks' counters agree again.
     const std::string name = "c10d." + group_ + ".barrier";
-    return Guard(name, "barrier", [&] {
+    return Guard(name, [&] {
       at::Tensor empty = at::empty({0}, at::kByte);
       c10::intrusive_ptr<c10d::Work> work =
           Enqueue(name, c10d::OpType::BARRIER, {},
@@ -623,22 +636,20 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
            std::to_string(getRank()) + "): " + why;
   }
 
-  // Runs `make`; a refusal it throws is reported under `name` (Note [Names of the backend's
-  // collectives]) and raised to the caller as RuntimeError.
+  // Runs `make`; a refusal it throws before the runtime saw the call is reported under
+  // `name` (Note [Names of the backend's collectives]), so the other ranks learn why now, and
+  // raised to the caller as RuntimeError.
   template <typename Make>
-  c10::intrusive_ptr<c10d::Work> Guard(const std::string& name, const char* what, Make make) {
+  c10::intrusive_ptr<c10d::Work> Guard(const std::string& name, Make make) {
     try {
       return make();
+    } catch (const RuntimeRefusal&) {
+      throw;
+    } catch (const Refusal& e) {
+      (void)runtime_->ReportFailure(name, {3, e.why()});  // the runtime adds the class
+      throw;
     } catch (const std::exception& e) {
-      if (!reported_) {
-        // The call never reached the runtime: the other ranks learn why now (the runtime
-        // puts the class in front again).
-        std::string why = e.what();
-        const std::string prefix = "braid.InvalidArgumentError: ";
-        if (why.compare(0, prefix.size(), prefix) == 0) why = why.substr(prefix.size());
-        (void)runtime_->ReportFailure(name, {3, why});
-      }
-      reported_ = false;
+      (void)runtime_->ReportFailure(name, {3, e.what()});
       throw;
     }
   }
@@ -887,10 +898,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
       // briefly on the runtime's locks.
       s = runtime_->Enqueue(std::move(r), &p.op);
     }
-    if (!s.ok()) {
-      reported_ = true;  // the runtime reports its own refusals
-      throw std::runtime_error(Describe(s));
-    }
+    if (!s.ok()) throw RuntimeRefusal(Describe(s));
     c10::intrusive_ptr<c10d::Work> work = p.work;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -975,10 +983,6 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   const std::string compression_;
   const std::string refusal_;
   const double timeout_s_;
-  // Set by Enqueue when the runtime refused a request (it reported the refusal itself);
-  // read by Guard on the calling thread. torch calls a group's collectives from one thread
-  // at a time in the order every rank makes them.
-  thread_local static bool reported_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Pending> pending_;
@@ -992,8 +996,6 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   CallbackRunner runner_;  // declared before completer_: joined after it
   std::thread completer_;
 };
-
-thread_local bool ProcessGroupBraid::reported_ = false;
 
 }  // namespace
 }  // namespace braid::c10d_backend
