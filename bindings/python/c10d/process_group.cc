@@ -759,7 +759,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
       r.dtype = kUInt8;
       r.shape = {t.numel() * static_cast<int64_t>(t.element_size())};
     }
-    const int64_t units = t.numel() * (code >= 0 ? 1 : static_cast<int64_t>(t.element_size()));
+    const int64_t units = t.numel() * UnitsPerElement(t);
     if (collective == kAllGather) {
       // One row per rank: the runtime refuses, on every rank, ranks whose rows differ in
       // length (torch's all-gathers take equal sizes), where a flat concatenation of unequal
@@ -807,12 +807,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
                                      std::to_string(part_bytes * world) +
                                      " were expected: the ranks' tensors differ in size");
           }
-          int64_t at = 0;
-          for (at::Tensor& o : outs) {
-            const int64_t n = o.numel() * static_cast<int64_t>(o.element_size());
-            CopyInto(o, bytes.data() + at, n);
-            at += n;
-          }
+          CopyOut(bytes.data(), outs);
         });
   }
 
@@ -835,7 +830,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     at::Tensor buffer = input.contiguous();
     // Splits count rows of dim 0; the request sends the tensor as a flat run of elements.
     const int64_t row = input.dim() > 1 ? buffer.numel() / std::max<int64_t>(1, input.size(0)) : 1;
-    const int64_t scale = DTypeCode(input.scalar_type()) >= 0 ? 1 : input.element_size();
+    const int64_t scale = UnitsPerElement(input);
     if (type == c10d::OpType::ALLTOALL_BASE && splits.empty()) {
       splits.assign(getSize(), input.size(0) / getSize());
     }
@@ -853,12 +848,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
                            std::to_string(bytes.size()) + " bytes where the output tensors hold " +
                            std::to_string(expected) + ": the ranks' splits disagree");
                      }
-                     int64_t at = 0;
-                     for (at::Tensor& o : outs) {
-                       const int64_t n = o.numel() * static_cast<int64_t>(o.element_size());
-                       CopyInto(o, bytes.data() + at, n);
-                       at += n;
-                     }
+                     CopyOut(bytes.data(), outs);
                    });
   }
 
@@ -870,15 +860,26 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     return [t, buffer](const bridge::Operation*) mutable { t.copy_(buffer); };
   }
 
-  static void CopyInto(at::Tensor& o, const char* src, int64_t n) {
-    if (n == 0) return;
-    if (o.is_contiguous()) {
-      std::memcpy(o.data_ptr(), src, static_cast<size_t>(n));
-    } else {
-      at::Tensor tmp = at::empty_like(o, at::MemoryFormat::Contiguous);
-      std::memcpy(tmp.data_ptr(), src, static_cast<size_t>(n));
-      o.copy_(tmp);
+  // Copies the bytes at `src` into `outs`, one tensor after another.
+  static void CopyOut(const char* src, std::vector<at::Tensor>& outs) {
+    for (at::Tensor& o : outs) {
+      const size_t n = static_cast<size_t>(o.numel()) * o.element_size();
+      if (n == 0) continue;
+      if (o.is_contiguous()) {
+        std::memcpy(o.data_ptr(), src, n);
+      } else {
+        at::Tensor tmp = at::empty_like(o, at::MemoryFormat::Contiguous);
+        std::memcpy(tmp.data_ptr(), src, n);
+        o.copy_(tmp);
+      }
+      src += n;
     }
+  }
+
+  // How many of a request's elements one element of `t` takes: 1 in a dtype braid has, else
+  // its bytes (Request sends other dtypes as bytes).
+  static int64_t UnitsPerElement(const at::Tensor& t) {
+    return DTypeCode(t.scalar_type()) >= 0 ? 1 : static_cast<int64_t>(t.element_size());
   }
 
   // Hands `r` to the runtime and queues the work for completion.
