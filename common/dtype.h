@@ -48,6 +48,10 @@ enum class Collective : int32_t {
   // collectives fail with FailedPrecondition naming the joined ranks. Completes once every
   // rank has joined; Handle::output() then holds the rank that joined last (one int32).
   kJoin = 6,
+  // Note [Process sets] (control/process_sets.h): a change of the job's process sets, made
+  // through Runtime::AddProcessSet / RemoveProcessSet, never enqueued directly.
+  kProcessSetAdd = 7,
+  kProcessSetRemove = 8,
 };
 
 // Size of one element in bytes.

@@ -22,6 +22,9 @@ Bucket BucketFromResponse(const proto::Response& r) {
   b.op = static_cast<ReduceOp>(r.reduce_op());
   b.compression = r.compression();
   b.last_joined_rank = r.last_joined_rank();
+  b.process_set_id = r.process_set_id();
+  b.target_process_set_id = r.target_process_set_id();
+  b.process_set_ranks.assign(r.process_set_ranks().begin(), r.process_set_ranks().end());
   return b;
 }
 
@@ -34,6 +37,8 @@ std::string CollectiveName(Collective c) {
     case Collective::kAllToAll: return "alltoall";
     case Collective::kBarrier: return "barrier";
     case Collective::kJoin: return "join";
+    case Collective::kProcessSetAdd: return "add_process_set";
+    case Collective::kProcessSetRemove: return "remove_process_set";
   }
   return absl::StrCat("collective#", static_cast<int>(c));
 }

@@ -33,6 +33,12 @@ struct Bucket {
   ReduceOp op = ReduceOp::kSum;
   std::string compression;
   int last_joined_rank = -1;  // join
+  // Note [Process sets]: the set whose ranks run it (0: every rank); only its members run
+  // it, the others skip it. For a change of the sets, the set added or removed, and an
+  // added set's ranks.
+  int process_set_id = 0;
+  int target_process_set_id = 0;
+  std::vector<int> process_set_ranks;
 };
 
 // The bucket a coordinator's Response describes.

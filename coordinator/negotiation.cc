@@ -22,6 +22,7 @@ std::string Ranks(const std::vector<int>& ranks) {
 NegotiationTable::NegotiationTable(int world_size, int64_t fusion_threshold_bytes,
                                    int cache_capacity)
     : cache_capacity_(cache_capacity),
+      sets_(world_size),
       world_size_(world_size),
       fusion_threshold_(fusion_threshold_bytes) {}
 
@@ -50,7 +51,10 @@ std::map<int, std::vector<proto::Response>> NegotiationTable::TakeReplies() {
 int32_t NegotiationTable::CacheInsert(const RequestPtr& agreed) {
   const proto::Collective c = agreed->collective();
   // Barriers are never cached: each must reach the coordinator (Note [Resynchronization]).
-  if (cache_capacity_ <= 0 ||
+  // Nor are a process set's tensors: the ranks outside the set hold no request of theirs,
+  // and every rank's cache must stay the same (Note [Fast path] in the runtime); they are
+  // negotiated by the coordinator every step (Note [Process sets]).
+  if (cache_capacity_ <= 0 || agreed->process_set_id() != 0 ||
       (c != proto::ALLREDUCE && c != proto::BROADCAST && c != proto::REDUCESCATTER)) {
     return 0;
   }
@@ -120,7 +124,7 @@ std::vector<proto::Response> NegotiationTable::Fuse(std::vector<proto::Response>
 proto::Response NegotiationTable::Validate(const std::string& name, const Entry& e) const {
   // Every rank submitted it, or has joined (Note [Join]: a joined rank's entry is null and
   // is left out of every comparison).
-  return ValidateTensor(name, *FirstOf(e), e.by_rank);
+  return ValidateTensor(name, *FirstOf(e), e.by_rank, e.members);
 }
 
 std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::RequestList& list,
@@ -187,19 +191,23 @@ bool NegotiationTable::Poisoned(int rank, const std::string& name, bool reply) {
 void NegotiationTable::FailEverywhere(const std::string& name, proto::Response error,
                                       int reporter, bool may_poison) {
   std::set<int> submitted;
+  std::vector<int> members = *sets_.Find(0);
+  int32_t set = 0;
   if (auto it = table_.find(name); it != table_.end()) {
     may_poison = may_poison && FirstOf(it->second)->collective() != proto::BARRIER;
     for (int r = 0; r < world_size_; ++r) {
       if (it->second.by_rank[r] != nullptr) submitted.insert(r);
     }
+    members = MembersOf(it->second);
+    set = it->second.set;
     table_.erase(it);
   }
   for (int r : submitted) replies_[r].push_back(error);
   // A name over the limit is refused wherever it is sent: nothing to poison.
   if (!may_poison || name.size() > kMaxNameBytes) return;
-  for (int r = 0; r < world_size_; ++r) {
+  for (int r : members) {
     // A joined rank (Note [Join]) submits no instance of it in this round.
-    if (r != reporter && submitted.count(r) == 0 && joined_.count(r) == 0) {
+    if (r != reporter && submitted.count(r) == 0 && !JoinedSet(set, r)) {
       poisoned_[name] = Poison{static_cast<absl::StatusCode>(error.error_code()),
                                error.error_message()};
       return;
@@ -301,6 +309,8 @@ void NegotiationTable::SubmitOne(int rank, RequestPtr req, absl::Time now,
                    rank, /*may_poison=*/req->collective() != proto::BARRIER);
     return;
   }
+  const std::vector<int>* members = nullptr;
+  if (!CheckSet(rank, *req, &members)) return;
   if (req->collective() == proto::JOIN) return SubmitJoin(rank, *req, now, ready);
   auto [it, inserted] = table_.try_emplace(req->name());
   Entry& e = it->second;
@@ -308,6 +318,12 @@ void NegotiationTable::SubmitOne(int rank, RequestPtr req, absl::Time now,
     e.by_rank.resize(world_size_);
     e.arrived.resize(world_size_);
     e.first_seen = now;
+    e.set = req->process_set_id();
+    e.members = members;
+    if (req->collective() == proto::PROCESS_SET_ADD && req->members_only()) {
+      e.own_members.assign(req->process_set_ranks().begin(), req->process_set_ranks().end());
+      e.members = &e.own_members;  // the entry stays put in table_ (a node-based map)
+    }
   }
   if (rank < 0 || rank >= world_size_ || e.by_rank[rank] != nullptr) {
     ready->push_back(ErrorResponse(req->name(), absl::StatusCode::kAlreadyExists,
@@ -329,10 +345,13 @@ const NegotiationTable::RequestPtr& NegotiationTable::FirstOf(const Entry& e) {
   return e.by_rank[0];  // unreachable: an entry exists because some rank submitted it
 }
 
-bool NegotiationTable::Ready(const Entry& e) const {
-  int count = e.submitted;
-  for (const auto& [rank, name] : joined_) count += e.by_rank[rank] != nullptr ? 0 : 1;
-  return count >= world_size_;
+void NegotiationTable::AddReportAges(const Entry& e, absl::Time now, proto::Response* resp) {
+  // Per rank, in rank order; a joined rank (or one outside the set) that never submitted it
+  // reports 0.
+  for (int r = 0; r < world_size_; ++r) {
+    resp->add_report_age_us(
+        e.by_rank[r] != nullptr ? absl::ToInt64Microseconds(now - e.arrived[r]) : 0);
+  }
 }
 
 void NegotiationTable::Respond(const std::string& name_ref, absl::Time now,
@@ -341,13 +360,18 @@ void NegotiationTable::Respond(const std::string& name_ref, absl::Time now,
   const Entry& e = table_.at(name);
   const RequestPtr first_ptr = FirstOf(e);
   const proto::Request& first = *first_ptr;
-  ready->push_back(Validate(name, e));
-  proto::Response& resp = ready->back();
-  // Note [Join]: the joined ranks that did not submit it take part with the op's identity.
-  std::vector<int> fill;
-  for (const auto& [rank, join_name] : joined_) {
-    if (e.by_rank[rank] == nullptr) fill.push_back(rank);
+  const bool change = first.collective() == proto::PROCESS_SET_ADD ||
+                      first.collective() == proto::PROCESS_SET_REMOVE;
+  ready->push_back(change ? RespondChange(name, e) : Validate(name, e));
+  if (change) {
+    ++negotiated_;
+    table_.erase(name);
+    return;
   }
+  proto::Response& resp = ready->back();
+  if (e.set != 0) ++negotiated_by_set_[e.set];
+  // Note [Join]: the joined ranks that did not submit it take part with the op's identity.
+  const std::vector<int> fill = JoinedWithout(e);
   if (!fill.empty() && resp.type() == proto::Response::OK) {
     if (first.collective() == proto::ALLREDUCE || first.collective() == proto::BARRIER) {
       for (int rank : fill) resp.add_joined_ranks(rank);
@@ -361,13 +385,7 @@ void NegotiationTable::Respond(const std::string& name_ref, absl::Time now,
                                 "only: a joined rank has no data to contribute)"));
     }
   }
-  if (report_ages_) {
-    // Per rank, in rank order; a joined rank that never submitted it reports 0.
-    for (int r = 0; r < world_size_; ++r) {
-      resp.add_report_age_us(
-          e.by_rank[r] != nullptr ? absl::ToInt64Microseconds(now - e.arrived[r]) : 0);
-    }
-  }
+  if (report_ages_) AddReportAges(e, now, &resp);
   ++negotiated_;
   if (resp.type() == proto::Response::OK) {
     if (IsValidDataType(first.dtype())) {
@@ -394,49 +412,11 @@ void NegotiationTable::Respond(const std::string& name_ref, absl::Time now,
   if (resync) Resynchronize(name);
 }
 
-void NegotiationTable::SubmitJoin(int rank, const proto::Request& req, absl::Time now,
-                                  std::vector<proto::Response>* ready) {
-  if (joined_.count(rank)) {
-    ready->push_back(ErrorResponse(req.name(), absl::StatusCode::kAlreadyExists,
-                           absl::StrCat("join '", req.name(), "': rank ", rank,
-                                        " joined twice before every rank had joined")));
-    return;
-  }
-  joined_[rank] = req.name();
-  last_joined_ = rank;
-  // Tensors that were waiting only for this rank are ready now, in the table's (name) order:
-  // every rank receives the same list.
-  std::vector<std::string> now_ready;
-  for (const auto& [name, e] : table_) {
-    if (Ready(e)) now_ready.push_back(name);
-  }
-  for (const std::string& name : now_ready) {
-    // A barrier among them fails the stale others (Note [Resynchronization]).
-    if (table_.count(name) != 0) Respond(name, now, ready);
-  }
-  if (static_cast<int>(joined_.size()) < world_size_) return;
-  std::map<int, std::string> names;
-  names.swap(joined_);
-  proto::Response resp;
-  const std::string& agreed = names.begin()->second;
-  if (std::all_of(names.begin(), names.end(), [&](const auto& kv) { return kv.second == agreed; })) {
-    resp.set_type(proto::Response::OK);
-    resp.add_names(agreed);
-    resp.set_collective(proto::JOIN);
-    resp.set_last_joined_rank(last_joined_);
-  } else {
-    resp = ErrorResponse(agreed, absl::StatusCode::kInvalidArgument,
-                 MismatchMessage(agreed, "join name", names));
-    for (const auto& [r, n] : names) {
-      if (n != agreed) resp.add_names(n);
-    }
-  }
-  ready->push_back(std::move(resp));
-}
-
 std::vector<int> NegotiationTable::joined_ranks() const {
   std::vector<int> out;
-  for (const auto& [rank, name] : joined_) out.push_back(rank);
+  if (auto it = joined_.find(0); it != joined_.end()) {
+    for (const auto& [rank, name] : it->second) out.push_back(rank);
+  }
   return out;
 }
 
@@ -445,25 +425,33 @@ std::vector<proto::Response> NegotiationTable::FailTensorsWaitingFor(const std::
   if (gone.empty()) return out;  // the common case, on every RequestList: no table walk
   // Note [Join]: the joined ranks wait for every rank to join, which a rank gone before it
   // joined never will.
-  std::vector<int> never;
-  for (int r : gone) {
-    if (!joined_.empty() && !joined_.count(r)) never.push_back(r);
-  }
-  if (!never.empty()) {
+  for (auto j = joined_.begin(); j != joined_.end();) {
+    const std::vector<int>* members = sets_.Find(j->first);
+    std::vector<int> never;
+    for (int r : gone) {
+      if (members != nullptr && SetRank(*members, r) >= 0 && !j->second.count(r)) {
+        never.push_back(r);
+      }
+    }
+    if (never.empty()) {
+      ++j;
+      continue;
+    }
     std::set<std::string> names;
-    for (const auto& [rank, name] : joined_) names.insert(name);
+    for (const auto& [rank, name] : j->second) names.insert(name);
     for (const std::string& name : names) {
       out.push_back(ErrorResponse(name, absl::StatusCode::kFailedPrecondition,
                           absl::StrCat("join '", name, "' can never complete: rank",
                                        never.size() > 1 ? "s " : " ", absl::StrJoin(never, ", "),
                                        " shut down without joining")));
     }
-    joined_.clear();
+    j = joined_.erase(j);
   }
   for (auto it = table_.begin(); it != table_.end();) {
     std::vector<int> missing;
+    const std::vector<int>& members = MembersOf(it->second);
     for (int r : gone) {
-      if (r >= 0 && r < world_size_ && it->second.by_rank[r] == nullptr) missing.push_back(r);
+      if (SetRank(members, r) >= 0 && it->second.by_rank[r] == nullptr) missing.push_back(r);
     }
     if (missing.empty()) {
       ++it;
@@ -484,9 +472,10 @@ std::vector<NegotiationTable::Pending> NegotiationTable::PendingTensors(
   for (const auto& [name, e] : table_) {
     if (now - e.first_seen < min_waiting) continue;
     Pending p{name, {}, {}, now - e.first_seen};
-    for (int r = 0; r < world_size_; ++r) {
-      // A joined rank is ready for every tensor (Note [Join]).
-      (e.by_rank[r] != nullptr || joined_.count(r) ? p.ready_ranks : p.missing_ranks).push_back(r);
+    for (int r : MembersOf(e)) {
+      // A joined rank is ready for every tensor of its set (Note [Join]).
+      (e.by_rank[r] != nullptr || JoinedSet(e.set, r) ? p.ready_ranks : p.missing_ranks)
+          .push_back(r);
     }
     out.push_back(std::move(p));
   }

@@ -75,6 +75,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "control/process_sets.h"
 #include "coordinator/validation.h"
 #include "proto/braid.pb.h"
 
@@ -137,8 +138,18 @@ class NegotiationTable {
   // tensor would wait forever.
   std::vector<proto::Response> FailTensorsWaitingFor(const std::set<int>& gone);
 
-  // Ranks that have joined (Note [Join]) and are waiting for the others, in rank order.
+  // Ranks that have joined the whole world's set (Note [Join]) and are waiting for the
+  // others, in rank order.
   std::vector<int> joined_ranks() const;
+
+  // Note [Process sets] (control/process_sets.h): the job's sets, and per set the responses
+  // of its collectives and its tensors pending.
+  const ProcessSetTable& process_sets() const { return sets_; }
+  struct SetCounts {
+    int64_t negotiated = 0;
+    int64_t pending = 0;
+  };
+  std::map<int32_t, SetCounts> process_set_counts() const;
 
   // Cache ids evicted since the last call; the server sends them in the ResponseList whose
   // sequence number is `sequence`.
@@ -174,6 +185,11 @@ class NegotiationTable {
     std::vector<absl::Time> arrived;
     int submitted = 0;
     absl::Time first_seen;
+    int32_t set = 0;  // its process set (Note [Process sets])
+    // The ranks that must submit it: the set's (null: the whole world), or own_members for a
+    // change negotiated among the new set's members only (Request.members_only).
+    const std::vector<int>* members = nullptr;
+    std::vector<int> own_members;
   };
   // A name whose later submissions fail until the next barrier (Note [Resynchronization]).
   struct Poison {
@@ -183,8 +199,24 @@ class NegotiationTable {
   proto::Response Validate(const std::string& name, const Entry& e) const;
   // The request of the lowest rank that submitted `e` (some rank did: it is in the table).
   static const RequestPtr& FirstOf(const Entry& e);
-  // Every rank either submitted `e` or has joined (Note [Join]).
+  // Response.report_age_us of `e`.
+  void AddReportAges(const Entry& e, absl::Time now, proto::Response* resp);
+  // Every rank of `e`'s set either submitted `e` or has joined the set (Note [Join]).
   bool Ready(const Entry& e) const;
+  // The ranks that must submit `e`, in order.
+  const std::vector<int>& MembersOf(const Entry& e) const;
+  // Whether `rank` has joined `set` (Note [Join]).
+  bool JoinedSet(int32_t set, int rank) const;
+  // The ranks that joined `e`'s set and did not submit `e`.
+  std::vector<int> JoinedWithout(const Entry& e) const;
+  // A change of the process sets every rank of its scope asked for (Note [Process sets]).
+  proto::Response RespondChange(const std::string& name, const Entry& e);
+  // RespondChange's removal of set `target` (`want`: the call, for messages).
+  proto::Response RemoveSet(const std::string& name, const std::string& want, int32_t target,
+                            proto::Response resp);
+  // Checks `rank`'s request against the sets: an error reply to it alone when its set does
+  // not exist or does not hold it; the members that must submit it otherwise.
+  bool CheckSet(int rank, const proto::Request& req, const std::vector<int>** members);
   // Validates the ready tensor `name`, books it, appends its response and erases it.
   void Respond(const std::string& name, absl::Time now, std::vector<proto::Response>* ready);
   void SubmitJoin(int rank, const proto::Request& req, absl::Time now,
@@ -236,9 +268,12 @@ class NegotiationTable {
   int64_t fusion_threshold_;
   int64_t next_bucket_id_ = 0;
   std::map<std::string, Entry> table_;
-  // Note [Join]: rank -> the name of its JOIN request, while not every rank has joined.
-  std::map<int, std::string> joined_;
-  int last_joined_ = -1;
+  // Note [Join]: per process set, rank -> the name of its JOIN request, while not every
+  // rank of the set has joined.
+  std::map<int32_t, std::map<int, std::string>> joined_;
+  ProcessSetTable sets_;
+  std::map<int32_t, int64_t> negotiated_by_set_;
+  std::map<int32_t, int> last_joined_;  // per process set
   int64_t negotiated_ = 0;
   int64_t bytes_negotiated_ = 0;
   std::map<std::string, std::pair<int64_t, int64_t>> by_compression_;

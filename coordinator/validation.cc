@@ -128,11 +128,11 @@ std::optional<proto::Response> FindMismatch(const std::string& name,
   return std::nullopt;
 }
 
-// What is wrong with a request every rank agrees on, for a world of `world_size`: a
-// gathering collective of a scalar, a broadcast root outside the world, a process set that
-// does not exist, a reduce op the dtype does not take.
+// What is wrong with a request every rank agrees on, for a world of `world_size` whose set
+// `members` runs it (null: every rank): a gathering collective of a scalar, a broadcast root
+// outside the set, a reduce op the dtype does not take.
 std::optional<proto::Response> CheckAgreed(const std::string& name, const proto::Request& first,
-                                           int world_size) {
+                                           int world_size, const std::vector<int>* members) {
   const proto::Collective coll = first.collective();
   auto invalid = [&](const std::string& why) {
     return ErrorResponse(name, absl::StatusCode::kInvalidArgument,
@@ -146,9 +146,11 @@ std::optional<proto::Response> CheckAgreed(const std::string& name, const proto:
     return invalid(absl::StrCat("broadcast root rank ", first.root_rank(),
                                 " is not a rank of a world of size ", world_size));
   }
-  if (first.process_set_id() != 0) {
-    return invalid(absl::StrCat("process set ", first.process_set_id(),
-                                " does not exist (only 0, the whole world)"));
+  if (coll == proto::BROADCAST && members != nullptr &&
+      !std::binary_search(members->begin(), members->end(), first.root_rank())) {
+    return invalid(absl::StrCat("broadcast root rank ", first.root_rank(),
+                                " is not in process set ", first.process_set_id(), " (ranks ",
+                                absl::StrJoin(*members, ", "), ")"));
   }
   if (coll == proto::ALLREDUCE || coll == proto::REDUCESCATTER) {
     absl::Status s = CheckReduceOp(static_cast<DataType>(first.dtype()),
@@ -161,9 +163,14 @@ std::optional<proto::Response> CheckAgreed(const std::string& name, const proto:
 // The all-gather's per-rank first dimensions into `ok`, the gathered tensor's size checked
 // for overflow (every rank's rows, then the row's size).
 absl::Status AddFirstDims(const proto::Request& first, absl::Span<const RequestPtr> by_rank,
-                          proto::Response* ok) {
+                          const std::vector<int>* members, proto::Response* ok) {
   std::vector<int64_t> dims;
-  for (const RequestPtr& r : by_rank) dims.push_back(r != nullptr ? r->shape(0) : 0);
+  auto add = [&](int r) { dims.push_back(by_rank[r] != nullptr ? by_rank[r]->shape(0) : 0); };
+  if (members == nullptr) {
+    for (int r = 0; r < static_cast<int>(by_rank.size()); ++r) add(r);
+  } else {
+    for (int r : *members) add(r);  // in the set's rank order
+  }
   std::vector<int64_t> gathered(first.shape().begin(), first.shape().end());
   auto rows = CheckedSum("the ranks' first dimensions", dims, kMaxTensorBytes);
   if (!rows.ok()) return rows.status();
@@ -248,10 +255,11 @@ std::string MismatchMessage(const std::string& name, const std::string& field,
 }
 
 proto::Response ValidateTensor(const std::string& name, const proto::Request& first,
-                               absl::Span<const RequestPtr> by_rank) {
+                               absl::Span<const RequestPtr> by_rank,
+                               const std::vector<int>* members) {
   if (auto err = FindMismatch(name, first, by_rank)) return *err;
   const int world_size = static_cast<int>(by_rank.size());
-  if (auto err = CheckAgreed(name, first, world_size)) return *err;
+  if (auto err = CheckAgreed(name, first, world_size, members)) return *err;
   proto::Response ok;
   ok.set_type(proto::Response::OK);
   ok.add_names(name);
@@ -262,7 +270,7 @@ proto::Response ValidateTensor(const std::string& name, const proto::Request& fi
   ok.set_process_set_id(first.process_set_id());
   ok.set_compression(first.compression());
   if (first.collective() == proto::ALLGATHER) {
-    if (absl::Status s = AddFirstDims(first, by_rank, &ok); !s.ok()) {
+    if (absl::Status s = AddFirstDims(first, by_rank, members, &ok); !s.ok()) {
       return ErrorResponse(name, absl::StatusCode::kInvalidArgument,
                            absl::StrCat("tensor '", name, "': allgather: ", s.message()));
     }

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -23,15 +24,18 @@ using RequestPtr = std::shared_ptr<const proto::Request>;
 // common/limits.h) and the compression spec's length. InvalidArgument names the field.
 absl::Status ValidateRequest(int rank, const proto::Request& req);
 
-// The response for tensor `name` once every rank of the world submitted it or joined:
+// The response for tensor `name` once every rank of its process set submitted it or joined:
 // `by_rank` holds each rank's request (null for a rank that joined, Note [Join] in
-// negotiation.h; its size is the world size), `first` the first non-null one. An ERROR
-// response (InvalidArgument) when the ranks' requests differ, naming the first field that
-// does and each rank's value, or when the agreed request cannot run (a gathering collective
-// of a scalar, a broadcast root outside the world, an unknown process set, a reduce op the
-// dtype does not take, an all-gather whose result overflows); else the OK response.
+// negotiation.h, and for ranks outside the set; its size is the world size), `first` the
+// first non-null one, `members` the set's ranks (null: the whole world; Note [Process sets]
+// in control/process_sets.h). An ERROR response (InvalidArgument) when the ranks' requests
+// differ, naming the first field that does and each rank's value, or when the agreed request
+// cannot run (a gathering collective of a scalar, a broadcast root outside the set, a reduce
+// op the dtype does not take, an all-gather whose result overflows); else the OK response,
+// whose first_dims (all-gather) list the set's ranks in order.
 proto::Response ValidateTensor(const std::string& name, const proto::Request& first,
-                               absl::Span<const RequestPtr> by_rank);
+                               absl::Span<const RequestPtr> by_rank,
+                               const std::vector<int>* members = nullptr);
 
 // Text of the validation errors, exposed for tests: "tensor 'NAME': FIELD differs across
 // ranks: VALUE on ranks A, B; VALUE on rank C".

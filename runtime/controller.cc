@@ -230,6 +230,18 @@ TensorEntry* NegotiationController::Find(const std::string& name) {
   return it == table_.end() ? nullptr : &it->second;  // stays put: only braid-loop erases
 }
 
+void NegotiationController::FailProcessSet(int32_t id, const absl::Status& s) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = table_.begin(); it != table_.end();) {
+    if (it->second.req.process_set_id == id) {
+      it->second.handle->Complete(s);
+      table_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
 void NegotiationController::Finish(const std::vector<std::string>& names,
                                    const absl::Status& s) {
   absl::MutexLock lock(&mu_);

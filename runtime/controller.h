@@ -86,6 +86,9 @@ class NegotiationController : public InFlight {
   // Takes a collective (validated under the lock, so no job ends meanwhile); its handle.
   absl::StatusOr<std::shared_ptr<Handle>> Submit(CollectiveRequest req, const Validate& validate);
   absl::Status ReportFailure(const std::string& name, const absl::Status& cause);
+  // Fails every collective of process set `id` in flight on this rank with `s` (the set was
+  // removed: Note [Process sets]).
+  void FailProcessSet(int32_t id, const absl::Status& s);
   void BeginGroup();
   absl::Status EndGroup();
   // FailedPrecondition naming the first in-flight tensor `in_flight` accepts.

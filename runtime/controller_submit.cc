@@ -21,6 +21,9 @@ proto::Request ToProto(const CollectiveRequest& req, const std::string& compress
   p.set_root_rank(req.root_rank);
   p.set_process_set_id(req.process_set_id);
   p.set_compression(compression);
+  for (int r : req.process_set_ranks) p.add_process_set_ranks(r);
+  p.set_target_process_set_id(req.target_process_set_id);
+  p.set_members_only(req.members_only);
   return p;
 }
 

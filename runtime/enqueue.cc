@@ -2,6 +2,9 @@
 // method; the controller (controller_submit.cc) takes it into the table of collectives in
 // flight and the queue of requests to negotiate.
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "control/process_sets.h"
+#include "glog/logging.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
 #include "compression/registry.h"
@@ -57,7 +60,7 @@ absl::Status Runtime::Impl::CheckNoCompressionInFlight(absl::string_view what) c
       });
 }
 
-absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r) const {
+absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r, int set_size) const {
   auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(CollectiveName(r.collective), " '", r.name,
                                                    "' on rank ", rank_, ": ", why));
@@ -105,7 +108,7 @@ absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r) const {
        r.collective == Collective::kReduceScatter) && r.shape.empty()) {
     return bad("needs at least one dimension, got a scalar");
   }
-  if (r.collective == Collective::kAllToAll) return CheckSplits(r, size_, bad);
+  if (r.collective == Collective::kAllToAll) return CheckSplits(r, set_size, bad);
   return absl::OkStatus();
 }
 
@@ -139,14 +142,139 @@ absl::Status Runtime::Impl::ReportFailure(const std::string& name, const absl::S
   return controller_.ReportFailure(name, cause);
 }
 
+absl::StatusOr<int> Runtime::Impl::CheckProcessSet(const CollectiveRequest& r) const {
+  absl::MutexLock lock(&sets_mu_);
+  if (r.process_set_id == 0) return sets_.world_size();
+  const std::vector<int>* ranks = sets_.Find(r.process_set_id);
+  if (ranks == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        CollectiveName(r.collective), " '", r.name, "' on rank ", rank_, ": process set ",
+        r.process_set_id, " does not exist (never added, or removed)"));
+  }
+  if (SetRank(*ranks, rank_) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        CollectiveName(r.collective), " '", r.name, "' on rank ", rank_, ": rank ", rank_,
+        " is not in process set ", r.process_set_id, " (ranks ", absl::StrJoin(*ranks, ", "),
+        ")"));
+  }
+  return static_cast<int>(ranks->size());
+}
+
 absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest req) {
+  if (req.collective == Collective::kProcessSetAdd ||
+      req.collective == Collective::kProcessSetRemove) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", req.name, "': process sets change through AddProcessSet and RemoveProcessSet"));
+  }
+  int set_size = 0;
+  if (controller_.running()) {  // else Submit says FailedPrecondition
+    BRAID_ASSIGN_OR_RETURN(set_size, CheckProcessSet(req));
+  }
+  // Note [Process sets]: the job knows a set's tensors by their qualified names.
+  req.name = QualifiedName(req.process_set_id, req.name);
   // Checked under the controller's lock: no Shutdown or Init replaces the stage meanwhile.
   return controller_.Submit(
       std::move(req),
-      [this](const CollectiveRequest& r) -> absl::StatusOr<const compression::CompressionMethod*> {
-        BRAID_RETURN_IF_ERROR(CheckRequest(r));
+      [this, set_size](const CollectiveRequest& r)
+          -> absl::StatusOr<const compression::CompressionMethod*> {
+        BRAID_RETURN_IF_ERROR(CheckRequest(r, set_size));
         return ResolveCompression(r);
       });
+}
+
+absl::StatusOr<int32_t> Runtime::Impl::ChangeProcessSets(CollectiveRequest req) {
+  req.dtype = DataType::kUInt8;
+  auto handle = controller_.Submit(
+      std::move(req),
+      [](const CollectiveRequest&) -> absl::StatusOr<const compression::CompressionMethod*> {
+        return nullptr;
+      });
+  if (!handle.ok()) return handle.status();
+  BRAID_RETURN_IF_ERROR((*handle)->Wait());
+  int32_t id = 0;
+  if ((*handle)->output().size() == sizeof(id)) {
+    std::memcpy(&id, (*handle)->output().data(), sizeof(id));
+  }
+  return id;
+}
+
+absl::StatusOr<int32_t> Runtime::Impl::AddProcessSet(std::vector<int> ranks, bool members_only) {
+  BRAID_RETURN_IF_ERROR(controller_.CheckRunning());
+  std::sort(ranks.begin(), ranks.end());
+  CollectiveRequest req;
+  req.collective = Collective::kProcessSetAdd;
+  req.process_set_ranks = ranks;
+  req.members_only = members_only;
+  {
+    absl::MutexLock lock(&sets_mu_);
+    // Checked here too, so that a rank's own mistake is its own error at once.
+    BRAID_RETURN_IF_ERROR(sets_.CheckRanks(ranks));
+    if (members_only && SetRank(ranks, rank_) < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, " is not in the new set ",
+                                                     RanksText(ranks)));
+    }
+    req.name = members_only ? absl::StrCat("process_set.new_group.",
+                                           absl::StrJoin(ranks, ","), ".",
+                                           members_only_changes_[ranks]++)
+                            : "";
+  }
+  if (!members_only) req.name = absl::StrCat("process_set.change.", set_changes_++);
+  return ChangeProcessSets(std::move(req));
+}
+
+absl::Status Runtime::Impl::RemoveProcessSet(int32_t id) {
+  BRAID_RETURN_IF_ERROR(controller_.CheckRunning());
+  CollectiveRequest req;
+  req.collective = Collective::kProcessSetRemove;
+  req.target_process_set_id = id;
+  req.name = absl::StrCat("process_set.change.", set_changes_++);
+  return ChangeProcessSets(std::move(req)).status();
+}
+
+absl::StatusOr<std::vector<int>> Runtime::Impl::ProcessSetRanks(int32_t id) const {
+  BRAID_RETURN_IF_ERROR(controller_.CheckRunning());
+  absl::MutexLock lock(&sets_mu_);
+  const std::vector<int>* ranks = sets_.Find(id);
+  if (ranks == nullptr) {
+    return absl::NotFoundError(absl::StrCat("process set ", id, " does not exist"));
+  }
+  return *ranks;
+}
+
+std::optional<std::vector<int>> Runtime::Impl::SetRanksOf(int32_t id) const {
+  absl::MutexLock lock(&sets_mu_);
+  const std::vector<int>* ranks = sets_.Find(id);
+  if (ranks == nullptr) return std::nullopt;
+  return *ranks;
+}
+
+absl::StatusOr<std::map<int32_t, std::vector<int>>> Runtime::Impl::ProcessSets() const {
+  BRAID_RETURN_IF_ERROR(controller_.CheckRunning());
+  absl::MutexLock lock(&sets_mu_);
+  return sets_.sets();
+}
+
+void Runtime::Impl::ApplyProcessSetChange(const Bucket& bucket) {
+  absl::Status s;
+  {
+    absl::MutexLock lock(&sets_mu_);
+    if (bucket.collective == Collective::kProcessSetAdd) {
+      if (sets_.Find(bucket.target_process_set_id) == nullptr) {  // not a members-only reuse
+        s = sets_.AddAs(bucket.target_process_set_id, bucket.process_set_ranks);
+      }
+    } else {
+      s = sets_.Remove(bucket.target_process_set_id);
+    }
+  }
+  if (!s.ok()) LOG(ERROR) << "rank " << rank_ << ": process set change: " << s;
+  if (bucket.collective == Collective::kProcessSetRemove) {
+    controller_.FailProcessSet(
+        bucket.target_process_set_id,
+        absl::FailedPreconditionError(absl::StrCat(
+            "process set ", bucket.target_process_set_id, " ",
+            RanksText(bucket.process_set_ranks), " was removed by '", bucket.names[0],
+            "' while this collective was pending")));
+  }
 }
 
 void Runtime::Impl::BeginGroup() { controller_.BeginGroup(); }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "control/process_sets.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -41,9 +42,61 @@ Executor::Executor(const Parts& parts)
       size_(parts.control->size()),
       pipeline_(parts.stage, parts.ledger) {
   pipeline_.set_pipelined_copy(parts.pipelined_copy);
+  cur_ = Comms{parts_.planes->For(MemoryKind::kHost), parts_.control, rank_, size_, nullptr};
+}
+
+absl::StatusOr<bool> Executor::SelectComms(const Bucket& bucket) {
+  cur_ = Comms{parts_.planes->For(MemoryKind::kHost), parts_.control, rank_, size_, nullptr};
+  if (bucket.process_set_id == 0) return true;
+  std::optional<std::vector<int>> ranks;
+  if (parts_.process_set_ranks) ranks = parts_.process_set_ranks(bucket.process_set_id);
+  if (!ranks.has_value()) {
+    return absl::InternalError(absl::StrCat("bucket ", bucket.id, " runs in process set ",
+                                            bucket.process_set_id, ", unknown on rank ", rank_));
+  }
+  const int set_rank = SetRank(*ranks, rank_);
+  if (set_rank < 0) return false;
+  auto it = set_channels_.find(bucket.process_set_id);
+  if (it == set_channels_.end() || it->second.ranks != *ranks) {
+    if (!parts_.set_channels) {
+      return absl::InternalError(absl::StrCat("rank ", rank_, " has no channels for process set ",
+                                              bucket.process_set_id));
+    }
+    if (it != set_channels_.end()) set_channels_.erase(it);
+    SetChannels made{*ranks, parts_.set_channels(static_cast<uint32_t>(bucket.process_set_id),
+                                                 *ranks)};
+    it = set_channels_.emplace(bucket.process_set_id, std::move(made)).first;
+  }
+  SetChannels& sc = it->second;
+  cur_ = Comms{sc.channels.data.get(), sc.channels.control.get(), set_rank,
+               static_cast<int>(sc.ranks.size()), &sc.ranks};
+  return true;
+}
+
+void Executor::RunProcessSetChange(const Bucket& bucket) {
+  if (parts_.apply_process_set_change) parts_.apply_process_set_change(bucket);
+  if (bucket.collective == Collective::kProcessSetRemove) {
+    if (auto it = set_channels_.find(bucket.target_process_set_id); it != set_channels_.end()) {
+      removed_sets_stats_ += it->second.channels.data->stats();
+      removed_sets_stats_ += it->second.channels.control->stats();
+      set_channels_.erase(it);
+    }
+  }
+  // The rank that asked for it (a members-only change runs on every rank) gets the set's id.
+  for (const std::string& name : bucket.names) {
+    TensorEntry* e = parts_.in_flight->Find(name);
+    if (e == nullptr) continue;
+    const int32_t id = bucket.target_process_set_id;
+    e->handle->set_output_shape({});
+    e->handle->mutable_output().resize(sizeof(id));
+    std::memcpy(e->handle->mutable_output().data(), &id, sizeof(id));
+  }
+  Finish(bucket.names, absl::OkStatus());
 }
 
 void Executor::Abort(const absl::Status& s) {
+  // A process set's channels share the world's point-to-point layer: aborting the world's
+  // aborts theirs (Note [Channels]).
   parts_.planes->ForEach([&](transport::Communicator& plane) { plane.Abort(s); });
   parts_.control->Abort(s);
 }
@@ -84,6 +137,17 @@ void Executor::Run(const Bucket& bucket) {
     Finish(bucket.names, bucket.error);
     return;
   }
+  if (bucket.collective == Collective::kProcessSetAdd ||
+      bucket.collective == Collective::kProcessSetRemove) {
+    RunProcessSetChange(bucket);  // every rank, whatever its data plane's state
+    return;
+  }
+  absl::StatusOr<bool> member = SelectComms(bucket);
+  if (!member.ok()) {
+    Finish(bucket.names, member.status());
+    return;
+  }
+  if (!*member) return;  // another set's (Note [Process sets])
   if (absl::Status poisoned = Poisoned(); !poisoned.ok()) {
     Finish(bucket.names, poisoned);  // Note [Poisoned data plane]: agreed before the abort
     return;
@@ -208,7 +272,7 @@ absl::Status Executor::RunAllReduce(const Bucket& bucket,
 
 absl::Status Executor::RunJoined(const Bucket& bucket) {
   // The coordinator gives a joined rank only all-reduces and barriers (Note [Join]).
-  if (bucket.collective == Collective::kBarrier) return parts_.control->Barrier();
+  if (bucket.collective == Collective::kBarrier) return cur_.control->Barrier();
   return absl::InternalError(absl::StrCat("rank ", rank_, " has joined and was told to run ",
                                           CollectiveName(bucket.collective), " '",
                                           bucket.names[0], "', which it never submitted"));
@@ -230,12 +294,21 @@ absl::Status Executor::RunCollective(TensorEntry& e, const Bucket& bucket) {
   BRAID_ASSIGN_OR_RETURN(const int64_t n, ShapeElements("shape", r.shape));
   switch (r.collective) {
     case Collective::kBroadcast:
+    {
       if (rank_ == bucket.root_rank && r.output != r.input && n > 0) {
         std::memcpy(r.output, r.input, n * elem);
       }
-      return HostPlane().Broadcast(r.output, n * elem, bucket.root_rank);
+      // The root is a rank of the job; the set's communicator numbers its members.
+      const int root = cur_.ranks == nullptr ? bucket.root_rank
+                                             : SetRank(*cur_.ranks, bucket.root_rank);
+      if (root < 0) {
+        return absl::InternalError(absl::StrCat("'", r.name, "': broadcast root ",
+                                                bucket.root_rank, " is not in its process set"));
+      }
+      return HostPlane().Broadcast(r.output, n * elem, root);
+    }
     case Collective::kBarrier:
-      return parts_.control->Barrier();
+      return cur_.control->Barrier();
     case Collective::kJoin: {
       // Every rank has joined (Note [Join]): the result is the rank that joined last.
       const int32_t last = bucket.last_joined_rank;
@@ -251,7 +324,9 @@ absl::Status Executor::RunCollective(TensorEntry& e, const Bucket& bucket) {
     case Collective::kAllToAll:
       return RunAllToAll(e);
     case Collective::kAllReduce:
-      break;  // the pipeline's
+    case Collective::kProcessSetAdd:
+    case Collective::kProcessSetRemove:
+      break;  // the pipeline's; Run's
   }
   return absl::InternalError(absl::StrCat("'", r.name, "': no direct execution for ",
                                           CollectiveName(r.collective)));
@@ -262,25 +337,32 @@ absl::Status Executor::RunAllGather(TensorEntry& e, const Bucket& bucket) {
   const size_t elem = DataTypeSize(r.dtype);
   BRAID_ASSIGN_OR_RETURN(const int64_t row, RowElements(r.shape));
   std::vector<int64_t> shape = r.shape;
-  std::vector<size_t> bytes(size_);
+  const int size = cur_.size;
+  if (static_cast<int>(bucket.first_dims.size()) != size) {
+    return absl::InternalError(absl::StrCat("'", r.name, "': ", bucket.first_dims.size(),
+                                            " first dimensions for ", size, " ranks"));
+  }
+  std::vector<size_t> bytes(size);
   shape[0] = 0;
-  for (int p = 0; p < size_; ++p) {
+  for (int p = 0; p < size; ++p) {
     bytes[p] = bucket.first_dims[p] * row * elem;
     shape[0] += bucket.first_dims[p];
   }
   void* out = OutputFor(e, shape[0] * row * elem, shape, false);
-  return HostPlane().AllGather(r.input, bytes[rank_], out, bytes);
+  return HostPlane().AllGather(r.input, bytes[cur_.rank], out, bytes);
 }
 
 absl::Status Executor::RunReduceScatter(TensorEntry& e) {
   const CollectiveRequest& r = e.req;
   BRAID_ASSIGN_OR_RETURN(const int64_t row, RowElements(r.shape));
   std::vector<int64_t> shape = r.shape;
-  std::vector<int64_t> rows = EvenRows(r.shape[0], size_);
-  std::vector<size_t> counts(size_);
-  for (int p = 0; p < size_; ++p) counts[p] = rows[p] * row;
-  shape[0] = rows[rank_];
-  void* out = OutputFor(e, counts[rank_] * DataTypeSize(r.dtype), shape, r.output != nullptr);
+  const int size = cur_.size;
+  std::vector<int64_t> rows = EvenRows(r.shape[0], size);
+  std::vector<size_t> counts(size);
+  for (int p = 0; p < size; ++p) counts[p] = rows[p] * row;
+  shape[0] = rows[cur_.rank];
+  void* out = OutputFor(e, counts[cur_.rank] * DataTypeSize(r.dtype), shape,
+                        r.output != nullptr);
   return HostPlane().ReduceScatter(r.input, out, counts, r.dtype, r.op);
 }
 
@@ -289,15 +371,16 @@ absl::Status Executor::RunAllToAll(TensorEntry& e) {
   const size_t elem = DataTypeSize(r.dtype);
   BRAID_ASSIGN_OR_RETURN(const int64_t row, RowElements(r.shape));
   std::vector<int64_t> shape = r.shape;
-  std::vector<int64_t> send_rows = r.splits.empty() ? EvenRows(r.shape[0], size_) : r.splits;
-  std::vector<int64_t> recv_rows(size_);
-  std::vector<size_t> eight(size_, sizeof(int64_t));
+  const int size = cur_.size;
+  std::vector<int64_t> send_rows = r.splits.empty() ? EvenRows(r.shape[0], size) : r.splits;
+  std::vector<int64_t> recv_rows(size);
+  std::vector<size_t> eight(size, sizeof(int64_t));
   // The split exchange sizes the transfer: control traffic.
   BRAID_RETURN_IF_ERROR(
-      parts_.control->AllToAll(send_rows.data(), eight, recv_rows.data(), eight));
-  std::vector<size_t> sb(size_), rb(size_);
+      cur_.control->AllToAll(send_rows.data(), eight, recv_rows.data(), eight));
+  std::vector<size_t> sb(size), rb(size);
   shape[0] = 0;
-  for (int p = 0; p < size_; ++p) {
+  for (int p = 0; p < size; ++p) {
     sb[p] = send_rows[p] * row * elem;
     rb[p] = recv_rows[p] * row * elem;
     shape[0] += recv_rows[p];
@@ -310,6 +393,11 @@ void Executor::Finish(const std::vector<std::string>& names, const absl::Status&
   // This thread's: the planes' and the control channel's counters, as one rank's traffic.
   transport::TransportStats stats = parts_.control->stats();
   parts_.planes->ForEach([&](transport::Communicator& plane) { stats += plane.stats(); });
+  stats += removed_sets_stats_;
+  for (const auto& [id, sc] : set_channels_) {
+    stats += sc.channels.data->stats();
+    stats += sc.channels.control->stats();
+  }
   {
     absl::MutexLock lock(&mu_);
     stats_ = stats;

@@ -12,7 +12,9 @@
 #define BRAID_RUNTIME_EXECUTOR_H_
 
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,7 @@
 #include "runtime/in_flight.h"
 #include "runtime/statistics.h"
 #include "runtime/timeline.h"
+#include "transport/channels.h"
 #include "transport/communicator.h"
 
 namespace braid {
@@ -43,6 +46,13 @@ class Executor {
     bool pipelined_copy = true;
     // The timeline events go to now, or null (runtime_impl.h: Impl::timeline()).
     std::function<std::shared_ptr<Timeline>()> timeline;
+    // Note [Process sets] (control/process_sets.h): the ranks of a set (nullopt: none), the
+    // channels of a set over the world's point-to-point layer (transport::Channels::subset;
+    // null: only the whole world's set runs here), and what a change of the sets does
+    // (called on braid-loop when its bucket runs, before its handle completes).
+    std::function<std::optional<std::vector<int>>(int32_t)> process_set_ranks;
+    std::function<transport::Channels(uint32_t, const std::vector<int>&)> set_channels;
+    std::function<void(const Bucket&)> apply_process_set_change;
   };
   // Every part outlives the executor.
   explicit Executor(const Parts& parts);
@@ -97,17 +107,40 @@ class Executor {
   void Poison(const absl::Status& s);
 
   // The host data plane (Note [Data planes]): a bucket's memory kind comes with device
-  // tensors; until then every bucket is host memory.
-  transport::Communicator& HostPlane() const { return *parts_.planes->For(MemoryKind::kHost); }
+  // tensors; until then every bucket is host memory. The bucket's process set's, while it
+  // runs (Note [Process sets]).
+  transport::Communicator& HostPlane() const { return *cur_.data; }
+
+  // The communicators a bucket runs on: the world's, or its process set's, with this
+  // rank's rank in them and their size.
+  struct Comms {
+    transport::Communicator* data = nullptr;
+    transport::Communicator* control = nullptr;
+    int rank = 0;
+    int size = 1;
+    const std::vector<int>* ranks = nullptr;  // the set's, ascending; null: the world
+  };
+  // False when this rank is not in the bucket's set (it skips the bucket); an error when
+  // the set is unknown here.
+  absl::StatusOr<bool> SelectComms(const Bucket& bucket);
+  // Runs a change of the process sets and completes its handle.
+  void RunProcessSetChange(const Bucket& bucket);
+  struct SetChannels {
+    std::vector<int> ranks;
+    transport::Channels channels;
+  };
 
   const Parts parts_;
   const int rank_;
   const int size_;
+  Comms cur_;  // the bucket's (braid-loop's alone)
+  std::map<int32_t, SetChannels> set_channels_;  // braid-loop's alone, by set id
   AllReducePipeline pipeline_;
   mutable absl::Mutex mu_;  // a leaf
   absl::Status first_timeout_ ABSL_GUARDED_BY(mu_);
   absl::Status poisoned_ ABSL_GUARDED_BY(mu_);  // Note [Poisoned data plane]
   transport::TransportStats stats_ ABSL_GUARDED_BY(mu_);
+  transport::TransportStats removed_sets_stats_;  // braid-loop's: channels of removed sets
 };
 
 }  // namespace braid

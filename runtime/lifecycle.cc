@@ -289,8 +289,17 @@ absl::Status Runtime::Impl::StartLoop(const proto::JobSettings& job) {
     ep.in_flight = &controller_;
     ep.pipelined_copy = config_.pipelined_copy;
     ep.timeline = [this] { return timeline(); };
+    ep.process_set_ranks = [this](int32_t id) { return SetRanksOf(id); };
+    ep.set_channels = channels_.subset;
+    ep.apply_process_set_change = [this](const Bucket& b) { ApplyProcessSetChange(b); };
     executor_ = std::make_unique<Executor>(ep);
   }
+  {
+    absl::MutexLock lock(&sets_mu_);
+    sets_ = ProcessSetTable(size_);  // a new job has only the whole world's set
+    members_only_changes_.clear();
+  }
+  set_changes_ = 0;
   Executor* executor = executor_.get();  // braid-loop's; replaced only by the next Init
   NegotiationController::Parts cp;
   cp.rank = rank_;
@@ -404,6 +413,16 @@ absl::StatusOr<std::shared_ptr<Handle>> Runtime::Enqueue(CollectiveRequest reque
 }
 void Runtime::BeginGroup() { impl_->BeginGroup(); }
 absl::Status Runtime::EndGroup() { return impl_->EndGroup(); }
+absl::StatusOr<int32_t> Runtime::AddProcessSet(std::vector<int> ranks, bool members_only) {
+  return impl_->AddProcessSet(std::move(ranks), members_only);
+}
+absl::Status Runtime::RemoveProcessSet(int32_t id) { return impl_->RemoveProcessSet(id); }
+absl::StatusOr<std::vector<int>> Runtime::ProcessSetRanks(int32_t id) const {
+  return impl_->ProcessSetRanks(id);
+}
+absl::StatusOr<std::map<int32_t, std::vector<int>>> Runtime::ProcessSets() const {
+  return impl_->ProcessSets();
+}
 absl::StatusOr<transport::TransportStats> Runtime::transport_stats() const {
   return impl_->transport_stats();
 }

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,12 +47,22 @@ struct CollectiveRequest {
   ReduceOp op = ReduceOp::kAverage;
   int root_rank = 0;               // broadcast
   std::vector<int64_t> splits;     // alltoall: rows of dim 0 sent to each rank; empty = even
+  // Note [Process sets] (control/process_sets.h): the set that runs it (0: every rank). A
+  // rank outside the set gets InvalidArgument; a broadcast's root_rank is a rank of the job
+  // in the set; the all-gather's and reduce-scatter's blocks and the all-to-all's splits go
+  // by rank in the set (the members in ascending order); an average divides by the set's
+  // size. Names are per set: sets may use the same names.
   int process_set_id = 0;
   // allreduce only: a compression spec (compression/registry.h), e.g. "fp16", "fp4:ef=1";
   // "" = the job's default (BRAID_COMPRESSION), which applies to floating-point sum/average
   // all-reduces only. Every rank must ask for the same one (else an error on every rank).
   // Enqueue resolves it once into its canonical method, which travels to the coordinator.
   std::string compression;
+  // Set by AddProcessSet / RemoveProcessSet for their changes (Collective::kProcessSetAdd,
+  // kProcessSetRemove) only.
+  std::vector<int> process_set_ranks;
+  int32_t target_process_set_id = 0;
+  bool members_only = false;
 };
 
 // The parts Init may be given instead of the real ones (Note [Injected parts],
@@ -125,6 +136,24 @@ class Runtime {
   // is not running.
   void BeginGroup();
   absl::Status EndGroup();
+
+  // Note [Process sets] (control/process_sets.h). Adds a process set of `ranks` (any order,
+  // no repeats) and returns its id once every rank agreed: every rank calls AddProcessSet and
+  // RemoveProcessSet in the same order with the same arguments (blocking, like a
+  // collective). With `members_only`, only `ranks` call it (torch's new_group) and an
+  // existing set with these ranks is returned. Errors on every rank: InvalidArgument (bad
+  // ranks; a rank asked for another change, naming the ranks and what each asked for),
+  // AlreadyExists (a set with these ranks exists, naming it), ResourceExhausted (more than
+  // kMaxProcessSets sets); the collective's errors (DeadlineExceeded, Unavailable).
+  // FailedPrecondition when not initialised.
+  absl::StatusOr<int32_t> AddProcessSet(std::vector<int> ranks, bool members_only = false);
+  // Removes set `id`: its collectives still pending fail on every member, naming the set.
+  // InvalidArgument for set 0 or a set that does not exist (on every rank).
+  absl::Status RemoveProcessSet(int32_t id);
+  // The ranks of set `id` (0: the whole world), ascending; NotFound when there is none.
+  absl::StatusOr<std::vector<int>> ProcessSetRanks(int32_t id) const;
+  // Every set but the whole world's, by id.
+  absl::StatusOr<std::map<int32_t, std::vector<int>>> ProcessSets() const;
 
   // Transport bytes this rank has put on the data plane since Init (updated as each
   // collective completes). FailedPrecondition when not initialised.

@@ -50,7 +50,10 @@
 #ifndef BRAID_RUNTIME_RUNTIME_IMPL_H_
 #define BRAID_RUNTIME_RUNTIME_IMPL_H_
 
+#include <atomic>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,6 +62,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "compression/stage.h"
+#include "control/process_sets.h"
 #include "runtime/controller.h"
 #include "runtime/data_planes.h"
 #include "runtime/deps.h"
@@ -88,6 +92,10 @@ class Runtime::Impl {
   absl::Status ReportFailure(const std::string& name, const absl::Status& cause);
   void BeginGroup();
   absl::Status EndGroup();
+  absl::StatusOr<int32_t> AddProcessSet(std::vector<int> ranks, bool members_only);
+  absl::Status RemoveProcessSet(int32_t id);
+  absl::StatusOr<std::vector<int>> ProcessSetRanks(int32_t id) const;
+  absl::StatusOr<std::map<int32_t, std::vector<int>>> ProcessSets() const;
   absl::StatusOr<transport::TransportStats> transport_stats() const;
   absl::StatusOr<std::string> transport_description() const;
   absl::StatusOr<CompressionReport> compression_report() const;
@@ -128,7 +136,17 @@ class Runtime::Impl {
   void ReleaseParts();  // after a failed Init or at the end of Shutdown
 
   // ---- enqueue.cc ----
-  absl::Status CheckRequest(const CollectiveRequest& r) const;
+  // `set_size`: the size of the request's process set.
+  absl::Status CheckRequest(const CollectiveRequest& r, int set_size) const;
+  // Note [Process sets]: InvalidArgument unless the request's set exists and holds this
+  // rank; the set's size.
+  absl::StatusOr<int> CheckProcessSet(const CollectiveRequest& r) const;
+  // A change of the sets, enqueued and waited for; the handle's int32 output.
+  absl::StatusOr<int32_t> ChangeProcessSets(CollectiveRequest req);
+  // braid-loop, when a change's bucket runs: the mirror follows it and the collectives of a
+  // removed set still in flight here fail.
+  void ApplyProcessSetChange(const Bucket& bucket);
+  std::optional<std::vector<int>> SetRanksOf(int32_t id) const;
   // The all-reduce's compression: its own spec, or the job's default where it applies.
   absl::StatusOr<const compression::CompressionMethod*> ResolveCompression(
       const CollectiveRequest& r) const;
@@ -174,6 +192,14 @@ class Runtime::Impl {
   std::shared_ptr<Timeline> timeline_ ABSL_GUARDED_BY(timeline_mu_);
   int64_t timeline_max_bytes_ = 0;  // BRAID_TIMELINE_MAX_BYTES
   std::thread loop_;
+  // Note [Process sets]: this rank's mirror of the coordinator's sets, changed by braid-loop
+  // as each change's bucket runs; read by the callers' threads. A leaf.
+  mutable absl::Mutex sets_mu_;
+  ProcessSetTable sets_ ABSL_GUARDED_BY(sets_mu_){1};
+  // Changes this rank asked for (the k-th pairs with every rank's k-th): world-wide ones,
+  // and members-only ones per set of ranks.
+  std::atomic<int64_t> set_changes_{0};
+  std::map<std::vector<int>, int64_t> members_only_changes_ ABSL_GUARDED_BY(sets_mu_);
 };
 
 }  // namespace braid

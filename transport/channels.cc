@@ -1,5 +1,6 @@
 #include "transport/channels.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "transport/collective_communicator.h"
@@ -10,26 +11,51 @@ namespace braid::transport {
 namespace {
 
 constexpr int kChannelShift = kTagSeqBits - 1;
-constexpr uint32_t kChannelSeqMask = (uint32_t{1} << kChannelShift) - 1;
+constexpr int kSetShift = kChannelShift - kTagSetBits;
+constexpr uint32_t kSetSeqMask = (uint32_t{1} << kSetShift) - 1;
 
-// One channel's view of a shared point-to-point layer: its tags carry the channel in the
-// sequence field's top bit (Note [Channels]); everything else is the layer's.
+// One channel's view of a shared point-to-point layer, for the whole world or for one
+// process set: its tags carry the channel in the sequence field's top bit and the set's slot
+// below it (Note [Channels], Note [Tag layout]); a set's view numbers its members 0..n-1.
+// Everything else is the layer's.
 class ChannelPointToPoint final : public PointToPoint {
  public:
-  ChannelPointToPoint(std::shared_ptr<PointToPoint> base, uint32_t channel)
-      : base_(std::move(base)), channel_(channel) {}
+  ChannelPointToPoint(std::shared_ptr<PointToPoint> base, uint32_t channel, uint32_t slot = 0,
+                      std::vector<int> ranks = {})
+      : base_(std::move(base)), channel_(channel), slot_(slot), ranks_(std::move(ranks)) {
+    if (!ranks_.empty()) {
+      rank_ = static_cast<int>(std::find(ranks_.begin(), ranks_.end(), base_->rank()) -
+                               ranks_.begin());
+    }
+  }
 
-  int rank() const override { return base_->rank(); }
-  int size() const override { return base_->size(); }
+  int rank() const override { return ranks_.empty() ? base_->rank() : rank_; }
+  int size() const override {
+    return ranks_.empty() ? base_->size() : static_cast<int>(ranks_.size());
+  }
   absl::Status PostSend(int peer, Tag tag, const void* buf, size_t bytes,
                         Request* req) override {
-    return base_->PostSend(peer, Map(tag), buf, bytes, req);
+    absl::Status s = base_->PostSend(Peer(peer), Map(tag), buf, bytes, req);
+    ToLocal(req);
+    return s;
   }
   absl::Status PostRecv(int peer, Tag tag, void* buf, size_t bytes, Request* req) override {
-    return base_->PostRecv(peer, Map(tag), buf, bytes, req);
+    absl::Status s = base_->PostRecv(Peer(peer), Map(tag), buf, bytes, req);
+    ToLocal(req);
+    return s;
   }
-  absl::StatusOr<bool> Test(Request* req) override { return base_->Test(req); }
-  void Cancel(absl::Span<Request> reqs) override { base_->Cancel(reqs); }
+  // A set's requests name its ranks; the layer's, the job's (Request::peer).
+  absl::StatusOr<bool> Test(Request* req) override {
+    ToGlobal(req);
+    absl::StatusOr<bool> done = base_->Test(req);
+    ToLocal(req);
+    return done;
+  }
+  void Cancel(absl::Span<Request> reqs) override {
+    for (Request& r : reqs) ToGlobal(&r);
+    base_->Cancel(reqs);
+    for (Request& r : reqs) ToLocal(&r);
+  }
   absl::Status Wait(absl::Time idle_since, absl::Time until) override {
     return base_->Wait(idle_since, until);
   }
@@ -42,13 +68,40 @@ class ChannelPointToPoint final : public PointToPoint {
 
  private:
   uint32_t MapSeq(uint32_t seq) const {
-    return (seq & kChannelSeqMask) | channel_ << kChannelShift;
+    return (seq & kSetSeqMask) | slot_ << kSetShift | channel_ << kChannelShift;
   }
   Tag Map(Tag tag) const { return Tag{MapSeq(tag.seq), tag.slot}; }
+  int Peer(int peer) const { return ranks_.empty() ? peer : ranks_[peer]; }
+  void ToGlobal(Request* r) const {
+    if (!ranks_.empty() && r->peer >= 0 && r->peer < size()) r->peer = ranks_[r->peer];
+  }
+  void ToLocal(Request* r) const {
+    if (ranks_.empty() || r->peer < 0) return;
+    auto it = std::lower_bound(ranks_.begin(), ranks_.end(), r->peer);
+    if (it != ranks_.end() && *it == r->peer) r->peer = static_cast<int>(it - ranks_.begin());
+  }
 
   const std::shared_ptr<PointToPoint> base_;
   const uint32_t channel_;
+  const uint32_t slot_;
+  const std::vector<int> ranks_;  // empty: the whole world
+  int rank_ = 0;
 };
+
+Channels MakeChannels(const std::shared_ptr<PointToPoint>& base, const CollectiveOptions& options,
+                      uint32_t slot, const std::vector<int>& ranks) {
+  Channels c;
+  c.data = std::make_unique<CollectiveCommunicator>(
+      std::make_unique<ChannelPointToPoint>(base, 0, slot, ranks), options);
+  c.control = std::make_unique<CollectiveCommunicator>(
+      std::make_unique<ChannelPointToPoint>(base, 1, slot, ranks), options);
+  if (slot == 0) {
+    c.subset = [base, options](uint32_t set_slot, const std::vector<int>& set_ranks) {
+      return MakeChannels(base, options, set_slot, set_ranks);
+    };
+  }
+  return c;
+}
 
 }  // namespace
 
@@ -61,11 +114,7 @@ PointToPointChannels SplitPointToPoint(std::unique_ptr<PointToPoint> p2p) {
 }
 
 Channels SplitChannels(std::unique_ptr<PointToPoint> p2p, const CollectiveOptions& options) {
-  PointToPointChannels views = SplitPointToPoint(std::move(p2p));
-  Channels c;
-  c.data = std::make_unique<CollectiveCommunicator>(std::move(views.data), options);
-  c.control = std::make_unique<CollectiveCommunicator>(std::move(views.control), options);
-  return c;
+  return MakeChannels(std::shared_ptr<PointToPoint>(std::move(p2p)), options, 0, {});
 }
 
 std::vector<Channels> CreateLocalChannels(int size, const CollectiveOptions& options) {

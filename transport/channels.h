@@ -15,6 +15,8 @@
 #ifndef BRAID_TRANSPORT_CHANNELS_H_
 #define BRAID_TRANSPORT_CHANNELS_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -27,6 +29,11 @@ namespace braid::transport {
 struct Channels {
   std::unique_ptr<Communicator> data;     // tensors
   std::unique_ptr<Communicator> control;  // votes, split exchanges, barriers
+  // The world's channels only: the channels of a process set (Note [Process sets] in
+  // control/process_sets.h) over the same point-to-point layer, `ranks` (ascending, this
+  // rank among them) numbered 0..n-1, with tags in the set's own space `slot` (1 to
+  // 2^kTagSetBits - 1: Note [Tag layout]). Null for channels made otherwise.
+  std::function<Channels(uint32_t slot, const std::vector<int>& ranks)> subset;
 };
 
 // The two point-to-point views of Note [Channels] over `p2p`: `data` and `control`, sharing

@@ -24,7 +24,10 @@
 //         through collectives that need nothing from that peer (a broadcast root's sends), so
 //         two collectives 65536 apart never have messages in flight at once. Communicators
 //         that share one point-to-point layer as channels (transport/channels.h) give the
-//         field's top bit to the channel: 2^15 numbers each, still far beyond that window.
+//         field's top bit to the channel and the next kTagSetBits to the process set (0: the
+//         whole world; Note [Process sets] in control/process_sets.h): 2^10 numbers each,
+//         still far beyond that window (and a receive matches the oldest message of a tag
+//         first: UCX and the in-process backend deliver one pair's messages in order).
 //   slot  below kMaxTagSlots; pipelined algorithms size their pieces to stay below it.
 //
 // The in-process backend matches (source, seq, slot) directly; a later backend maps the Tag
@@ -46,6 +49,8 @@ inline constexpr int kTagPairBits = 32;
 inline constexpr int kTagSeqBits = 16;
 inline constexpr int kTagSlotBits = 16;
 inline constexpr uint32_t kMaxTagSlots = uint32_t{1} << kTagSlotBits;
+// Bits of the sequence field that name a process set's channels (transport/channels.h).
+inline constexpr int kTagSetBits = 5;
 
 // The 64-bit UCX tag of `tag` on a message whose pair field is `pair` (Note [Tag layout]).
 constexpr uint64_t EncodeUcxTag(uint32_t pair, Tag tag) {

@@ -274,8 +274,10 @@ NativeHandle Submit(braid::CollectiveRequest r) {
 // (braid._ops) must keep both arrays alive and unmodified until the handle completes.
 NativeHandle Enqueue(int collective, const std::string& name, int dtype, const py::array& input,
                      std::optional<py::array> output, int op, int root_rank,
-                     const std::vector<int64_t>& splits, const std::string& compression) {
+                     const std::vector<int64_t>& splits, const std::string& compression,
+                     int process_set_id) {
   braid::CollectiveRequest r = NewRequest(collective, name, op, root_rank, splits, compression);
+  r.process_set_id = process_set_id;
   r.dtype = CheckedDataType(dtype, input, "input");
   RequireContiguous(input, "input", false);
   r.shape.assign(input.shape(), input.shape() + input.ndim());
@@ -300,8 +302,10 @@ NativeHandle Enqueue(int collective, const std::string& name, int dtype, const p
 NativeHandle EnqueuePtr(int collective, const std::string& name, int dtype, uintptr_t input,
                         const std::vector<int64_t>& shape, uintptr_t output,
                         size_t output_capacity, int op, int root_rank,
-                        const std::vector<int64_t>& splits, const std::string& compression) {
+                        const std::vector<int64_t>& splits, const std::string& compression,
+                        int process_set_id) {
   braid::CollectiveRequest r = NewRequest(collective, name, op, root_rank, splits, compression);
+  r.process_set_id = process_set_id;
   if (!braid::IsValidDataType(dtype)) {
     Raise(absl::InvalidArgumentError("unknown braid dtype code " + std::to_string(dtype)));
   }
@@ -583,10 +587,42 @@ PYBIND11_MODULE(_braid, m) {
 
   m.def("enqueue", &Enqueue, py::arg("collective"), py::arg("name"), py::arg("dtype"),
         py::arg("input"), py::arg("output"), py::arg("op"), py::arg("root_rank"),
-        py::arg("splits"), py::arg("compression") = "");
+        py::arg("splits"), py::arg("compression") = "", py::arg("process_set_id") = 0);
   m.def("enqueue_ptr", &EnqueuePtr, py::arg("collective"), py::arg("name"), py::arg("dtype"),
         py::arg("input"), py::arg("shape"), py::arg("output"), py::arg("output_capacity"),
-        py::arg("op"), py::arg("root_rank"), py::arg("splits"), py::arg("compression") = "");
+        py::arg("op"), py::arg("root_rank"), py::arg("splits"), py::arg("compression") = "",
+        py::arg("process_set_id") = 0);
+  // Note [Process sets] (control/process_sets.h): Runtime::AddProcessSet and friends.
+  m.def(
+      "add_process_set",
+      [](std::vector<int> ranks, bool members_only) {
+        absl::StatusOr<int32_t> id;
+        {
+          py::gil_scoped_release release;
+          id = braid::GlobalRuntime().AddProcessSet(std::move(ranks), members_only);
+        }
+        return Value(std::move(id));
+      },
+      py::arg("ranks"), py::arg("members_only") = false,
+      "Adds a process set of `ranks` once every rank agreed (collective); its id.");
+  m.def(
+      "remove_process_set",
+      [](int32_t id) {
+        absl::Status s;
+        {
+          py::gil_scoped_release release;
+          s = braid::GlobalRuntime().RemoveProcessSet(id);
+        }
+        Check(s);
+      },
+      py::arg("process_set_id"), "Removes a process set once every rank agreed (collective).");
+  m.def(
+      "process_set_ranks",
+      [](int32_t id) { return Value(braid::GlobalRuntime().ProcessSetRanks(id)); },
+      py::arg("process_set_id"), "The ranks of a process set, ascending (NotFoundError: none).");
+  m.def(
+      "process_sets", []() { return Value(braid::GlobalRuntime().ProcessSets()); },
+      "Every process set but the whole world's: {id: ranks}.");
   m.def(
       "start_timeline",
       [](const std::string& path) {

@@ -56,6 +56,7 @@ TORCH_API = TORCH_MPI_OPS_API | {
     "load_compression_state", "start_timeline",
     "stop_timeline", "transport_description", "Compression", "Compressor",
     "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
+    "ProcessSet", "add_process_set", "remove_process_set",
     "broadcast_object", "allgather_object", "nccl_built", "mpi_built", "gloo_built",
     "cuda_built", "rocm_built", "is_homogeneous", "mpi_enabled", "gloo_enabled",
     "mpi_threads_supported", "SyncBatchNorm", "ddp_comm_hook",

@@ -146,7 +146,7 @@ HOROVOD = {
     "alltoall_async": "tensor splits name process_set",
     "reducescatter": "tensor name compression op process_set prescale_factor postscale_factor",
     "reducescatter_async": "tensor name op process_set prescale_factor postscale_factor",
-    "init": "comm process_sets", "synchronize": "handle", "poll": "handle", "barrier": "process_set", "join": "device",
+    "init": "comm process_sets", "synchronize": "handle", "poll": "handle", "barrier": "process_set", "join": "device process_set",
     "broadcast_parameters": "params root_rank process_set",
     "broadcast_optimizer_state": "optimizer root_rank model process_set",
     "broadcast_object": "obj root_rank name process_set",
@@ -158,7 +158,7 @@ HOROVOD = {
 for fn, want in HOROVOD.items():
     got = list(inspect.signature(getattr(hvd, fn)).parameters)
     assert got[:len(want.split())] == want.split(), f"{fn}{inspect.signature(getattr(hvd, fn))}"
-for kwargs, words in (({"comm": [0]}, "comm=[0]"), ({"process_sets": "dynamic"}, "process sets")):
+for kwargs, words in (({"comm": [0]}, "comm=[0]"), ({"process_sets": "static"}, "dynamic")):
     try:
         hvd.init(**kwargs)
         raise AssertionError(f"init({kwargs}) did not raise")

@@ -124,9 +124,9 @@ class Handle(HandleBase):
 
 
 def _enqueue(collective, name, arr, code, output=None, op=ReduceOp.Average, root_rank=0,
-             splits=(), target=None, compression=None):
+             splits=(), target=None, compression=None, process_set_id=0):
     native = enqueue_array(collective, name, arr, code, output, op, root_rank, splits,
-                           compression)
+                           compression, process_set_id)
     h = Handle(native, collective, (arr, output, target), output, target, arr.dtype)
     keep_alive(h)  # the arrays of a running collective outlive a dropped Handle
     return h
@@ -330,7 +330,7 @@ def alltoall(tensor, splits=None, name=None):
 _BARRIER_NAME = "barrier"
 
 
-def barrier(name=None):
+def barrier(name=None, process_set_id=0):
     """Returns once every rank has called barrier() (with the same name).
 
     An unnamed barrier is named ``"barrier"`` on every rank (no counter), so barriers pair
@@ -339,7 +339,8 @@ def barrier(name=None):
     step)."""
     name = _BARRIER_NAME if name is None else name
     arr = np.empty((0,), dtype=np.uint8)
-    synchronize(_enqueue("barrier", name, arr, dtype_code("uint8"), op=ReduceOp.Sum))
+    synchronize(_enqueue("barrier", name, arr, dtype_code("uint8"), op=ReduceOp.Sum,
+                         process_set_id=process_set_id))
 
 
 # --- join -----------------------------------------------------------------------------------
@@ -347,7 +348,7 @@ def barrier(name=None):
 _JOIN_NAME = "braid.join"  # the same on every rank: one join() round at a time
 
 
-def join():
+def join(process_set_id=0):
     """Uneven inputs (Horovod's ``join``): call it on a rank that has run out of data.
 
     Blocks until every rank has called ``join()`` and returns, on every rank, the rank that
@@ -375,5 +376,5 @@ def join():
     """
     arr = np.empty((0,), dtype=np.uint8)
     return synchronize(_enqueue("join", _JOIN_NAME, arr, dtype_code("uint8"),
-                                op=ReduceOp.Sum))
+                                op=ReduceOp.Sum, process_set_id=process_set_id))
 

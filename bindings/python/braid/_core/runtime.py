@@ -29,7 +29,8 @@ _COLL = _braid.COLLECTIVES
 # --- process-wide state ----------------------------------------------------------------------
 
 _lock = threading.Lock()
-_counters = {}       # collective -> next default-name index
+_counters = {}       # (collective, process set id) -> next default-name index
+_dynamic_sets = False  # init(process_sets="dynamic")
 _init_pid = None     # the process that called init() (forked children must not shut it down)
 _topology = None     # (rank, size, local_rank, local_size, is_homogeneous) at init, for forked
                      # children
@@ -51,14 +52,153 @@ def check_process(fn):
             f"{os.getpid()} (a fork of it); a forked child cannot use the parent's job")
 
 
-def next_name(collective):
+def next_name(collective, process_set_id=0):
     """The name of this process's next unnamed call of ``collective`` (a str such as
-    ``"allreduce"``): ``"<collective>.noname.<n>"`` with n counting from 0 per collective
-    since ``init()``, so ranks that issue their unnamed calls in the same order agree."""
+    ``"allreduce"``) in process set ``process_set_id``: ``"<collective>.noname.<n>"`` with n
+    counting from 0 per collective and process set since ``init()``, so ranks that issue their
+    unnamed calls of a set in the same order agree (ranks outside a set make none of its
+    calls, and their counters of the other sets must not move)."""
     with _lock:
-        n = _counters.get(collective, 0)
-        _counters[collective] = n + 1
+        n = _counters.get((collective, process_set_id), 0)
+        _counters[(collective, process_set_id)] = n + 1
     return f"{collective}.noname.{n}"
+
+
+# --- process sets ---------------------------------------------------------------------------
+
+class ProcessSet:
+    """A subset of the job's ranks that runs collectives among itself, as Horovod's.
+
+    ``ProcessSet(ranks)``: ``ranks`` a non-empty iterable of distinct ints, the job's ranks of
+    the set (any order; kept ascending). It becomes usable once registered: by
+    ``init(process_sets=[...])`` or ``add_process_set``; ``process_set_id`` is then its id
+    (None before). Pass it as ``process_set=`` to any collective and to
+    ``DistributedOptimizer``: only its ranks call those, an average divides by its size, a
+    broadcast's ``root_rank`` is a rank of the job in the set, an all-gather's blocks come in
+    the order of the set's ranks. A rank outside the set that calls one gets
+    InvalidArgumentError.
+    """
+
+    def __init__(self, ranks):
+        try:
+            ranks = sorted(int(r) for r in ranks)
+        except TypeError:
+            raise InvalidArgumentError(
+                f"ProcessSet({ranks!r}): ranks must be an iterable of ints") from None
+        if not ranks or len(set(ranks)) != len(ranks) or ranks[0] < 0:
+            raise InvalidArgumentError(
+                f"ProcessSet({ranks!r}): ranks must be distinct non-negative ints, at least one")
+        self.ranks = ranks
+        self.process_set_id = None
+
+    def _registered(self, fn):
+        if self.process_set_id is None:
+            raise InvalidArgumentError(
+                f"{fn}: process set {self.ranks} is not registered (pass it to "
+                "init(process_sets=[...]) or add_process_set)")
+        return self.process_set_id
+
+    def size(self):
+        """The number of ranks in the set."""
+        return len(self.ranks)
+
+    def rank(self):
+        """This process's rank in the set (its position among the set's ranks); None when it
+        is not in the set."""
+        r = rank()
+        return self.ranks.index(r) if r in self.ranks else None
+
+    def included(self):
+        """True when this process is in the set."""
+        return rank() in self.ranks
+
+    def __eq__(self, other):
+        return isinstance(other, ProcessSet) and self.ranks == other.ranks
+
+    def __hash__(self):
+        return hash(tuple(self.ranks))
+
+    def __repr__(self):
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+class _GlobalProcessSet(ProcessSet):
+    """The process set of every rank (id 0), always registered."""
+
+    def __init__(self):
+        self.process_set_id = 0
+
+    @property
+    def ranks(self):
+        return list(range(size()))
+
+    def __eq__(self, other):
+        return other is self
+
+    def __hash__(self):
+        return 0
+
+    def __repr__(self):
+        return "global_process_set"
+
+
+global_process_set = _GlobalProcessSet()
+
+
+def process_set_id(fn, process_set):
+    """The id of ``process_set`` (None: the global set) for a call of ``fn``;
+    InvalidArgumentError naming ``fn`` for anything but a registered ProcessSet."""
+    if process_set is None:
+        return 0
+    if not isinstance(process_set, ProcessSet):
+        raise InvalidArgumentError(
+            f"{fn}: process_set must be a ProcessSet (or None for the global one), got "
+            f"{type(process_set).__name__}")
+    return process_set._registered(fn)
+
+
+def _add(process_set, members_only=False):
+    check_process("add_process_set")
+    process_set.process_set_id = _braid.add_process_set(process_set.ranks, members_only)
+    return process_set
+
+
+def add_process_set(process_set):
+    """Registers a process set while the job runs, as Horovod's (``init(process_sets=
+    "dynamic")`` first). ``process_set``: a ProcessSet or an iterable of ranks. Collective:
+    every rank calls it, in the same order as every other add and remove, with the same ranks;
+    returns the registered ProcessSet once every rank agreed. Raises, on every rank:
+    InvalidArgumentError (ranks outside the world; a rank that added or removed something
+    else at this point, naming the ranks and what each asked for), AlreadyExistsError (a set
+    with these ranks is registered), ResourceExhaustedError (31 sets exist besides the
+    global one); FailedPreconditionError when dynamic process sets were not enabled."""
+    if not _dynamic_sets:
+        raise FailedPreconditionError(
+            "add_process_set: dynamic process sets are off; call "
+            "init(process_sets=\"dynamic\") to add and remove sets while the job runs")
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.process_set_id is not None:
+        raise InvalidArgumentError(f"add_process_set: {process_set!r} is already registered")
+    return _add(process_set)
+
+
+def remove_process_set(process_set):
+    """Removes a registered process set, as Horovod's (collective: every rank calls it in
+    the same order as every other add and remove). Its collectives still pending fail on
+    every member with FailedPreconditionError naming the set. Returns True; raises
+    InvalidArgumentError for the global set or a set that is not registered, and
+    FailedPreconditionError when dynamic process sets were not enabled."""
+    if not _dynamic_sets:
+        raise FailedPreconditionError(
+            "remove_process_set: dynamic process sets are off; call "
+            "init(process_sets=\"dynamic\") to add and remove sets while the job runs")
+    if process_set is global_process_set:
+        raise InvalidArgumentError("remove_process_set: the global process set cannot be removed")
+    check_process("remove_process_set")
+    _braid.remove_process_set(process_set_id("remove_process_set", process_set))
+    process_set.process_set_id = None
+    return True
 
 
 def _atexit_shutdown():
@@ -86,26 +226,34 @@ def init(comm=None, process_sets=None):
     forked child of an initialized process). Ctrl-C while it waits for the other ranks to
     register raises KeyboardInterrupt promptly and leaves braid uninitialized.
 
-    ``comm`` and ``process_sets`` are Horovod's parameters, so that its calls mean the same
-    here: braid always joins the whole job (``comm=None``) and has only the global process
-    set (``process_sets`` None or empty); anything else raises InvalidArgumentError before
-    joining.
+    ``comm`` and ``process_sets`` are Horovod's parameters: braid always joins the whole job
+    (``comm=None``, else InvalidArgumentError). ``process_sets``: a list of ProcessSet to
+    register (in that order, on every rank alike: their ids are 1, 2, ...), or ``"dynamic"``
+    to allow ``add_process_set`` / ``remove_process_set`` while the job runs.
     """
-    global _init_pid, _atexit_registered, _topology
+    global _init_pid, _atexit_registered, _topology, _dynamic_sets
     if comm is not None:
         raise InvalidArgumentError(
             f"init(comm={comm!r}): braid always joins the whole job its launcher describes; "
             "communicators and subsets of ranks are not supported (pass comm=None)")
-    if process_sets is not None and (isinstance(process_sets, str) or list(process_sets)):
+    dynamic = isinstance(process_sets, str)
+    if dynamic and process_sets != "dynamic":
         raise InvalidArgumentError(
-            f"init(process_sets={process_sets!r}): process sets other than the global one "
-            "are not supported yet (pass process_sets=None)")
+            f"init(process_sets={process_sets!r}): pass a list of ProcessSet or \"dynamic\"")
+    static_sets = [] if dynamic or process_sets is None else list(process_sets)
+    for ps in static_sets:
+        if not isinstance(ps, ProcessSet) or ps is global_process_set:
+            raise InvalidArgumentError(
+                f"init(process_sets=...): {ps!r} is not a ProcessSet of some ranks")
     check_process("init()")
     was = _braid.is_initialized()
     _braid.init()
     if not was:
         with _lock:
             _counters.clear()
+        _dynamic_sets = dynamic
+        for ps in static_sets:
+            _add(ps)
     _init_pid = os.getpid()
     _topology = (_braid.rank(), _braid.size(), _braid.local_rank(), _braid.local_size(),
                  _braid.is_homogeneous())
@@ -205,13 +353,22 @@ def reports_failures(fn):
     before anything can be refused: the refusal is reported under the name the other ranks
     generated for the same call, and every rank's counter advances alike."""
     collective = fn.__name__.split("_async")[0]  # allreduce_async_ -> allreduce
-    pos = list(inspect.signature(fn).parameters).index("name")
+    params = list(inspect.signature(fn).parameters)
+    pos = params.index("name")
+    set_pos = params.index("process_set") if "process_set" in params else None
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         name = kwargs["name"] if "name" in kwargs else args[pos] if pos < len(args) else None
+        ps = (kwargs.get("process_set") if "process_set" in kwargs
+              else args[set_pos] if set_pos is not None and set_pos < len(args) else None)
+        # Note [Process sets]: a set's calls are named and reported within the set; a call
+        # with a bad process_set, or on a set without this rank, concerns no other rank.
+        ps_id = (ps.process_set_id if isinstance(ps, ProcessSet) else 0) if ps is not None else 0
+        member = ps is None or (isinstance(ps, ProcessSet) and ps_id is not None
+                                and (ps_id == 0 or rank() in ps.ranks))
         if name is None:
-            name = next_name(collective)
+            name = next_name(collective, ps_id if member else -1)
             if pos < len(args):
                 args = args[:pos] + (name,) + args[pos + 1:]
             else:
@@ -220,11 +377,12 @@ def reports_failures(fn):
             return fn(*args, **kwargs)
         except InvalidArgumentError as e:
             # A name without a UTF-8 form cannot travel, so no rank can have submitted it.
-            if (isinstance(name, str) and is_utf8(name)
+            if (isinstance(name, str) and is_utf8(name) and member
                     and not getattr(e, "_braid_reported", False)
                     and not forked_child() and _braid.is_initialized()):
                 try:
-                    _braid.report_failure(name, _INVALID_ARGUMENT, str(e))
+                    _braid.report_failure(name if ps_id == 0 else f"ps{ps_id}/{name}",
+                                          _INVALID_ARGUMENT, str(e))
                 except BraidError:
                     pass  # a name that cannot travel, or one in flight: nothing to tell
                 e._braid_reported = True  # once: an outer wrapped call must not again
@@ -254,7 +412,7 @@ def _enqueued(enqueue, *args):
 
 
 def enqueue_array(collective, name, arr, code, output=None, op=Average, root_rank=0,
-                  splits=(), compression=None):
+                  splits=(), compression=None, process_set_id=0):
     """Hands a collective on NumPy arrays to the runtime; returns the native handle.
 
     ``collective``: "allreduce", "allgather", "broadcast", "reducescatter", "alltoall",
@@ -270,11 +428,11 @@ def enqueue_array(collective, name, arr, code, output=None, op=Average, root_ran
     """
     root_rank = _checked_root(collective, name, root_rank, compression)
     return _enqueued(_braid.enqueue, _COLL[collective], name, code, arr, output, int(op),
-                     root_rank, list(splits), compression or "")
+                     root_rank, list(splits), compression or "", process_set_id)
 
 
 def enqueue_pointer(collective, name, code, data, shape, out_data=0, out_bytes=0,
-                    op=Average, root_rank=0, splits=(), compression=None):
+                    op=Average, root_rank=0, splits=(), compression=None, process_set_id=0):
     """Hands a collective on memory given by address to the runtime (a framework's tensor,
     ``tensor.data_ptr()``); returns the native handle.
 
@@ -285,4 +443,5 @@ def enqueue_pointer(collective, name, code, data, shape, out_data=0, out_bytes=0
     """
     root_rank = _checked_root(collective, name, root_rank, compression)
     return _enqueued(_braid.enqueue_ptr, _COLL[collective], name, code, data, list(shape),
-                     out_data, out_bytes, int(op), root_rank, list(splits), compression or "")
+                     out_data, out_bytes, int(op), root_rank, list(splits), compression or "",
+                     process_set_id)

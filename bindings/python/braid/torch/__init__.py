@@ -52,6 +52,8 @@ from .._core import compression as _compression, runtime as _runtime, stats as _
 from .._core.compression import *  # noqa: F401,F403  (compression_state, load_...)
 from .._core.runtime import *  # noqa: F401,F403  (init, shutdown, size, rank, ...)
 from .._core.stats import *  # noqa: F401,F403  (compression_stats, fusion_stats, timeline)
+# Process sets: braid.torch's collectives take them (the NumPy API does not yet).
+from .._core.runtime import ProcessSet, add_process_set, remove_process_set  # noqa: F401
 from . import mpi_ops
 from .compression import Compression, Compressor  # noqa: F401
 from .ddp_comm_hooks import ddp_comm_hook  # noqa: F401
@@ -124,10 +126,11 @@ def mpi_threads_supported():
     return False
 
 
-__all__ = sorted(_runtime.__all__ + _stats.__all__ + _compression.__all__ + mpi_ops.__all__ + [
+__all__ = sorted(set(_runtime.__all__ + _stats.__all__ + _compression.__all__ + mpi_ops.__all__ + [
     "allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
     "Compression", "Compressor", "cross_rank", "cross_size", "cuda_built", "ddp_comm_hook",
     "DistributedOptimizer",
     "gloo_built", "gloo_enabled", "mpi_built", "mpi_enabled", "mpi_threads_supported",
-    "nccl_built", "rocm_built", "SyncBatchNorm",
-], key=str.lower)
+    "nccl_built", "rocm_built", "SyncBatchNorm", "ProcessSet", "add_process_set",
+    "remove_process_set",
+]), key=str.lower)

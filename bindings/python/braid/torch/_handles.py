@@ -8,6 +8,7 @@ the caller's thread, after success) turns the runtime's output into the caller's
 
 import math
 import numbers
+import threading
 import warnings
 
 import torch
@@ -66,23 +67,42 @@ def check_op(fn, name, op, average=None):
                                    "Average, Min, Max or Product") from None
 
 
+# Note [Process sets] (control/process_sets.h): every public collective names its process set
+# first (check_process_set), and the enqueues of that call go to it. Kept per thread, so a
+# call's set never leaks into another thread's.
+_call_set = threading.local()
+
+
 def check_process_set(fn, process_set):
-    """InvalidArgumentError naming ``fn`` unless ``process_set`` is None or the global one."""
-    if process_set is not None and process_set is not global_process_set:
-        raise InvalidArgumentError(f"{fn}: process sets other than the global one are not "
-                                   "supported yet")
+    """The id of ``process_set`` (None: the global set), which the collectives this thread
+    enqueues next belong to; InvalidArgumentError naming ``fn`` for anything but a registered
+    ProcessSet."""
+    _call_set.id = 0
+    _call_set.set = None
+    ps_id = _runtime.process_set_id(fn, process_set)
+    _call_set.id = ps_id
+    _call_set.set = process_set if ps_id != 0 else None
+    return ps_id
 
 
-class _GlobalProcessSet:
-    """The process set of every rank (the only one braid has so far)."""
-
-    process_set_id = 0
-
-    def __repr__(self):
-        return "braid.torch.global_process_set"
+def call_process_set():
+    """The ProcessSet of the current call (None: the global one)."""
+    return getattr(_call_set, "set", None)
 
 
-global_process_set = _GlobalProcessSet()
+def call_set_size():
+    """The size of the current call's process set (the world's for the global one)."""
+    ps = getattr(_call_set, "set", None)
+    return _runtime.size() if ps is None else ps.size()
+
+
+def call_set_rank():
+    """This rank's rank in the current call's process set."""
+    ps = getattr(_call_set, "set", None)
+    return _runtime.rank() if ps is None else ps.rank()
+
+
+global_process_set = _runtime.global_process_set
 
 # --- compression ----------------------------------------------------------------------------
 
@@ -251,7 +271,8 @@ def enqueue(collective, name, inp, code, out=None, op=Average, root_rank=0, spli
     objects to keep alive until completion. Errors as braid._core.runtime.enqueue_pointer."""
     native = _runtime.enqueue_pointer(
         collective, name, code, inp.data_ptr(), inp.shape, 0 if out is None else out.data_ptr(),
-        0 if out is None else _nbytes(out), op, root_rank, splits, compression)
+        0 if out is None else _nbytes(out), op, root_rank, splits, compression,
+        getattr(_call_set, "id", 0))
     h = Handle(native, collective, (inp, out) + tuple(keep), finish)
     _core_handles.keep_alive(h)  # the tensors of a running collective outlive a dropped Handle
     return h

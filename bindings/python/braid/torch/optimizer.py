@@ -31,7 +31,10 @@ class _DistributedMixin:
 
     def __init__(self, param_groups, state, defaults, named_parameters, compression,
                  backward_passes_per_step, op, gradient_predivide_factor, sparse_as_dense,
-                 groups, gradient_as_bucket_view):
+                 groups, gradient_as_bucket_view, process_set=None):
+        # Note [Process sets]: every reduction of this optimizer runs in its set (None: the
+        # whole world); an average divides by the set's size.
+        self._process_set = process_set
         self._wrapped = False  # add_param_group() registers parameters once this is True
         super().__init__(param_groups)
         # The wrapped optimizer's defaults (its lr, ...), not those of its class's signature:
@@ -60,7 +63,7 @@ class _DistributedMixin:
         self._grad_accs = []
         self._hooked = set()   # ids of the parameters whose accumulator has our hook
         self._frozen_names = set()  # names agreed frozen (their compression state forgotten)
-        self._single = _runtime.size() == 1
+        self._single = self._set_size() == 1
         self._bucket_view = bool(gradient_as_bucket_view) and not self._single
         self._synchronized = False
         self._should_synchronize = True
@@ -305,11 +308,13 @@ class _DistributedMixin:
         if fc is not None:
             compressed, ctx = fc.compress(grad)
             h = mpi_ops.allreduce_async_(compressed, name=name, op=self._op, prescale_factor=pre,
-                                         postscale_factor=post, compression="none")
+                                         postscale_factor=post, compression="none",
+                                         process_set=self._process_set)
             return ("framework", h, ctx)
         compression = _JOB_DEFAULT if self._compression is None else self._compression
         h = mpi_ops.allreduce_async_(grad, name=name, op=self._op, prescale_factor=pre,
-                                     postscale_factor=post, compression=compression)
+                                     postscale_factor=post, compression=compression,
+                                     process_set=self._process_set)
         return ("dense", h, grad)  # grad: the tensor reduced in place
 
     def _start_sparse(self, p, grad, name):
@@ -319,8 +324,10 @@ class _DistributedMixin:
                 f"{self._op!r}: sparse gradients support Average and Sum only (or pass "
                 "sparse_as_dense=True)")
         g = grad.coalesce()
-        hi = mpi_ops.allgather_async(g.indices().t().contiguous(), name=name + ".indices")
-        hv = mpi_ops.allgather_async(g.values().contiguous(), name=name + ".values")
+        hi = mpi_ops.allgather_async(g.indices().t().contiguous(), name=name + ".indices",
+                                     process_set=self._process_set)
+        hv = mpi_ops.allgather_async(g.values().contiguous(), name=name + ".values",
+                                     process_set=self._process_set)
         return ("sparse", (hi, hv), (g.shape, g.sparse_dim()))
 
     def _finish(self, p, kind, handle, ctx):
@@ -335,7 +342,7 @@ class _DistributedMixin:
             indices = mpi_ops.synchronize(handle[0]).t()
             values = mpi_ops.synchronize(handle[1])
             if self._op == Average:
-                values = values / _runtime.size()
+                values = values / self._set_size()
             p.grad = torch.sparse_coo_tensor(indices, values, ctx[0]).coalesce()
 
     def _check_replacement(self, p, grad, like, when):
@@ -427,6 +434,12 @@ class _DistributedMixin:
             return (_agreement.SPARSE, g.sparse_dim()) if g._nnz() else (_agreement.NONE, 0)
         return _agreement.DENSE, 0
 
+    def _set_size(self):
+        return _runtime.size() if self._process_set is None else self._process_set.size()
+
+    def _set_rank(self):
+        return _runtime.rank() if self._process_set is None else self._process_set.rank()
+
     def _start_agreed(self):
         """Agrees with the other ranks on what this step reduces (Note [Step agreement]),
         starts what this rank has not started of it, and returns the InvalidArgumentError of
@@ -435,7 +448,7 @@ class _DistributedMixin:
         kinds = [self._local_kind(p) for p in params]
         agreed = mpi_ops.synchronize(mpi_ops.allreduce_async_(
             _agreement.record(kinds), name=self._agreement_name, op=mpi_ops.Max,
-            compression="none"))
+            compression="none", process_set=self._process_set))
         decisions = _agreement.decide(agreed)
         todo, frozen = {}, []
         for p, d in zip(params, decisions):
@@ -452,8 +465,9 @@ class _DistributedMixin:
         if not any(d.conflict for d in decisions):
             return None
         codes = mpi_ops.synchronize(mpi_ops.allreduce_async_(
-            _agreement.codes_row(kinds, _runtime.rank(), _runtime.size()),
-            name=self._agreement_name + ".ranks", op=mpi_ops.Sum, compression="none"))
+            _agreement.codes_row(kinds, self._set_rank(), self._set_size()),
+            name=self._agreement_name + ".ranks", op=mpi_ops.Sum, compression="none",
+            process_set=self._process_set))
         return _agreement.disagreement([self._names[p] for p in params], decisions, codes)
 
     def _start_as(self, p, kind, sparse_dim):
@@ -696,7 +710,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         parameters that train (``requires_grad``): a frozen parameter leaves its group
         until it is unfrozen (planned again between steps). num_groups: Horovod's
         older name for an integer ``groups`` (used when ``groups`` is None).
-      process_set: only the global one (None).
+      process_set: the ProcessSet whose ranks train together (None: every rank): the
+        gradients are averaged over its ranks only; only its ranks create the optimizer.
       gradient_as_bucket_view: as DDP's option of that name. False (default): each
         gradient is its own tensor, and the runtime copies the gradients of a fused bucket
         into its fusion buffer and the results back out. True: every parameter's ``.grad``
@@ -780,7 +795,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     return cls(optimizer.param_groups, optimizer.state, optimizer.defaults, named_parameters,
                compression,
                backward_passes_per_step, op, gradient_predivide_factor, sparse_as_dense,
-               groups, bool(gradient_as_bucket_view))
+               groups, bool(gradient_as_bucket_view),
+               None if process_set is None or process_set.process_set_id == 0 else process_set)
 
 
 def _empty_sparse(p, sparse_dim):

@@ -1,0 +1,171 @@
+"""Rank program for process sets (Note [Process sets] in control/process_sets.h), 4 ranks.
+
+    process_sets.py static     init(process_sets=[{0,1}, {2,3}, {1,2,3}]) in Horovod's
+                               style: disjoint sets reduce different tensors at once, each
+                               with its own exact result, one of them stalled on purpose
+                               while the other runs; overlapping sets under load; a rank
+                               outside a set; every compression method, broadcast, allgather
+                               and join inside a set; DistributedOptimizer on 2 of 4 ranks
+    process_sets.py dynamic    init(process_sets="dynamic"): add/remove, mismatched adds
+                               (an error on every rank naming the ranks), a set removed while
+                               one of its collectives is pending
+"""
+
+import sys
+import time
+
+import torch
+
+from braid._core.compression import compression_methods
+
+import braid.torch as hvd
+from _common import RANK, check, expect_raises, log, main
+
+STEPS_OVERLAP = 1000
+
+
+def static():
+    even, odd = hvd.ProcessSet([0, 1]), hvd.ProcessSet([2, 3])
+    upper = hvd.ProcessSet([3, 2, 1])  # any order; kept ascending
+    hvd.init(process_sets=[even, odd, upper])
+    r = hvd.rank()
+    check((even.process_set_id, odd.process_set_id, upper.process_set_id) == (1, 2, 3),
+          f"ids {even.process_set_id}, {odd.process_set_id}, {upper.process_set_id}")
+    check(upper.ranks == [1, 2, 3] and upper.size() == 3, f"upper {upper!r}")
+    check(even.included() == (r < 2) and odd.included() == (r >= 2), "included()")
+    check(upper.rank() == (None if r == 0 else r - 1), f"upper.rank() {upper.rank()}")
+    mine = even if r < 2 else odd
+
+    # Disjoint sets at once, the same names in both, each its own exact result.
+    x = torch.full((5,), float(r + 1))
+    got = hvd.allreduce(x, name="grad", op=hvd.Sum, process_set=mine)
+    want = 1 + 2 if r < 2 else 3 + 4
+    check(torch.equal(got, torch.full((5,), float(want))), f"disjoint sum {got}")
+    avg = hvd.allreduce(x, name="grad.avg", process_set=mine)
+    check(torch.equal(avg, torch.full((5,), want / 2.0)), f"disjoint average {avg}")
+
+    # A set stalled on purpose does not delay the other: ranks 2, 3 wait 3 s before their
+    # call; ranks 0, 1 run 20 all-reduces meanwhile, well within it.
+    if r >= 2:
+        time.sleep(3.0)
+        hvd.allreduce(x, name="late", process_set=odd)
+    else:
+        t0 = time.monotonic()
+        for i in range(20):
+            hvd.allreduce(x, name=f"quick.{i}", process_set=even)
+        took = time.monotonic() - t0
+        check(took < 2.0, f"set {{0,1}} waited for the stalled set: 20 steps took {took:.2f} s")
+    hvd.barrier()
+
+    # Overlapping sets under load: {1,2,3} and {0,1} / {2,3} interleaved, async, every step.
+    for step in range(STEPS_OVERLAP):
+        hs = []
+        if upper.included():
+            hs.append(hvd.allreduce_async(torch.ones(3) * r, name="ov.up", op=hvd.Sum,
+                                          process_set=upper))
+        hs.append(hvd.allreduce_async(torch.ones(2) * r, name="ov.pair", op=hvd.Sum,
+                                      process_set=mine))
+        hs.append(hvd.allreduce_async(torch.ones(1), name="ov.world", op=hvd.Sum))
+        outs = [hvd.synchronize(h) for h in hs]
+        if step == STEPS_OVERLAP - 1:
+            if upper.included():
+                check(torch.equal(outs[0], torch.full((3,), 6.0)), f"upper {outs[0]}")
+            check(torch.equal(outs[-2], torch.full((2,), 1.0 if r < 2 else 5.0)),
+                  f"pair {outs[-2]}")
+            check(torch.equal(outs[-1], torch.full((1,), 4.0)), f"world {outs[-1]}")
+
+    # A rank outside a set.
+    if r == 0:
+        expect_raises(hvd.InvalidArgumentError,
+                      lambda: hvd.allreduce(x, name="outside", process_set=odd),
+                      "allreduce on a set without this rank", ("not in process set 2", "2, 3"))
+
+    # Broadcast (root: a rank of the job in the set), allgather (set order), barrier.
+    b = hvd.broadcast(torch.full((2,), float(r)), root_rank=3, name="bc", process_set=upper) \
+        if upper.included() else None
+    if upper.included():
+        check(torch.equal(b, torch.full((2,), 3.0)), f"broadcast {b}")
+    g = hvd.allgather(torch.full((r + 1, 2), float(r)), name="ag", process_set=mine)
+    lo = 0 if r < 2 else 2
+    want = torch.cat([torch.full((lo + 1, 2), float(lo)), torch.full((lo + 2, 2), float(lo + 1))])
+    check(torch.equal(g, want), f"allgather in a set {g.tolist()}")
+    hvd.barrier(process_set=mine)
+    if upper.included():
+        expect_raises(hvd.InvalidArgumentError,
+                      lambda: hvd.broadcast(x, root_rank=0, name="bc.bad", process_set=upper),
+                      "broadcast from a root outside the set", "not in process set 3")
+
+    # Every compression method inside a set, on every member alike.
+    for method in compression_methods():
+        t = torch.linspace(-1, 1, 256).reshape(16, 16) * (mine.rank() + 1)
+        out = hvd.allreduce(t, name=f"c.{method}", compression=method, process_set=mine)
+        others = hvd.allgather(out.reshape(1, -1), name=f"c.{method}.same", process_set=mine)
+        check(torch.equal(others[0], others[1]), f"{method}: members differ")
+        if method == "none":
+            check(torch.allclose(out, torch.linspace(-1, 1, 256).reshape(16, 16) * 1.5),
+                  f"none in a set {out[0, :3]}")
+
+    # join inside a set: rank 1 (of {0,1}) runs out of data after 2 steps, rank 0 after 4.
+    if r < 2:
+        steps = 4 if r == 0 else 2
+        for i in range(steps):
+            s = hvd.allreduce(torch.ones(3), name="j.step", op=hvd.Sum, process_set=even)
+            want = 2.0 if i < 2 else 1.0
+            check(torch.equal(s, torch.full((3,), want)), f"join step {i}: {s}")
+        last = hvd.join(process_set=even)
+        check(last == 0, f"join's last rank {last}")
+
+    # DistributedOptimizer on {2,3} only: averages over those 2.
+    if odd.included():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1, bias=False)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                       named_parameters=model.named_parameters(),
+                                       process_set=odd)
+        w0 = model.weight.detach().clone()
+        model(torch.full((1, 4), float(r))).sum().backward()  # gradient: r per weight
+        opt.step()
+        check(torch.allclose(model.weight, w0 - 2.5), f"optimizer in a set {model.weight}")
+    hvd.barrier()
+    hvd.shutdown()
+
+
+def dynamic():
+    hvd.init(process_sets="dynamic")
+    r = hvd.rank()
+    ps = hvd.add_process_set([0, 2])
+    check(ps.process_set_id == 1 and ps.ranks == [0, 2], f"added {ps!r}")
+    if ps.included():
+        s = hvd.allreduce(torch.ones(2) * r, name="d", op=hvd.Sum, process_set=ps)
+        check(torch.equal(s, torch.full((2,), 2.0)), f"dynamic set sum {s}")
+    expect_raises(hvd.AlreadyExistsError, lambda: hvd.add_process_set(hvd.ProcessSet([0, 2])),
+                  "a duplicate set", "already exists as process set 1")
+    # Mismatched adds: rank 3 asks for another set; every rank fails, naming both.
+    want = [1, 3] if r == 3 else [1, 2]
+    expect_raises(hvd.InvalidArgumentError, lambda: hvd.add_process_set(want),
+                  "mismatched add_process_set", ("add_process_set([1, 2]) on ranks 0, 1, 2",
+                                                 "add_process_set([1, 3]) on rank 3"))
+    # A set removed while one of its collectives is pending: rank 0 submits, rank 2 never
+    # does; the removal fails it on rank 0 naming the set.
+    pending = None
+    if r == 0:
+        pending = hvd.allreduce_async(torch.ones(2), name="never", process_set=ps)
+        time.sleep(0.5)
+    check(hvd.remove_process_set(ps) is True, "remove_process_set")
+    if r == 0:
+        expect_raises(hvd.FailedPreconditionError, lambda: hvd.synchronize(pending),
+                      "a collective of a removed set", ("process set 1", "removed"))
+    expect_raises(hvd.InvalidArgumentError,
+                  lambda: hvd.allreduce(torch.ones(1), name="gone", process_set=ps),
+                  "a removed set", "not registered")
+    ps2 = hvd.add_process_set(hvd.ProcessSet([1, 3]))  # the freed id again
+    check(ps2.process_set_id == 1, f"reused id {ps2.process_set_id}")
+    if ps2.included():
+        s = hvd.allreduce(torch.ones(1) * r, name="d", op=hvd.Sum, process_set=ps2)
+        check(torch.equal(s, torch.full((1,), 4.0)), f"reused id's sum {s}")
+    hvd.barrier()
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main({"static": static, "dynamic": dynamic}[sys.argv[1]])
