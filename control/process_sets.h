@@ -16,6 +16,8 @@
 // - A set's tensors are known everywhere by QualifiedName ("ps<id>/<name>"), so negotiation,
 //   the response cache, the fast path, poisons and compression state are per set, and two
 //   disjoint sets may use the same names (two data-parallel groups training one model each).
+//   Under the fast path a set's cached tensor is agreed when every member voted it ready
+//   (Note [Fast path] in runtime/fast_path.h); the votes themselves are the whole job's.
 // - A tensor of set s is ready when every member of s submitted it (or joined s: join is per
 //   set). Every rank receives every response, in one common order; a rank runs those of the
 //   sets it belongs to and skips the others. Sets that share no rank so never wait on each

@@ -51,10 +51,7 @@ std::map<int, std::vector<proto::Response>> NegotiationTable::TakeReplies() {
 int32_t NegotiationTable::CacheInsert(const RequestPtr& agreed) {
   const proto::Collective c = agreed->collective();
   // Barriers are never cached: each must reach the coordinator (Note [Resynchronization]).
-  // Nor are a process set's tensors: the ranks outside the set hold no request of theirs,
-  // and every rank's cache must stay the same (Note [Fast path] in the runtime); they are
-  // negotiated by the coordinator every step (Note [Process sets]).
-  if (cache_capacity_ <= 0 || agreed->process_set_id() != 0 ||
+  if (cache_capacity_ <= 0 ||
       (c != proto::ALLREDUCE && c != proto::BROADCAST && c != proto::REDUCESCATTER)) {
     return 0;
   }

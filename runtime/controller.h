@@ -60,6 +60,8 @@ class NegotiationController : public InFlight {
     bool fast_path = false;
     int64_t fusion_threshold = 0;
     absl::Duration fallback_after = absl::Seconds(1);
+    // Note [Process sets]: the ranks of a set, for the fast path's agreement.
+    ProcessSetRanks process_set_ranks;
   };
   // Checks a request and resolves its compression (runtime_impl.h: Enqueue), under mu_.
   using Validate = std::function<absl::StatusOr<const compression::CompressionMethod*>(

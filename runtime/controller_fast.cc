@@ -110,7 +110,8 @@ bool NegotiationController::FinishFastRound(const absl::Status& gathered_status,
         "the fast path's vote timed out on the data plane: ", vote_status.message())));
   }
   absl::StatusOr<Agreement> agreed =
-      vote_status.ok() ? Agree(gathered, parts_.size, fast_cache_, applied_)
+      vote_status.ok() ? Agree(gathered, parts_.size, fast_cache_, applied_,
+                               parts_.process_set_ranks)
                        : absl::StatusOr<Agreement>(vote_status);
   if (agreed.ok()) {
     ApplyAgreement(*agreed, resend, buckets);
@@ -295,6 +296,8 @@ void NegotiationController::ApplyCoordinatorMessage(const proto::ResponseList& m
         auto entry = table_.find(r.names(i));
         if (r.cache_ids(i) != 0 && entry != table_.end()) {
           fast_cache_.Insert(r.cache_ids(i), r.names(i), entry->second.request_bytes);
+        } else if (r.cache_ids(i) != 0 && r.process_set_id() != 0) {
+          fast_cache_.InsertOutside(r.cache_ids(i), r, i);  // another set's
         }
       }
     }

@@ -24,11 +24,31 @@ constexpr size_t kHeaderWords = 5;
 }  // namespace
 
 void FastPathCache::Insert(int32_t id, const std::string& name, const std::string& bytes) {
+  proto::Request request;
+  request.ParseFromString(bytes);
+  InsertSlot(id, name, bytes, std::move(request));
+}
+
+void FastPathCache::InsertOutside(int32_t id, const proto::Response& r, int i) {
+  proto::Request request;
+  request.set_name(r.names(i));
+  request.set_collective(r.collective());
+  request.set_dtype(r.dtype());
+  request.set_reduce_op(r.reduce_op());
+  request.set_root_rank(r.root_rank());
+  request.set_process_set_id(r.process_set_id());
+  request.set_compression(r.compression());
+  if (i < r.tensor_sizes_size()) request.add_shape(r.tensor_sizes(i));
+  InsertSlot(id, r.names(i), "", std::move(request));  // "": no request of this rank matches
+}
+
+void FastPathCache::InsertSlot(int32_t id, const std::string& name, const std::string& bytes,
+                               proto::Request request) {
   if (int32_t old = IdOf(name); old != 0 && old != id) Evict(old);
   Slot slot;
   slot.name = name;
   slot.bytes = bytes;
-  slot.request.ParseFromString(bytes);
+  slot.request = std::move(request);
   auto [it, inserted] = slots_.insert_or_assign(id, std::move(slot));
   by_name_[name] = id;
   if (inserted) {
@@ -98,7 +118,8 @@ std::vector<uint64_t> EncodeVote(const Vote& v) {
 }
 
 absl::StatusOr<Agreement> Agree(absl::Span<const uint64_t> gathered, int world_size,
-                                const FastPathCache& cache, uint64_t applied) {
+                                const FastPathCache& cache, uint64_t applied,
+                                const ProcessSetRanks& set_ranks) {
   const size_t w = VoteWords(cache.size());
   const size_t per_rank = kHeaderWords + 2 * w;
   if (gathered.size() != per_rank * world_size) {
@@ -128,8 +149,28 @@ absl::StatusOr<Agreement> Agree(absl::Span<const uint64_t> gathered, int world_s
   for (size_t p = 0; p < cache.size(); ++p) {
     const uint64_t bit = uint64_t{1} << (p % 64);
     const int32_t id = cache.IdAt(static_cast<int>(p));
-    if (any[p / 64] & bit) a.invalidate.push_back(id);
-    else if ((all[p / 64] & bit) && !a.joined) a.ready.push_back(id);
+    if (any[p / 64] & bit) {
+      a.invalidate.push_back(id);
+      continue;
+    }
+    if (a.joined) continue;
+    const int32_t set = cache.Find(id)->request.process_set_id();
+    if (set == 0) {
+      if (all[p / 64] & bit) a.ready.push_back(id);
+      continue;
+    }
+    // A process set's slot: ready on every member of the set (the others never mark it; a
+    // set removed meanwhile has none). Every rank applied the same changes of the sets by
+    // this round, so every rank reads the same members.
+    std::optional<std::vector<int>> ranks;
+    if (set_ranks) ranks = set_ranks(set);
+    bool ready = ranks.has_value() && !ranks->empty();
+    for (size_t i = 0; ready && i < ranks->size(); ++i) {
+      const int r = (*ranks)[i];
+      ready = r >= 0 && r < world_size &&
+              (gathered[r * per_rank + kHeaderWords + p / 64] & bit) != 0;
+    }
+    if (ready) a.ready.push_back(id);
   }
   return a;
 }

@@ -18,6 +18,10 @@
 //      order the coordinator sent them, after the round's cached buckets. Their cache
 //      insertions and evictions apply at that point on every rank, so every rank's cache is
 //      the same at every round (the header carries a digest that checks it).
+// A process set's tensor (Note [Process sets] in control/process_sets.h) is cached on every
+// rank alike: a rank outside the set holds a slot made from the coordinator's response
+// (FastPathCache::InsertOutside), never marks it ready, and its slot is agreed when every
+// member of the set marked it, so a set's steps, too, skip the coordinator.
 // While any rank has joined (join() for uneven inputs, Note [Join] in
 // coordinator/negotiation.h), no slot is agreed: a joined rank never marks one ready, and
 // only the coordinator knows to let it take part with the op's identity. Every rank then
@@ -38,7 +42,9 @@
 #define BRAID_RUNTIME_FAST_PATH_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +65,11 @@ class FastPathCache {
   // Adds (or replaces) slot `id` for `bytes`, the serialized request of `name`. An older
   // slot under the same name goes.
   void Insert(int32_t id, const std::string& name, const std::string& bytes);
+  // Adds slot `id` for name i of `r`, the coordinator's response of a process set's tensor
+  // this rank is not in (Note [Process sets] in control/process_sets.h): it holds no request
+  // of it, so the slot's request is made from the response (what planning and voting read:
+  // collective, dtype, op, set, compression and size) and matches no Lookup here.
+  void InsertOutside(int32_t id, const proto::Response& r, int i);
   // Removes slot `id`; returns its name ("" when absent).
   std::string Evict(int32_t id);
   // The id cached for `name` (0: none).
@@ -75,6 +86,8 @@ class FastPathCache {
   void Clear();
 
  private:
+  void InsertSlot(int32_t id, const std::string& name, const std::string& bytes,
+                  proto::Request request);
   std::map<int32_t, Slot> slots_;
   std::map<std::string, int32_t> by_name_;
   std::vector<int32_t> ids_;  // slots_'s keys, in order
@@ -106,8 +119,12 @@ struct Agreement {
 };
 // `gathered` holds every rank's EncodeVote, back to back in rank order. Internal when the
 // ranks' caches differ (a bug: they change only at agreed points), naming the ranks.
+// A slot of a process set (Note [Process sets] in control/process_sets.h) is ready when it is
+// on every member of the set, whose ranks `set_ranks` gives (nullopt: the set is gone).
+using ProcessSetRanks = std::function<std::optional<std::vector<int>>(int32_t)>;
 absl::StatusOr<Agreement> Agree(absl::Span<const uint64_t> gathered, int world_size,
-                                const FastPathCache& cache, uint64_t applied);
+                                const FastPathCache& cache, uint64_t applied,
+                                const ProcessSetRanks& set_ranks = nullptr);
 
 // Groups agreed cache ids (in increasing order) into buckets the way the coordinator fuses
 // ready tensors: all-reduces of one collective, dtype, reduce op, process set and

@@ -309,6 +309,7 @@ absl::Status Runtime::Impl::StartLoop(const proto::JobSettings& job) {
   cp.abort_data_plane = [executor](const absl::Status& s) { executor->Abort(s); };
   cp.first_timeout = [executor](const absl::Status& s) { return executor->FirstTimeout(s); };
   cp.timeline = [this] { return timeline(); };
+  cp.process_set_ranks = [this](int32_t id) { return SetRanksOf(id); };
   cp.cycle_time = config_.cycle_time;
   // Note [Fast path]: job-wide, so every rank votes or none does.
   cp.fast_path = job.fast_path() != 0 && job.cache_capacity() > 0;
