@@ -3,7 +3,8 @@
 // One coordinator runs a job of 2 ranks, then a job of 8: each job's status shows its own
 // counters only, registration costs one Register RPC per rank and no key-value RPC, the
 // coordinator's thread count is the same with 8 ranks as with 2 (streams cost no thread),
-// and `braidctl status --once` follows a job to its end.
+// and `braidctl status --once` follows a job to its end. A job's process sets show in its
+// status and in braidctl's text.
 #include <dirent.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,7 @@
 #include "runtime/runtime.h"
 #include "tests/testing/coordinator_binary.h"
 #include "tests/testing/fork_ranks.h"
+#include "tests/testing/raw_client.h"
 #include "tests/testing/runtime_job.h"
 
 namespace braid {
@@ -262,6 +265,129 @@ TEST(StandaloneCoordinatorTest, TwoJobsInTurnEachShowOnlyTheirOwnCountersAndThre
   EXPECT_GT(first.threads, 0);
   EXPECT_EQ(second.threads, first.threads) << "2 ranks: " << names(first) << "\n8 ranks: "
                                            << names(second);
+}
+
+// Note [Process sets] (control/process_sets.h): a job's sets in its status and in braidctl's
+// text. Three ranks speak the wire protocol as a rank's runtime does (RawClient, in the forked
+// children only; nothing runs on a data plane): every rank adds set {0, 1}, which negotiates
+// 'x' and then waits for rank 1's 'late' (rank 0 submitted it); the world negotiates 'w'.
+// While they wait, braidctl status shows set 1 with its ranks and counts (--json: the Status
+// response; text: its row of the PROCESS SET table) and 'late' under ps1/late.
+TEST(StandaloneCoordinatorTest, StatusShowsTheJobsProcessSetsAndTheirPendingTensors) {
+  StandaloneCoordinator coord;
+  ASSERT_FALSE(coord.address().empty()) << "braid-coordinator did not start";
+  const int size = 3;
+  const std::string secret = getenv("BRAID_JOB_SECRET");
+  const std::string braidctl =
+      absl::StrCat(BRAIDCTL_PATH, " status --coordinator ", coord.address());
+  int rc = -1;
+  std::string forming = RunCommand(braidctl, &rc);
+  EXPECT_EQ(rc, 0) << forming;
+  EXPECT_EQ(forming.find("PROCESS SET"), std::string::npos) << forming;  // a job without sets
+
+  int ready[2], go[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(go), 0);
+  std::string json, text;
+  int json_rc = -1, text_rc = -1;
+  RunRanksOptions o;
+  o.ranks = size;
+  o.deadline = absl::Seconds(60);
+  o.after_start = [&](const std::vector<pid_t>&) {
+    EXPECT_EQ(ReadUntil(ready[0], size, absl::Now() + absl::Seconds(30)), std::string(size, 'r'));
+    json = RunCommand(braidctl + " --json", &json_rc);
+    text = RunCommand(braidctl, &text_rc);
+    const std::string go_bytes(size, 'g');
+    EXPECT_EQ(write(go[1], go_bytes.data(), go_bytes.size()), static_cast<ssize_t>(size));
+  };
+  auto exits = RunRanks(o, [&](int rank) {
+    Checker c{rank};
+    testing::RawClient client(coord.address());
+    proto::RegisterRequest reg_req;
+    reg_req.set_rank(rank);
+    reg_req.set_size(size);
+    reg_req.set_host("wire");
+    reg_req.set_pid(getpid());
+    proto::RegisterResponse reg;
+    grpc::Status registered = client.Register(secret, reg_req, &reg, 30);
+    if (!c.Expect(registered.ok(), "register: " + registered.error_message())) return 1;
+    auto s = client.Negotiate(secret, reg.rank_token());
+    proto::RequestList hello;
+    hello.set_rank(rank);
+    c.Expect(s->stream->Write(hello), "hello");
+    // Reads until every response named in `names` came (each rank receives every response).
+    auto await = [&](std::set<std::string> names) {
+      proto::ResponseList m;
+      while (!names.empty() && s->stream->Read(&m)) {
+        for (const proto::Response& r : m.responses()) {
+          c.Expect(r.type() == proto::Response::OK, "response: " + r.error_message());
+          for (const std::string& n : r.names()) names.erase(n);
+        }
+      }
+      return names.empty();
+    };
+    auto request = [](const std::string& name, int32_t set) {
+      proto::Request r;
+      r.set_name(name);
+      r.set_collective(proto::ALLREDUCE);
+      r.set_dtype(proto::FLOAT32);
+      r.add_shape(4);
+      r.set_compression("none");
+      r.set_process_set_id(set);
+      return r;
+    };
+    proto::RequestList add;
+    add.set_rank(rank);
+    proto::Request* change = add.add_requests();
+    change->set_name("process_set.change.0");  // as the runtime names it
+    change->set_collective(proto::PROCESS_SET_ADD);
+    change->add_process_set_ranks(0);
+    change->add_process_set_ranks(1);
+    c.Expect(s->stream->Write(add), "add the set");
+    if (!c.Expect(await({"process_set.change.0"}), "set added")) return 1;
+    proto::RequestList l;
+    l.set_rank(rank);
+    if (rank < 2) *l.add_requests() = request("ps1/x", 1);
+    if (rank == 0) *l.add_requests() = request("ps1/late", 1);
+    *l.add_requests() = request("w", 0);
+    c.Expect(s->stream->Write(l), "requests");
+    c.Expect(await({"ps1/x", "w"}), "x and w negotiated");
+    c.Expect(client.Heartbeat(secret, reg.rank_token(), rank).ok(), "heartbeat");
+    c.Expect(write(ready[1], "r", 1) == 1, "ready");
+    c.Expect(ReadUntil(go[0], 1, absl::Now() + absl::Seconds(30)) == "g", "go");
+    proto::RequestList bye;
+    bye.set_rank(rank);
+    bye.set_shutdown(true);
+    s->stream->Write(bye);
+    s->stream->WritesDone();
+    proto::ResponseList m;
+    while (s->stream->Read(&m)) {
+    }
+    s->stream->Finish();
+    return c.failures == 0 ? 0 : 1;
+  });
+  for (const RankExit& e : exits) {
+    EXPECT_FALSE(e.timed_out) << "rank " << e.rank;
+    EXPECT_EQ(e.exit_code, 0) << "rank " << e.rank;
+  }
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
+
+  EXPECT_EQ(json_rc, 0) << json;
+  auto st = nlohmann::json::parse(json, nullptr, false);
+  ASSERT_TRUE(st.is_object()) << json;
+  ASSERT_EQ(st["process_sets"].size(), 1u) << json;  // the world's is not listed
+  const auto& set = st["process_sets"][0];
+  EXPECT_EQ(set["id"], 1) << json;
+  EXPECT_EQ(set["ranks"], nlohmann::json::array({0, 1})) << json;
+  EXPECT_EQ(set["tensors_negotiated"], "1") << json;  // int64: a string in proto3 JSON
+  EXPECT_EQ(set["tensors_pending"], "1") << json;
+  EXPECT_EQ(st["tensors_pending"], "1") << json;
+  EXPECT_EQ(text_rc, 0) << text;
+  EXPECT_NE(text.find("\nPROCESS SET  RANKS                    NEGOTIATED   PENDING\n"
+                      "1            0,1                      1            1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\nps1/late "), std::string::npos) << text;
 }
 
 }  // namespace

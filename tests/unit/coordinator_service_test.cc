@@ -395,6 +395,80 @@ TEST_F(StallTest, AStallShutdownShorterThanTheCheckAbortsAtItsOwnTime) {
   ExpectStallAbortOnRank1();
 }
 
+// ---- Process sets in the status (Note [Process sets] in control/process_sets.h) ----
+
+// `rank`'s k-th change of the sets: add `ranks` (remove set `target` when `ranks` is empty),
+// named as the runtime names it.
+proto::RequestList SetChange(int rank, int k, const std::vector<int>& ranks, int32_t target = 0) {
+  proto::RequestList l;
+  l.set_rank(rank);
+  proto::Request* r = l.add_requests();
+  r->set_name("process_set.change." + std::to_string(k));
+  r->set_collective(ranks.empty() ? proto::PROCESS_SET_REMOVE : proto::PROCESS_SET_ADD);
+  for (int m : ranks) r->add_process_set_ranks(m);
+  r->set_target_process_set_id(target);
+  return l;
+}
+
+// An all-reduce of set `set`'s tensor `name`, under its qualified name.
+proto::RequestList SetAllreduce(int rank, int32_t set, const std::string& name) {
+  proto::RequestList l = Allreduce(rank, "ps" + std::to_string(set) + "/" + name);
+  l.mutable_requests(0)->set_process_set_id(set);
+  return l;
+}
+
+// Every set but the world's, by id, with its ranks, the responses negotiated in it and its
+// tensors pending; the world's tensors count in no set, and a removed set leaves the list.
+TEST_F(ServiceTest, StatusListsEverySetButTheWorldsWithItsCounts) {
+  const int n = 3;
+  std::vector<StreamKey> keys;
+  auto sinks = StartJob(n, &keys);
+  EXPECT_EQ(Status().process_sets_size(), 0);
+  for (int r = 0; r < n; ++r) service_->OnRequests(keys[r], SetChange(r, 0, {0, 1}));
+  for (int r = 0; r < n; ++r) service_->OnRequests(keys[r], SetChange(r, 1, {1, 2}));
+  ASSERT_EQ(sinks[2]->sent.size(), 2u);
+  EXPECT_EQ(sinks[2]->sent[0].responses(0).target_process_set_id(), 1);
+  EXPECT_EQ(sinks[2]->sent[1].responses(0).target_process_set_id(), 2);
+  // Set 1 negotiates 'a' twice (two steps) and 'b' once; 'late' waits for rank 1. Set 2's
+  // 'c' waits for rank 2. The world negotiates 'w' and waits for rank 2's 'v'.
+  for (int step = 0; step < 2; ++step) {
+    for (int r : {0, 1}) service_->OnRequests(keys[r], SetAllreduce(r, 1, "a"));
+  }
+  for (int r : {0, 1}) service_->OnRequests(keys[r], SetAllreduce(r, 1, "b"));
+  service_->OnRequests(keys[0], SetAllreduce(0, 1, "late"));
+  service_->OnRequests(keys[1], SetAllreduce(1, 2, "c"));
+  for (int r = 0; r < n; ++r) service_->OnRequests(keys[r], Allreduce(r, "w"));
+  service_->OnRequests(keys[0], Allreduce(0, "v"));
+  service_->OnRequests(keys[1], Allreduce(1, "v"));
+
+  proto::StatusResponse s = Status();
+  EXPECT_EQ(s.tensors_pending(), 3);
+  ASSERT_EQ(s.process_sets_size(), 2) << s.DebugString();
+  EXPECT_EQ(s.process_sets(0).id(), 1);
+  EXPECT_EQ(std::vector<int>(s.process_sets(0).ranks().begin(), s.process_sets(0).ranks().end()),
+            (std::vector<int>{0, 1}));
+  EXPECT_EQ(s.process_sets(0).tensors_negotiated(), 3);
+  EXPECT_EQ(s.process_sets(0).tensors_pending(), 1);
+  EXPECT_EQ(s.process_sets(1).id(), 2);
+  EXPECT_EQ(std::vector<int>(s.process_sets(1).ranks().begin(), s.process_sets(1).ranks().end()),
+            (std::vector<int>{1, 2}));
+  EXPECT_EQ(s.process_sets(1).tensors_negotiated(), 0);
+  EXPECT_EQ(s.process_sets(1).tensors_pending(), 1);
+  // braidctl lists a set's pending tensor under its qualified name.
+  std::vector<std::string> pending;
+  for (const auto& p : s.pending()) pending.push_back(p.name());
+  EXPECT_EQ(pending, (std::vector<std::string>{"ps1/late", "ps2/c", "v"}));
+
+  // Removing set 2 (its 'c' fails) leaves set 1 alone in the list, its counts unchanged.
+  for (int r = 0; r < n; ++r) service_->OnRequests(keys[r], SetChange(r, 2, {}, 2));
+  s = Status();
+  EXPECT_EQ(s.tensors_pending(), 2);
+  ASSERT_EQ(s.process_sets_size(), 1) << s.DebugString();
+  EXPECT_EQ(s.process_sets(0).id(), 1);
+  EXPECT_EQ(s.process_sets(0).tensors_negotiated(), 3);
+  EXPECT_EQ(s.process_sets(0).tensors_pending(), 1);
+}
+
 // ---- One job at a time (Note [One job at a time]) ----
 
 TEST_F(ServiceTest, TheNextJobStartsFromZeroAndTheEndedOneStaysReadable) {

@@ -6,10 +6,12 @@
 // its address at start) for one job's status: every rank's host, pid, state and last contact,
 // the job's counters and settings, per compression method the tensors negotiated and the
 // bytes the ranks measured (uncompressed, payload, transport: summed over ranks, reported
-// with heartbeats), and the tensors waiting for some ranks (stalled ones flagged, with the
-// ranks missing). A status is always one job's: a coordinator that runs several jobs one
-// after the other starts every counter afresh for each. --json prints the StatusResponse
-// message as JSON with its proto field names (stable: fields are only ever added).
+// with heartbeats), its process sets (each one's ranks, tensors negotiated and pending; shown
+// only when the job has sets), and the tensors waiting for some ranks (stalled ones flagged,
+// with the ranks missing; a process set's under its qualified name, ps<id>/<name>). A status
+// is always one job's: a coordinator that runs several jobs one after the other starts every
+// counter afresh for each. --json prints the StatusResponse message as JSON with its proto
+// field names (stable: fields are only ever added).
 //
 // --once follows one job, the coordinator's current one when braidctl starts, to its end:
 // it waits (without polling; the coordinator answers when the job ends), prints that job's
@@ -101,6 +103,20 @@ void PrintTable(const braid::proto::StatusResponse& s, const std::string& addres
                 r.rank() < 0 ? "-" : std::to_string(r.rank()).c_str(), r.host().c_str(),
                 static_cast<long long>(r.pid()), r.state().c_str(),
                 r.last_seen_ms_ago() < 0 ? "never" : (Duration(r.last_seen_ms_ago()) + " ago").c_str());
+  }
+  // Note [Process sets] (control/process_sets.h): only a job that has sets shows them; their
+  // pending tensors are listed below under their qualified names (ps<id>/<name>).
+  if (s.process_sets_size() > 0) {
+    std::printf("\n%-12s %-24s %-12s %s\n", "PROCESS SET", "RANKS", "NEGOTIATED", "PENDING");
+    for (const auto& p : s.process_sets()) {
+      std::printf("%-12d %-24s %-12lld %lld\n", p.id(), absl::StrJoin(p.ranks(), ",").c_str(),
+                  static_cast<long long>(p.tensors_negotiated()),
+                  static_cast<long long>(p.tensors_pending()));
+    }
+    if (s.settings().fast_path() != 0) {
+      std::printf("(NEGOTIATED by the coordinator; fast-path steps count in the job's totals "
+                  "only)\n");
+    }
   }
   if (s.pending_size() > 0) {
     std::printf("\n%-32s %-9s %-16s %-16s %s\n", "PENDING TENSOR", "WAITING", "READY RANKS",
