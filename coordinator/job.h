@@ -152,6 +152,8 @@ class Job {
   void Shutdown(const absl::Status& why, Completions* out);
 
   void FillStatus(absl::Time now, proto::StatusResponse* out) const;
+  // FillStatus's process sets (the job has a negotiation table).
+  void FillProcessSets(proto::StatusResponse* out) const;
 
  private:
   struct Pending {

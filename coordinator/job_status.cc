@@ -79,6 +79,22 @@ std::vector<proto::CompressionStat> Job::CompressionStats() const {
   return out;
 }
 
+void Job::FillProcessSets(proto::StatusResponse* resp) const {
+  // Note [Process sets] (control/process_sets.h): every set but the world's, by id, with what
+  // the coordinator negotiated in it (the ranks report their fast path per method only, not
+  // per set: those steps count in the job's totals, in no set's).
+  const std::map<int32_t, NegotiationTable::SetCounts> counts = table_->process_set_counts();
+  for (const auto& [id, ranks] : table_->process_sets().sets()) {
+    proto::ProcessSetStatus* ps = resp->add_process_sets();
+    ps->set_id(id);
+    for (int r : ranks) ps->add_ranks(r);
+    if (auto it = counts.find(id); it != counts.end()) {
+      ps->set_tensors_negotiated(it->second.negotiated);
+      ps->set_tensors_pending(it->second.pending);
+    }
+  }
+}
+
 void Job::FillStatus(absl::Time now, proto::StatusResponse* resp) const {
   resp->set_job_id(id());
   resp->set_phase(phase_);
@@ -125,19 +141,7 @@ void Job::FillStatus(absl::Time now, proto::StatusResponse* resp) const {
   if (!table_) return;
   resp->set_tensors_negotiated(table_->tensors_negotiated() + fast_tensors);
   resp->set_bytes_negotiated(table_->bytes_negotiated() + fast_bytes);
-  // Note [Process sets] (control/process_sets.h): every set but the world's, by id, with what
-  // the coordinator negotiated in it (the ranks report their fast path per method only, not
-  // per set: those steps count in the job's totals above, in no set's).
-  const std::map<int32_t, NegotiationTable::SetCounts> counts = table_->process_set_counts();
-  for (const auto& [id, ranks] : table_->process_sets().sets()) {
-    proto::ProcessSetStatus* ps = resp->add_process_sets();
-    ps->set_id(id);
-    for (int r : ranks) ps->add_ranks(r);
-    if (auto it = counts.find(id); it != counts.end()) {
-      ps->set_tensors_negotiated(it->second.negotiated);
-      ps->set_tensors_pending(it->second.pending);
-    }
-  }
+  FillProcessSets(resp);
   const absl::Duration check = absl::Milliseconds(settings_.stall_check_ms());
   auto pending = table_->PendingTensors(now);
   resp->set_tensors_pending(static_cast<int64_t>(pending.size()));

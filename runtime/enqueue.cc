@@ -241,6 +241,13 @@ absl::StatusOr<std::vector<int>> Runtime::Impl::ProcessSetRanks(int32_t id) cons
   return *ranks;
 }
 
+void Runtime::Impl::ResetProcessSets() {
+  absl::MutexLock lock(&sets_mu_);
+  sets_ = ProcessSetTable(size_);  // a new job has only the whole world's set
+  members_only_changes_.clear();
+  set_changes_ = 0;
+}
+
 std::optional<std::vector<int>> Runtime::Impl::SetRanksOf(int32_t id) const {
   absl::MutexLock lock(&sets_mu_);
   const std::vector<int>* ranks = sets_.Find(id);

@@ -294,12 +294,7 @@ absl::Status Runtime::Impl::StartLoop(const proto::JobSettings& job) {
     ep.apply_process_set_change = [this](const Bucket& b) { ApplyProcessSetChange(b); };
     executor_ = std::make_unique<Executor>(ep);
   }
-  {
-    absl::MutexLock lock(&sets_mu_);
-    sets_ = ProcessSetTable(size_);  // a new job has only the whole world's set
-    members_only_changes_.clear();
-  }
-  set_changes_ = 0;
+  ResetProcessSets();
   Executor* executor = executor_.get();  // braid-loop's; replaced only by the next Init
   NegotiationController::Parts cp;
   cp.rank = rank_;

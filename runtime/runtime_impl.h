@@ -147,6 +147,7 @@ class Runtime::Impl {
   // removed set still in flight here fail.
   void ApplyProcessSetChange(const Bucket& bucket);
   std::optional<std::vector<int>> SetRanksOf(int32_t id) const;
+  void ResetProcessSets();  // a new job's: the whole world's set only
   // The all-reduce's compression: its own spec, or the job's default where it applies.
   absl::StatusOr<const compression::CompressionMethod*> ResolveCompression(
       const CollectiveRequest& r) const;

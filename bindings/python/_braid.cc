@@ -510,6 +510,7 @@ class RuntimeBridge final : public braid::bridge::Runtime {
     r.root_rank = b.root_rank;
     r.splits = std::move(b.splits);
     r.compression = std::move(b.compression);
+    r.process_set_id = b.process_set_id;
     r.shape = std::move(b.shape);
     r.input = b.input;
     r.output = b.output;

@@ -19,7 +19,7 @@
 
 namespace braid::bridge {
 
-inline constexpr int kVersion = 1;
+inline constexpr int kVersion = 2;
 inline constexpr const char* kCapsuleName = "braid._braid.runtime_bridge";
 
 // absl::StatusCode's value (0 = OK) and the runtime's message.
@@ -44,7 +44,15 @@ struct Request {
   int root_rank = 0;
   std::vector<int64_t> splits;
   std::string compression;  // "" = the job's default (BRAID_COMPRESSION)
+  int process_set_id = 0;   // 0: the whole job (Note [Process sets] in control/process_sets.h)
 };
+
+// The name the job knows process set `process_set_id`'s tensor `name` by: braid's
+// QualifiedName (control/process_sets.h), which this header cannot include (standard-library
+// types only); a failure reported under a set's tensor takes this name.
+inline std::string QualifiedName(int process_set_id, const std::string& name) {
+  return process_set_id == 0 ? name : "ps" + std::to_string(process_set_id) + "/" + name;
+}
 
 // One enqueued collective (braid::Handle). Completes exactly once.
 class Operation {

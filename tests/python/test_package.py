@@ -39,6 +39,7 @@ NUMPY_API = ERRORS_AND_OPS | {
     "alltoall_async", "barrier", "join", "poll", "synchronize", "broadcast_object",
     "allgather_object", "compression_stats", "fusion_stats", "compression_state",
     "load_compression_state", "start_timeline", "stop_timeline", "transport_description",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 }
 # Horovod's horovod.torch.mpi_ops: the collectives, handles, errors and ops.
 TORCH_MPI_OPS_API = ERRORS_AND_OPS | {

@@ -265,14 +265,19 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   // torch's store-based barrier of new_group() until its timeout.
   // `timeout_s`: init_process_group's timeout (<= 0: none), after which a collective that has
   // not completed fails on this rank (see CompleteInOrder).
+  // `process_set_id`: the braid process set a subgroup runs in (new_group; 0: the whole
+  // job), whose ranks of the job are `ranks` in the group's rank order (empty: 0..size-1).
   ProcessGroupBraid(int rank, int size, std::string group, std::string compression,
-                    std::string refusal, double timeout_s)
+                    std::string refusal, double timeout_s, int process_set_id = 0,
+                    std::vector<int> ranks = {})
       : c10d::ProcessGroup(rank, size),
         runtime_(TheRuntime()),
         group_(std::move(group)),
         compression_(std::move(compression)),
         refusal_(std::move(refusal)),
-        timeout_s_(timeout_s) {
+        timeout_s_(timeout_s),
+        process_set_id_(process_set_id),
+        ranks_(std::move(ranks)) {
     completer_ = std::thread([this] { CompleteInOrder(); });
   }
 
@@ -399,7 +404,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
       CheckRoot(name, "broadcast", opts.rootRank);
       at::Tensor buffer = t.is_contiguous() ? t : t.contiguous();
       bridge::Request r = Request(kBroadcast, name, buffer, buffer.data_ptr(), kSum);
-      r.root_rank = static_cast<int>(opts.rootRank);
+      r.root_rank = JobRank(opts.rootRank);
       return Enqueue(name, c10d::OpType::BROADCAST, {t}, std::move(r), {buffer},
                      CopyBackIfStaged(t, buffer));
     });
@@ -483,7 +488,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
       }
       // A broadcast of the root's concatenated inputs; each rank keeps its own part.
       bridge::Request r = Request(kBroadcast, name, buffer, buffer.data_ptr(), kSum);
-      r.root_rank = static_cast<int>(opts.rootRank);
+      r.root_rank = JobRank(opts.rootRank);
       const int64_t at = n * getRank();
       return Enqueue(name, c10d::OpType::SCATTER, {out}, std::move(r), {buffer},
                      [out, buffer, at, n](const bridge::Operation*) mutable {
@@ -646,12 +651,21 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     } catch (const RuntimeRefusal&) {
       throw;
     } catch (const Refusal& e) {
-      (void)runtime_->ReportFailure(name, {3, e.why()});  // the runtime adds the class
+      // The runtime adds the class. A subgroup's names are its process set's.
+      (void)runtime_->ReportFailure(bridge::QualifiedName(process_set_id_, name),
+                                    {3, e.why()});
       throw;
     } catch (const std::exception& e) {
-      (void)runtime_->ReportFailure(name, {3, e.what()});
+      (void)runtime_->ReportFailure(bridge::QualifiedName(process_set_id_, name),
+                                    {3, e.what()});
       throw;
     }
+  }
+
+  // The job's rank of the group's rank `group_rank` (torch passes group ranks; braid's
+  // broadcast root is a rank of the job).
+  int JobRank(int64_t group_rank) const {
+    return ranks_.empty() ? static_cast<int>(group_rank) : ranks_[group_rank];
   }
 
   c10::intrusive_ptr<c10d::Work> Unsupported(const char* what) {
@@ -751,6 +765,7 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
     r.collective = collective;
     r.name = name;
     r.op = op;
+    r.process_set_id = process_set_id_;
     const int code = DTypeCode(t.scalar_type());
     if (code >= 0) {
       r.dtype = code;
@@ -984,6 +999,8 @@ class ProcessGroupBraid : public c10d::ProcessGroup {
   const std::string compression_;
   const std::string refusal_;
   const double timeout_s_;
+  const int process_set_id_;
+  const std::vector<int> ranks_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Pending> pending_;
@@ -1009,12 +1026,14 @@ PYBIND11_MODULE(process_group, m) {
       m, "ProcessGroupBraid")
       .def(py::init([](int rank, int size, const std::string& group,
                        const std::string& compression, const std::string& refusal,
-                       double timeout_s) {
+                       double timeout_s, int process_set_id, std::vector<int> ranks) {
              return c10::make_intrusive<ProcessGroupBraid>(rank, size, group, compression,
-                                                           refusal, timeout_s);
+                                                           refusal, timeout_s, process_set_id,
+                                                           std::move(ranks));
            }),
            py::arg("rank"), py::arg("size"), py::arg("group"), py::arg("compression"),
-           py::arg("refusal") = "", py::arg("timeout_s") = 0.0)
+           py::arg("refusal") = "", py::arg("timeout_s") = 0.0, py::arg("process_set_id") = 0,
+           py::arg("ranks") = std::vector<int>{})
       .def_property_readonly("group_name", &ProcessGroupBraid::group)
       .def_property_readonly("compression", &ProcessGroupBraid::compression)
       .def_property_readonly("calls", &ProcessGroupBraid::calls)

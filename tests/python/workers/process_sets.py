@@ -14,11 +14,12 @@
 import sys
 import time
 
+import numpy as np
 import torch
 
-from braid._core.compression import compression_methods
-
+import braid
 import braid.torch as hvd
+from braid._core.compression import compression_methods
 from _common import RANK, check, expect_raises, log, main
 
 STEPS_OVERLAP = 1000
@@ -94,6 +95,29 @@ def static():
         expect_raises(hvd.InvalidArgumentError,
                       lambda: hvd.broadcast(x, root_rank=0, name="bc.bad", process_set=upper),
                       "broadcast from a root outside the set", "not in process set 3")
+
+    # all-to-all and reduce-scatter go by rank in the set.
+    if upper.included():
+        k = upper.rank()
+        sent = torch.arange(6, dtype=torch.float32) + 10 * k  # rows 2j, 2j+1 go to member j
+        got = hvd.alltoall(sent, name="a2a", process_set=upper)
+        want = torch.tensor([10.0 * j + 2 * k + i for j in range(3) for i in range(2)])
+        check(torch.equal(got, want), f"alltoall in a set {got.tolist()}")
+        rs = hvd.reducescatter(torch.ones(7, 2), name="rs", op=hvd.Sum, process_set=upper)
+        check(rs.shape == ((3 if k == 0 else 2), 2) and bool((rs == 3).all()),
+              f"reducescatter in a set {rs.shape} {rs}")
+        # Objects and parameters from a root of the set.
+        check(hvd.broadcast_object({"r": r}, root_rank=2, process_set=upper) == {"r": 2},
+              "broadcast_object in a set")
+        check(hvd.allgather_object(r, process_set=upper) == [1, 2, 3], "allgather_object")
+        lin = torch.nn.Linear(2, 2)
+        with torch.no_grad():
+            lin.weight.fill_(float(r))
+        hvd.broadcast_parameters(lin.state_dict(), root_rank=3, process_set=upper)
+        check(bool((lin.weight == 3).all()), f"broadcast_parameters in a set {lin.weight}")
+    # The NumPy API in a set, on the same runtime.
+    a = braid.allreduce(np.full(3, r, np.float64), name="np", op=braid.Sum, process_set=mine)
+    check(np.array_equal(a, np.full(3, 1.0 if r < 2 else 5.0)), f"NumPy API in a set {a}")
 
     # Every compression method inside a set, on every member alike.
     for method in compression_methods():

@@ -200,16 +200,31 @@ def collectives(init_method=None):
     expect_runtime_error(lambda: dist.all_gather(outs, torch.ones(2 + rank)),
                          "all_gather of unequal sizes",
                          ("trailing shape differs", "rank 0", f"rank {size - 1}"))
-    # A group of the whole job is a group of its own; a subset is refused at its first call
-    # (new_group itself returns on every rank).
+    # A group of the whole job is a group of its own; a subset runs in a braid process set
+    # (only its members enter the creator): its sums are its members', its roots are group
+    # ranks (group rank 0 is job rank 1 here), and the rank outside it is not held back.
     world = dist.new_group()
     t = base(rank, n)
     dist.all_reduce(t, group=world)
     expect_equal(t, sum(everyone[1:], everyone[0].clone()), "all_reduce on new_group()")
-    subset = dist.new_group(list(range(size - 1)))
-    if rank < size - 1:
-        expect_runtime_error(lambda: dist.all_reduce(torch.ones(2), group=subset),
-                             "a subset group", ("groups of the whole job only",))
+    members = list(range(1, size))
+    subset = dist.new_group(members)
+    again = dist.new_group(members)  # the same ranks again: the same process set
+    if rank in members:
+        t = base(rank, n)
+        dist.all_reduce(t, group=subset)
+        expect_equal(t, sum(everyone[2:], everyone[1].clone()), "all_reduce on a subset")
+        b = torch.full((3,), float(rank))
+        dist.broadcast(b, src=members[0], group=subset)  # torch passes group rank 0
+        expect_equal(b, torch.full((3,), 1.0), "broadcast on a subset")
+        parts = [torch.empty(2) for _ in members]
+        dist.all_gather(parts, torch.full((2,), float(rank)), group=subset)
+        expect_equal(torch.stack(parts), torch.tensor([[float(m)] * 2 for m in members]),
+                     "all_gather on a subset")
+        dist.barrier(group=subset)
+        t = torch.ones(2)
+        dist.all_reduce(t, group=again)
+        expect_equal(t, torch.full((2,), float(len(members))), "a second group of the ranks")
     dist.barrier(group=world)
     # A barrier realigns the group's names: rank 0 makes a call the others do not make;
     # the barrier fails it (braid's pairing boundary), and the calls after it pair again.

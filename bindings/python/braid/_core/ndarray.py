@@ -20,6 +20,7 @@ from .checks import MAX_TENSOR_BYTES, check_op, check_splits
 from .errors import Average, InvalidArgumentError, ReduceOp
 from .handles import HandleBase, keep_alive, poll_handle, wait_handle
 from .runtime import dtype_code, enqueue_array, next_name, rank, reports_failures, size
+from .runtime import process_set_id as _set_id
 
 __all__ = [
     "Handle", "SUPPORTED_DTYPES", "poll", "synchronize", "allreduce", "allreduce_",
@@ -160,7 +161,7 @@ def synchronize(handle, timeout=None):
 # --- all-reduce -----------------------------------------------------------------------------
 
 @reports_failures
-def allreduce_async(tensor, name=None, op=Average, compression=None):
+def allreduce_async(tensor, name=None, op=Average, compression=None, process_set=None):
     """Starts an all-reduce of ``tensor`` into a new array; returns a Handle.
 
     ``tensor``: any array-like of dtype float32, float64, float16, int32, int64 or uint8, of
@@ -184,21 +185,23 @@ def allreduce_async(tensor, name=None, op=Average, compression=None):
     op = check_op(op)
     arr, code = _as_input("allreduce", name, tensor)
     out = np.empty_like(arr)
-    return _enqueue("allreduce", name, arr, code, output=out, op=op, compression=compression)
+    return _enqueue("allreduce", name, arr, code, output=out, op=op, compression=compression,
+                    process_set_id=_set_id("allreduce", process_set))
 
 
-def allreduce(tensor, name=None, op=Average, compression=None):
+def allreduce(tensor, name=None, op=Average, compression=None, process_set=None):
     """All-reduces ``tensor`` across ranks and returns the result as a new array.
 
     Same shape and dtype as ``tensor``, which is left untouched. Every rank must pass the
     same shape, dtype and op (else InvalidArgumentError naming the ranks). Average is the
     sum divided by the world size and needs a floating-point dtype. See allreduce_async.
     """
-    return synchronize(allreduce_async(tensor, name=name, op=op, compression=compression))
+    return synchronize(allreduce_async(tensor, name=name, op=op, compression=compression,
+                                       process_set=process_set))
 
 
 @reports_failures
-def allreduce_async_(tensor, name=None, op=Average, compression=None):
+def allreduce_async_(tensor, name=None, op=Average, compression=None, process_set=None):
     """Starts an in-place all-reduce of ``tensor`` (a writeable numpy.ndarray).
 
     A C-contiguous tensor is reduced in place; any other (a transposed view, another byte
@@ -209,18 +212,20 @@ def allreduce_async_(tensor, name=None, op=Average, compression=None):
     op = check_op(op)
     buf, target, code = _as_inplace("allreduce_", name, tensor)
     return _enqueue("allreduce", name, buf, code, output=buf, op=op, target=target,
-                    compression=compression)
+                    compression=compression,
+                    process_set_id=_set_id("allreduce_", process_set))
 
 
-def allreduce_(tensor, name=None, op=Average, compression=None):
+def allreduce_(tensor, name=None, op=Average, compression=None, process_set=None):
     """All-reduces ``tensor`` in place and returns it. See allreduce_async_."""
-    return synchronize(allreduce_async_(tensor, name=name, op=op, compression=compression))
+    return synchronize(allreduce_async_(tensor, name=name, op=op, compression=compression,
+                                        process_set=process_set))
 
 
 # --- all-gather -----------------------------------------------------------------------------
 
 @reports_failures
-def allgather_async(tensor, name=None):
+def allgather_async(tensor, name=None, process_set=None):
     """Starts an all-gather of ``tensor`` (at least 1-D); returns a Handle.
 
     The first dimension may differ across ranks; the trailing dimensions and dtype must
@@ -229,18 +234,19 @@ def allgather_async(tensor, name=None):
     """
     name = next_name("allgather") if name is None else name
     arr, code = _as_input("allgather", name, tensor)
-    return _enqueue("allgather", name, arr, code)
+    return _enqueue("allgather", name, arr, code,
+                    process_set_id=_set_id("allgather", process_set))
 
 
-def allgather(tensor, name=None):
+def allgather(tensor, name=None, process_set=None):
     """All-gathers ``tensor`` along dim 0 and returns a new array. See allgather_async."""
-    return synchronize(allgather_async(tensor, name=name))
+    return synchronize(allgather_async(tensor, name=name, process_set=process_set))
 
 
 # --- broadcast ------------------------------------------------------------------------------
 
 @reports_failures
-def broadcast_async(tensor, root_rank, name=None):
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
     """Starts a broadcast of ``root_rank``'s tensor into a new array on every rank.
 
     Every rank passes a tensor of the same shape and dtype; ``tensor`` itself is left
@@ -249,32 +255,33 @@ def broadcast_async(tensor, root_rank, name=None):
     name = next_name("broadcast") if name is None else name
     arr, code = _as_input("broadcast", name, tensor)
     out = np.empty_like(arr)
-    return _enqueue("broadcast", name, arr, code, output=out, root_rank=root_rank)
+    return _enqueue("broadcast", name, arr, code, output=out, root_rank=root_rank,
+                    process_set_id=_set_id("broadcast", process_set))
 
 
-def broadcast(tensor, root_rank, name=None):
+def broadcast(tensor, root_rank, name=None, process_set=None):
     """Returns a new array with ``root_rank``'s ``tensor``. See broadcast_async."""
-    return synchronize(broadcast_async(tensor, root_rank, name=name))
+    return synchronize(broadcast_async(tensor, root_rank, name=name, process_set=process_set))
 
 
 @reports_failures
-def broadcast_async_(tensor, root_rank, name=None):
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     """Starts an in-place broadcast: ``tensor`` (a writeable ndarray) receives the root's."""
     name = next_name("broadcast") if name is None else name
     buf, target, code = _as_inplace("broadcast_", name, tensor)
     return _enqueue("broadcast", name, buf, code, output=buf, root_rank=root_rank,
-                    target=target)
+                    target=target, process_set_id=_set_id("broadcast_", process_set))
 
 
-def broadcast_(tensor, root_rank, name=None):
+def broadcast_(tensor, root_rank, name=None, process_set=None):
     """Overwrites ``tensor`` with ``root_rank``'s values and returns it."""
-    return synchronize(broadcast_async_(tensor, root_rank, name=name))
+    return synchronize(broadcast_async_(tensor, root_rank, name=name, process_set=process_set))
 
 
 # --- reduce-scatter -------------------------------------------------------------------------
 
 @reports_failures
-def reducescatter_async(tensor, name=None, op=Average):
+def reducescatter_async(tensor, name=None, op=Average, process_set=None):
     """Starts a reduce-scatter of ``tensor`` (at least 1-D, same shape on every rank).
 
     The reduced tensor is split along dim 0: with ``n = tensor.shape[0]`` and world size
@@ -282,26 +289,27 @@ def reducescatter_async(tensor, name=None, op=Average):
     """
     name = next_name("reducescatter") if name is None else name
     op = check_op(op)
+    ps_id = _set_id("reducescatter", process_set)
     arr, code = _as_input("reducescatter", name, tensor)
     out = None
     if arr.ndim > 0:
-        s, r = size(), rank()
+        s, r = (size(), rank()) if ps_id == 0 else (process_set.size(), process_set.rank())
         rows = arr.shape[0] // s + (1 if r < arr.shape[0] % s else 0)
         out = np.empty((rows,) + arr.shape[1:], dtype=arr.dtype)
-    return _enqueue("reducescatter", name, arr, code, output=out, op=op)
+    return _enqueue("reducescatter", name, arr, code, output=out, op=op, process_set_id=ps_id)
 
 
-def reducescatter(tensor, name=None, op=Average):
+def reducescatter(tensor, name=None, op=Average, process_set=None):
     """Reduces ``tensor`` across ranks and returns this rank's share of dim 0.
 
     See reducescatter_async for the split."""
-    return synchronize(reducescatter_async(tensor, name=name, op=op))
+    return synchronize(reducescatter_async(tensor, name=name, op=op, process_set=process_set))
 
 
 # --- all-to-all -----------------------------------------------------------------------------
 
 @reports_failures
-def alltoall_async(tensor, splits=None, name=None):
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
     """Starts an all-to-all of ``tensor`` (at least 1-D); returns a Handle.
 
     ``splits``: rows of dim 0 sent to each rank (``size()`` non-negative integers summing to
@@ -310,19 +318,22 @@ def alltoall_async(tensor, splits=None, name=None):
     ``(rows received,) + tensor.shape[1:]``; trailing dimensions must agree across ranks.
     """
     name = next_name("alltoall") if name is None else name
+    ps_id = _set_id("alltoall", process_set)
     arr, code = _as_input("alltoall", name, tensor)
     sp = ()
     if splits is not None:
         rows = arr.shape[0] if arr.ndim > 0 else 0
-        sp = check_splits(f"alltoall '{name}'", splits, rows, size())
-    return _enqueue("alltoall", name, arr, code, splits=sp)
+        sp = check_splits(f"alltoall '{name}'", splits, rows,
+                          size() if ps_id == 0 else process_set.size())
+    return _enqueue("alltoall", name, arr, code, splits=sp, process_set_id=ps_id)
 
 
-def alltoall(tensor, splits=None, name=None):
+def alltoall(tensor, splits=None, name=None, process_set=None):
     """Exchanges slices of ``tensor`` with every rank and returns the rows received.
 
     See alltoall_async."""
-    return synchronize(alltoall_async(tensor, splits=splits, name=name))
+    return synchronize(alltoall_async(tensor, splits=splits, name=name,
+                                      process_set=process_set))
 
 
 # --- barrier --------------------------------------------------------------------------------
@@ -330,7 +341,7 @@ def alltoall(tensor, splits=None, name=None):
 _BARRIER_NAME = "barrier"
 
 
-def barrier(name=None, process_set_id=0):
+def barrier(name=None, process_set=None):
     """Returns once every rank has called barrier() (with the same name).
 
     An unnamed barrier is named ``"barrier"`` on every rank (no counter), so barriers pair
@@ -338,9 +349,10 @@ def barrier(name=None, process_set_id=0):
     it is how the ranks resynchronize after an error (docs/failures.md: No error shifts a
     step)."""
     name = _BARRIER_NAME if name is None else name
+    ps_id = _set_id("barrier", process_set)
     arr = np.empty((0,), dtype=np.uint8)
     synchronize(_enqueue("barrier", name, arr, dtype_code("uint8"), op=ReduceOp.Sum,
-                         process_set_id=process_set_id))
+                         process_set_id=ps_id))
 
 
 # --- join -----------------------------------------------------------------------------------
@@ -348,7 +360,7 @@ def barrier(name=None, process_set_id=0):
 _JOIN_NAME = "braid.join"  # the same on every rank: one join() round at a time
 
 
-def join(process_set_id=0):
+def join(process_set=None):
     """Uneven inputs (Horovod's ``join``): call it on a rank that has run out of data.
 
     Blocks until every rank has called ``join()`` and returns, on every rank, the rank that
@@ -376,5 +388,5 @@ def join(process_set_id=0):
     """
     arr = np.empty((0,), dtype=np.uint8)
     return synchronize(_enqueue("join", _JOIN_NAME, arr, dtype_code("uint8"),
-                                op=ReduceOp.Sum, process_set_id=process_set_id))
+                                op=ReduceOp.Sum, process_set_id=_set_id("join", process_set)))
 

@@ -22,7 +22,8 @@ from .errors import Average, BraidError, FailedPreconditionError, InvalidArgumen
 from .handles import forget_all
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
-           "is_homogeneous"]
+           "is_homogeneous", "ProcessSet", "global_process_set", "add_process_set",
+           "remove_process_set"]
 
 _COLL = _braid.COLLECTIVES
 
@@ -161,6 +162,14 @@ def _add(process_set, members_only=False):
     check_process("add_process_set")
     process_set.process_set_id = _braid.add_process_set(process_set.ranks, members_only)
     return process_set
+
+
+def members_process_set(ranks):
+    """The ProcessSet of ``ranks``, agreed among those ranks alone (the core's API for
+    torch.distributed's new_group, which only the new group's members enter): an existing
+    set with these ranks is returned rather than refused. Blocks until every one of ``ranks``
+    called it; the errors of add_process_set."""
+    return _add(ProcessSet(ranks), members_only=True)
 
 
 def add_process_set(process_set):

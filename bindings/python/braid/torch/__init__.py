@@ -52,8 +52,6 @@ from .._core import compression as _compression, runtime as _runtime, stats as _
 from .._core.compression import *  # noqa: F401,F403  (compression_state, load_...)
 from .._core.runtime import *  # noqa: F401,F403  (init, shutdown, size, rank, ...)
 from .._core.stats import *  # noqa: F401,F403  (compression_stats, fusion_stats, timeline)
-# Process sets: braid.torch's collectives take them (the NumPy API does not yet).
-from .._core.runtime import ProcessSet, add_process_set, remove_process_set  # noqa: F401
 from . import mpi_ops
 from .compression import Compression, Compressor  # noqa: F401
 from .ddp_comm_hooks import ddp_comm_hook  # noqa: F401
@@ -131,6 +129,5 @@ __all__ = sorted(set(_runtime.__all__ + _stats.__all__ + _compression.__all__ + 
     "Compression", "Compressor", "cross_rank", "cross_size", "cuda_built", "ddp_comm_hook",
     "DistributedOptimizer",
     "gloo_built", "gloo_enabled", "mpi_built", "mpi_enabled", "mpi_threads_supported",
-    "nccl_built", "rocm_built", "SyncBatchNorm", "ProcessSet", "add_process_set",
-    "remove_process_set",
+    "nccl_built", "rocm_built", "SyncBatchNorm",
 ]), key=str.lower)

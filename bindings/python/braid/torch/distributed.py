@@ -98,25 +98,30 @@ def backend_compression():
 
 def _create(opts, pg_options):
     """torch's creator (extended API): a ProcessGroupBraid for the group ``opts`` describes.
-    A group that is not the whole job in its rank order is created, and every call on it
-    raises RuntimeError saying so: raising here would leave the ranks outside the group
-    waiting in new_group()'s store barrier until its timeout."""
+    The whole job, or a subset of it (``dist.new_group(ranks)``), which runs in a braid
+    process set (Note [Process sets] in control/process_sets.h) agreed among its members
+    (torch calls the creator on them only). A group whose ranks are not in ascending order
+    is created, and every call on it raises RuntimeError saying so: raising here would leave
+    the ranks outside the group waiting in new_group()'s store barrier until its timeout."""
     _join_as(opts)
     _runtime.init()
     size, rank = _runtime.size(), _runtime.rank()
     ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
-    refusal = ""
-    if opts.group_size != size or opts.group_rank != rank or ranks != list(range(size)):
-        refusal = (
-            f"braid backend: group '{opts.group_id}' has ranks {ranks} (this process is its "
-            f"rank {opts.group_rank} of {opts.group_size}); braid runs groups of the whole "
-            f"job only, in its rank order ({size} ranks): use a gloo group for subsets")
     timeout_s = opts.timeout.total_seconds()
-    if refusal:
+    if (ranks != sorted(ranks) or len(ranks) != opts.group_size
+            or ranks[opts.group_rank] != rank):
+        refusal = (
+            f"braid backend: group '{opts.group_id}' has ranks {ranks} (this process, rank "
+            f"{rank} of the job, is its rank {opts.group_rank} of {opts.group_size}); braid "
+            "runs groups whose ranks are the job's in ascending order")
         return ProcessGroupBraid(opts.group_rank, opts.group_size, str(opts.group_id), "none",
                                  refusal, timeout_s)
-    group = ProcessGroupBraid(rank, size, str(opts.group_id), backend_compression(), "",
-                              timeout_s)
+    ps_id = 0
+    if ranks != list(range(size)):
+        ps_id = _runtime.members_process_set(ranks).process_set_id
+    group = ProcessGroupBraid(opts.group_rank, opts.group_size, str(opts.group_id),
+                              backend_compression(), "", timeout_s, ps_id,
+                              ranks if ps_id else [])
     _groups.add(group)
     return group
 

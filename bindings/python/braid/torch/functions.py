@@ -20,17 +20,23 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """Returns ``root_rank``'s ``obj`` on every rank (pickled, sent as bytes); the object the
     other ranks pass is ignored. ``name`` defaults to ``"broadcast_object.noname.<n>"`` (not
     the object's type name, as Horovod does: the other ranks usually pass None).
-    ``process_set``: the global one only (InvalidArgumentError otherwise). See
+    ``process_set``: a ProcessSet whose ranks alone call it. See
     ``braid.broadcast_object``."""
     _check_process_set("broadcast_object", process_set)
-    return _objects.broadcast_object(obj, root_rank, name)
+    return _objects.broadcast_object(obj, root_rank, name, _set_or_none(process_set))
 
 
 def allgather_object(obj, name=None, process_set=None):
     """Returns the list of every rank's ``obj`` in rank order (pickled, sent as bytes).
-    ``process_set``: the global one only. See ``braid.allgather_object``."""
+    ``process_set``: a ProcessSet whose ranks alone call it (the list then holds theirs, in
+    the set's order). See ``braid.allgather_object``."""
     _check_process_set("allgather_object", process_set)
-    return _objects.allgather_object(obj, name)
+    return _objects.allgather_object(obj, name, _set_or_none(process_set))
+
+
+def _set_or_none(process_set):
+    """``process_set``, or None for the global one (checked by the caller)."""
+    return None if process_set is None or process_set.process_set_id == 0 else process_set
 
 
 def _named_tensors(params):
@@ -65,14 +71,16 @@ def broadcast_parameters(params, root_rank, process_set=None):
     when they differ (a rank with an extra layer, a different shape), every rank raises
     InvalidArgumentError naming the parameters and the ranks that differ from ``root_rank``,
     instead of some ranks returning and others waiting for a broadcast that never comes.
-    ``process_set``: the global one only (InvalidArgumentError otherwise). Raises
-    InvalidArgumentError for a non-tensor entry and the collectives' errors.
+    ``process_set``: a ProcessSet whose ranks alone call it (``root_rank``, a rank of the
+    job, among them). Raises InvalidArgumentError for a non-tensor entry and the
+    collectives' errors.
     """
     _check_process_set("broadcast_parameters", process_set)
+    ps = _set_or_none(process_set)
     items = _named_tensors(params)
-    _verify_layout(items, root_rank)
+    _verify_layout(items, root_rank, process_set=ps)
     handles = [mpi_ops.broadcast_async_(t.data if isinstance(t, torch.nn.Parameter) else t,
-                                        root_rank, name=name)
+                                        root_rank, name=name, process_set=ps)
                for name, t in items]
     for h in handles:
         mpi_ops.synchronize(h)
@@ -110,27 +118,33 @@ def _layout_differences(mine, root, rank, root_rank, limit=4):
     return out
 
 
-def _verify_layout(items, root_rank, what="broadcast_parameters", extra=()):
+def _verify_layout(items, root_rank, what="broadcast_parameters", extra=(), process_set=None):
     """Raises InvalidArgumentError on every rank when the ranks' (name, shape, dtype) lists
     differ: first an all-gather of each rank's 32-byte digest (cheap, the usual case), and
     only on a mismatch an all-gather of the lists themselves, to name what differs. ``what``
     is the calling function, named in the error and in the collectives' names; ``extra``:
-    more (label, None, description) entries that must agree too."""
-    size = _runtime.size()
+    more (label, None, description) entries that must agree too. In ``process_set`` (None:
+    the whole job), among its ranks."""
+    ranks = list(range(_runtime.size())) if process_set is None else list(process_set.ranks)
+    size = len(ranks)
     if size == 1:
         return
-    name = _runtime.next_name(what)
+    name = _runtime.next_name(what, 0 if process_set is None else process_set.process_set_id)
     layout = _layout(items) + list(extra)
     digest = hashlib.sha256(repr(layout).encode()).digest()
     digests = mpi_ops.allgather(torch.tensor(list(digest), dtype=torch.uint8),
-                                name=name + ".layout_digest").view(size, len(digest))
+                                name=name + ".layout_digest",
+                                process_set=process_set).view(size, len(digest))
     if all(torch.equal(digests[r], digests[0]) for r in range(1, size)):
         return
-    layouts = _objects.allgather_object(layout, name=name + ".layouts")
-    if not 0 <= root_rank < size:
-        raise InvalidArgumentError(f"{what}: root_rank {root_rank} is not a "
-                                   f"rank of this job (size {size})")
-    differ = [r for r in range(size) if layouts[r] != layouts[root_rank]]
+    by_rank = dict(zip(ranks, _objects.allgather_object(layout, name=name + ".layouts",
+                                                        process_set=process_set)))
+    if root_rank not in by_rank:
+        raise InvalidArgumentError(f"{what}: root_rank {root_rank} is not a rank of "
+                                   + (f"this job (size {size})" if process_set is None
+                                      else f"the process set {ranks}"))
+    layouts = by_rank
+    differ = [r for r in ranks if layouts[r] != layouts[root_rank]]
     details = "; ".join(d for r in differ
                         for d in _layout_differences(layouts[r], layouts[root_rank], r,
                                                      root_rank))
@@ -171,12 +185,13 @@ def _fill(skel, tensors):
     return skel
 
 
-def _broadcast_state(state, root_rank, name):
+def _broadcast_state(state, root_rank, name, process_set=None):
     """``root_rank``'s ``state`` (nested dicts/lists/tuples of tensors and picklable values)
     on every rank: the structure and non-tensor values exactly (pickled), the tensors by
     broadcast (a rank allocates them from the root's shapes and dtypes)."""
     tensors = []
-    skel = _objects.broadcast_object(_skeleton(state, tensors), root_rank, name=name + ".layout")
+    skel = _objects.broadcast_object(_skeleton(state, tensors), root_rank, name=name + ".layout",
+                                     process_set=process_set)
     if _runtime.rank() == root_rank:
         bufs = [t.detach() for t in tensors]
     else:
@@ -185,7 +200,8 @@ def _broadcast_state(state, root_rank, name):
         bufs = [None] * len(slots)
         for s in slots:
             bufs[s.index] = torch.empty(s.shape, dtype=s.dtype)
-    handles = [mpi_ops.broadcast_async_(b, root_rank, name=f"{name}.{i}")
+    handles = [mpi_ops.broadcast_async_(b, root_rank, name=f"{name}.{i}",
+                                        process_set=process_set)
                for i, b in enumerate(bufs)]
     for h in handles:
         mpi_ops.synchronize(h)
@@ -228,7 +244,8 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=None
     root's; nothing is stepped or initialised to make the state exist. ``lr_scheduler``
     (optional; one scheduler or a list): their ``state_dict()`` (epoch counters, ...) is
     broadcast too. ``model`` is accepted for Horovod's signature and unused (no step is
-    taken to create state, so no model is needed); ``process_set``: the global one only.
+    taken to create state, so no model is needed); ``process_set``: a ProcessSet whose
+    ranks alone call it.
     Before any state moves, the ranks compare their optimizers' classes, each parameter
     group's option names and parameters' shapes and dtypes, in order, as
     ``broadcast_parameters`` compares its tensors: when they differ, every rank raises
@@ -238,18 +255,19 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=None
     """
     del model
     _check_process_set("broadcast_optimizer_state", process_set)
+    ps = _set_or_none(process_set)
     _verify_layout([(f"param_groups[{g}][{i}]", p)
                     for g, group in enumerate(optimizer.param_groups)
                     for i, p in enumerate(group["params"])],
-                   root_rank, "broadcast_optimizer_state", _optimizer_kind(optimizer))
-    name = _runtime.next_name("broadcast_optimizer_state")
-    state = _broadcast_state(optimizer.state_dict(), root_rank, name)
+                   root_rank, "broadcast_optimizer_state", _optimizer_kind(optimizer), ps)
+    name = _runtime.next_name("broadcast_optimizer_state", 0 if ps is None else ps.process_set_id)
+    state = _broadcast_state(optimizer.state_dict(), root_rank, name, ps)
     if _runtime.rank() != root_rank:
         optimizer.load_state_dict(state)
     if lr_scheduler is None:
         return
     schedulers = lr_scheduler if isinstance(lr_scheduler, (list, tuple)) else [lr_scheduler]
     for i, s in enumerate(schedulers):
-        sd = _broadcast_state(s.state_dict(), root_rank, f"{name}.lr_scheduler.{i}")
+        sd = _broadcast_state(s.state_dict(), root_rank, f"{name}.lr_scheduler.{i}", ps)
         if _runtime.rank() != root_rank:
             s.load_state_dict(sd)

@@ -40,6 +40,8 @@ from ._handles import (
     MultiHandle as _MultiHandle,
     check_op as _check_op,
     call_process_set as _call_process_set,
+    call_set_rank as _call_set_rank,
+    call_set_size as _call_set_size,
     check_process_set as _check_process_set,
     check_scale as _check_scale,
     check_writable as _check_writable,
@@ -52,13 +54,6 @@ from ._handles import (
 )
 from . import compression as _compression
 
-
-def _no_set_yet(fn, process_set):
-    # The all-to-all's splits and the reduce-scatter's shares are sized by the world here;
-    # within a process set they are not supported yet.
-    if _check_process_set(fn, process_set) != 0:
-        raise InvalidArgumentError(f"{fn}: process sets other than the global one are not "
-                                   "supported for this collective yet")
 
 # Horovod's horovod.torch.mpi_ops exports the ops, errors and handle functions too.
 __all__ = sorted(_errors.__all__ + [
@@ -422,7 +417,7 @@ def _splits_list(fn, name, splits, rows):
             raise InvalidArgumentError(f"{fn} '{name}': splits must be a 1-D integer tensor "
                                        "or a list of ints")
         splits = splits.tolist()
-    return _checks.check_splits(f"{fn} '{name}'", splits, rows, _runtime.size())
+    return _checks.check_splits(f"{fn} '{name}'", splits, rows, _call_set_size())
 
 
 @_runtime.reports_failures
@@ -431,12 +426,13 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
 
     ``splits``: rows of dim 0 sent to each rank (a list or 1-D integer tensor of ``size()``
     non-negative values summing to ``tensor.shape[0]``); None splits dim 0 evenly (it must
-    then divide by the world size). ``synchronize`` returns the rows every rank sent to this
+    then divide by the world size). In a ``process_set``, ranks are the set's (its size, its
+    members in ascending order). ``synchronize`` returns the rows every rank sent to this
     one, concatenated in rank order; when ``splits`` is given, as Horovod does, the pair
     ``(tensor, received_splits)`` with ``received_splits`` an int32 tensor of rows received
     from each rank (exchanged by a second, small all-to-all named ``NAME.splits``).
     """
-    _no_set_yet("alltoall_async", process_set)
+    _check_process_set("alltoall_async", process_set)
     name = _runtime.next_name("alltoall") if name is None else name
     t, code, _ = _wire("alltoall_async", name, tensor)
     if t.dim() == 0:
@@ -458,9 +454,10 @@ class _AlltoallFn(torch.autograd.Function):
     (an all-to-all with the received splits)."""
 
     @staticmethod
-    def forward(ctx, tensor, splits, name):
+    def forward(ctx, tensor, splits, name, process_set):
         ctx.name = name
-        out, received = synchronize(alltoall_async(tensor, splits, name))
+        ctx.process_set = process_set
+        out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
         ctx.received = received
         ctx.mark_non_differentiable(received)
         return out, received
@@ -468,8 +465,9 @@ class _AlltoallFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output, _):
         grad, _ = synchronize(alltoall_async(
-            grad_output, ctx.received, None if ctx.name is None else ctx.name + ".grad"))
-        return grad, None, None
+            grad_output, ctx.received, None if ctx.name is None else ctx.name + ".grad",
+            ctx.process_set))
+        return grad, None, None, None
 
 
 @_runtime.reports_failures
@@ -478,14 +476,15 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
     Differentiable (when ``tensor`` requires grad): the gradient travels back by an
     all-to-all with the received splits."""
-    _no_set_yet("alltoall", process_set)
+    _check_process_set("alltoall", process_set)
     if _needs_grad(tensor):
+        n = _call_set_size()
         if splits is None:
-            rows = tensor.shape[0] // _runtime.size() if tensor.dim() else 0
-            out, _ = _AlltoallFn.apply(tensor, [rows] * _runtime.size(), name)
+            rows = tensor.shape[0] // n if tensor.dim() else 0
+            out, _ = _AlltoallFn.apply(tensor, [rows] * n, name, process_set)
             return out
-        return _AlltoallFn.apply(tensor, splits, name)
-    return synchronize(alltoall_async(tensor, splits, name))
+        return _AlltoallFn.apply(tensor, splits, name, process_set)
+    return synchronize(alltoall_async(tensor, splits, name, process_set))
 
 
 # --- reduce-scatter -------------------------------------------------------------------------
@@ -503,7 +502,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
     ``s``, rank ``r`` receives ``n // s`` rows, plus one when ``r < n % s``, in rank order.
     ``op`` and the scale factors as in allreduce_async. ``tensor`` is left untouched.
     """
-    _no_set_yet("reducescatter_async", process_set)
+    _check_process_set("reducescatter_async", process_set)
     name = _runtime.next_name("reducescatter") if name is None else name
     op = _check_op("reducescatter_async", name, op)
     t, code, wop = _wire("reducescatter_async", name, tensor, op)
@@ -512,8 +511,8 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
         raise InvalidArgumentError(f"reducescatter_async '{name}': needs at least one "
                                    "dimension, got a scalar")
     inp = t.mul(prescale_factor).contiguous() if prescale_factor != 1.0 else _contiguous(t)
-    out = torch.empty((_share(t.shape[0], _runtime.size(), _runtime.rank()),) + tuple(t.shape[1:]),
-                      dtype=t.dtype)
+    out = torch.empty((_share(t.shape[0], _call_set_size(), _call_set_rank()),)
+                      + tuple(t.shape[1:]), dtype=t.dtype)
 
     def finish(native):
         if postscale_factor != 1.0:
@@ -529,16 +528,18 @@ class _ReducescatterFn(torch.autograd.Function):
     the world size for Average)."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, pre, post):
-        ctx.args = (name, op, pre, post)
-        return synchronize(reducescatter_async(tensor, name, op, None, pre, post))
+    def forward(ctx, tensor, name, op, pre, post, process_set):
+        ctx.args = (name, op, pre, post, process_set)
+        return synchronize(reducescatter_async(tensor, name, op, process_set, pre, post))
 
     @staticmethod
     def backward(ctx, grad_output):
-        name, op, pre, post = ctx.args
-        grad = allgather(grad_output, None if name is None else name + ".grad")
-        scale = pre * post / (_runtime.size() if op == Average else 1)
-        return (grad * scale if scale != 1 else grad), None, None, None, None
+        name, op, pre, post, process_set = ctx.args
+        grad = allgather(grad_output, None if name is None else name + ".grad",
+                         process_set=process_set)
+        n = _runtime.size() if process_set is None else process_set.size()
+        scale = pre * post / (n if op == Average else 1)
+        return (grad * scale if scale != 1 else grad), None, None, None, None, None
 
 
 @_runtime.reports_failures
@@ -549,14 +550,15 @@ def reducescatter(tensor, name=None, compression=None, op=Average, process_set=N
     See reducescatter_async. ``compression`` must be None or none: reduce-scatter travels
     uncompressed. Differentiable (when ``tensor`` requires grad).
     """
-    _no_set_yet("reducescatter", process_set)
+    _check_process_set("reducescatter", process_set)
     spec, hook = _compression.resolve(compression, f"reducescatter '{name}'")
     if hook is not None or spec not in (None, "none"):
         raise InvalidArgumentError(f"reducescatter '{name}': compression applies to "
                                    "all-reduce only")
     if _needs_grad(tensor):
-        return _ReducescatterFn.apply(tensor, name, op, prescale_factor, postscale_factor)
-    return synchronize(reducescatter_async(tensor, name, op, None, prescale_factor,
+        return _ReducescatterFn.apply(tensor, name, op, prescale_factor, postscale_factor,
+                                      process_set)
+    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
                                            postscale_factor))
 
 
@@ -564,7 +566,8 @@ def reducescatter(tensor, name=None, compression=None, op=Average, process_set=N
 
 def barrier(process_set=None, name=None):
     """Returns once every rank (of ``process_set``) has called barrier()."""
-    _ndarray.barrier(name, _check_process_set("barrier", process_set))
+    _check_process_set("barrier", process_set)
+    _ndarray.barrier(name, process_set)
 
 
 # --- join -----------------------------------------------------------------------------------
@@ -590,4 +593,5 @@ def join(device=-1, process_set=None):
     by the set's size.
     """
     del device
-    return _ndarray.join(_check_process_set("join", process_set))
+    _check_process_set("join", process_set)
+    return _ndarray.join(process_set)
