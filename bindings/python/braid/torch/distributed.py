@@ -29,9 +29,8 @@ AVG, MIN, MAX, PRODUCT), ``all_reduce_coalesced``, ``broadcast``, ``all_gather``
 ``all_to_all_single``, ``barrier``. Point-to-point calls (``send``, ``recv``,
 ``isend``/``irecv``), bitwise reduce ops and ``PREMUL_SUM`` raise RuntimeError naming the
 operation. Dtypes braid reduces: float32/64, float16, bfloat16, int32, int64, uint8; other
-dtypes travel as bytes for the collectives that only move data. Only groups of the whole
-job in braid's rank order (``new_group(ranks=None)``, or every rank in order); on another,
-every call raises RuntimeError saying so.
+dtypes travel as bytes for the collectives that only move data. ``new_group(ranks)``
+runs in a braid process set of ``ranks`` (docs/process-sets.md), agreed among them.
 
 Names (the backend's collectives have none): a group's n-th call is named
 ``"c10d.<group>.<n>"``, a barrier ``"c10d.<group>.barrier"``; a call one rank refuses still
