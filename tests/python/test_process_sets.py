@@ -7,18 +7,18 @@ import braid_launch
 WORKER = "process_sets.py"
 
 
-def _run(mode):
-    res = braid_launch.run_worker(WORKER, 4, [mode], timeout=240)
+def _run(*args):
+    res = braid_launch.run_worker(WORKER, 4, list(args), timeout=240)
     assert res.returncode == 0, res.output
     assert res.output.count("all checks passed") == 4, res.output
 
 
-def test_static_sets():
+def test_static_sets(tmp_path):
     """init(process_sets=[...]): disjoint sets with the same names and their own exact
-    results; a set stalled 3 s does not delay the other; overlapping sets over 1,000 async
+    results; a set stalled until the other has run 20 steps does not hold it back; overlapping sets over 1,000 async
     steps; a rank outside a set; broadcast, allgather, barrier, join and every compression
     method in a set; DistributedOptimizer on 2 of 4 ranks averages over those 2."""
-    _run("static")
+    _run("static", tmp_path)
 
 
 def test_dynamic_sets():
@@ -26,3 +26,12 @@ def test_dynamic_sets():
     rank naming both, a set removed while a collective of it is pending fails it naming the
     set, the freed id is reused."""
     _run("dynamic")
+
+
+def test_horovods_documented_examples_run_with_only_the_import_changed():
+    """Horovod's documented static and dynamic process-set examples (workers/
+    horovod_process_sets.py), each result checked."""
+    for mode in ("static", "dynamic"):
+        res = braid_launch.run_worker("horovod_process_sets.py", 4, [mode], timeout=120)
+        assert res.returncode == 0, res.output
+        assert res.output.count("all checks passed") == 4, res.output

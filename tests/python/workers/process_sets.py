@@ -1,6 +1,6 @@
 """Rank program for process sets (Note [Process sets] in control/process_sets.h), 4 ranks.
 
-    process_sets.py static     init(process_sets=[{0,1}, {2,3}, {1,2,3}]) in Horovod's
+    process_sets.py static DIR init(process_sets=[{0,1}, {2,3}, {1,2,3}]) in Horovod's
                                style: disjoint sets reduce different tensors at once, each
                                with its own exact result, one of them stalled on purpose
                                while the other runs; overlapping sets under load; a rank
@@ -11,6 +11,7 @@
                                one of its collectives is pending
 """
 
+import os
 import sys
 import time
 
@@ -45,17 +46,23 @@ def static():
     avg = hvd.allreduce(x, name="grad.avg", process_set=mine)
     check(torch.equal(avg, torch.full((5,), want / 2.0)), f"disjoint average {avg}")
 
-    # A set stalled on purpose does not delay the other: ranks 2, 3 wait 3 s before their
-    # call; ranks 0, 1 run 20 all-reduces meanwhile, well within it.
+    # A set stalled on purpose does not delay the other: ranks 2, 3 do not call their set's
+    # collective until rank 0 has finished 20 all-reduces of set {0, 1} and said so in a
+    # file; were set {0, 1} held back by the stalled set, that file would never come.
+    marker = os.path.join(sys.argv[2], "pair-done")
     if r >= 2:
-        time.sleep(3.0)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        check(os.path.exists(marker), "set {0,1} never finished while set {2,3} was stalled")
         hvd.allreduce(x, name="late", process_set=odd)
     else:
-        t0 = time.monotonic()
         for i in range(20):
             hvd.allreduce(x, name=f"quick.{i}", process_set=even)
-        took = time.monotonic() - t0
-        check(took < 2.0, f"set {{0,1}} waited for the stalled set: 20 steps took {took:.2f} s")
+        if r == 0:
+            with open(marker + ".tmp", "w") as f:
+                f.write("done")
+            os.replace(marker + ".tmp", marker)
     hvd.barrier()
 
     # Overlapping sets under load: {1,2,3} and {0,1} / {2,3} interleaved, async, every step.

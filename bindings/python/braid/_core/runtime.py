@@ -140,7 +140,7 @@ class _GlobalProcessSet(ProcessSet):
         return 0
 
     def __repr__(self):
-        return "global_process_set"
+        return f"ProcessSet(process_set_id=0, ranks={self.ranks})"
 
 
 global_process_set = _GlobalProcessSet()
