@@ -380,6 +380,9 @@ const std::vector<std::string>& KnownBraidVariables() {
         // The torch.distributed backend's all-reduce method, read by braid.torch.distributed
         // (docs/torch.md), which checks it with the registry's canonical_compression.
         "BRAID_C10D_COMPRESSION",
+        // Horovod's HOROVOD_DYNAMIC_PROCESS_SETS, read by braid's Python init (docs/
+        // process-sets.md): 1 is init(process_sets="dynamic").
+        "BRAID_DYNAMIC_PROCESS_SETS",
         // The test suite's: the build tree (tests/python), coordinator_wire_test's report.
         "BRAID_BUILD_DIR", "BRAID_MEMORY_TEST_OMIT_APPLIED"};
     for (const Variable& v : kVariables) {

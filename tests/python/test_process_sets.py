@@ -31,7 +31,9 @@ def test_dynamic_sets():
 def test_horovods_documented_examples_run_with_only_the_import_changed():
     """Horovod's documented static and dynamic process-set examples (workers/
     horovod_process_sets.py), each result checked."""
-    for mode in ("static", "dynamic"):
-        res = braid_launch.run_worker("horovod_process_sets.py", 4, [mode], timeout=120)
+    for mode, env in (("static", None), ("dynamic", None),
+                      ("dynamic_env", {"BRAID_DYNAMIC_PROCESS_SETS": "1"})):
+        res = braid_launch.run_worker("horovod_process_sets.py", 4, [mode], timeout=120,
+                                      env=env)
         assert res.returncode == 0, res.output
         assert res.output.count("all checks passed") == 4, res.output

@@ -118,7 +118,7 @@ def test_torchrun_style_launch(tmp_path):
 
 
 SINGLE = r"""
-import inspect, torch, braid.torch as hvd
+import inspect, os, torch, braid.torch as hvd
 for n in hvd.__all__:
     obj = getattr(hvd, n)
     if inspect.isfunction(obj) or inspect.isclass(obj):
@@ -164,7 +164,19 @@ for kwargs, words in (({"comm": [0]}, "comm=[0]"), ({"process_sets": "static"}, 
         raise AssertionError(f"init({kwargs}) did not raise")
     except hvd.InvalidArgumentError as e:
         assert words in str(e) and not hvd.is_initialized(), (kwargs, str(e))
+os.environ["BRAID_DYNAMIC_PROCESS_SETS"] = "yes"
+try:
+    hvd.init()
+    raise AssertionError("BRAID_DYNAMIC_PROCESS_SETS=yes did not raise")
+except hvd.InvalidArgumentError as e:
+    assert "BRAID_DYNAMIC_PROCESS_SETS='yes'" in str(e) and not hvd.is_initialized(), str(e)
+del os.environ["BRAID_DYNAMIC_PROCESS_SETS"]
 hvd.init(comm=None, process_sets=[])
+try:
+    hvd.add_process_set([0])
+    raise AssertionError("add_process_set without dynamic sets did not raise")
+except hvd.FailedPreconditionError as e:
+    assert "dynamic" in str(e), str(e)
 assert (hvd.size(), hvd.rank(), hvd.cross_size(), hvd.cross_rank()) == (1, 0, 1, 0)
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 2)

@@ -2,7 +2,7 @@
 Collective Operations": static sets, then dynamic ones), with only the import line changed,
 on 4 ranks; each result is checked.
 
-    horovod_process_sets.py static | dynamic
+    horovod_process_sets.py static | dynamic | dynamic_env (BRAID_DYNAMIC_PROCESS_SETS=1)
 """
 
 import sys
@@ -31,6 +31,14 @@ def dynamic():
     check(odd_set.process_set_id is None, "a removed set is unregistered")
 
 
+def dynamic_env():
+    # HOROVOD_DYNAMIC_PROCESS_SETS=1 instead of the argument (BRAID_DYNAMIC_PROCESS_SETS=1)
+    hvd.init()
+    even_set = hvd.add_process_set([0, 2])
+    odd_set = hvd.add_process_set([1, 3])
+    _use(even_set, odd_set)
+
+
 def _use(even_set, odd_set):
     printed = [repr(p) for p in [hvd.global_process_set, even_set, odd_set]]
     for p in printed:
@@ -52,4 +60,4 @@ def _use(even_set, odd_set):
 
 
 if __name__ == "__main__":
-    main({"static": static, "dynamic": dynamic}[sys.argv[1]])
+    main({"static": static, "dynamic": dynamic, "dynamic_env": dynamic_env}[sys.argv[1]])

@@ -184,7 +184,8 @@ def add_process_set(process_set):
     if not _dynamic_sets:
         raise FailedPreconditionError(
             "add_process_set: dynamic process sets are off; call "
-            "init(process_sets=\"dynamic\") to add and remove sets while the job runs")
+            "init(process_sets=\"dynamic\") (or set BRAID_DYNAMIC_PROCESS_SETS=1) to add and "
+            "remove sets while the job runs")
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
@@ -201,7 +202,8 @@ def remove_process_set(process_set):
     if not _dynamic_sets:
         raise FailedPreconditionError(
             "remove_process_set: dynamic process sets are off; call "
-            "init(process_sets=\"dynamic\") to add and remove sets while the job runs")
+            "init(process_sets=\"dynamic\") (or set BRAID_DYNAMIC_PROCESS_SETS=1) to add and "
+            "remove sets while the job runs")
     if process_set is global_process_set:
         raise InvalidArgumentError("remove_process_set: the global process set cannot be removed")
     check_process("remove_process_set")
@@ -238,7 +240,8 @@ def init(comm=None, process_sets=None):
     ``comm`` and ``process_sets`` are Horovod's parameters: braid always joins the whole job
     (``comm=None``, else InvalidArgumentError). ``process_sets``: a list of ProcessSet to
     register (in that order, on every rank alike: their ids are 1, 2, ...), or ``"dynamic"``
-    to allow ``add_process_set`` / ``remove_process_set`` while the job runs.
+    to allow ``add_process_set`` / ``remove_process_set`` while the job runs (so does
+    ``BRAID_DYNAMIC_PROCESS_SETS=1``, as Horovod's ``HOROVOD_DYNAMIC_PROCESS_SETS``).
     """
     global _init_pid, _atexit_registered, _topology, _dynamic_sets
     if comm is not None:
@@ -249,7 +252,13 @@ def init(comm=None, process_sets=None):
     if dynamic and process_sets != "dynamic":
         raise InvalidArgumentError(
             f"init(process_sets={process_sets!r}): pass a list of ProcessSet or \"dynamic\"")
-    static_sets = [] if dynamic or process_sets is None else list(process_sets)
+    env = os.environ.get("BRAID_DYNAMIC_PROCESS_SETS", "0")  # Horovod's variable, braid's name
+    if env not in ("0", "1"):
+        raise InvalidArgumentError(
+            f"BRAID_DYNAMIC_PROCESS_SETS={env!r}: expected 0 or 1")
+    dynamic = dynamic or env == "1"
+    static_sets = ([] if isinstance(process_sets, str) or process_sets is None
+                   else list(process_sets))
     for ps in static_sets:
         if not isinstance(ps, ProcessSet) or ps is global_process_set:
             raise InvalidArgumentError(
