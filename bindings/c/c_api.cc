@@ -6,11 +6,12 @@
 #include "braid/c_api.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -23,6 +24,7 @@
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/limits.h"
+#include "control/process_sets.h"
 #include "runtime/config.h"
 #include "runtime/handle.h"
 #include "runtime/runtime.h"
@@ -54,6 +56,8 @@ static_assert(BRAID_FAILED_PRECONDITION ==
                   static_cast<int>(absl::StatusCode::kFailedPrecondition), "ABI");
 static_assert(BRAID_INTERNAL == static_cast<int>(absl::StatusCode::kInternal), "ABI");
 static_assert(BRAID_UNAVAILABLE == static_cast<int>(absl::StatusCode::kUnavailable), "ABI");
+// c_api.h promises at most 31 process sets besides the world's, ids in [1, 31].
+static_assert(braid::kMaxProcessSets == 31, "update the process set limit in c_api.h");
 // Enums are stored in the options structs: they must keep the size of an int32.
 static_assert(sizeof(braid_reduce_op) == 4 && sizeof(braid_dtype) == 4, "ABI");
 // braid_compression_stat's layout is frozen (fields are only appended).
@@ -229,21 +233,79 @@ absl::Status CommonRequest(braid::Collective kind, const char* name, const int64
   return absl::OkStatus();
 }
 
-// Per-collective counters for blocking calls without a name (see c_api.h for the rule).
-std::string AutoName(const char* name, const char* kind, std::atomic<uint64_t>* counter) {
-  if (name != nullptr) return name;
-  return absl::StrCat(kind, ".noname.", counter->fetch_add(1));
+// The process_set_id of a collective's options struct as the request builder reads it (the
+// ABI rules in c_api.h); 0 when the struct is absent, too old to have it, or refused (the
+// builder then reports why).
+template <typename Opts>
+int32_t SetIdOf(const Opts* opts, const char* type) {
+  if (opts == nullptr || !CheckStructSize(opts, sizeof(Opts), type).ok()) return 0;
+  if (!BRAID_HAS_FIELD(opts, Opts, process_set_id)) return 0;
+  return opts->process_set_id;
 }
-std::atomic<uint64_t> g_allreduce_count{0}, g_broadcast_count{0}, g_allgather_count{0};
+
+// Whether this rank is in process set `id` (Note [Process sets], control/process_sets.h):
+// always for set 0; never for a set that does not exist or before braid_init.
+bool InSet(int32_t id) {
+  if (id == 0) return true;
+  absl::StatusOr<int> rank = braid::GlobalRuntime().rank();
+  absl::StatusOr<std::vector<int>> ranks = braid::GlobalRuntime().ProcessSetRanks(id);
+  return rank.ok() && ranks.ok() && braid::SetRank(*ranks, *rank) >= 0;
+}
+
+// Counters for blocking calls without a name, per (collective, process set) (c_api.h): ranks
+// that make a set's unnamed calls in the same order agree on their names, whatever else each
+// of them runs. A call on a set this rank is not in (it fails) counts under -1, so the
+// counters of its own sets do not move; a set's counters restart when it is added, so ids
+// reused after a removal start at 0 on every rank.
+class NameCounters {
+ public:
+  uint64_t Next(const char* kind, int32_t set) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return next_[{kind, set}]++;
+  }
+  void Restart(int32_t set) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = next_.begin(); it != next_.end();) {
+      it = it->first.second == set ? next_.erase(it) : std::next(it);
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::pair<std::string, int32_t>, uint64_t> next_;
+};
+NameCounters& Counters() {
+  static NameCounters* counters = new NameCounters();
+  return *counters;
+}
+
+std::string AutoName(const char* name, const char* kind, int32_t set) {
+  if (name != nullptr) return name;
+  return absl::StrCat(kind, ".noname.", Counters().Next(kind, InSet(set) ? set : -1));
+}
 
 // A collective refused here, before the runtime saw it, is reported like the runtime's own
 // refusals (Runtime::ReportFailure), so peers that submitted it fail at once naming this
-// rank instead of waiting for it. Returns `s`.
-absl::Status Reported(const std::string& name, absl::Status s) {
-  if (!s.ok() && braid::GlobalRuntime().initialized()) {
-    braid::GlobalRuntime().ReportFailure(name, s).IgnoreError();  // a name that cannot travel
+// rank instead of waiting for it: under the name the job knows it by in its process set
+// (QualifiedName), and only by a member of that set (the call of any other rank concerns no
+// peer). Returns `s`.
+absl::Status Reported(const std::string& name, int32_t set, absl::Status s) {
+  if (!s.ok() && braid::GlobalRuntime().initialized() && InSet(set)) {
+    // IgnoreError: a name that cannot travel.
+    braid::GlobalRuntime().ReportFailure(braid::QualifiedName(set, name), s).IgnoreError();
   }
   return s;
+}
+
+// Runtime::ProcessSetRanks in the C API's vocabulary: a set that does not exist is
+// INVALID_ARGUMENT, as it is for a collective naming it (NOT_FOUND is not a braid_error).
+absl::StatusOr<std::vector<int>> SetRanks(int32_t id, const char* fn) {
+  absl::StatusOr<std::vector<int>> ranks = braid::GlobalRuntime().ProcessSetRanks(id);
+  if (ranks.status().code() == absl::StatusCode::kNotFound) {
+    return absl::InvalidArgumentError(absl::StrCat(fn, ": ", ranks.status().message(),
+                                                   " (never added, or removed)"));
+  }
+  return ranks;
 }
 
 absl::Status Enqueue(braid::CollectiveRequest req, std::unique_ptr<braid_handle>* out) {
@@ -527,10 +589,11 @@ int braid_allreduce(const char* name, const void* input, void* output, const int
                     int ndim, braid_dtype dtype, const braid_allreduce_opts* opts) {
   return Guard([&]() -> absl::Status {
     braid::CollectiveRequest r;
-    const std::string n = AutoName(name, "allreduce", &g_allreduce_count);
+    const int32_t set = SetIdOf(opts, "braid_allreduce_opts");
+    const std::string n = AutoName(name, "allreduce", set);
     absl::Status s = AllReduceRequest("allreduce", n,
                                       input, output, shape, ndim, EnumBits(dtype), opts, &r);
-    if (!s.ok()) return Reported(n, s);
+    if (!s.ok()) return Reported(n, set, s);
     return RunBlocking(std::move(r));
   });
 }
@@ -544,7 +607,7 @@ int braid_allreduce_async(const char* name, const void* input, void* output,
     if (!s.ok()) return s;
     braid::CollectiveRequest r;
     s = AllReduceRequest("allreduce", name, input, output, shape, ndim, EnumBits(dtype), opts, &r);
-    if (!s.ok()) return Reported(name, s);
+    if (!s.ok()) return Reported(name, SetIdOf(opts, "braid_allreduce_opts"), s);
     std::unique_ptr<braid_handle> h;
     s = Enqueue(std::move(r), &h);
     if (!s.ok()) return s;
@@ -556,10 +619,11 @@ int braid_broadcast(const char* name, void* buffer, const int64_t* shape, int nd
                     braid_dtype dtype, const braid_broadcast_opts* opts) {
   return Guard([&]() -> absl::Status {
     braid::CollectiveRequest r;
-    const std::string n = AutoName(name, "broadcast", &g_broadcast_count);
+    const int32_t set = SetIdOf(opts, "braid_broadcast_opts");
+    const std::string n = AutoName(name, "broadcast", set);
     absl::Status s = BroadcastRequest(n, buffer,
                                       shape, ndim, EnumBits(dtype), opts, &r);
-    if (!s.ok()) return Reported(n, s);
+    if (!s.ok()) return Reported(n, set, s);
     return RunBlocking(std::move(r));
   });
 }
@@ -573,7 +637,7 @@ int braid_broadcast_async(const char* name, void* buffer, const int64_t* shape, 
     if (!s.ok()) return s;
     braid::CollectiveRequest r;
     s = BroadcastRequest(name, buffer, shape, ndim, EnumBits(dtype), opts, &r);
-    if (!s.ok()) return Reported(name, s);
+    if (!s.ok()) return Reported(name, SetIdOf(opts, "braid_broadcast_opts"), s);
     std::unique_ptr<braid_handle> h;
     s = Enqueue(std::move(r), &h);
     if (!s.ok()) return s;
@@ -586,11 +650,12 @@ int braid_allgather(const char* name, const void* input, const int64_t* shape, i
                     int64_t* output_first_dim, const braid_allgather_opts* opts) {
   return Guard([&]() -> absl::Status {
     braid::CollectiveRequest r;
-    const std::string n = AutoName(name, "allgather", &g_allgather_count);
+    const int32_t set = SetIdOf(opts, "braid_allgather_opts");
+    const std::string n = AutoName(name, "allgather", set);
     absl::Status s = AllGatherRequest(n, input,
                                       shape, ndim, EnumBits(dtype), output, output_capacity_bytes, opts,
                                       &r);
-    if (!s.ok()) return Reported(n, s);
+    if (!s.ok()) return Reported(n, set, s);
     return RunBlocking(std::move(r), output_first_dim);
   });
 }
@@ -606,7 +671,7 @@ int braid_allgather_async(const char* name, const void* input, const int64_t* sh
     braid::CollectiveRequest r;
     s = AllGatherRequest(name, input, shape, ndim, EnumBits(dtype), output, output_capacity_bytes, opts,
                          &r);
-    if (!s.ok()) return Reported(name, s);
+    if (!s.ok()) return Reported(name, SetIdOf(opts, "braid_allgather_opts"), s);
     std::unique_ptr<braid_handle> h;
     s = Enqueue(std::move(r), &h);
     if (!s.ok()) return s;
@@ -622,6 +687,84 @@ int braid_barrier(void) {
     // One name: barriers pair in call order, whatever failed before (c_api.h).
     r.name = kBarrierName;
     return RunBlocking(std::move(r));
+  });
+}
+
+int braid_add_process_set(const int32_t* ranks, int32_t count, int32_t* process_set_id) {
+  return Guard([&]() -> absl::Status {
+    constexpr const char* fn = "braid_add_process_set";
+    absl::Status s = NotNull(ranks, "ranks", fn);
+    if (s.ok()) s = NotNull(process_set_id, "process_set_id", fn);
+    if (!s.ok()) return s;
+    if (count < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(fn, ": count is ", count, ": a process set needs at least one rank"));
+    }
+    absl::StatusOr<int> size = braid::GlobalRuntime().size();
+    if (!size.ok()) return size.status();
+    // Before the array is read: more ranks than the world has cannot be distinct ranks.
+    if (count > *size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          fn, ": count is ", count, ", more ranks than the world's ", *size));
+    }
+    absl::StatusOr<int32_t> id =
+        braid::GlobalRuntime().AddProcessSet(std::vector<int>(ranks, ranks + count));
+    if (!id.ok()) return id.status();
+    Counters().Restart(*id);  // every rank adds it at the same point (c_api.h)
+    *process_set_id = *id;
+    return absl::OkStatus();
+  });
+}
+
+int braid_remove_process_set(int32_t process_set_id) {
+  // Set 0 and sets that do not exist are refused by the coordinator, on every rank alike.
+  return Guard([&] { return braid::GlobalRuntime().RemoveProcessSet(process_set_id); });
+}
+
+int braid_process_set_size(int32_t process_set_id, int32_t* size) {
+  return Guard([&]() -> absl::Status {
+    constexpr const char* fn = "braid_process_set_size";
+    absl::Status s = NotNull(size, "size", fn);
+    if (!s.ok()) return s;
+    absl::StatusOr<std::vector<int>> ranks = SetRanks(process_set_id, fn);
+    if (!ranks.ok()) return ranks.status();
+    *size = static_cast<int32_t>(ranks->size());
+    return absl::OkStatus();
+  });
+}
+
+int braid_process_set_rank(int32_t process_set_id, int32_t* rank) {
+  return Guard([&]() -> absl::Status {
+    constexpr const char* fn = "braid_process_set_rank";
+    absl::Status s = NotNull(rank, "rank", fn);
+    if (!s.ok()) return s;
+    absl::StatusOr<int> me = braid::GlobalRuntime().rank();
+    if (!me.ok()) return me.status();
+    absl::StatusOr<std::vector<int>> ranks = SetRanks(process_set_id, fn);
+    if (!ranks.ok()) return ranks.status();
+    *rank = braid::SetRank(*ranks, *me);
+    return absl::OkStatus();
+  });
+}
+
+int braid_process_set_ranks(int32_t process_set_id, int32_t* ranks, int32_t capacity,
+                            int32_t* count) {
+  return Guard([&]() -> absl::Status {
+    constexpr const char* fn = "braid_process_set_ranks";
+    absl::Status s = NotNull(ranks, "ranks", fn);
+    if (s.ok()) s = NotNull(count, "count", fn);
+    if (!s.ok()) return s;
+    absl::StatusOr<std::vector<int>> members = SetRanks(process_set_id, fn);
+    if (!members.ok()) return members.status();
+    const int32_t n = static_cast<int32_t>(members->size());
+    if (capacity < n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          fn, ": process set ", process_set_id, " has ", n, " ranks but capacity is ",
+          capacity));
+    }
+    std::copy(members->begin(), members->end(), ranks);
+    *count = n;
+    return absl::OkStatus();
   });
 }
 

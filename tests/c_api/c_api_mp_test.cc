@@ -1,10 +1,11 @@
 // Runs the C examples (examples/c) and C test programs as real jobs: a braid-coordinator
-// process on 127.0.0.1 port 0 and 2 rank processes talking over UCX shared memory, each rank
-// exec'ing the binary. Every wait has a deadline; survivors are killed when it passes. The test
-// process itself never touches gRPC or UCX, so forking it is safe.
+// process on 127.0.0.1 port 0 and 2 (or 4) rank processes talking over UCX shared memory,
+// each rank exec'ing the binary. Every wait has a deadline; survivors are killed when it
+// passes. The test process itself never touches gRPC or UCX, so forking it is safe.
 //
-// BRAID_COORDINATOR_BIN, BRAID_EXAMPLE_BLOCKING, BRAID_EXAMPLE_ASYNC and
-// BRAID_COMPRESSION_STATS_RANK are the binaries' paths (set by CMake / Bazel).
+// BRAID_COORDINATOR_BIN, BRAID_EXAMPLE_BLOCKING, BRAID_EXAMPLE_ASYNC,
+// BRAID_COMPRESSION_STATS_RANK and BRAID_PROCESS_SETS_RANK are the binaries' paths (set by
+// CMake / Bazel).
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -146,6 +147,13 @@ TEST(CApiExamples, AllReduceAsyncTwoRanks) { RunJob(BRAID_EXAMPLE_ASYNC, 2); }
 TEST(CApiCompressionStats, ExactByteCountsTwoRanks) {
   RunJob(BRAID_COMPRESSION_STATS_RANK, 2);
 }
+
+// Process sets through the C API on 4 ranks, {0, 1} and {2, 3} (the rank program checks each
+// value exactly and exits 1 on a mismatch): all-reduces in each rank's own set (sum 3 and 7,
+// average 1.5 and 3.5), set sizes, ranks and members, INVALID_ARGUMENT naming the set for a
+// rank outside it, a removed set failing its pending collective and every later call, its id
+// reused by the next set added.
+TEST(CApiProcessSets, FourRanksTwoSets) { RunJob(BRAID_PROCESS_SETS_RANK, 4); }
 
 // Without any launcher variable each example is a world of one with a private coordinator.
 TEST(CApiExamples, WorldOfOneNeedsNoLauncher) {

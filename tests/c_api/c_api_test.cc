@@ -77,6 +77,20 @@ TEST(CApiNotInitialized, EveryCallFailsWithFailedPrecondition) {
               braid_allgather("g", in, kShape3, 1, BRAID_FLOAT32, out, sizeof(out), nullptr,
                               nullptr));
   EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_barrier());
+
+  const int32_t ranks[1] = {0};
+  int32_t id = -7, n = -7, members[4] = {-7, -7, -7, -7};
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_add_process_set(ranks, 1, &id));
+  EXPECT_TRUE(Contains(braid_last_error(), "init")) << braid_last_error();
+  EXPECT_EQ(id, -7);
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_remove_process_set(1));
+  EXPECT_TRUE(Contains(braid_last_error(), "init")) << braid_last_error();
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_process_set_size(0, &n));
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_process_set_rank(0, &n));
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION, braid_process_set_ranks(0, members, 4, &n));
+  EXPECT_TRUE(Contains(braid_last_error(), "init")) << braid_last_error();
+  EXPECT_EQ(n, -7);
+  EXPECT_EQ(members[0], -7);
   EXPECT_CODE(BRAID_OK, braid_finalize());  // finalize without init is fine
 }
 
@@ -91,6 +105,32 @@ TEST(CApiNotInitialized, NullPointersAreInvalidArgument) {
   float in[3] = {1, 2, 3};
   EXPECT_CODE(BRAID_INVALID_ARGUMENT,
               braid_allreduce_async("x", in, in, kShape3, 1, BRAID_FLOAT32, nullptr, nullptr));
+
+  // Process sets: argument checks come first, initialized or not.
+  const int32_t ranks[1] = {0};
+  int32_t id = -7, n = -7, members[2] = {-7, -7};
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_add_process_set(nullptr, 1, &id));
+  EXPECT_TRUE(Contains(braid_last_error(), "braid_add_process_set: ranks is NULL"))
+      << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_add_process_set(ranks, 1, nullptr));
+  EXPECT_TRUE(Contains(braid_last_error(), "process_set_id is NULL")) << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_add_process_set(ranks, 0, &id));
+  EXPECT_TRUE(Contains(braid_last_error(), "count is 0")) << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_add_process_set(ranks, -1, &id));
+  EXPECT_TRUE(Contains(braid_last_error(), "count is -1")) << braid_last_error();
+  EXPECT_EQ(id, -7);
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_process_set_size(0, nullptr));
+  EXPECT_TRUE(Contains(braid_last_error(), "braid_process_set_size: size is NULL"))
+      << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_process_set_rank(0, nullptr));
+  EXPECT_TRUE(Contains(braid_last_error(), "braid_process_set_rank: rank is NULL"))
+      << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_process_set_ranks(0, nullptr, 2, &n));
+  EXPECT_TRUE(Contains(braid_last_error(), "ranks is NULL")) << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_process_set_ranks(0, members, 2, nullptr));
+  EXPECT_TRUE(Contains(braid_last_error(), "count is NULL")) << braid_last_error();
+  EXPECT_EQ(n, -7);
+  EXPECT_EQ(members[0], -7);
 }
 
 TEST(CApiNotInitialized, NamesSizesAndDefaults) {
@@ -390,7 +430,7 @@ TEST_F(CApiTest, OlderOptionsStructUsesDefaultsForMissingFields) {
   o.struct_size = offsetof(braid_allreduce_opts, compression);  // {struct_size, op} only
   o.op = BRAID_SUM;
   o.compression = reinterpret_cast<const char*>(0x1);  // dereferencing it would crash
-  o.process_set_id = 123456;                           // no such process set
+  o.process_set_id = 123456;  // not read (no such process set: reading it would fail the call)
   EXPECT_CODE(BRAID_OK, braid_allreduce("old.abi", in, out, kShape3, 1, BRAID_INT32, &o));
   EXPECT_EQ(out[0], 1);
   EXPECT_EQ(out[2], 3);
@@ -412,9 +452,102 @@ TEST_F(CApiTest, OlderOptionsStructUsesDefaultsForMissingFields) {
 
   braid_allgather_opts g;
   g.struct_size = sizeof(size_t);
-  g.process_set_id = 99;  // not read
+  g.process_set_id = 99;  // not read (no such process set: reading it would fail the call)
   EXPECT_CODE(BRAID_OK, braid_allgather("old.abi.g", fin, kShape3, 1, BRAID_FLOAT32, fout,
                                         sizeof(fout), nullptr, &g));
+}
+
+// Process sets on a world of one: set 0 is the world; no other set can exist (the only
+// non-empty set of ranks is the world's), so adding one is ALREADY_EXISTS naming set 0, and
+// every call naming another id is INVALID_ARGUMENT naming it, outputs untouched.
+TEST_F(CApiTest, ProcessSetsOnOneRank) {
+  int32_t n = -7, members[3] = {-7, -7, -7};
+  EXPECT_CODE(BRAID_OK, braid_process_set_size(0, &n));
+  EXPECT_EQ(n, 1);
+  n = -7;
+  EXPECT_CODE(BRAID_OK, braid_process_set_rank(0, &n));
+  EXPECT_EQ(n, 0);
+  n = -7;
+  EXPECT_CODE(BRAID_OK, braid_process_set_ranks(0, members, 3, &n));
+  EXPECT_EQ(n, 1);
+  EXPECT_EQ(members[0], 0);
+  EXPECT_EQ(members[1], -7);  // nothing past the set's size
+  // Capacity too small: INVALID_ARGUMENT giving the size, nothing written.
+  members[0] = -7;
+  n = -7;
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_process_set_ranks(0, members, 0, &n));
+  EXPECT_STREQ(braid_last_error(),
+               "braid_process_set_ranks: process set 0 has 1 ranks but capacity is 0");
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_process_set_ranks(0, members, -5, &n));
+  EXPECT_EQ(n, -7);
+  EXPECT_EQ(members[0], -7);
+
+  // An id that names no set.
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_process_set_size(7, &n));
+  EXPECT_STREQ(braid_last_error(),
+               "braid_process_set_size: process set 7 does not exist (never added, or removed)");
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_process_set_rank(7, &n));
+  EXPECT_TRUE(Contains(braid_last_error(), "process set 7 does not exist")) << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_process_set_ranks(-1, members, 3, &n));
+  EXPECT_TRUE(Contains(braid_last_error(), "process set -1 does not exist"))
+      << braid_last_error();
+  EXPECT_EQ(n, -7);
+  EXPECT_EQ(members[0], -7);
+
+  // Adding: the world's ranks exist as set 0; bad ranks are refused before any peer is asked.
+  const int32_t zero[1] = {0}, one[1] = {1}, twice[2] = {0, 0};
+  int32_t id = -7;
+  EXPECT_CODE(BRAID_ALREADY_EXISTS, braid_add_process_set(zero, 1, &id));
+  EXPECT_TRUE(Contains(braid_last_error(), "already exists as process set 0"))
+      << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_add_process_set(one, 1, &id));
+  EXPECT_TRUE(Contains(braid_last_error(), "rank 1 is not a rank of a world of size 1"))
+      << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_add_process_set(twice, 2, &id));
+  EXPECT_STREQ(braid_last_error(),
+               "braid_add_process_set: count is 2, more ranks than the world's 1");
+  EXPECT_EQ(id, -7);
+
+  // Removing: never set 0, nor a set that does not exist.
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_remove_process_set(0));
+  EXPECT_TRUE(Contains(braid_last_error(), "process set 0 (the whole world) cannot be removed"))
+      << braid_last_error();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT, braid_remove_process_set(7));
+  EXPECT_TRUE(Contains(braid_last_error(), "process set 7 does not exist")) << braid_last_error();
+
+  // Collectives honour process_set_id: one naming no set fails from the call, naming the set
+  // and the collective, outputs untouched; 0 is the world.
+  float in[3] = {1, 2, 3}, out[3] = {-1, -1, -1};
+  braid_allreduce_opts o = BRAID_ALLREDUCE_OPTS_INIT;
+  o.process_set_id = 123456;
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("ps.none", in, out, kShape3, 1, BRAID_FLOAT32, &o));
+  EXPECT_TRUE(Contains(braid_last_error(), "'ps.none'")) << braid_last_error();
+  EXPECT_TRUE(Contains(braid_last_error(), "process set 123456 does not exist"))
+      << braid_last_error();
+  EXPECT_EQ(out[0], -1.0f);
+  braid_handle* h = nullptr;
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce_async("ps.none", in, out, kShape3, 1, BRAID_FLOAT32, &o, &h));
+  EXPECT_EQ(h, nullptr);
+  braid_broadcast_opts b = BRAID_BROADCAST_OPTS_INIT;
+  b.process_set_id = 7;
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_broadcast("ps.none", in, kShape3, 1, BRAID_FLOAT32, &b));
+  EXPECT_TRUE(Contains(braid_last_error(), "process set 7 does not exist")) << braid_last_error();
+  braid_allgather_opts g = BRAID_ALLGATHER_OPTS_INIT;
+  g.process_set_id = 7;
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allgather(nullptr, in, kShape3, 1, BRAID_FLOAT32, out, sizeof(out), nullptr,
+                              &g));
+  EXPECT_TRUE(Contains(braid_last_error(), "process set 7 does not exist")) << braid_last_error();
+  EXPECT_EQ(out[0], -1.0f);
+  o.process_set_id = 0;
+  o.op = BRAID_SUM;
+  EXPECT_CODE(BRAID_OK, braid_allreduce("ps.none", in, out, kShape3, 1, BRAID_FLOAT32, &o));
+  EXPECT_EQ(out[2], 3.0f);
+  // The failed changes left the changes' order intact: another one still pairs.
+  EXPECT_CODE(BRAID_ALREADY_EXISTS, braid_add_process_set(zero, 1, &id));
 }
 
 // A caller compiled against a newer header: unknown trailing fields must hold defaults (0).

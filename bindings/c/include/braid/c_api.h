@@ -59,7 +59,8 @@ typedef enum braid_error {
   BRAID_UNKNOWN = 2,              /* anything not listed here */
   BRAID_INVALID_ARGUMENT = 3,     /* bad input, or a mismatch across ranks */
   BRAID_DEADLINE_EXCEEDED = 4,    /* a wait's timeout passed, or a collective stalled */
-  BRAID_ALREADY_EXISTS = 6,       /* a collective with this name is in flight on this rank */
+  BRAID_ALREADY_EXISTS = 6,       /* a collective with this name is in flight on this rank;
+                                     a process set with these ranks exists */
   BRAID_FAILED_PRECONDITION = 9,  /* not initialized, or already shut down */
   BRAID_INTERNAL = 13,            /* a bug in braid or its transports */
   BRAID_UNAVAILABLE = 14          /* a peer rank or the coordinator was lost */
@@ -90,7 +91,8 @@ typedef enum braid_dtype {
 
 typedef enum braid_reduce_op {
   BRAID_SUM = 0,
-  BRAID_AVERAGE = 1, /* sum / world size; floating-point dtypes only */
+  BRAID_AVERAGE = 1, /* sum / the number of ranks taking part (the world's, or the process
+                        set's); floating-point dtypes only */
   BRAID_MIN = 2,
   BRAID_MAX = 3,
   BRAID_PRODUCT = 4
@@ -158,7 +160,8 @@ typedef struct braid_allreduce_opts {
                                "scalecomp:ratio=100" (docs/compression.md). Unknown method or
                                option, or a method on an integer tensor / other op:
                                BRAID_INVALID_ARGUMENT. Copied at enqueue time. */
-  int32_t process_set_id;   /* 0 = the whole world (default) */
+  int32_t process_set_id;   /* the process set that runs it: 0 = the whole world (default),
+                               else an id from braid_add_process_set (see "Process sets") */
 } braid_allreduce_opts;
 
 #define BRAID_ALLREDUCE_OPTS_INIT \
@@ -166,15 +169,18 @@ typedef struct braid_allreduce_opts {
 
 typedef struct braid_broadcast_opts {
   size_t struct_size;      /* sizeof(braid_broadcast_opts) as compiled by the caller */
-  int32_t root_rank;       /* the rank whose buffer is sent; default 0 */
-  int32_t process_set_id;  /* 0 = the whole world (default) */
+  int32_t root_rank;       /* the rank whose buffer is sent, a rank of the job (in the
+                              process set); default 0 */
+  int32_t process_set_id;  /* 0 = the whole world (default), else an id from
+                              braid_add_process_set (see "Process sets") */
 } braid_broadcast_opts;
 
 #define BRAID_BROADCAST_OPTS_INIT { sizeof(braid_broadcast_opts), 0, 0 }
 
 typedef struct braid_allgather_opts {
   size_t struct_size;      /* sizeof(braid_allgather_opts) as compiled by the caller */
-  int32_t process_set_id;  /* 0 = the whole world (default) */
+  int32_t process_set_id;  /* 0 = the whole world (default), else an id from
+                              braid_add_process_set (see "Process sets") */
 } braid_allgather_opts;
 
 #define BRAID_ALLGATHER_OPTS_INIT { sizeof(braid_allgather_opts), 0 }
@@ -195,19 +201,23 @@ BRAID_C_EXPORT void braid_allgather_opts_init(braid_allgather_opts* opts);
  *   - Every rank must make the same collective with the same name, dtype and (except for
  *     all-gather's first dimension) shape; a mismatch fails the collective on every rank
  *     with BRAID_INVALID_ARGUMENT naming the ranks. Ranks may issue collectives in any
- *     order; braid agrees on one.
+ *     order; braid agrees on one. "Every rank" is every rank of the options' process set
+ *     (the whole world by default; see "Process sets").
  *   - `name` identifies the collective across ranks and must be unique among this rank's
- *     in-flight collectives (BRAID_ALREADY_EXISTS otherwise); it may be reused once the
- *     previous one completed. It is copied at the call.
+ *     in-flight collectives of its process set (BRAID_ALREADY_EXISTS otherwise); it may be
+ *     reused once the previous one completed, and by other process sets at any time. It is
+ *     copied at the call.
  *   - Blocking calls accept name = NULL and then generate "<collective>.noname.<n>" from a
- *     per-collective counter of this process. Such names agree across ranks only when
- *     every rank makes the same unnamed calls in the same order (from one thread); name
- *     your collectives when that does not hold. Async calls require a name.
+ *     counter of this process per collective and process set (a set's counters restart at
+ *     0 when braid_add_process_set adds it). Such names agree across ranks only when every
+ *     rank makes the same unnamed calls in the same order (from one thread); name your
+ *     collectives when that does not hold. Async calls require a name.
  *   - Errors returned by the call itself (no collective started): FAILED_PRECONDITION (not
  *     initialized), INVALID_ARGUMENT (checked locally: NULL pointer, bad dtype / op / shape,
- *     bad options), ALREADY_EXISTS. Errors agreed across ranks (mismatches, lost peers
- *     = UNAVAILABLE, no progress for BRAID_TIMEOUT_S = DEADLINE_EXCEEDED, braid_finalize =
- *     CANCELLED) are returned by the blocking call or by braid_wait().
+ *     bad options; a process_set_id that names no process set, or one this rank is not in:
+ *     the message names the set), ALREADY_EXISTS. Errors agreed across ranks (mismatches,
+ *     lost peers = UNAVAILABLE, no progress for BRAID_TIMEOUT_S = DEADLINE_EXCEEDED,
+ *     braid_finalize = CANCELLED) are returned by the blocking call or by braid_wait().
  *   - A blocking call waits until the collective completes; it is bounded by the job's own
  *     failure detection (BRAID_TIMEOUT_S, BRAID_HEARTBEAT_TIMEOUT_S), not by a deadline of
  *     its own. Use the async form with braid_wait() for a caller-chosen timeout.
@@ -269,6 +279,73 @@ BRAID_C_EXPORT int braid_allgather_async(const char* name, const void* input,
  * it is how the ranks resynchronize after an error (docs/failures.md: No error shifts a
  * step). */
 BRAID_C_EXPORT int braid_barrier(void);
+
+/* ------------------------------------------------------------------------------------ */
+/* Process sets                                                                         */
+/* ------------------------------------------------------------------------------------ */
+/*
+ * A process set is a subset of the job's ranks that runs collectives among itself, as
+ * Horovod's process sets. Set 0 is the whole world and always exists; other sets are added
+ * and removed while the job runs, at most 31 at once besides the world. Passing a set's id
+ * as an options struct's process_set_id runs that collective in the set:
+ *   - only the set's ranks make it; a rank outside the set, or an id that names no set,
+ *     gets BRAID_INVALID_ARGUMENT from the call, naming the set;
+ *   - names are per set: two sets may run collectives of the same name at once;
+ *   - BRAID_AVERAGE divides by the set's size; a broadcast's root_rank is a rank of the job
+ *     that is in the set; an all-gather's blocks come in the order of the set's ranks;
+ *   - sets that share no rank never wait on each other.
+ * braid_barrier() is always over the whole world. A set's rank of a member is its position
+ * among the set's ranks in ascending order (braid_process_set_rank). Sets do not survive
+ * braid_finalize(): a new job has only set 0.
+ */
+
+/* Adds a process set of the `count` ranks in `ranks` (ranks of the job, in any order,
+ * without repeats; the array is copied) and writes its id to *process_set_id once every rank
+ * agreed: the lowest id in [1, 31] not in use (ids of removed sets are reused).
+ * A collective over the whole world: every rank calls it, the ranks outside the new set
+ * too, with the same ranks, in the same order as every other braid_add_process_set and
+ * braid_remove_process_set (the k-th change a rank asks for pairs with the others' k-th).
+ * Blocks like the blocking collectives.
+ * Errors: INVALID_ARGUMENT (checked locally: ranks or process_set_id NULL, count < 1 or
+ * more than the world's size, a rank outside [0, size), a repeated rank; agreed across
+ * ranks: a rank asked for another change at this point, on every rank, naming the ranks and
+ * what each asked for), ALREADY_EXISTS (a set with exactly these ranks exists, the whole
+ * world included; the message names its id), UNKNOWN with a message starting
+ * "RESOURCE_EXHAUSTED" (31 sets exist besides the world), FAILED_PRECONDITION (not
+ * initialized), and the errors of a collective (DEADLINE_EXCEEDED, UNAVAILABLE, CANCELLED).
+ * *process_set_id is written on success only. */
+BRAID_C_EXPORT int braid_add_process_set(const int32_t* ranks, int32_t count,
+                                         int32_t* process_set_id);
+
+/* Removes process set `process_set_id` once every rank agreed. A collective over the whole
+ * world, in the same order as every other change (see braid_add_process_set). The set's
+ * collectives still pending fail on its members with BRAID_FAILED_PRECONDITION naming the
+ * set; later calls naming the id fail with INVALID_ARGUMENT ("does not exist") until a
+ * later braid_add_process_set reuses it.
+ * Errors: INVALID_ARGUMENT (id 0, the whole world; an id that names no set: on every rank;
+ * a rank asked for another change at this point), FAILED_PRECONDITION (not initialized), and
+ * the errors of a collective. */
+BRAID_C_EXPORT int braid_remove_process_set(int32_t process_set_id);
+
+/* The number of ranks in process set `process_set_id` (0: the world's size), written to
+ * *size. Local: no other rank takes part.
+ * Errors: INVALID_ARGUMENT (size NULL; no such set, named in the message),
+ * FAILED_PRECONDITION (not initialized). */
+BRAID_C_EXPORT int braid_process_set_size(int32_t process_set_id, int32_t* size);
+
+/* This rank's rank in process set `process_set_id` (its position among the set's ranks in
+ * ascending order, in [0, set size); set 0: braid_rank), or -1 when this rank is not in
+ * the set, written to *rank. Local.
+ * Errors: as braid_process_set_size (rank NULL). */
+BRAID_C_EXPORT int braid_process_set_rank(int32_t process_set_id, int32_t* rank);
+
+/* The ranks of the job in process set `process_set_id`, ascending: writes the set's size to
+ * *count and its ranks to ranks[0 .. *count). Local.
+ * Errors: INVALID_ARGUMENT (ranks or count NULL; no such set; capacity below the set's
+ * size: the message gives the size, see braid_process_set_size), FAILED_PRECONDITION (not
+ * initialized). Nothing is written on error. */
+BRAID_C_EXPORT int braid_process_set_ranks(int32_t process_set_id, int32_t* ranks,
+                                           int32_t capacity, int32_t* count);
 
 /* ------------------------------------------------------------------------------------ */
 /* Handles                                                                              */
