@@ -205,20 +205,27 @@ absl::StatusOr<int32_t> Runtime::Impl::AddProcessSet(std::vector<int> ranks, boo
   req.collective = Collective::kProcessSetAdd;
   req.process_set_ranks = ranks;
   req.members_only = members_only;
+  absl::Status refused;
   {
     absl::MutexLock lock(&sets_mu_);
-    // Checked here too, so that a rank's own mistake is its own error at once.
-    BRAID_RETURN_IF_ERROR(sets_.CheckRanks(ranks));
-    if (members_only && SetRank(ranks, rank_) < 0) {
+    if (members_only && SetRank(ranks, rank_) < 0) {  // pairs with no one's call
       return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, " is not in the new set ",
                                                      RanksText(ranks)));
     }
-    req.name = members_only ? absl::StrCat("process_set.new_group.",
-                                           absl::StrJoin(ranks, ","), ".",
-                                           members_only_changes_[ranks]++)
-                            : "";
+    // The call takes its place in this rank's sequence of changes whatever happens next, so
+    // that a refusal here never shifts which changes of the ranks pair (Note [Process sets]).
+    req.name = members_only ? absl::StrCat("process_set.new_group.", absl::StrJoin(ranks, ","),
+                                           ".", members_only_changes_[ranks]++)
+                            : absl::StrCat("process_set.change.", set_changes_++);
+    refused = sets_.CheckRanks(ranks);
   }
-  if (!members_only) req.name = absl::StrCat("process_set.change.", set_changes_++);
+  if (!refused.ok()) {
+    // This rank's own mistake, at once; the other ranks hear of it (Note [Local failures]).
+    refused = absl::InvalidArgumentError(
+        absl::StrCat("add_process_set on rank ", rank_, ": ", refused.message()));
+    (void)controller_.ReportFailure(req.name, refused);
+    return refused;
+  }
   return ChangeProcessSets(std::move(req));
 }
 
@@ -227,7 +234,10 @@ absl::Status Runtime::Impl::RemoveProcessSet(int32_t id) {
   CollectiveRequest req;
   req.collective = Collective::kProcessSetRemove;
   req.target_process_set_id = id;
-  req.name = absl::StrCat("process_set.change.", set_changes_++);
+  {
+    absl::MutexLock lock(&sets_mu_);
+    req.name = absl::StrCat("process_set.change.", set_changes_++);
+  }
   return ChangeProcessSets(std::move(req)).status();
 }
 

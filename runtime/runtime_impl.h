@@ -199,7 +199,7 @@ class Runtime::Impl {
   ProcessSetTable sets_ ABSL_GUARDED_BY(sets_mu_){1};
   // Changes this rank asked for (the k-th pairs with every rank's k-th): world-wide ones,
   // and members-only ones per set of ranks.
-  std::atomic<int64_t> set_changes_{0};
+  int64_t set_changes_ ABSL_GUARDED_BY(sets_mu_) = 0;
   std::map<std::vector<int>, int64_t> members_only_changes_ ABSL_GUARDED_BY(sets_mu_);
 };
 

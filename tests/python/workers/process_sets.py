@@ -169,6 +169,7 @@ def dynamic():
     if ps.included():
         s = hvd.allreduce(torch.ones(2) * r, name="d", op=hvd.Sum, process_set=ps)
         check(torch.equal(s, torch.full((2,), 2.0)), f"dynamic set sum {s}")
+        hvd.allreduce(torch.ones(2), op=hvd.Sum, process_set=ps)  # unnamed, counted in set 1
     expect_raises(hvd.AlreadyExistsError, lambda: hvd.add_process_set(hvd.ProcessSet([0, 2])),
                   "a duplicate set", "already exists as process set 1")
     # Mismatched adds: rank 3 asks for another set; every rank fails, naming both.
@@ -189,11 +190,28 @@ def dynamic():
     expect_raises(hvd.InvalidArgumentError,
                   lambda: hvd.allreduce(torch.ones(1), name="gone", process_set=ps),
                   "a removed set", "not registered")
-    ps2 = hvd.add_process_set(hvd.ProcessSet([1, 3]))  # the freed id again
+    ps2 = hvd.add_process_set(hvd.ProcessSet([0, 3]))  # the freed id again
     check(ps2.process_set_id == 1, f"reused id {ps2.process_set_id}")
     if ps2.included():
         s = hvd.allreduce(torch.ones(1) * r, name="d", op=hvd.Sum, process_set=ps2)
-        check(torch.equal(s, torch.full((1,), 4.0)), f"reused id's sum {s}")
+        check(torch.equal(s, torch.full((1,), 3.0)), f"reused id's sum {s}")
+        # Unnamed calls count from 0 in the new set: rank 0 made unnamed calls in the removed
+        # set 1, rank 3 none; they must still pair.
+        s = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=ps2)
+        check(torch.equal(s, torch.full((1,), 2.0)), f"an unnamed call in the reused id {s}")
+    # One rank's refused change (repeated ranks) fails on every rank, and the next change
+    # pairs as before.
+    # (InvalidArgumentError where the change was submitted before rank 1's report came,
+    # FailedPreconditionError naming the same cause where it came after: docs/failures.md.)
+    bad = [2, 2] if r == 1 else [1, 2]
+    try:
+        hvd.add_process_set(bad)
+        check(False, "a change one rank refused did not raise")
+    except (hvd.InvalidArgumentError, hvd.FailedPreconditionError) as e:
+        check("rank 1" in str(e) and "ascending and distinct" in str(e),
+              f"a change one rank refused: {e}")
+    ps3 = hvd.add_process_set([1, 2])
+    check(ps3.process_set_id == 2 and ps3.ranks == [1, 2], f"the change after a refusal {ps3!r}")
     hvd.barrier()
     hvd.shutdown()
 

@@ -86,9 +86,8 @@ class ProcessSet:
         except TypeError:
             raise InvalidArgumentError(
                 f"ProcessSet({ranks!r}): ranks must be an iterable of ints") from None
-        if not ranks or len(set(ranks)) != len(ranks) or ranks[0] < 0:
-            raise InvalidArgumentError(
-                f"ProcessSet({ranks!r}): ranks must be distinct non-negative ints, at least one")
+        # Empty, repeated or out-of-range ranks are refused when the set is registered: then on
+        # every rank (the runtime reports one rank's refusal to the others).
         self.ranks = ranks
         self.process_set_id = None
 
@@ -160,7 +159,15 @@ def process_set_id(fn, process_set):
 
 def _add(process_set, members_only=False):
     check_process("add_process_set")
-    process_set.process_set_id = _braid.add_process_set(process_set.ranks, members_only)
+    before = _braid.process_sets()
+    ps_id = _braid.add_process_set(process_set.ranks, members_only)
+    if before.get(ps_id) != process_set.ranks:
+        # A new set (perhaps under a removed one's id): its unnamed calls count from 0 on
+        # every member alike, whatever the removed set's members had counted.
+        with _lock:
+            for key in [k for k in _counters if k[1] == ps_id]:
+                del _counters[key]
+    process_set.process_set_id = ps_id
     return process_set
 
 
