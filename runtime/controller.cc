@@ -186,7 +186,9 @@ bool NegotiationController::HoldForVoteLocked(const proto::ResponseList& msg) {
   // No vote can complete without it: wake the loop from the one it waits in (it then
   // goes back to the coordinator for everything, FastCycle). Under mu_, so that the
   // vote cannot end and a collective the rank did finish its part of begin meanwhile.
-  if (voting_) parts_.control->Abort(peer_left_);
+  // The control channel alone: process sets without that rank go on over the same layer
+  // (Note [Process sets] in control/process_sets.h).
+  if (voting_) parts_.control->Interrupt(peer_left_);
   return true;
 }
 

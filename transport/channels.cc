@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/synchronization/mutex.h"
+
 #include "transport/collective_communicator.h"
 #include "transport/local_communicator.h"
 #include "transport/tag.h"
@@ -57,10 +59,25 @@ class ChannelPointToPoint final : public PointToPoint {
     for (Request& r : reqs) ToLocal(&r);
   }
   absl::Status Wait(absl::Time idle_since, absl::Time until) override {
-    return base_->Wait(idle_since, until);
+    if (absl::Status s = Interrupted(); !s.ok()) return s;
+    absl::Status s = base_->Wait(idle_since, until);
+    if (absl::Status i = Interrupted(); !i.ok()) return i;
+    return s;
   }
-  absl::Status Health() override { return base_->Health(); }
+  absl::Status Health() override {
+    if (absl::Status s = Interrupted(); !s.ok()) return s;
+    return base_->Health();
+  }
   void Abort(absl::Status reason) override { base_->Abort(std::move(reason)); }
+  // This view alone: the layer's other channels (and process sets') go on.
+  void Interrupt(absl::Status reason) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (interrupted_.ok()) interrupted_ = std::move(reason);
+    }
+    base_->Wake();
+  }
+  void Wake() override { base_->Wake(); }
   std::string Describe() const override { return base_->Describe(); }
   uint64_t DropStray(uint32_t seq, uint64_t limit) override {
     return base_->DropStray(MapSeq(seq), limit);
@@ -84,8 +101,15 @@ class ChannelPointToPoint final : public PointToPoint {
   const std::shared_ptr<PointToPoint> base_;
   const uint32_t channel_;
   const uint32_t slot_;
+  absl::Status Interrupted() {
+    absl::MutexLock lock(&mu_);
+    return interrupted_;
+  }
+
   const std::vector<int> ranks_;  // empty: the whole world
   int rank_ = 0;
+  absl::Mutex mu_;  // a leaf
+  absl::Status interrupted_ ABSL_GUARDED_BY(mu_);
 };
 
 Channels MakeChannels(const std::shared_ptr<PointToPoint>& base, const CollectiveOptions& options,

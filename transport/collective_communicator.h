@@ -48,6 +48,7 @@ class CollectiveCommunicator final : public Communicator {
   absl::Status Broadcast(void* buf, size_t bytes, int root) override;
   absl::Status Barrier() override;
   void Abort(absl::Status reason) override { ctx_.p2p().Abort(std::move(reason)); }
+  void Interrupt(absl::Status reason) override { ctx_.p2p().Interrupt(std::move(reason)); }
   TransportStats stats() const override { return stats_; }
   std::string Describe() const override { return ctx_.p2p().Describe(); }
   absl::Status RunCollective(const std::function<absl::Status(Context&)>& body) override;

@@ -128,6 +128,11 @@ class Communicator {
   // waking the owning thread if it is blocked. The coordinator uses it when a rank is lost.
   virtual void Abort(absl::Status reason) = 0;
 
+  // Thread-safe. Fails the collective in flight on this communicator (and every later one)
+  // with `reason`, leaving the other communicators over the same point-to-point layer (Note
+  // [Channels], transport/channels.h) running. By default, Abort.
+  virtual void Interrupt(absl::Status reason) { Abort(std::move(reason)); }
+
   // Note [Transport statistics].
   virtual TransportStats stats() const = 0;
 

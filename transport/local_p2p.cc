@@ -60,6 +60,7 @@ class LocalPointToPoint final : public PointToPoint {
   absl::Status Wait(absl::Time idle_since, absl::Time until) override;
   absl::Status Health() override;
   void Abort(absl::Status reason) override;
+  void Wake() override;
   std::string Describe() const override {
     return absl::StrCat("in-process (", f_->size, " ranks)");
   }
@@ -213,6 +214,12 @@ void LocalPointToPoint::Abort(absl::Status reason) {
   if (me.abort.ok()) me.abort = std::move(reason);
   ++me.events;
   me.cv.SignalAll();
+}
+
+void LocalPointToPoint::Wake() {
+  absl::MutexLock lock(&f_->mu);
+  ++f_->ranks[rank_].events;
+  f_->ranks[rank_].cv.SignalAll();
 }
 
 LocalPointToPoint::~LocalPointToPoint() {

@@ -75,6 +75,14 @@ class PointToPoint {
   // The first reason sticks.
   virtual void Abort(absl::Status reason) = 0;
 
+  // Thread-safe. Like Abort, but for this view of a shared layer only (a channel of Note
+  // [Channels], transport/channels.h): its Wait returns `reason` from now on, while the
+  // layer's other views go on. A layer that is no view aborts itself.
+  virtual void Interrupt(absl::Status reason) { Abort(std::move(reason)); }
+
+  // Thread-safe. Makes the owning thread's Wait (now or soon) return early, with no error.
+  virtual void Wake() {}
+
   // Human-readable description of the transports in use.
   virtual std::string Describe() const = 0;
 

@@ -50,6 +50,7 @@ class UcxPointToPoint final : public PointToPoint {
   absl::Status Wait(absl::Time idle_since, absl::Time until) override;
   absl::Status Health() override;
   void Abort(absl::Status reason) override;
+  void Wake() override { ucp_worker_signal(worker_); }  // thread-safe
   std::string Describe() const override;
   uint64_t DropStray(uint32_t seq, uint64_t limit) override;
 

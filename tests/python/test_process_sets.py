@@ -28,6 +28,13 @@ def test_dynamic_sets():
     _run("dynamic")
 
 
+def test_a_set_goes_on_when_another_sets_ranks_leave():
+    """Ranks of one set shut down while a collective of a disjoint set waits for its vote:
+    the fast path ends for the job, and the set's collectives complete through the
+    coordinator, with their exact results."""
+    _run("leave")
+
+
 def test_horovods_documented_examples_run_with_only_the_import_changed():
     """Horovod's documented static and dynamic process-set examples (workers/
     horovod_process_sets.py), each result checked."""

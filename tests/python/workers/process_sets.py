@@ -9,6 +9,8 @@
     process_sets.py dynamic    init(process_sets="dynamic"): add/remove, mismatched adds
                                (an error on every rank naming the ranks), a set removed while
                                one of its collectives is pending
+    process_sets.py leave      one set's ranks leave the job while another set's collective
+                               is pending: the other set goes on
 """
 
 import json
@@ -169,6 +171,29 @@ def static():
     hvd.shutdown()
 
 
+def leave():
+    """Set {1,3} finishes and leaves the job while a collective of set {0,2} is pending on
+    rank 0 (held for the fast path's vote): set {0,2} goes on unharmed."""
+    a, b = hvd.ProcessSet([0, 2]), hvd.ProcessSet([1, 3])
+    hvd.init(process_sets=[a, b])
+    r = hvd.rank()
+    mine = a if a.included() else b
+    for _ in range(3):  # cached: the next step would go the fast path's way
+        hvd.allreduce(torch.ones(1), name="w", process_set=mine)
+    hvd.barrier()
+    if mine is b:
+        time.sleep(0.5)
+        hvd.shutdown()
+        return
+    if r == 2:
+        time.sleep(2.0)  # rank 0's call waits meanwhile; set {1,3} leaves
+    got = hvd.allreduce(torch.ones(1) * r, name="w", op=hvd.Sum, process_set=a)
+    check(torch.equal(got, torch.full((1,), 2.0)), f"set {{0,2}} after {{1,3}} left: {got}")
+    got = hvd.allreduce(torch.ones(1), name="w", op=hvd.Sum, process_set=a)
+    check(torch.equal(got, torch.full((1,), 2.0)), f"and the step after: {got}")
+    hvd.shutdown()
+
+
 def _fast_path_buckets(path):
     """Per tensor, the buckets of a timeline the ranks agreed without the coordinator (the
     fast path numbers them below 0)."""
@@ -244,4 +269,4 @@ def dynamic():
 
 
 if __name__ == "__main__":
-    main({"static": static, "dynamic": dynamic}[sys.argv[1]])
+    main({"static": static, "dynamic": dynamic, "leave": leave}[sys.argv[1]])
