@@ -383,6 +383,25 @@ TEST(CommunicatorComposeTest, BarrierReturnsOnlyOnceEveryRankEnteredIt) {
   });
 }
 
+// Interrupting one channel fails that channel only: the other, and a process set's channels
+// over the same layer, go on (a vote woken when a rank left, Note [Process sets]).
+TEST(ChannelsTest, InterruptingOneChannelLeavesTheOthersRunning) {
+  std::vector<Channels> world = CreateLocalChannels(2);
+  world[0].control->Interrupt(absl::CancelledError("peer left"));
+  EXPECT_EQ(world[0].control->Barrier(), absl::CancelledError("peer left"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      float x = 1.0f + r;
+      EXPECT_TRUE(world[r].data->AllReduce(&x, &x, 1, DataType::kFloat32, ReduceOp::kSum).ok());
+      EXPECT_EQ(x, 3.0f);
+      Channels set = world[r].subset(1, {0, 1});
+      EXPECT_TRUE(set.control->Barrier().ok());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
 }  // namespace
 }  // namespace braid::transport
 
