@@ -78,6 +78,7 @@ class ChannelPointToPoint final : public PointToPoint {
     base_->Wake();
   }
   void Wake() override { base_->Wake(); }
+  int JobRank(int r) const override { return base_->JobRank(Peer(r)); }
   std::string Describe() const override { return base_->Describe(); }
   uint64_t DropStray(uint32_t seq, uint64_t limit) override {
     return base_->DropStray(MapSeq(seq), limit);

@@ -126,9 +126,9 @@ void Context::Cancel(absl::Span<Request> reqs) {
 
 std::string Context::WaitingOn() const {
   std::vector<int> recv_from, send_to;
-  for (int p = 0; p < size_; ++p) {
-    if (pending_recvs_[p] > 0) recv_from.push_back(p);
-    if (pending_sends_[p] > 0) send_to.push_back(p);
+  for (int p = 0; p < size_; ++p) {  // named by their ranks in the job
+    if (pending_recvs_[p] > 0) recv_from.push_back(p2p_->JobRank(p));
+    if (pending_sends_[p] > 0) send_to.push_back(p2p_->JobRank(p));
   }
   auto ranks = [](const std::vector<int>& v) {
     return absl::StrCat(v.size() == 1 ? "rank " : "ranks ", absl::StrJoin(v, ", "));
@@ -171,7 +171,7 @@ absl::Status Context::Drive(absl::FunctionRef<absl::StatusOr<bool>()> step) {
     }
     if (now - last_progress >= options_.timeout) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "rank ", rank_, ": collective #", seq_ - 1, " made no progress for ",
+          "rank ", p2p_->JobRank(rank_), ": collective #", seq_ - 1, " made no progress for ",
           absl::FormatDuration(options_.timeout), " (BRAID_TIMEOUT_S)", WaitingOn()));
     }
     BRAID_RETURN_IF_ERROR(p2p_->Wait(last_progress, last_progress + options_.timeout));

@@ -83,6 +83,10 @@ class PointToPoint {
   // Thread-safe. Makes the owning thread's Wait (now or soon) return early, with no error.
   virtual void Wake() {}
 
+  // The job's rank of this layer's rank `r` (a process set's view numbers its members from
+  // 0: Note [Channels]), for messages that name ranks.
+  virtual int JobRank(int r) const { return r; }
+
   // Human-readable description of the transports in use.
   virtual std::string Describe() const = 0;
 

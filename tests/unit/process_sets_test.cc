@@ -271,5 +271,17 @@ TEST(ProcessSetChannelsTest, DisjointAndOverlappingSetsOverOneLayer) {
   for (std::thread& t : threads) t.join();
 }
 
+// A set's timeout names the ranks of the job, not their positions in the set.
+TEST(ProcessSetChannelsTest, TimeoutsNameTheJobsRanks) {
+  transport::CollectiveOptions o;
+  o.timeout = absl::Milliseconds(200);
+  std::vector<transport::Channels> world = transport::CreateLocalChannels(4, o);
+  transport::Channels set = world[1].subset(1, {1, 3});  // rank 3 never calls
+  absl::Status s = set.control->Barrier();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(s.message().find("rank 1: collective #0"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("rank 3"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace braid
