@@ -10,15 +10,6 @@
 #include "control/fusion.h"
 
 namespace braid::coordinator {
-namespace {
-
-// "rank 2" / "ranks 0, 3".
-std::string Ranks(const std::vector<int>& ranks) {
-  return absl::StrCat("rank", ranks.size() == 1 ? " " : "s ", absl::StrJoin(ranks, ", "));
-}
-
-}  // namespace
-
 NegotiationTable::NegotiationTable(int world_size, int64_t fusion_threshold_bytes,
                                    int cache_capacity)
     : cache_capacity_(cache_capacity),
@@ -164,7 +155,8 @@ std::vector<proto::Response> NegotiationTable::Submit(int rank, const proto::Req
 
 bool NegotiationTable::Poisoned(int rank, const std::string& name, bool reply) {
   auto p = poisoned_.find(name);
-  if (p == poisoned_.end() && out_of_step_.empty()) return false;
+  const bool out = !out_of_step_ranks_.empty() && OutOfStep(MembersOfName(name));
+  if (p == poisoned_.end() && !out) return false;
   if (!reply) return true;
   const std::string head =
       absl::StrCat("tensor '", Truncated(name, kMaxNameBytes), "' was not run on rank ", rank);
@@ -179,9 +171,7 @@ bool NegotiationTable::Poisoned(int rank, const std::string& name, bool reply) {
                          "barrier()")
           : absl::StrCat(head, ": the ranks are out of step since a collective waited out the "
                                "negotiation deadline (",
-                         out_of_step_,
-                         "); every collective fails on every rank until all ranks call "
-                         "barrier()")));
+                         out_of_step_, "); ", OutOfStepScope())));
   return true;
 }
 
@@ -212,8 +202,9 @@ void NegotiationTable::FailEverywhere(const std::string& name, proto::Response e
   }
 }
 
-void NegotiationTable::Desynchronize(const std::string& cause) {
+void NegotiationTable::Desynchronize(const std::string& cause, const std::set<int>& ranks) {
   if (out_of_step_.empty()) out_of_step_ = cause;
+  out_of_step_ranks_.insert(ranks.begin(), ranks.end());
   // Flush the response cache: under the fast path nothing may be agreed without the
   // coordinator until the barrier. Evicted ids still resolve (retired), as for the LRU.
   for (auto& [id, entry] : cache_) {
@@ -224,19 +215,23 @@ void NegotiationTable::Desynchronize(const std::string& cause) {
   cache_by_name_.clear();
 }
 
-void NegotiationTable::Resynchronize(const std::string& barrier) {
-  poisoned_.clear();
-  out_of_step_.clear();
+void NegotiationTable::Resynchronize(const std::string& barrier,
+                                     const std::vector<int>& members) {
+  ResynchronizeNames(members);
   std::vector<Pending> stale = PendingTensors(absl::InfiniteFuture());
   for (const Pending& p : stale) {
+    if (!Covers(members, p.ready_ranks) || !Covers(members, p.missing_ranks)) continue;
     FailEverywhere(
         p.name,
         ErrorResponse(p.name, absl::StatusCode::kInvalidArgument,
                       absl::StrCat("tensor '", Truncated(p.name, kMaxNameBytes),
                                    "' was submitted by ", Ranks(p.ready_ranks), " but not by ",
                                    Ranks(p.missing_ranks), " before barrier '",
-                                   Truncated(barrier, kMaxNameBytes),
-                                   "', which every rank has passed: it can never pair (a rank "
+                                   Truncated(barrier, kMaxNameBytes), "', which every rank",
+                                   members.size() == sets_.Find(0)->size()
+                                       ? ""
+                                       : " of its process set",
+                                   " has passed: it can never pair (a rank "
                                    "skipped it or called it under another name)")),
         /*reporter=*/-1, /*may_poison=*/false);  // the others' next calls follow the barrier
   }
@@ -264,12 +259,20 @@ std::vector<std::string> NegotiationTable::ExpireOlderThan(absl::Duration timeou
     if (first.empty()) first = messages.back();
   }
   if (first.empty()) return messages;
-  // Out of step (Note [Resynchronization]): the flush goes before any error.
-  Desynchronize(first);
+  // Out of step (Note [Resynchronization]): the ranks of the expired tensors' sets; the
+  // flush goes before any error.
+  std::set<int> affected;
+  for (const Pending& p : pending) {
+    if (p.waiting < timeout) continue;
+    affected.insert(p.ready_ranks.begin(), p.ready_ranks.end());
+    affected.insert(p.missing_ranks.begin(), p.missing_ranks.end());
+  }
+  Desynchronize(first, affected);
   size_t m = 0;
   for (const Pending& p : pending) {
     const bool expired = p.waiting >= timeout;
     const std::string msg = expired ? messages[m++] : "";
+    if (!expired && !Touches(affected, p)) continue;  // a set none of those ranks is in
     if (IsBarrier(p.name)) {
       // A barrier is how the ranks resynchronize: while other calls keep some ranks from
       // it, they fail now and the barrier waits on for them; alone, it expires.
@@ -287,9 +290,7 @@ std::vector<std::string> NegotiationTable::ExpireOlderThan(absl::Duration timeou
                                              Ranks(p.ready_ranks), " but not yet by ",
                                              Ranks(p.missing_ranks),
                                              ") fails with the job's negotiation deadline: ",
-                                             first,
-                                             "; every collective fails on every rank until "
-                                             "all ranks call barrier()")),
+                                             first, "; ", OutOfStepScope())),
         /*reporter=*/-1, /*may_poison=*/false);
   }
   return messages;
@@ -403,10 +404,10 @@ void NegotiationTable::Respond(const std::string& name_ref, absl::Time now,
     // to cache, and every rank's cache must stay the same (Note [Fast path] in the runtime).
     resp.add_cache_ids(fill.empty() ? CacheInsert(first_ptr) : 0);
   }
-  const bool resync = resp.type() == proto::Response::OK &&
-                      first.collective() == proto::BARRIER && first.process_set_id() == 0;
+  const bool resync = resp.type() == proto::Response::OK && first.collective() == proto::BARRIER;
+  const std::vector<int> members = MembersOf(e);
   table_.erase(name);
-  if (resync) Resynchronize(name);
+  if (resync) Resynchronize(name, members);
 }
 
 std::vector<int> NegotiationTable::joined_ranks() const {

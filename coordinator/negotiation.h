@@ -37,8 +37,11 @@
 //   out of step (each waits in a call the others never make, or one skipped a call), and
 //   which of their later calls pair can no longer be known from any one name: rank 1 may
 //   have called 'h' where rank 0 called 'g', so after 'h' fails, rank 1's next 'g' is its
-//   next step's. So the deadline desynchronizes the whole job: every tensor still pending
-//   fails with it, and every later submission of any name fails until a barrier. Under the
+//   next step's. So the deadline desynchronizes the ranks of the expired tensors' sets (the
+//   whole job, for a tensor of the whole job's set): every pending tensor of a set holding
+//   one of them fails with it, and every later submission of such a set's names fails until
+//   they pass a barrier together (the whole job's, or a process set's that holds them all:
+//   Note [Process sets] in control/process_sets.h); sets without them go on. Under the
 //   fast path the response cache is flushed (every id evicted, in the common order) so that
 //   no rank agrees a cached tensor without the coordinator meanwhile; the errors reach the
 //   ranks after the flush (a rank applies its own errors in the order it received them with
@@ -160,7 +163,7 @@ class NegotiationTable {
   size_t retired_entries() const { return retired_.size(); }
   // Names poisoned until the next barrier (Note [Resynchronization]).
   size_t poisoned_names() const { return poisoned_.size(); }
-  bool out_of_step() const { return !out_of_step_.empty(); }
+  bool out_of_step() const { return !out_of_step_ranks_.empty(); }
 
   // Whether responses carry report_age_us (default true). The coordinator turns it off until
   // a rank asks for them (RequestList.report_ages): N numbers per tensor.
@@ -236,9 +239,23 @@ class NegotiationTable {
   bool Poisoned(int rank, const std::string& name, bool reply);
   // A barrier completed on every rank: poisons go, and what is still pending fails on the
   // ranks that submitted it (Note [Resynchronization]).
-  void Resynchronize(const std::string& barrier);
+  void Resynchronize(const std::string& barrier, const std::vector<int>& members);
+  // Resynchronize's part for names: the poisons of names whose set lies within `members`,
+  // and the out-of-step state when its ranks do (Note [Process sets]).
+  void ResynchronizeNames(const std::vector<int>& members);
+  // The ranks of the process set whose tensor `name` is (its "ps<id>/" prefix; the world's
+  // when none, or when the set is gone).
+  const std::vector<int>& MembersOfName(const std::string& name) const;
+  // What the out-of-step ranks' calls do until they resynchronize, for messages.
+  std::string OutOfStepScope() const;
+  // Whether some of `members` are out of step.
+  bool OutOfStep(const std::vector<int>& members) const;
+  // Whether `ranks` all lie within `members` (ascending).
+  static bool Covers(const std::vector<int>& members, const std::vector<int>& ranks);
+  // Whether pending tensor `p`'s ranks meet `ranks`.
+  static bool Touches(const std::set<int>& ranks, const Pending& p);
   // The negotiation deadline failed a tensor with `cause`: the job is out of step.
-  void Desynchronize(const std::string& cause);
+  void Desynchronize(const std::string& cause, const std::set<int>& ranks);
   bool IsBarrier(const std::string& name) const;  // a pending barrier
   // Id of `agreed` in the cache (inserted or refreshed), or 0 when it is not cacheable.
   int32_t CacheInsert(const RequestPtr& agreed);
@@ -260,7 +277,10 @@ class NegotiationTable {
   std::map<int32_t, Retired> retired_;              // evicted, still resolvable
   std::vector<int32_t> evictions_;
   std::map<std::string, Poison> poisoned_;
-  std::string out_of_step_;  // non-empty: the cause; every name is poisoned until a barrier
+  // Note [Resynchronization]: the ranks out of step (every name of a set holding one of them
+  // is poisoned until they pass a barrier together) and the first cause.
+  std::set<int> out_of_step_ranks_;
+  std::string out_of_step_;
   std::map<int, std::vector<proto::Response>> replies_;
 
   int world_size_;

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/limits.h"
@@ -220,6 +222,62 @@ std::vector<int> NegotiationTable::JoinedWithout(const Entry& e) const {
     }
   }
   return out;
+}
+
+const std::vector<int>& NegotiationTable::MembersOfName(const std::string& name) const {
+  if (absl::StartsWith(name, "ps")) {
+    const size_t slash = name.find('/');
+    int32_t id = 0;
+    if (slash != std::string::npos && absl::SimpleAtoi(name.substr(2, slash - 2), &id) &&
+        id > 0 && QualifiedName(id, name.substr(slash + 1)) == name) {
+      if (const std::vector<int>* m = sets_.Find(id); m != nullptr) return *m;
+    }
+  }
+  return *sets_.Find(0);
+}
+
+bool NegotiationTable::OutOfStep(const std::vector<int>& members) const {
+  for (int r : members) {
+    if (out_of_step_ranks_.count(r) != 0) return true;
+  }
+  return false;
+}
+
+bool NegotiationTable::Covers(const std::vector<int>& members, const std::vector<int>& ranks) {
+  for (int r : ranks) {
+    if (!std::binary_search(members.begin(), members.end(), r)) return false;
+  }
+  return true;
+}
+
+bool NegotiationTable::Touches(const std::set<int>& ranks, const Pending& p) {
+  for (const std::vector<int>* v : {&p.ready_ranks, &p.missing_ranks}) {
+    for (int r : *v) {
+      if (ranks.count(r) != 0) return true;
+    }
+  }
+  return false;
+}
+
+std::string NegotiationTable::OutOfStepScope() const {
+  if (out_of_step_ranks_.size() == sets_.Find(0)->size()) {
+    return "every collective fails on every rank until all ranks call barrier()";
+  }
+  return absl::StrCat("every collective of a set holding ",
+                      Ranks(std::vector<int>(out_of_step_ranks_.begin(), out_of_step_ranks_.end())),
+                      " (the whole job's included) fails until they call barrier() together, in "
+                      "the whole job or in a process set that holds them; other sets go on");
+}
+
+void NegotiationTable::ResynchronizeNames(const std::vector<int>& members) {
+  for (auto it = poisoned_.begin(); it != poisoned_.end();) {
+    it = Covers(members, MembersOfName(it->first)) ? poisoned_.erase(it) : std::next(it);
+  }
+  const std::vector<int> out(out_of_step_ranks_.begin(), out_of_step_ranks_.end());
+  if (Covers(members, out)) {
+    out_of_step_ranks_.clear();
+    out_of_step_.clear();
+  }
 }
 
 }  // namespace braid::coordinator

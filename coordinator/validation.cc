@@ -187,6 +187,10 @@ absl::Status AddFirstDims(const proto::Request& first, absl::Span<const RequestP
 
 }  // namespace
 
+std::string Ranks(const std::vector<int>& ranks) {
+  return absl::StrCat("rank", ranks.size() == 1 ? " " : "s ", absl::StrJoin(ranks, ", "));
+}
+
 proto::Response ErrorResponse(const std::string& name, absl::StatusCode code, std::string message) {
   proto::Response resp;
   resp.set_type(proto::Response::ERROR);

@@ -37,6 +37,9 @@ proto::Response ValidateTensor(const std::string& name, const proto::Request& fi
                                absl::Span<const RequestPtr> by_rank,
                                const std::vector<int>* members = nullptr);
 
+// "rank 2" / "ranks 0, 3", as the coordinator's messages name ranks.
+std::string Ranks(const std::vector<int>& ranks);
+
 // Text of the validation errors, exposed for tests: "tensor 'NAME': FIELD differs across
 // ranks: VALUE on ranks A, B; VALUE on rank C".
 std::string MismatchMessage(const std::string& name, const std::string& field,

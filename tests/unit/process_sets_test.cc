@@ -189,6 +189,38 @@ TEST(ProcessSetNegotiationTest, JoinIsPerSet) {
   EXPECT_EQ(w.inbox[2].back().process_set_id(), 1);
 }
 
+// A negotiation deadline in one set puts that set's ranks out of step, not a disjoint set's;
+// a barrier of the set resynchronizes them.
+TEST(ProcessSetNegotiationTest, ADeadlineInOneSetLeavesADisjointSetRunning) {
+  World w(4);
+  w.SendAll({0, 1, 2, 3}, Add("process_set.change.0", {0, 1}));
+  w.SendAll({0, 1, 2, 3}, Add("process_set.change.1", {2, 3}));
+  w.Send(0, {Req("ps1/x", 1)});
+  w.table.ExpireOlderThan(absl::ZeroDuration(), absl::Now() + absl::Seconds(1));
+  for (auto& [r, replies] : w.table.TakeReplies()) {
+    for (auto& resp : replies) w.inbox[r].push_back(resp);
+  }
+  EXPECT_EQ(w.inbox[0].back().error_code(),
+            static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_TRUE(w.table.out_of_step());
+  w.SendAll({2, 3}, Req("ps2/y", 2));  // the disjoint set goes on
+  EXPECT_EQ(w.inbox[2].back().names(0), "ps2/y");
+  EXPECT_EQ(w.inbox[2].back().type(), proto::Response::OK) << w.inbox[2].back().error_message();
+  w.Send(1, {Req("ps1/z", 1)});  // the set that expired is out of step
+  EXPECT_EQ(w.inbox[1].back().error_code(),
+            static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_NE(w.inbox[1].back().error_message().find("a set holding ranks 0, 1"),
+            std::string::npos) << w.inbox[1].back().error_message();
+  w.Send(3, {Req("w", 0)});  // so is the whole job's set, which holds them
+  EXPECT_EQ(w.inbox[3].back().error_code(),
+            static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  w.SendAll({0, 1}, Req("ps1/barrier", 1, {0}, proto::BARRIER));
+  EXPECT_FALSE(w.table.out_of_step());
+  w.SendAll({0, 1}, Req("ps1/z2", 1));
+  EXPECT_EQ(w.inbox[0].back().names(0), "ps1/z2");
+  EXPECT_EQ(w.inbox[0].back().type(), proto::Response::OK);
+}
+
 // A rank outside a set caches its tensors from the response, so every cache is the same and
 // the slot is agreed when the set's members, and only they, voted it ready.
 TEST(ProcessSetFastPathTest, ASetsSlotIsReadyWhenEveryMemberMarksIt) {
