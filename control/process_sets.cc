@@ -55,7 +55,7 @@ absl::StatusOr<int32_t> ProcessSetTable::Add(const std::vector<int>& ranks) {
     ++id;
   }
   if (id > kMaxProcessSets) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return absl::FailedPreconditionError(absl::StrCat(
         "process set ", RanksText(ranks), ": ", kMaxProcessSets,
         " process sets already exist, the most braid keeps at once; remove one first"));
   }

@@ -54,7 +54,7 @@ class ProcessSetTable {
   // The id of the set with exactly `ranks` (0 for the whole world), -1 when none.
   int32_t IdOf(const std::vector<int>& ranks) const;
   // Adds `ranks` (CheckRanks) under the lowest free id. AlreadyExists naming the set that
-  // has the same ranks; ResourceExhausted beyond kMaxProcessSets sets.
+  // has the same ranks; FailedPrecondition beyond kMaxProcessSets sets.
   absl::StatusOr<int32_t> Add(const std::vector<int>& ranks);
   // Adds `ranks` under `id` (a mirror applying the coordinator's decision).
   absl::Status AddAs(int32_t id, const std::vector<int>& ranks);

@@ -143,7 +143,7 @@ class Runtime {
   // collective). With `members_only`, only `ranks` call it (torch's new_group) and an
   // existing set with these ranks is returned. Errors on every rank: InvalidArgument (bad
   // ranks; a rank asked for another change, naming the ranks and what each asked for),
-  // AlreadyExists (a set with these ranks exists, naming it), ResourceExhausted (more than
+  // AlreadyExists (a set with these ranks exists, naming it), FailedPrecondition (more than
   // kMaxProcessSets sets); the collective's errors (DeadlineExceeded, Unavailable).
   // FailedPrecondition when not initialised.
   absl::StatusOr<int32_t> AddProcessSet(std::vector<int> ranks, bool members_only = false);

@@ -40,7 +40,7 @@ TEST(ProcessSetTableTest, IdsAreTheLowestFreeOnesAndDuplicatesAreRefused) {
 TEST(ProcessSetTableTest, AtMostMaxSetsAtOnce) {
   ProcessSetTable t(64);
   for (int i = 0; i < kMaxProcessSets; ++i) ASSERT_TRUE(t.Add({i}).ok()) << i;
-  EXPECT_EQ(t.Add({40}).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(t.Add({40}).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 proto::Request Req(const std::string& name, int32_t set, std::vector<int64_t> shape = {4},

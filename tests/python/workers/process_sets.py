@@ -224,6 +224,10 @@ def dynamic():
         hvd.allreduce(torch.ones(2), op=hvd.Sum, process_set=ps)  # unnamed, counted in set 1
     expect_raises(hvd.AlreadyExistsError, lambda: hvd.add_process_set(hvd.ProcessSet([0, 2])),
                   "a duplicate set", "already exists as process set 1")
+    if ps.included():
+        expect_raises(hvd.InvalidArgumentError,
+                      lambda: hvd.allreduce(torch.ones(1), process_set=hvd.ProcessSet([2, 0])),
+                      "an equal but unregistered ProcessSet", "registered as process set 1")
     # Mismatched adds: rank 3 asks for another set; every rank fails, naming both.
     want = [1, 3] if r == 3 else [1, 2]
     expect_raises(hvd.InvalidArgumentError, lambda: hvd.add_process_set(want),
@@ -242,6 +246,7 @@ def dynamic():
     expect_raises(hvd.InvalidArgumentError,
                   lambda: hvd.allreduce(torch.ones(1), name="gone", process_set=ps),
                   "a removed set", "not registered")
+    check(hvd.remove_process_set(ps) is False, "removing a removed set again")
     ps2 = hvd.add_process_set(hvd.ProcessSet([0, 3]))  # the freed id again
     check(ps2.process_set_id == 1, f"reused id {ps2.process_set_id}")
     if ps2.included():

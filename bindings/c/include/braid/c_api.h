@@ -310,9 +310,9 @@ BRAID_C_EXPORT int braid_barrier(void);
  * more than the world's size, a rank outside [0, size), a repeated rank; agreed across
  * ranks: a rank asked for another change at this point, on every rank, naming the ranks and
  * what each asked for), ALREADY_EXISTS (a set with exactly these ranks exists, the whole
- * world included; the message names its id), UNKNOWN with a message starting
- * "RESOURCE_EXHAUSTED" (31 sets exist besides the world), FAILED_PRECONDITION (not
- * initialized), and the errors of a collective (DEADLINE_EXCEEDED, UNAVAILABLE, CANCELLED).
+ * world included; the message names its id), FAILED_PRECONDITION (not initialized; or 31
+ * sets exist besides the world, on every rank, the message saying so), and the errors of a
+ * collective (DEADLINE_EXCEEDED, UNAVAILABLE, CANCELLED).
  * *process_set_id is written on success only. */
 BRAID_C_EXPORT int braid_add_process_set(const int32_t* ranks, int32_t count,
                                          int32_t* process_set_id);

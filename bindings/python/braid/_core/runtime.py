@@ -93,9 +93,13 @@ class ProcessSet:
 
     def _registered(self, fn):
         if self.process_set_id is None:
-            raise InvalidArgumentError(
-                f"{fn}: process set {self.ranks} is not registered (pass it to "
-                "init(process_sets=[...]) or add_process_set)")
+            same = [i for i, ranks in (_braid.process_sets().items()
+                                       if _braid.is_initialized() else ())
+                    if ranks == self.ranks]
+            hint = (f"; an equal ProcessSet is registered as process set {same[0]}: pass the "
+                    "object that was registered (or the one add_process_set returned)"
+                    if same else " (pass it to init(process_sets=[...]) or add_process_set)")
+            raise InvalidArgumentError(f"{fn}: process set {self.ranks} is not registered{hint}")
         return self.process_set_id
 
     def size(self):
@@ -186,7 +190,7 @@ def add_process_set(process_set):
     returns the registered ProcessSet once every rank agreed. Raises, on every rank:
     InvalidArgumentError (ranks outside the world; a rank that added or removed something
     else at this point, naming the ranks and what each asked for), AlreadyExistsError (a set
-    with these ranks is registered), ResourceExhaustedError (31 sets exist besides the
+    with these ranks is registered), FailedPreconditionError (31 sets exist besides the
     global one); FailedPreconditionError when dynamic process sets were not enabled."""
     if not _dynamic_sets:
         raise FailedPreconditionError(
@@ -203,9 +207,10 @@ def add_process_set(process_set):
 def remove_process_set(process_set):
     """Removes a registered process set, as Horovod's (collective: every rank calls it in
     the same order as every other add and remove). Its collectives still pending fail on
-    every member with FailedPreconditionError naming the set. Returns True; raises
-    InvalidArgumentError for the global set or a set that is not registered, and
-    FailedPreconditionError when dynamic process sets were not enabled."""
+    every member with FailedPreconditionError naming the set. Returns True, or False (with no
+    collective) for a set that is not registered (removed already, or never added), as
+    Horovod's; raises InvalidArgumentError for the global set or what is not a ProcessSet,
+    and FailedPreconditionError when dynamic process sets were not enabled."""
     if not _dynamic_sets:
         raise FailedPreconditionError(
             "remove_process_set: dynamic process sets are off; call "
@@ -214,6 +219,8 @@ def remove_process_set(process_set):
     if process_set is global_process_set:
         raise InvalidArgumentError("remove_process_set: the global process set cannot be removed")
     check_process("remove_process_set")
+    if isinstance(process_set, ProcessSet) and process_set.process_set_id is None:
+        return False
     _braid.remove_process_set(process_set_id("remove_process_set", process_set))
     process_set.process_set_id = None
     return True
