@@ -348,6 +348,8 @@ absl::Status Job::Heartbeat(const proto::HeartbeatRequest& req, absl::string_vie
   if (req.fast_path_buckets() >= r.fast_path_buckets) {  // cumulative too: keep the newer
     r.fast_path.assign(req.fast_path().begin(), req.fast_path().end());
     r.fast_path_buckets = req.fast_path_buckets();
+    r.fast_path_sets.clear();
+    r.fast_path_sets.insert(req.fast_path_sets().begin(), req.fast_path_sets().end());
   }
   return absl::OkStatus();
 }

@@ -172,6 +172,7 @@ class Job {
     // What it ran that the ranks agreed without the coordinator (BRAID_FAST_PATH), cumulative.
     std::vector<proto::MethodNegotiated> fast_path;
     int64_t fast_path_buckets = 0;
+    std::map<int32_t, int64_t> fast_path_sets;  // process set -> tensors
     std::shared_ptr<StreamSink> stream;  // null unless negotiating
     std::string token;                   // RegisterResponse.rank_token (Note [Who may join])
     int64_t applied_sequence = 0;        // RequestList.applied_sequence, once it sent one

@@ -81,15 +81,22 @@ std::vector<proto::CompressionStat> Job::CompressionStats() const {
 
 void Job::FillProcessSets(proto::StatusResponse* resp) const {
   // Note [Process sets] (control/process_sets.h): every set but the world's, by id, with what
-  // the coordinator negotiated in it (the ranks report their fast path per method only, not
-  // per set: those steps count in the job's totals, in no set's).
+  // was negotiated in it: by the coordinator, and by the ranks' fast path as their heartbeats
+  // report it (every rank counts the same agreed work: the largest report).
   const std::map<int32_t, NegotiationTable::SetCounts> counts = table_->process_set_counts();
   for (const auto& [id, ranks] : table_->process_sets().sets()) {
     proto::ProcessSetStatus* ps = resp->add_process_sets();
     ps->set_id(id);
     for (int r : ranks) ps->add_ranks(r);
+    int64_t fast = 0;
+    for (const Rank& r : ranks_) {
+      if (auto f = r.fast_path_sets.find(id); f != r.fast_path_sets.end()) {
+        fast = std::max(fast, f->second);
+      }
+    }
+    ps->set_tensors_negotiated(fast);
     if (auto it = counts.find(id); it != counts.end()) {
-      ps->set_tensors_negotiated(it->second.negotiated);
+      ps->set_tensors_negotiated(it->second.negotiated + fast);
       ps->set_tensors_pending(it->second.pending);
     }
   }

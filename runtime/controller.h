@@ -233,6 +233,7 @@ class NegotiationController : public InFlight {
   std::map<std::string, std::pair<int64_t, int64_t>> fast_by_method_
       ABSL_GUARDED_BY(fast_stats_mu_);  // method -> (tensors, bytes)
   int64_t fast_buckets_ ABSL_GUARDED_BY(fast_stats_mu_) = 0;
+  std::map<int32_t, int64_t> fast_by_set_ ABSL_GUARDED_BY(fast_stats_mu_);  // process set -> tensors
 };
 
 }  // namespace braid

@@ -327,6 +327,7 @@ void NegotiationController::CountFastBucket(const std::vector<int32_t>& ids) {
     const std::string method = r.collective() != proto::ALLREDUCE ? ""
                                : r.compression().empty()          ? "none"
                                                                   : r.compression();
+    if (r.process_set_id() != 0) ++fast_by_set_[r.process_set_id()];
     auto& [tensors, bytes] = fast_by_method_[method];
     ++tensors;
     bytes += RequestBytes(r);
@@ -342,6 +343,7 @@ void NegotiationController::AddFastPathTotals(proto::HeartbeatRequest* hb) const
     m->set_bytes(counts.second);
   }
   hb->set_fast_path_buckets(fast_buckets_);
+  for (const auto& [set, tensors] : fast_by_set_) (*hb->mutable_fast_path_sets())[set] = tensors;
 }
 
 }  // namespace braid

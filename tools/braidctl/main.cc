@@ -114,8 +114,7 @@ void PrintTable(const braid::proto::StatusResponse& s, const std::string& addres
                   static_cast<long long>(p.tensors_pending()));
     }
     if (s.settings().fast_path() != 0) {
-      std::printf("(NEGOTIATED by the coordinator; fast-path steps count in the job's totals "
-                  "only)\n");
+      std::printf("(NEGOTIATED: the fast path's steps reach it with the ranks' heartbeats)\n");
     }
   }
   if (s.pending_size() > 0) {
