@@ -454,6 +454,18 @@ TEST_F(ServiceTest, StatusListsEverySetButTheWorldsWithItsCounts) {
             (std::vector<int>{1, 2}));
   EXPECT_EQ(s.process_sets(1).tensors_negotiated(), 0);
   EXPECT_EQ(s.process_sets(1).tensors_pending(), 1);
+  // The ranks' fast path reports its steps per set with their heartbeats: the largest report
+  // adds to the coordinator's count (every rank counts the same agreed work).
+  for (int r : {0, 1}) {
+    proto::HeartbeatRequest hb;
+    hb.set_rank(r);
+    hb.set_fast_path_buckets(10 + r);
+    (*hb.mutable_fast_path_sets())[1] = 10 + r;
+    ASSERT_TRUE(service_->Heartbeat(Job(r), hb).ok());
+  }
+  s = Status();
+  EXPECT_EQ(s.process_sets(0).tensors_negotiated(), 3 + 11);
+  EXPECT_EQ(s.process_sets(1).tensors_negotiated(), 0);
   // braidctl lists a set's pending tensor under its qualified name.
   std::vector<std::string> pending;
   for (const auto& p : s.pending()) pending.push_back(p.name());
@@ -465,7 +477,7 @@ TEST_F(ServiceTest, StatusListsEverySetButTheWorldsWithItsCounts) {
   EXPECT_EQ(s.tensors_pending(), 2);
   ASSERT_EQ(s.process_sets_size(), 1) << s.DebugString();
   EXPECT_EQ(s.process_sets(0).id(), 1);
-  EXPECT_EQ(s.process_sets(0).tensors_negotiated(), 3);
+  EXPECT_EQ(s.process_sets(0).tensors_negotiated(), 3 + 11);
   EXPECT_EQ(s.process_sets(0).tensors_pending(), 1);
 }
 
