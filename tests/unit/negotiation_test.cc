@@ -10,6 +10,7 @@
 #include "coordinator/negotiation.h"
 #include "coordinator/rendezvous.h"
 #include "gtest/gtest.h"
+#include "tests/testing/negotiation_world.h"
 
 namespace braid::coordinator {
 namespace {
@@ -27,19 +28,7 @@ proto::Request Req(const std::string& name, std::vector<int64_t> shape,
 }
 
 // The fake transport: what the service would push to each rank's stream.
-struct FakeWorld {
-  explicit FakeWorld(int n) : table(n), inbox(n) {}
-  void Send(int rank, std::vector<proto::Request> reqs) {
-    proto::RequestList l;
-    l.set_rank(rank);
-    for (auto& r : reqs) *l.add_requests() = std::move(r);
-    for (const proto::Response& resp : table.Submit(rank, l)) {
-      for (auto& box : inbox) box.push_back(resp);
-    }
-  }
-  NegotiationTable table;
-  std::vector<std::vector<proto::Response>> inbox;
-};
+using FakeWorld = testing::NegotiationWorld;
 
 TEST(NegotiationTest, ReadyOnlyWhenEveryRankAsked) {
   FakeWorld w(3);

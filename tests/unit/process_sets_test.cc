@@ -11,6 +11,7 @@
 #include "coordinator/negotiation.h"
 #include "gtest/gtest.h"
 #include "runtime/fast_path.h"
+#include "tests/testing/negotiation_world.h"
 #include "transport/channels.h"
 
 namespace braid {
@@ -69,24 +70,8 @@ proto::Request Remove(const std::string& name, int32_t id) {
 }
 
 // The coordinator's table, with what each rank receives: the common order and its replies.
-struct World {
-  explicit World(int n) : table(n), inbox(n) {}
-  void Send(int rank, std::vector<proto::Request> reqs) {
-    proto::RequestList l;
-    l.set_rank(rank);
-    for (auto& r : reqs) *l.add_requests() = std::move(r);
-    for (const proto::Response& resp : table.Submit(rank, l)) {
-      for (auto& box : inbox) box.push_back(resp);
-    }
-    for (auto& [r, replies] : table.TakeReplies()) {
-      for (auto& resp : replies) inbox[r].push_back(resp);
-    }
-  }
-  void SendAll(const std::vector<int>& ranks, const proto::Request& req) {
-    for (int r : ranks) Send(r, {req});
-  }
-  coordinator::NegotiationTable table;
-  std::vector<std::vector<proto::Response>> inbox;
+struct World : testing::NegotiationWorld {
+  explicit World(int n) : NegotiationWorld(n, /*replies=*/true) {}
 };
 
 TEST(ProcessSetNegotiationTest, ReadyWhenEveryMemberAskedAndOnlyMembersMayAsk) {
@@ -197,9 +182,7 @@ TEST(ProcessSetNegotiationTest, ADeadlineInOneSetLeavesADisjointSetRunning) {
   w.SendAll({0, 1, 2, 3}, Add("process_set.change.1", {2, 3}));
   w.Send(0, {Req("ps1/x", 1)});
   w.table.ExpireOlderThan(absl::ZeroDuration(), absl::Now() + absl::Seconds(1));
-  for (auto& [r, replies] : w.table.TakeReplies()) {
-    for (auto& resp : replies) w.inbox[r].push_back(resp);
-  }
+  w.TakeReplies();
   EXPECT_EQ(w.inbox[0].back().error_code(),
             static_cast<int>(absl::StatusCode::kDeadlineExceeded));
   EXPECT_TRUE(w.table.out_of_step());
