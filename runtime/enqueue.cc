@@ -243,12 +243,11 @@ absl::Status Runtime::Impl::RemoveProcessSet(int32_t id) {
 
 absl::StatusOr<std::vector<int>> Runtime::Impl::ProcessSetRanks(int32_t id) const {
   BRAID_RETURN_IF_ERROR(controller_.CheckRunning());
-  absl::MutexLock lock(&sets_mu_);
-  const std::vector<int>* ranks = sets_.Find(id);
-  if (ranks == nullptr) {
+  std::optional<std::vector<int>> ranks = SetRanksOf(id);
+  if (!ranks.has_value()) {
     return absl::NotFoundError(absl::StrCat("process set ", id, " does not exist"));
   }
-  return *ranks;
+  return *std::move(ranks);
 }
 
 void Runtime::Impl::ResetProcessSets() {

@@ -28,6 +28,13 @@ std::vector<int64_t> EvenRows(int64_t rows, int size) {
   return out;
 }
 
+// A scalar int32 result in the handle's output: a join's last rank, a process set's id.
+void SetScalarOutput(TensorEntry& e, int32_t value) {
+  e.handle->set_output_shape({});
+  e.handle->mutable_output().resize(sizeof(value));
+  std::memcpy(e.handle->mutable_output().data(), &value, sizeof(value));
+}
+
 std::string Upper(absl::string_view s) {
   std::string out(s);
   for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -42,11 +49,15 @@ Executor::Executor(const Parts& parts)
       size_(parts.control->size()),
       pipeline_(parts.stage, parts.ledger) {
   pipeline_.set_pipelined_copy(parts.pipelined_copy);
-  cur_ = Comms{parts_.planes->For(MemoryKind::kHost), parts_.control, rank_, size_, nullptr};
+  cur_ = WorldComms();
+}
+
+Executor::Comms Executor::WorldComms() const {
+  return Comms{parts_.planes->For(MemoryKind::kHost), parts_.control, rank_, size_, nullptr};
 }
 
 absl::StatusOr<bool> Executor::SelectComms(const Bucket& bucket) {
-  cur_ = Comms{parts_.planes->For(MemoryKind::kHost), parts_.control, rank_, size_, nullptr};
+  cur_ = WorldComms();
   if (bucket.process_set_id == 0) return true;
   std::optional<std::vector<int>> ranks;
   if (parts_.process_set_ranks) ranks = parts_.process_set_ranks(bucket.process_set_id);
@@ -85,11 +96,7 @@ void Executor::RunProcessSetChange(const Bucket& bucket) {
   // The rank that asked for it (a members-only change runs on every rank) gets the set's id.
   for (const std::string& name : bucket.names) {
     TensorEntry* e = parts_.in_flight->Find(name);
-    if (e == nullptr) continue;
-    const int32_t id = bucket.target_process_set_id;
-    e->handle->set_output_shape({});
-    e->handle->mutable_output().resize(sizeof(id));
-    std::memcpy(e->handle->mutable_output().data(), &id, sizeof(id));
+    if (e != nullptr) SetScalarOutput(*e, bucket.target_process_set_id);
   }
   Finish(bucket.names, absl::OkStatus());
 }
@@ -311,10 +318,7 @@ absl::Status Executor::RunCollective(TensorEntry& e, const Bucket& bucket) {
       return cur_.control->Barrier();
     case Collective::kJoin: {
       // Every rank has joined (Note [Join]): the result is the rank that joined last.
-      const int32_t last = bucket.last_joined_rank;
-      e.handle->set_output_shape({});
-      e.handle->mutable_output().resize(sizeof(last));
-      std::memcpy(e.handle->mutable_output().data(), &last, sizeof(last));
+      SetScalarOutput(e, bucket.last_joined_rank);
       return absl::OkStatus();
     }
     case Collective::kAllGather:

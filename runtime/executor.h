@@ -123,6 +123,7 @@ class Executor {
   // False when this rank is not in the bucket's set (it skips the bucket); an error when
   // the set is unknown here.
   absl::StatusOr<bool> SelectComms(const Bucket& bucket);
+  Comms WorldComms() const;  // the whole job's
   // Runs a change of the process sets and completes its handle.
   void RunProcessSetChange(const Bucket& bucket);
   struct SetChannels {
