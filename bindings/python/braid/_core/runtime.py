@@ -175,6 +175,13 @@ def _add(process_set, members_only=False):
     return process_set
 
 
+def _check_dynamic(fn):
+    if not _dynamic_sets:
+        raise FailedPreconditionError(
+            f"{fn}: dynamic process sets are off; call init(process_sets=\"dynamic\") (or set "
+            "BRAID_DYNAMIC_PROCESS_SETS=1) to add and remove sets while the job runs")
+
+
 def members_process_set(ranks):
     """The ProcessSet of ``ranks``, agreed among those ranks alone (the core's API for
     torch.distributed's new_group, which only the new group's members enter): an existing
@@ -192,11 +199,7 @@ def add_process_set(process_set):
     else at this point, naming the ranks and what each asked for), AlreadyExistsError (a set
     with these ranks is registered), FailedPreconditionError (31 sets exist besides the
     global one); FailedPreconditionError when dynamic process sets were not enabled."""
-    if not _dynamic_sets:
-        raise FailedPreconditionError(
-            "add_process_set: dynamic process sets are off; call "
-            "init(process_sets=\"dynamic\") (or set BRAID_DYNAMIC_PROCESS_SETS=1) to add and "
-            "remove sets while the job runs")
+    _check_dynamic("add_process_set")
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
@@ -211,11 +214,7 @@ def remove_process_set(process_set):
     collective) for a set that is not registered (removed already, or never added), as
     Horovod's; raises InvalidArgumentError for the global set or what is not a ProcessSet,
     and FailedPreconditionError when dynamic process sets were not enabled."""
-    if not _dynamic_sets:
-        raise FailedPreconditionError(
-            "remove_process_set: dynamic process sets are off; call "
-            "init(process_sets=\"dynamic\") (or set BRAID_DYNAMIC_PROCESS_SETS=1) to add and "
-            "remove sets while the job runs")
+    _check_dynamic("remove_process_set")
     if process_set is global_process_set:
         raise InvalidArgumentError("remove_process_set: the global process set cannot be removed")
     check_process("remove_process_set")
