@@ -32,6 +32,7 @@
 #include "glog/logging.h"
 #include "runtime/config.h"
 #include "runtime/handle.h"
+#include "control/process_sets.h"
 #include "runtime/runtime.h"
 #include "bindings/python/runtime_bridge.h"
 
@@ -621,6 +622,8 @@ PYBIND11_MODULE(_braid, m) {
       "process_set_ranks",
       [](int32_t id) { return Value(braid::GlobalRuntime().ProcessSetRanks(id)); },
       py::arg("process_set_id"), "The ranks of a process set, ascending (NotFoundError: none).");
+  m.def("qualified_name", &braid::QualifiedName, py::arg("process_set_id"), py::arg("name"),
+        "The name the job knows a process set's tensor by (QualifiedName).");
   m.def(
       "process_sets", []() { return Value(braid::GlobalRuntime().ProcessSets()); },
       "Every process set but the whole world's: {id: ranks}.");

@@ -92,6 +92,20 @@ def static():
         for name in ("ps1/ov.pair", "ps3/ov.up"):
             check(fast.get(name, 0) > 0, f"no step of '{name}' agreed by the fast path: {fast}")
 
+    # A call one member refuses before the runtime sees it (a dtype braid does not reduce)
+    # is reported within the set: the other member fails at once, naming it.
+    # (InvalidArgumentError, or FailedPreconditionError naming the same cause when the report
+    # came first: docs/failures.md.)
+    first = mine.ranks[0]
+    bad_in = torch.ones(2, dtype=torch.complex64) if r == first else torch.ones(2)
+    try:
+        hvd.allreduce(bad_in, name="refused", process_set=mine)
+        check(False, "a call one member refused did not raise")
+    except (hvd.InvalidArgumentError, hvd.FailedPreconditionError) as e:
+        check("unsupported dtype torch.complex64" in str(e) and
+              (r == first or f"failed on rank {first}" in str(e)),
+              f"a call one member refused: {e}")
+
     # A rank outside a set.
     if r == 0:
         expect_raises(hvd.InvalidArgumentError,

@@ -412,7 +412,7 @@ def reports_failures(fn):
                     and not getattr(e, "_braid_reported", False)
                     and not forked_child() and _braid.is_initialized()):
                 try:
-                    _braid.report_failure(name if ps_id == 0 else f"ps{ps_id}/{name}",
+                    _braid.report_failure(_braid.qualified_name(ps_id, name),
                                           _INVALID_ARGUMENT, str(e))
                 except BraidError:
                     pass  # a name that cannot travel, or one in flight: nothing to tell
