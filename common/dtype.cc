@@ -58,4 +58,22 @@ absl::Status CheckReduceOp(DataType dtype, ReduceOp op) {
   return absl::OkStatus();
 }
 
+std::string DeviceTypeName(int32_t type) {
+  switch (type) {
+    case static_cast<int32_t>(DeviceType::kCPU): return "cpu";
+    case static_cast<int32_t>(DeviceType::kCUDA): return "cuda";
+  }
+  return absl::StrCat("device#", type);
+}
+
+std::string DeviceName(const DeviceRef& device) {
+  if (device.type == DeviceType::kCPU) return "cpu";
+  return absl::StrCat(DeviceTypeName(device.type), ":", device.id);
+}
+
+bool IsValidDeviceType(int32_t v) {
+  return v == static_cast<int32_t>(DeviceType::kCPU) ||
+         v == static_cast<int32_t>(DeviceType::kCUDA);
+}
+
 }  // namespace braid

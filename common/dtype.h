@@ -54,6 +54,35 @@ enum class Collective : int32_t {
   kProcessSetRemove = 8,
 };
 
+// Where a tensor's memory is. Values are part of the wire protocol (proto Device) and the C
+// ABI (braid_*_opts.device_type): never renumber.
+enum class DeviceType : int32_t {
+  kCPU = 0,   // host memory
+  kCUDA = 1,  // an NVIDIA GPU's memory; the device id picks the GPU
+};
+
+// A device: its type and, for a GPU, which one (0 for the CPU).
+struct DeviceRef {
+  DeviceType type = DeviceType::kCPU;
+  int32_t id = 0;
+  friend bool operator==(const DeviceRef& a, const DeviceRef& b) {
+    return a.type == b.type && a.id == b.id;
+  }
+  friend bool operator!=(const DeviceRef& a, const DeviceRef& b) { return !(a == b); }
+  friend bool operator<(const DeviceRef& a, const DeviceRef& b) {
+    return a.type != b.type ? a.type < b.type : a.id < b.id;
+  }
+};
+
+// "cpu", "cuda"; "device#N" for a value outside the enum (from the wire or C).
+std::string DeviceTypeName(int32_t type);
+inline std::string DeviceTypeName(DeviceType type) {
+  return DeviceTypeName(static_cast<int32_t>(type));
+}
+// "cpu", "cuda:1": as torch spells a device.
+std::string DeviceName(const DeviceRef& device);
+bool IsValidDeviceType(int32_t v);
+
 // Size of one element in bytes.
 size_t DataTypeSize(DataType dtype);
 // "float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8".

@@ -1,6 +1,7 @@
 #include "control/bucket.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace braid {
 
@@ -25,7 +26,12 @@ Bucket BucketFromResponse(const proto::Response& r) {
   b.process_set_id = r.process_set_id();
   b.target_process_set_id = r.target_process_set_id();
   b.process_set_ranks.assign(r.process_set_ranks().begin(), r.process_set_ranks().end());
+  b.device_type = static_cast<DeviceType>(r.device());
   return b;
+}
+
+std::string FusionDeviceKey(const proto::Response& r) {
+  return absl::StrCat(r.device(), ":", absl::StrJoin(r.device_ids(), ","));
 }
 
 std::string CollectiveName(Collective c) {

@@ -39,10 +39,18 @@ struct Bucket {
   int process_set_id = 0;
   int target_process_set_id = 0;
   std::vector<int> process_set_ranks;
+  // Where the tensors are (Note [Devices], device/device.h): the type is the same on every
+  // rank; the device id is this rank's own and comes with its requests.
+  DeviceType device_type = DeviceType::kCPU;
 };
 
 // The bucket a coordinator's Response describes.
 Bucket BucketFromResponse(const proto::Response& response);
+
+// The part of an all-reduce's fusion key that says where its tensors are: the device type
+// and every rank's device id, so tensors on different devices (on any rank) never share a
+// bucket. The same on every rank: it comes from the coordinator's response.
+std::string FusionDeviceKey(const proto::Response& response);
 
 // "allreduce", "allgather", ...; "collective#N" for a value outside the enum (a peer's
 // malformed request). The one spelling of collective names in messages.

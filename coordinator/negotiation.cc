@@ -86,7 +86,8 @@ std::vector<proto::Response> NegotiationTable::Fuse(std::vector<proto::Response>
       // Tensors fuse only with others that the same joined ranks fill in (Note [Join]).
       item.key = absl::StrCat(r.collective(), "/", r.dtype(), "/", r.reduce_op(), "/",
                               r.process_set_id(), "/", r.compression(), "/",
-                              absl::StrJoin(r.joined_ranks(), ","));
+                              absl::StrJoin(r.joined_ranks(), ","), "/",
+                              FusionDeviceKey(r));
       int v = static_cast<int>(r.dtype());
       item.bytes = r.tensor_sizes(0) *
                    static_cast<int64_t>(IsValidDataType(v) ? DataTypeSize(static_cast<DataType>(v)) : 1);

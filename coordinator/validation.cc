@@ -64,7 +64,7 @@ using Getter = std::string (*)(const proto::Request&);
 // Each field's text as the mismatch errors show it.
 std::string CollectiveText(const proto::Request& r) { return CollectiveName(r.collective()); }
 std::string DtypeText(const proto::Request& r) { return DtypeName(r.dtype()); }
-std::string DeviceText(const proto::Request& r) { return r.device() == proto::GPU ? "gpu" : "cpu"; }
+std::string DeviceText(const proto::Request& r) { return DeviceTypeName(r.device()); }
 std::string ProcessSetText(const proto::Request& r) { return absl::StrCat(r.process_set_id()); }
 std::string CompressionText(const proto::Request& r) {
   return r.compression().empty() ? std::string("none") : r.compression();
@@ -216,6 +216,10 @@ absl::Status ValidateRequest(int rank, const proto::Request& req) {
   if (!proto::Device_IsValid(req.device())) {
     return bad(absl::InvalidArgumentError(absl::StrCat("unknown device ", req.device())));
   }
+  if (req.device_id() < 0 || (req.device() == proto::CPU && req.device_id() != 0)) {
+    return bad(absl::InvalidArgumentError(absl::StrCat(
+        "device id ", req.device_id(), " of a ", DeviceTypeName(req.device()), " tensor")));
+  }
   if ((req.collective() == proto::ALLREDUCE || req.collective() == proto::REDUCESCATTER) &&
       !IsValidReduceOp(req.reduce_op())) {
     return bad(absl::InvalidArgumentError(absl::StrCat("unknown reduce op ", req.reduce_op())));
@@ -273,6 +277,10 @@ proto::Response ValidateTensor(const std::string& name, const proto::Request& fi
   ok.set_root_rank(first.root_rank());
   ok.set_process_set_id(first.process_set_id());
   ok.set_compression(first.compression());
+  ok.set_device(first.device());
+  if (first.device() != proto::CPU) {  // each rank's (-1: none of its own, Note [Join])
+    for (const RequestPtr& r : by_rank) ok.add_device_ids(r == nullptr ? -1 : r->device_id());
+  }
   if (first.collective() == proto::ALLGATHER) {
     if (absl::Status s = AddFirstDims(first, by_rank, members, &ok); !s.ok()) {
       return ErrorResponse(name, absl::StatusCode::kInvalidArgument,

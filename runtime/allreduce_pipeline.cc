@@ -1,16 +1,12 @@
 #include "runtime/allreduce_pipeline.h"
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/half.h"
 #include "common/limits.h"
 #include "common/status_macros.h"
-#include "compression/half_convert.h"
-#include "glog/logging.h"
 
 namespace braid {
 namespace {
@@ -27,88 +23,6 @@ size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 // growth steps, so that doubling and rounding a capacity never wraps.
 constexpr size_t kMaxCapacity =
     std::numeric_limits<size_t>::max() / 2 / kGrowthQuantum * kGrowthQuantum;
-
-void* AlignedAlloc(size_t alignment, size_t bytes) {
-  return std::aligned_alloc(alignment, bytes);
-}
-
-// float16 / bfloat16 / float64 -> float32, for compressors that take float32 only. The
-// 16-bit conversions are the compression kernels' (vectorized, exact).
-void ToFloat32(const void* in, DataType dtype, size_t n, float* out) {
-  switch (dtype) {
-    case DataType::kFloat32:
-      if (n) std::memcpy(out, in, n * sizeof(float));
-      return;
-    case DataType::kFloat16:
-    case DataType::kBFloat16:
-      compression::FromHalf(static_cast<const uint16_t*>(in), n, dtype == DataType::kBFloat16,
-                            out);
-      return;
-    case DataType::kFloat64:
-      for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<const double*>(in)[i]);
-      return;
-    default:
-      LOG(FATAL) << "a " << DataTypeName(dtype) << " tensor cannot be reduced in float32: "
-                 << "MethodApplies refuses it at enqueue";
-  }
-}
-
-// The inverse (round to nearest even for the 16-bit formats).
-void FromFloat32(const float* in, DataType dtype, size_t n, void* out) {
-  switch (dtype) {
-    case DataType::kFloat32:
-      if (n && out != in) std::memcpy(out, in, n * sizeof(float));
-      return;
-    case DataType::kFloat16:
-    case DataType::kBFloat16:
-      compression::ToHalf(in, n, /*divisor=*/1.0f, dtype == DataType::kBFloat16,
-                          static_cast<uint16_t*>(out));
-      return;
-    case DataType::kFloat64:
-      for (size_t i = 0; i < n; ++i) static_cast<double*>(out)[i] = in[i];
-      return;
-    default:
-      LOG(FATAL) << "a " << DataTypeName(dtype) << " tensor cannot be reduced in float32";
-  }
-}
-
-// Fills `n` elements of `dtype` at `out` with the identity of `op` (Note [Join]): what a
-// joined rank contributes, so the others' result is theirs alone. Zeros for sum and average
-// (an average still divides by the whole world size), the largest value for min (+inf for
-// floating point), the lowest for max (-inf), one for product.
-void FillIdentity(void* out, DataType dtype, ReduceOp op, size_t n) {
-  if (n == 0) return;
-  if (op == ReduceOp::kSum || op == ReduceOp::kAverage) {
-    std::memset(out, 0, n * DataTypeSize(dtype));
-    return;
-  }
-  auto fill = [&](auto value) {
-    auto* p = static_cast<decltype(value)*>(out);
-    std::fill(p, p + n, value);
-  };
-  auto pick = [&](auto lowest, auto highest, auto one) {
-    fill(op == ReduceOp::kMin ? highest : op == ReduceOp::kMax ? lowest : one);
-  };
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  switch (dtype) {
-    case DataType::kFloat32: return pick(-kInf, kInf, 1.0f);
-    case DataType::kFloat64:
-      return pick(-std::numeric_limits<double>::infinity(),
-                  std::numeric_limits<double>::infinity(), 1.0);
-    case DataType::kFloat16:
-      return pick(FloatToFloat16(-kInf), FloatToFloat16(kInf), FloatToFloat16(1.0f));
-    case DataType::kBFloat16:
-      return pick(FloatToBFloat16(-kInf), FloatToBFloat16(kInf), FloatToBFloat16(1.0f));
-    case DataType::kInt32:
-      return pick(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(),
-                  int32_t{1});
-    case DataType::kInt64:
-      return pick(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
-                  int64_t{1});
-    case DataType::kUInt8:
-      return pick(uint8_t{0}, std::numeric_limits<uint8_t>::max(), uint8_t{1});
-  }
-}
 
 }  // namespace
 
@@ -127,16 +41,19 @@ struct AllReducePipeline::BucketRun {
   absl::Span<const compression::BucketTensor> described;
   // Set by Pack: each tensor's view, laid out as planned.
   absl::Span<compression::TensorView> views;
+  device::Device* device = nullptr;  // where the tensors are (Note [Devices])
+  device::Stream stream = nullptr;
+  absl::Duration timeout;
   bool packed = false;      // the views lie in the fusion buffer (else where the tensors lie)
   bool gathered = false;    // packed, by the compressor as it reduces (Note [Pipelined copy])
   size_t packed_bytes = 0;  // written into the fusion buffer
 };
 
-FusionBuffer::FusionBuffer(AlignedAllocFn allocate)
-    : allocate_(allocate != nullptr ? allocate : &AlignedAlloc) {}
+FusionBuffer::FusionBuffer(device::Device* device)
+    : device_(device != nullptr ? device : &device::HostDevice()) {}
 
 absl::StatusOr<char*> FusionBuffer::Reserve(size_t bytes) {
-  if (bytes <= capacity_ && data_ != nullptr) return data_.get();
+  if (bytes <= capacity_ && data_.data() != nullptr) return data();
   if (bytes > kMaxCapacity) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot allocate a fusion buffer of ", bytes, " bytes: more than half the address space"));
@@ -146,23 +63,34 @@ absl::StatusOr<char*> FusionBuffer::Reserve(size_t bytes) {
   // buckets never reach are never touched.
   const size_t capacity = RoundUp(
       std::max<size_t>({bytes, std::min(2 * capacity_, kMaxCapacity), 1}), kGrowthQuantum);
-  char* data = static_cast<char*>(allocate_(kAlignment, capacity));
-  if (data == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate a fusion buffer of ", capacity, " bytes (", bytes,
-                     " needed, ", capacity_, " held)"));
+  absl::StatusOr<device::DeviceMemory> memory = device_->Allocate(capacity, kAlignment);
+  if (!memory.ok()) {
+    const DeviceRef where = device_->ref();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot allocate a fusion buffer of ", capacity, " bytes",
+        where.type == DeviceType::kCPU ? "" : absl::StrCat(" on ", DeviceName(where)), " (",
+        bytes, " needed, ", capacity_, " held)"));
   }
-  data_.reset(data);
+  data_ = *std::move(memory);
   capacity_ = capacity;
-  return data;
+  return data();
 }
 
 absl::Status AllReducePipeline::Run(int64_t bucket_id,
                                     const compression::CompressionMethod& method,
                                     DataType dtype, ReduceOp op,
                                     absl::Span<const AllReduceTensor> tensors,
-                                    transport::Communicator& comm, Timeline* timeline) {
+                                    transport::Communicator& comm, Timeline* timeline,
+                                    const BucketPlace& place) {
   BucketRun run;
+  run.device = place.device != nullptr ? place.device : &device::HostDevice();
+  run.stream = place.stream;
+  run.timeout = place.timeout;
+  if (!run.device->host_accessible()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "all-reduce bucket ", bucket_id, ": ", DeviceName(run.device->ref()),
+        " memory is not readable from the host, and braid has no compressor on it yet"));
+  }
   run.id = bucket_id;
   run.method = &method;
   run.dtype = dtype;
@@ -178,12 +106,16 @@ absl::Status AllReducePipeline::Run(int64_t bucket_id,
     }
   }
   const absl::Status s = Reduce(run, comm);
+  absl::Status unpacked;
   if (run.packed && !run.gathered) {
     Phase(run, "MEMCPY_OUT_FUSION_BUFFER", true, run.args);
-    if (s.ok()) Unpack(run);
+    if (s.ok()) unpacked = Unpack(run);
+    // The handle completes on the host: the results must be where they go.
+    if (unpacked.ok()) unpacked = run.device->Synchronize(run.stream, run.timeout);
     Phase(run, "MEMCPY_OUT_FUSION_BUFFER", false);
   }
   if (!s.ok()) return s;
+  BRAID_RETURN_IF_ERROR(unpacked);
   Book(run, comm.size());
   ledger_->RecordBucket(run.packed, run.packed_bytes, run.bytes);
   return absl::OkStatus();
@@ -213,7 +145,10 @@ absl::Status AllReducePipeline::Reduce(BucketRun& run, transport::Communicator& 
   // reduction], compression/stage.h).
   BRAID_ASSIGN_OR_RETURN(compression::PlannedBucket planned,
                          stage_->Plan(*run.method, run.described));
-  if (absl::Status packed = Pack(run, planned.plans()); !packed.ok()) {
+  absl::Status packed = Pack(run, planned.plans());
+  // The compressor reads the views from the host: the device's copies must be done.
+  if (packed.ok()) packed = run.device->Synchronize(run.stream, run.timeout);
+  if (!packed.ok()) {
     comm.Abort(packed);  // Note [Allocation failure]
     return packed;
   }
@@ -244,7 +179,7 @@ absl::Status AllReducePipeline::Pack(BucketRun& run, absl::Span<const TensorPlan
       if (plans[0].separate_input) {
         views_[0].input = t.input;
       } else if (views_[0].count > 0) {
-        std::memcpy(t.output, t.input, views_[0].bytes());
+        return run.device->Copy(t.output, t.input, views_[0].bytes(), run.stream);
       }
     }
     return absl::OkStatus();
@@ -259,27 +194,30 @@ absl::Status AllReducePipeline::Pack(BucketRun& run, absl::Span<const TensorPlan
     offsets_.push_back(total);
     total += v.bytes();
   }
-  absl::StatusOr<char*> base = buffer_.Reserve(total);
+  absl::StatusOr<char*> base = BufferOf(run.device).Reserve(total);
   if (!base.ok()) return CannotPack(run, total, base.status());
   run.packed = true;
   run.packed_bytes = total;
-  if (pipelined_copy_ && ViewGathered(run, plans, *base)) return absl::OkStatus();
+  // Gathered copies are the host data plane's memcpys (transport/gather.h): host memory only.
+  if (pipelined_copy_ && run.device == &device::HostDevice() && ViewGathered(run, plans, *base)) {
+    return absl::OkStatus();
+  }
   Phase(run, "MEMCPY_IN_FUSION_BUFFER", true,
         absl::StrCat("\"tensors\": ", run.tensors.size(), ", \"bytes\": ", total));
-  for (size_t i = 0; i < views_.size(); ++i) {
+  absl::Status s;
+  for (size_t i = 0; i < views_.size() && s.ok(); ++i) {
     TensorView& v = views_[i];
     v.data = *base + offsets_[i];
     if (v.count == 0) continue;
-    if (run.tensors[i].joined) {
-      FillIdentity(v.data, v.dtype, run.op, v.count);
-    } else if (v.dtype == run.dtype) {
-      std::memcpy(v.data, run.tensors[i].input, v.bytes());
-    } else {
-      ToFloat32(run.tensors[i].input, run.dtype, v.count, v.f32());
-    }
+    // Copied as it is, or converted to float32 (the same call); a joined rank's is the op's
+    // identity in the work dtype.
+    s = run.tensors[i].joined
+            ? run.device->FillIdentity(v.data, v.count, v.dtype, run.op, run.stream)
+            : run.device->Convert(v.data, v.dtype, run.tensors[i].input, run.dtype, v.count,
+                                  run.stream);
   }
   Phase(run, "MEMCPY_IN_FUSION_BUFFER", false);
-  return absl::OkStatus();
+  return s;
 }
 
 absl::Status AllReducePipeline::CannotPack(const BucketRun& run, size_t bytes,
@@ -362,17 +300,27 @@ bool AllReducePipeline::ViewGathered(BucketRun& run, absl::Span<const TensorPlan
   return true;
 }
 
-void AllReducePipeline::Unpack(const BucketRun& run) {
+absl::Status AllReducePipeline::Unpack(const BucketRun& run) {
   for (size_t i = 0; i < run.views.size(); ++i) {
     const TensorView& v = run.views[i];
     const AllReduceTensor& t = run.tensors[i];
     if (v.count == 0 || t.joined) continue;
-    if (v.dtype == run.dtype) {
-      std::memcpy(t.output, v.data, v.bytes());
-    } else {
-      FromFloat32(v.f32(), run.dtype, v.count, t.output);
-    }
+    BRAID_RETURN_IF_ERROR(
+        run.device->Convert(t.output, run.dtype, v.data, v.dtype, v.count, run.stream));
   }
+  return absl::OkStatus();
+}
+
+FusionBuffer& AllReducePipeline::BufferOf(device::Device* device) {
+  auto it = buffers_.find(device);
+  if (it == buffers_.end()) it = buffers_.emplace(device, FusionBuffer(device)).first;
+  return it->second;
+}
+
+const FusionBuffer& AllReducePipeline::buffer(device::Device* device) const {
+  static const FusionBuffer* const kEmpty = new FusionBuffer;
+  auto it = buffers_.find(device != nullptr ? device : &device::HostDevice());
+  return it == buffers_.end() ? *kEmpty : it->second;
 }
 
 void AllReducePipeline::Book(const BucketRun& run, int world_size) {

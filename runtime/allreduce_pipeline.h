@@ -67,7 +67,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -76,10 +76,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "compression/compressor.h"
 #include "compression/stage.h"
+#include "device/device.h"
 #include "runtime/statistics.h"
 #include "runtime/timeline.h"
 #include "transport/communicator.h"
@@ -98,53 +100,62 @@ struct AllReduceTensor {
   bool joined = false;
 };
 
-// Where a FusionBuffer gets its memory: std::aligned_alloc's contract (null when it cannot;
-// the memory is released with std::free). Tests pass one that fails.
-using AlignedAllocFn = void* (*)(size_t alignment, size_t bytes);
-
-// The fusion buffer: 64-byte aligned, grown (at least doubling) when a bucket needs more and
-// never shrunk, so the steady state allocates nothing (a fresh allocation costs a page fault
-// per 4 KiB when it is first written). Its contents do not survive a growth.
+// The fusion buffer of one device: 64-byte aligned, grown (at least doubling) when a bucket
+// needs more and never shrunk, so the steady state allocates nothing (a fresh allocation
+// costs a page fault per 4 KiB when it is first written). Its contents do not survive a
+// growth.
 class FusionBuffer {
  public:
-  // `allocate` null: std::aligned_alloc.
-  explicit FusionBuffer(AlignedAllocFn allocate = nullptr);
-
-  // At least `bytes` bytes. ResourceExhausted, saying how many bytes it asked for, when they
-  // cannot be allocated; the buffer then stays as it was.
+  // `device` (null: the host) outlives the buffer; its memory is allocated there.
+  explicit FusionBuffer(device::Device* device = nullptr);
+  // At least `bytes` bytes. ResourceExhausted, saying how many bytes it asked for (and the
+  // device, when not the host), when they cannot be allocated; the buffer then stays as it
+  // was.
   absl::StatusOr<char*> Reserve(size_t bytes);
   size_t capacity() const { return capacity_; }
-  const char* data() const { return data_.get(); }
+  char* data() const { return static_cast<char*>(data_.data()); }
 
  private:
-  struct Free {
-    void operator()(char* p) const { std::free(p); }
-  };
-  AlignedAllocFn allocate_;
-  std::unique_ptr<char, Free> data_;
+  device::Device* device_;
+  device::DeviceMemory data_;
   size_t capacity_ = 0;
+};
+
+// Where a bucket's tensors are (Note [Devices], device/device.h) and the stream braid's work
+// on them is queued on.
+struct BucketPlace {
+  device::Device* device = nullptr;  // null: host memory
+  device::Stream stream = nullptr;
+  // The longest wait for the device's work to finish before the compressor reads it.
+  absl::Duration timeout = absl::Seconds(60);
 };
 
 class AllReducePipeline {
  public:
-  // Both outlive the pipeline. `allocate`: where the fusion buffer gets its memory (null:
-  // std::aligned_alloc; tests pass one that fails).
-  AllReducePipeline(compression::CompressionStage* stage, StatisticsLedger* ledger,
-                    AlignedAllocFn allocate = nullptr)
-      : stage_(stage), ledger_(ledger), buffer_(allocate) {}
+  // Both outlive the pipeline.
+  AllReducePipeline(compression::CompressionStage* stage, StatisticsLedger* ledger)
+      : stage_(stage), ledger_(ledger) {}
 
   // Reduces one bucket: `tensors` of `dtype`, all-reduced with `op` under `method`, in the
-  // order every rank uses; its phases go to `timeline` (null: nowhere). On success every
+  // order every rank uses; its phases go to `timeline` (null: nowhere). The tensors are on
+  // `place`'s device, whose interface does every copy, conversion, fill and allocation of
+  // the pipeline (Note [Devices]); the compressor then reads the memory from the host, so
+  // the device must be host_accessible() (the CUDA compressors are the device's own). On
+  // success every
   // output holds the result and the bucket's bytes are booked; on error the outputs'
   // contents are unspecified. Errors: the stage's, the compressor's, the communicator's;
   // InvalidArgument naming the tensor for a shape ShapeElements refuses (common/limits.h);
   // ResourceExhausted naming the bucket when the fusion buffer cannot grow (Note
-  // [Allocation failure]: `comm` is aborted with it). Background thread only.
+  // [Allocation failure]: `comm` is aborted with it, as with any other error of the device
+  // before the collectives); FailedPrecondition for a device the host cannot read.
+  // Background thread only.
   absl::Status Run(int64_t bucket_id, const compression::CompressionMethod& method,
                    DataType dtype, ReduceOp op, absl::Span<const AllReduceTensor> tensors,
-                   transport::Communicator& comm, Timeline* timeline = nullptr);
+                   transport::Communicator& comm, Timeline* timeline = nullptr,
+                   const BucketPlace& place = {});
 
-  const FusionBuffer& buffer() const { return buffer_; }
+  // The fusion buffer of `device` (null: the host); an empty one until a bucket used it.
+  const FusionBuffer& buffer(device::Device* device = nullptr) const;
 
   // Note [Pipelined copy]: on by default; off, every scattered bucket is packed and unpacked
   // as three passes. A rank's own choice: the result and the messages are the same.
@@ -167,7 +178,9 @@ class AllReducePipeline {
                     char* base);
   // The error of a fusion buffer that could not grow to `bytes` (Note [Allocation failure]).
   static absl::Status CannotPack(const BucketRun& run, size_t bytes, const absl::Status& s);
-  void Unpack(const BucketRun& run);
+  absl::Status Unpack(const BucketRun& run);
+  // The fusion buffer of the bucket's device (made on first use).
+  FusionBuffer& BufferOf(device::Device* device);
   void Book(const BucketRun& run, int world_size);
   // Begins (or ends) `phase` on every tensor's timeline row.
   static void Phase(const BucketRun& run, const char* phase, bool begin,
@@ -175,7 +188,7 @@ class AllReducePipeline {
 
   compression::CompressionStage* stage_;
   StatisticsLedger* ledger_;
-  FusionBuffer buffer_;
+  std::map<device::Device*, FusionBuffer> buffers_;  // one per device
   bool pipelined_copy_ = true;
   // Scratch, reused across buckets so the steady state allocates nothing; what a bucket
   // keeps in them it reaches through its BucketRun.

@@ -64,8 +64,7 @@ class NegotiationController : public InFlight {
     ProcessSetRanks process_set_ranks;
   };
   // Checks a request and resolves its compression (runtime_impl.h: Enqueue), under mu_.
-  using Validate = std::function<absl::StatusOr<const compression::CompressionMethod*>(
-      const CollectiveRequest&)>;
+  using Validate = std::function<absl::StatusOr<Accepted>(const CollectiveRequest&)>;
 
   NegotiationController() = default;
   ~NegotiationController() override = default;

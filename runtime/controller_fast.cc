@@ -295,7 +295,7 @@ void NegotiationController::ApplyCoordinatorMessage(const proto::ResponseList& m
       for (int i = 0; i < r.cache_ids_size() && i < r.names_size(); ++i) {
         auto entry = table_.find(r.names(i));
         if (r.cache_ids(i) != 0 && entry != table_.end()) {
-          fast_cache_.Insert(r.cache_ids(i), r.names(i), entry->second.request_bytes);
+          fast_cache_.Insert(r.cache_ids(i), r.names(i), entry->second.request_bytes, r);
         } else if (r.cache_ids(i) != 0 && r.process_set_id() != 0) {
           fast_cache_.InsertOutside(r.cache_ids(i), r, i);  // another set's
         }

@@ -16,7 +16,8 @@ proto::Request ToProto(const CollectiveRequest& req, const std::string& compress
   p.set_collective(static_cast<proto::Collective>(req.collective));
   p.set_dtype(static_cast<proto::DataType>(req.dtype));
   for (int64_t d : req.shape) p.add_shape(d);
-  p.set_device(proto::CPU);
+  p.set_device(static_cast<proto::Device>(req.device.type));
+  p.set_device_id(req.device.id);
   p.set_reduce_op(static_cast<proto::ReduceOp>(req.op));
   p.set_root_rank(req.root_rank);
   p.set_process_set_id(req.process_set_id);
@@ -172,18 +173,19 @@ absl::StatusOr<std::shared_ptr<Handle>> NegotiationController::Submit(Collective
         "tensor '", req.name, "' is already in flight on rank ", parts_.rank,
         ": wait for it to complete before reusing the name"));
   }
-  absl::StatusOr<const compression::CompressionMethod*> method = validate(req);
-  if (!method.ok()) {
-    ReportFailureLocked(req.name, method.status());
-    return method.status();
+  absl::StatusOr<Accepted> accepted = validate(req);
+  if (!accepted.ok()) {
+    ReportFailureLocked(req.name, accepted.status());
+    return accepted.status();
   }
+  const compression::CompressionMethod* method = accepted->method;
   auto handle = std::make_shared<Handle>();
   if (!abort_.ok()) {
     handle->Complete(abort_);
     return handle;
   }
   // The canonical spec travels (the coordinator compares it across ranks as it is).
-  proto::Request p = ToProto(req, *method != nullptr ? (*method)->spec() : std::string());
+  proto::Request p = ToProto(req, method != nullptr ? method->spec() : std::string());
   std::string request_bytes = p.SerializeAsString();
   if (req.collective == Collective::kBarrier) ++barriers_outgoing_;
   outgoing_.push_back(std::move(p));
@@ -193,8 +195,9 @@ absl::StatusOr<std::shared_ptr<Handle>> NegotiationController::Submit(Collective
   }
   std::string name = req.name;
   table_.emplace(std::move(name),
-                 TensorEntry{std::move(req), handle, *method, std::move(request_bytes),
-                             /*fast=*/false, absl::InfinitePast(), next_seq_++});
+                 TensorEntry{std::move(req), handle, method, std::move(request_bytes),
+                             /*fast=*/false, absl::InfinitePast(), next_seq_++,
+                             std::move(accepted->ready)});
   return handle;
 }
 

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "control/coordinator_client.h"
+#include "device/device.h"
 #include "proto/braid.pb.h"
 #include "runtime/data_plane.h"
 #include "runtime/runtime.h"
@@ -36,6 +37,9 @@ struct RuntimeDeps {
   CoordinatorClientFactory coordinator;
   // Opened before registration, connected after; unset: UCX.
   std::unique_ptr<DataPlane> data_plane;
+  // Note [Devices] (device/device.h): the devices tensors may be on; unset: the host and,
+  // in a build with CUDA, the GPUs (MakeDefaultDevices).
+  std::shared_ptr<const device::DeviceRegistry> devices;
 };
 
 }  // namespace braid

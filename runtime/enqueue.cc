@@ -160,6 +160,38 @@ absl::StatusOr<int> Runtime::Impl::CheckProcessSet(const CollectiveRequest& r) c
   return static_cast<int>(ranks->size());
 }
 
+absl::StatusOr<Accepted> Runtime::Impl::AcceptDevice(
+    const CollectiveRequest& r, const compression::CompressionMethod* method) const {
+  Accepted accepted(method);
+  if (r.device.type == DeviceType::kCPU && r.device.id == 0) return accepted;
+  const std::string what =
+      absl::StrCat(CollectiveName(r.collective), " '", r.name, "' on rank ", rank_, ": ");
+  if (!IsValidDeviceType(static_cast<int32_t>(r.device.type)) || r.device.id < 0 ||
+      r.device.type == DeviceType::kCPU) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "no device ", DeviceTypeName(static_cast<int32_t>(r.device.type)),
+                     " with id ", r.device.id));
+  }
+  absl::StatusOr<device::Device*> device = devices_->Get(r.device);
+  if (!device.ok()) {
+    return absl::Status(device.status().code(), absl::StrCat(what, device.status().message()));
+  }
+  // The device path runs the all-reduce pipeline (pack, compress, reduce, unpack) and the
+  // collectives without buffers; the others copy through host memory still.
+  if (r.collective != Collective::kAllReduce && r.collective != Collective::kBarrier &&
+      r.collective != Collective::kJoin) {
+    return absl::UnimplementedError(absl::StrCat(
+        what, CollectiveName(r.collective), " of ", DeviceName(r.device),
+        " tensors is not supported yet (all-reduce is)"));
+  }
+  auto ready = (*device)->RecordEvent(r.stream);
+  if (!ready.ok()) {
+    return absl::Status(ready.status().code(), absl::StrCat(what, ready.status().message()));
+  }
+  accepted.ready = *std::move(ready);
+  return accepted;
+}
+
 absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest req) {
   if (req.collective == Collective::kProcessSetAdd ||
       req.collective == Collective::kProcessSetRemove) {
@@ -175,10 +207,11 @@ absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest
   // Checked under the controller's lock: no Shutdown or Init replaces the stage meanwhile.
   return controller_.Submit(
       std::move(req),
-      [this, set_size](const CollectiveRequest& r)
-          -> absl::StatusOr<const compression::CompressionMethod*> {
+      [this, set_size](const CollectiveRequest& r) -> absl::StatusOr<Accepted> {
         BRAID_RETURN_IF_ERROR(CheckRequest(r, set_size));
-        return ResolveCompression(r);
+        BRAID_ASSIGN_OR_RETURN(const compression::CompressionMethod* method,
+                               ResolveCompression(r));
+        return AcceptDevice(r, method);
       });
 }
 
@@ -186,9 +219,7 @@ absl::StatusOr<int32_t> Runtime::Impl::ChangeProcessSets(CollectiveRequest req) 
   req.dtype = DataType::kUInt8;
   auto handle = controller_.Submit(
       std::move(req),
-      [](const CollectiveRequest&) -> absl::StatusOr<const compression::CompressionMethod*> {
-        return nullptr;
-      });
+      [](const CollectiveRequest&) -> absl::StatusOr<Accepted> { return Accepted(); });
   if (!handle.ok()) return handle.status();
   BRAID_RETURN_IF_ERROR((*handle)->Wait());
   int32_t id = 0;

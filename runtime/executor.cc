@@ -252,6 +252,19 @@ absl::Status Executor::RunAllReduce(const Bucket& bucket,
     if (!resolved.ok()) return resolved.status();
     method = *resolved;
   }
+  // Note [Devices]: the bucket's tensors are on one device (the coordinator fuses no
+  // others); a rank that joined for all of them fills the identity on its last device of
+  // the type (or device 0).
+  DeviceRef where{bucket.device_type, 0};
+  if (own != nullptr) where = own->req.device;
+  if (auto last = last_device_.find(where.type); own == nullptr && last != last_device_.end()) {
+    where = last->second;
+  }
+  last_device_[where.type] = where;
+  static const device::DeviceRegistry* const kHostOnly = new device::DeviceRegistry;
+  BRAID_ASSIGN_OR_RETURN(device::Device* const device,
+                         (parts_.devices != nullptr ? parts_.devices : kHostOnly)->Get(where));
+  BucketPlace place{device, /*stream=*/nullptr, parts_.device_timeout};
   std::vector<AllReduceTensor> tensors;
   tensors.reserve(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -268,13 +281,16 @@ absl::Status Executor::RunAllReduce(const Bucket& bucket,
       continue;
     }
     // The coordinator fuses only requests that agree on these; anything else is a bug there.
-    if (e->method != method || e->req.dtype != dtype || e->req.op != op) {
+    if (e->method != method || e->req.dtype != dtype || e->req.op != op ||
+        e->req.device != where) {
       return absl::InternalError(absl::StrCat("bucket ", bucket.id, " mixes '", own->req.name,
                                               "' and '", e->req.name, "', which do not fuse"));
     }
     tensors.push_back({e->req.name, e->req.shape, e->req.input, e->req.output});
+    // braid's work waits for the caller's stream to reach the point of the enqueue.
+    if (e->ready != nullptr) BRAID_RETURN_IF_ERROR(device->WaitEvent(place.stream, *e->ready));
   }
-  return pipeline_.Run(bucket.id, *method, dtype, op, tensors, HostPlane(), timeline);
+  return pipeline_.Run(bucket.id, *method, dtype, op, tensors, HostPlane(), timeline, place);
 }
 
 absl::Status Executor::RunJoined(const Bucket& bucket) {

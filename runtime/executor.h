@@ -44,6 +44,10 @@ class Executor {
     InFlight* in_flight = nullptr;                   // the entries buckets name
     // BRAID_PIPELINED_COPY (Note [Pipelined copy], runtime/allreduce_pipeline.h).
     bool pipelined_copy = true;
+    // Note [Devices] (device/device.h): the devices buckets' tensors are on, and the longest
+    // wait for a device's work (BRAID_TIMEOUT_S).
+    const device::DeviceRegistry* devices = nullptr;
+    absl::Duration device_timeout = absl::Seconds(60);
     // The timeline events go to now, or null (runtime_impl.h: Impl::timeline()).
     std::function<std::shared_ptr<Timeline>()> timeline;
     // Note [Process sets] (control/process_sets.h): the ranks of a set (nullopt: none), the
@@ -137,6 +141,7 @@ class Executor {
   Comms cur_;  // the bucket's (braid-loop's alone)
   std::map<int32_t, SetChannels> set_channels_;  // braid-loop's alone, by set id
   AllReducePipeline pipeline_;
+  std::map<DeviceType, DeviceRef> last_device_;  // per type, the last a bucket of ours used
   mutable absl::Mutex mu_;  // a leaf
   absl::Status first_timeout_ ABSL_GUARDED_BY(mu_);
   absl::Status poisoned_ ABSL_GUARDED_BY(mu_);  // Note [Poisoned data plane]

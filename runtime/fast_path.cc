@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
 #include "common/limits.h"
+#include "control/bucket.h"
 #include "control/fusion.h"
 
 namespace braid {
@@ -23,10 +24,11 @@ constexpr size_t kHeaderWords = 5;
 
 }  // namespace
 
-void FastPathCache::Insert(int32_t id, const std::string& name, const std::string& bytes) {
+void FastPathCache::Insert(int32_t id, const std::string& name, const std::string& bytes,
+                           const proto::Response& r) {
   proto::Request request;
   request.ParseFromString(bytes);
-  InsertSlot(id, name, bytes, std::move(request));
+  InsertSlot(id, name, bytes, std::move(request), r);
 }
 
 void FastPathCache::InsertOutside(int32_t id, const proto::Response& r, int i) {
@@ -38,17 +40,19 @@ void FastPathCache::InsertOutside(int32_t id, const proto::Response& r, int i) {
   request.set_root_rank(r.root_rank());
   request.set_process_set_id(r.process_set_id());
   request.set_compression(r.compression());
+  request.set_device(r.device());
   if (i < r.tensor_sizes_size()) request.add_shape(r.tensor_sizes(i));
-  InsertSlot(id, r.names(i), "", std::move(request));  // "": no request of this rank matches
+  InsertSlot(id, r.names(i), "", std::move(request), r);  // "": no request of this rank matches
 }
 
 void FastPathCache::InsertSlot(int32_t id, const std::string& name, const std::string& bytes,
-                               proto::Request request) {
+                               proto::Request request, const proto::Response& r) {
   if (int32_t old = IdOf(name); old != 0 && old != id) Evict(old);
   Slot slot;
   slot.name = name;
   slot.bytes = bytes;
   slot.request = std::move(request);
+  slot.devices = FusionDeviceKey(r);
   auto [it, inserted] = slots_.insert_or_assign(id, std::move(slot));
   by_name_[name] = id;
   if (inserted) {
@@ -190,12 +194,14 @@ std::vector<std::vector<int32_t>> PlanFastBuckets(const std::vector<int32_t>& id
   std::vector<control::FusionItem> items;
   items.reserve(ids.size());
   for (int32_t id : ids) {
-    const proto::Request& r = cache.Find(id)->request;
+    const FastPathCache::Slot& slot = *cache.Find(id);
+    const proto::Request& r = slot.request;
     control::FusionItem item;
     if (r.collective() == proto::ALLREDUCE) {
-      // The coordinator's key (NegotiationTable::Fuse), so a step fuses alike both ways.
+      // The coordinator's key (NegotiationTable::Fuse, no rank joined), so a step fuses
+      // alike both ways.
       item.key = absl::StrCat(r.collective(), "/", r.dtype(), "/", r.reduce_op(), "/",
-                              r.process_set_id(), "/", r.compression());
+                              r.process_set_id(), "/", r.compression(), "//", slot.devices);
       item.bytes = RequestBytes(r);
     }
     items.push_back(std::move(item));

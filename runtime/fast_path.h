@@ -61,10 +61,12 @@ class FastPathCache {
     std::string name;
     std::string bytes;      // the proto::Request, serialized (what the rank compares)
     proto::Request request;  // the same, parsed
+    std::string devices;     // its response's FusionDeviceKey (control/bucket.h)
   };
-  // Adds (or replaces) slot `id` for `bytes`, the serialized request of `name`. An older
-  // slot under the same name goes.
-  void Insert(int32_t id, const std::string& name, const std::string& bytes);
+  // Adds (or replaces) slot `id` for `bytes`, the serialized request of `name`, which the
+  // coordinator answered with `r`. An older slot under the same name goes.
+  void Insert(int32_t id, const std::string& name, const std::string& bytes,
+              const proto::Response& r);
   // Adds slot `id` for name i of `r`, the coordinator's response of a process set's tensor
   // this rank is not in (Note [Process sets] in control/process_sets.h): it holds no request
   // of it, so the slot's request is made from the response (what planning and voting read:
@@ -87,7 +89,7 @@ class FastPathCache {
 
  private:
   void InsertSlot(int32_t id, const std::string& name, const std::string& bytes,
-                  proto::Request request);
+                  proto::Request request, const proto::Response& r);
   std::map<int32_t, Slot> slots_;
   std::map<std::string, int32_t> by_name_;
   std::vector<int32_t> ids_;  // slots_'s keys, in order

@@ -11,10 +11,22 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "compression/stage.h"
+#include "device/device.h"
 #include "runtime/handle.h"
 #include "runtime/runtime.h"
 
 namespace braid {
+
+// What Enqueue's checks give a collective they accept.
+struct Accepted {
+  Accepted(const compression::CompressionMethod* m = nullptr) : method(m) {}  // NOLINT
+  // All-reduce: its compression, resolved once (never null); else null.
+  const compression::CompressionMethod* method = nullptr;
+  // Note [Devices] (device/device.h): for a device tensor, the point of the caller's stream
+  // at which its input is ready (recorded at enqueue); braid's work on it waits for that.
+  // Null for host memory.
+  std::shared_ptr<device::Event> ready;
+};
 
 // One collective this rank enqueued and has not completed.
 struct TensorEntry {
@@ -27,6 +39,7 @@ struct TensorEntry {
   bool fast = false;
   absl::Time fast_since;
   uint64_t seq = 0;  // enqueue order on this rank (Note [Barrier order], controller_order.cc)
+  std::shared_ptr<device::Event> ready;  // Accepted::ready
 };
 
 // The executor's view of the table of collectives in flight, which the controller keeps.

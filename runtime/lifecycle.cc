@@ -102,6 +102,7 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   BeforeInit(config);
   // Before the client: its heartbeats read the ledger (braidctl status).
   BRAID_RETURN_IF_ERROR(MakeCompression(config));
+  devices_ = deps.devices ? std::move(deps.devices) : device::MakeDefaultDevices();
   CoordinatorClientSetup setup;
   setup.fill_heartbeat = [this](proto::HeartbeatRequest* hb) {
     AddCompressionTotals(*ledger_, hb);
@@ -288,6 +289,8 @@ absl::Status Runtime::Impl::StartLoop(const proto::JobSettings& job) {
     ep.ledger = ledger_.get();
     ep.in_flight = &controller_;
     ep.pipelined_copy = config_.pipelined_copy;
+    ep.devices = devices_.get();
+    ep.device_timeout = config_.timeout;
     ep.timeline = [this] { return timeline(); };
     ep.process_set_ranks = [this](int32_t id) { return SetRanksOf(id); };
     ep.set_channels = channels_.subset;

@@ -53,6 +53,16 @@ struct CollectiveRequest {
   // by rank in the set (the members in ascending order); an average divides by the set's
   // size. Names are per set: sets may use the same names.
   int process_set_id = 0;
+  // Where `input` and `output` are (Note [Devices], device/device.h): host memory (the
+  // default), or a device's, which every rank must use for this tensor too (rank r on
+  // cuda:r is the usual placement; a CPU tensor on one rank and a CUDA one on another is
+  // InvalidArgument on every rank, naming both). `stream` is the caller's stream on that
+  // device (a cudaStream_t; null: the device's default stream): braid's work on the tensor
+  // waits for what the caller queued on it before enqueueing. Tensors on different devices
+  // never share a bucket. A device with no device implementation or data plane in this
+  // runtime is FailedPrecondition at enqueue.
+  DeviceRef device;
+  void* stream = nullptr;
   // allreduce only: a compression spec (compression/registry.h), e.g. "fp16", "fp4:ef=1";
   // "" = the job's default (BRAID_COMPRESSION), which applies to floating-point sum/average
   // all-reduces only. Every rank must ask for the same one (else an error on every rank).

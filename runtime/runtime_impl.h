@@ -141,6 +141,12 @@ class Runtime::Impl {
   // Note [Process sets]: InvalidArgument unless the request's set exists and holds this
   // rank; the set's size.
   absl::StatusOr<int> CheckProcessSet(const CollectiveRequest& r) const;
+  // Note [Devices]: the request's device (null: host memory) and, for a device, the event
+  // at which its input is ready on the caller's stream. InvalidArgument for a bad device,
+  // FailedPrecondition for one this runtime cannot use, Unimplemented for a collective the
+  // device path does not run yet.
+  absl::StatusOr<Accepted> AcceptDevice(const CollectiveRequest& r,
+                                        const compression::CompressionMethod* method) const;
   // A change of the sets, enqueued and waited for; the handle's int32 output.
   absl::StatusOr<int32_t> ChangeProcessSets(CollectiveRequest req);
   // braid-loop, when a change's bucket runs: the mirror follows it and the collectives of a
@@ -185,6 +191,10 @@ class Runtime::Impl {
   // closed; the stage resolves specs for enqueueing threads, the executor reduces with it.
   std::unique_ptr<StatisticsLedger> ledger_;
   std::unique_ptr<compression::CompressionStage> stage_;
+  // Note [Devices]: the devices tensors may be on (RuntimeDeps::devices, else the host and,
+  // when built with CUDA, the GPUs). Set by Init before any enqueue, read-only after.
+  std::shared_ptr<const device::DeviceRegistry> devices_ =
+      std::make_shared<device::DeviceRegistry>();
   const compression::CompressionMethod* default_method_ = nullptr;  // BRAID_COMPRESSION
   // Null when not recording (BRAID_TIMELINE unset and no StartTimeline). Swapped by
   // StartTimeline / StopTimeline from any thread: users copy it (timeline()) and write to

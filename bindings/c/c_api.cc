@@ -387,6 +387,18 @@ absl::Status StoreHandle(std::unique_ptr<braid_handle> h, braid_handle** out) {
 
 // --- per-collective request builders (shared by the blocking and async forms) ---
 
+// The device fields of options whose struct size CheckStructSize accepted; the runtime
+// checks the values (a device type it does not know is InvalidArgument).
+template <typename Opts>
+void SetDevice(const Opts* opts, braid::CollectiveRequest* r) {
+  if (opts == nullptr) return;
+  if (BRAID_HAS_FIELD(opts, Opts, stream)) r->stream = opts->stream;
+  if (BRAID_HAS_FIELD(opts, Opts, device_type)) {
+    r->device.type = static_cast<braid::DeviceType>(opts->device_type);
+  }
+  if (BRAID_HAS_FIELD(opts, Opts, device_id)) r->device.id = opts->device_id;
+}
+
 absl::Status AllReduceRequest(const char* fn, const std::string& name, const void* input,
                               void* output, const int64_t* shape, int ndim, int dtype,
                               const braid_allreduce_opts* opts, braid::CollectiveRequest* r) {
@@ -421,6 +433,7 @@ absl::Status AllReduceRequest(const char* fn, const std::string& name, const voi
         " bytes long, more than the limit of ", braid::kMaxCompressionSpecBytes));
   }
   r->process_set_id = o.process_set_id;
+  SetDevice(opts, r);
   return absl::OkStatus();
 }
 
@@ -443,6 +456,7 @@ absl::Status BroadcastRequest(const std::string& name, void* buffer, const int64
   r->output = buffer;
   r->root_rank = o.root_rank;
   r->process_set_id = o.process_set_id;
+  SetDevice(opts, r);
   return absl::OkStatus();
 }
 
@@ -465,6 +479,7 @@ absl::Status AllGatherRequest(const std::string& name, const void* input,
   r->output = output;
   r->output_capacity_bytes = output == nullptr ? 0 : capacity;
   r->process_set_id = o.process_set_id;
+  SetDevice(opts, r);
   return absl::OkStatus();
 }
 

@@ -157,17 +157,27 @@ TEST(CApiNotInitialized, NamesSizesAndDefaults) {
   EXPECT_EQ(a2.op, BRAID_AVERAGE);
   EXPECT_EQ(a2.compression, nullptr);
   EXPECT_EQ(a2.process_set_id, 0);
+  EXPECT_EQ(a.device_type, BRAID_DEVICE_CPU);
+  EXPECT_EQ(a2.device_type, BRAID_DEVICE_CPU);
+  EXPECT_EQ(a2.device_id, 0);
+  EXPECT_EQ(a2.stream, nullptr);
   braid_broadcast_opts b = BRAID_BROADCAST_OPTS_INIT, b2;
   std::memset(&b2, 0xff, sizeof(b2));
   braid_broadcast_opts_init(&b2);
   EXPECT_EQ(b2.struct_size, b.struct_size);
   EXPECT_EQ(b2.root_rank, 0);
   EXPECT_EQ(b2.process_set_id, 0);
+  EXPECT_EQ(b2.device_type, BRAID_DEVICE_CPU);
+  EXPECT_EQ(b2.device_id, 0);
+  EXPECT_EQ(b2.stream, nullptr);
   braid_allgather_opts g = BRAID_ALLGATHER_OPTS_INIT, g2;
   std::memset(&g2, 0xff, sizeof(g2));
   braid_allgather_opts_init(&g2);
   EXPECT_EQ(g2.struct_size, g.struct_size);
   EXPECT_EQ(g2.process_set_id, 0);
+  EXPECT_EQ(g2.device_type, BRAID_DEVICE_CPU);
+  EXPECT_EQ(g2.device_id, 0);
+  EXPECT_EQ(g2.stream, nullptr);
   braid_allreduce_opts_init(nullptr);  // ignored
 }
 
@@ -455,6 +465,44 @@ TEST_F(CApiTest, OlderOptionsStructUsesDefaultsForMissingFields) {
   g.process_set_id = 99;  // not read (no such process set: reading it would fail the call)
   EXPECT_CODE(BRAID_OK, braid_allgather("old.abi.g", fin, kShape3, 1, BRAID_FLOAT32, fout,
                                         sizeof(fout), nullptr, &g));
+}
+
+// The device fields: a struct from before them (struct_size up to process_set_id) never
+// reads them; a device type this libbraid_c cannot use is FAILED_PRECONDITION saying why (no
+// CUDA in this build, or CUDA not yet verified on a GPU), one it does not know or a CPU
+// with a device id is INVALID_ARGUMENT; outputs untouched.
+TEST_F(CApiTest, DeviceOptions) {
+  float in[3] = {1, 2, 3}, out[3] = {-1, -1, -1};
+  braid_allreduce_opts o;
+  std::memset(&o, 0x7f, sizeof(o));  // garbage past the old struct's end
+  o.struct_size = offsetof(braid_allreduce_opts, stream);
+  o.op = BRAID_SUM;
+  o.compression = nullptr;
+  o.process_set_id = 0;
+  EXPECT_CODE(BRAID_OK, braid_allreduce("dev.old", in, out, kShape3, 1, BRAID_FLOAT32, &o));
+  EXPECT_EQ(out[2], 3.0f);
+
+  braid_allreduce_opts_init(&o);
+  o.device_type = BRAID_DEVICE_CUDA;
+  out[0] = -1;
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION,
+              braid_allreduce("dev.cuda", in, out, kShape3, 1, BRAID_FLOAT32, &o));
+  EXPECT_TRUE(Contains(braid_last_error(), "cuda:0 tensors: ")) << braid_last_error();
+  EXPECT_EQ(out[0], -1.0f);
+  o.device_type = 7;
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("dev.bad", in, out, kShape3, 1, BRAID_FLOAT32, &o));
+  EXPECT_TRUE(Contains(braid_last_error(), "no device device#7 with id 0")) << braid_last_error();
+  o.device_type = BRAID_DEVICE_CPU;
+  o.device_id = 3;
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("dev.cpu3", in, out, kShape3, 1, BRAID_FLOAT32, &o));
+  EXPECT_TRUE(Contains(braid_last_error(), "no device cpu with id 3")) << braid_last_error();
+  braid_broadcast_opts b = BRAID_BROADCAST_OPTS_INIT;
+  b.device_type = BRAID_DEVICE_CUDA;
+  EXPECT_CODE(BRAID_FAILED_PRECONDITION,
+              braid_broadcast("dev.b", in, kShape3, 1, BRAID_FLOAT32, &b));
+  EXPECT_EQ(out[0], -1.0f);
 }
 
 // Process sets on a world of one: set 0 is the world; no other set can exist (the only

@@ -67,6 +67,8 @@ struct RuntimeWorldOptions {
   std::function<std::unique_ptr<transport::Communicator>(
       int rank, std::unique_ptr<transport::Communicator> comm)>
       wrap_communicator;
+  // A rank's devices (Note [Devices], device/device.h); unset: the build's default.
+  std::function<std::shared_ptr<const device::DeviceRegistry>(int rank)> devices;
 };
 
 // Options for a world of `size` ranks, everything else default.
@@ -123,6 +125,7 @@ class RuntimeWorld {
         return coordinator_->NewClient(lo);
       };
       deps.data_plane = std::make_unique<LocalDataPlane>(world);
+      if (o_.devices) deps.devices = o_.devices(rank);
       out[rank] = rt.Init(config, std::move(deps));
     });
     return out;

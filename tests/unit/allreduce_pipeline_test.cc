@@ -22,6 +22,7 @@
 #include "runtime/statistics.h"
 #include "runtime/timeline.h"
 #include "tests/testing/local_world.h"
+#include "tests/testing/test_device.h"
 
 namespace braid {
 namespace {
@@ -228,11 +229,41 @@ TEST(AllReducePipelineTest, AShapeBeyondTheLimitsFailsTheBucketBeforeAnythingMov
   });
 }
 
-// The allocator seam of Note [Allocation failure]: one that always fails, counting its calls.
-std::atomic<int> failed_allocations{0};
-void* FailingAlloc(size_t, size_t) {
-  ++failed_allocations;
-  return nullptr;
+// Note [Devices]: a bucket on a device is packed in that device's own fusion buffer, and
+// every byte the pipeline moves goes through the device: each tensor's bytes in and out,
+// the op's identity for a joined tensor; the host's fusion buffer stays untouched.
+TEST(AllReducePipelineTest, ADeviceBucketMovesItsBytesOnlyThroughTheDevice) {
+  testing::RunLocalWorld(2, {}, [](int rank, transport::Communicator& comm) {
+    compression::CompressionStage stage(compression::StageOptions{});
+    StatisticsLedger ledger;
+    testing::TestDevice gpu(DeviceRef{DeviceType::kCUDA, rank});  // outlives its buffer
+    AllReducePipeline pipeline(&stage, &ledger);
+    std::vector<float> a(4, 1.0f + rank), a_out(4), b(6, 5.0f), b_out(6, -1.0f);
+    TestBucket bucket;
+    bucket.Add("a", 4, a.data(), a_out.data());
+    if (rank == 0) {
+      bucket.Add("b", 6, b.data(), b_out.data());
+    } else {
+      bucket.AddJoined("b", 6);
+    }
+    ASSERT_TRUE(pipeline.Run(3, stage.none(), DataType::kFloat32, ReduceOp::kSum,
+                             bucket.tensors(), comm, nullptr, BucketPlace{&gpu}).ok());
+    EXPECT_EQ(a_out, std::vector<float>(4, 3.0f));
+    if (rank == 0) EXPECT_EQ(b_out, std::vector<float>(6, 5.0f));
+    EXPECT_EQ(gpu.copied_bytes + gpu.converted_bytes, rank == 0 ? 2 * 40 : 2 * 16);
+    EXPECT_EQ(gpu.filled_bytes, rank == 0 ? 0 : 24);
+    EXPECT_EQ(gpu.allocations, 1);
+    EXPECT_GE(pipeline.buffer(&gpu).capacity(), 40u);
+    EXPECT_EQ(pipeline.buffer().capacity(), 0u) << "the host's fusion buffer is not used";
+  });
+}
+
+// The allocation seam of Note [Allocation failure]: a host-backed device (reporting itself
+// as the CPU, so the messages are the host's) whose allocations fail, counting them.
+std::unique_ptr<testing::TestDevice> FailingDevice() {
+  auto device = std::make_unique<testing::TestDevice>(DeviceRef{});
+  device->fail_allocations = true;
+  return device;
 }
 
 TEST(FusionBufferTest, AFailedGrowthIsResourceExhaustedAndKeepsTheBuffer) {
@@ -249,13 +280,13 @@ TEST(FusionBufferTest, AFailedGrowthIsResourceExhaustedAndKeepsTheBuffer) {
   EXPECT_EQ(buffer.capacity(), capacity);
   EXPECT_EQ(buffer.data(), *first);
 
-  FusionBuffer failing(&FailingAlloc);
-  failed_allocations = 0;
+  auto device = FailingDevice();
+  FusionBuffer failing(device.get());
   absl::StatusOr<char*> none = failing.Reserve(100);
   EXPECT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(none.status().message(),
             "cannot allocate a fusion buffer of 65536 bytes (100 needed, 0 held)");
-  EXPECT_EQ(failed_allocations, 1);
+  EXPECT_EQ(device->failed_allocations, 1);
   EXPECT_EQ(failing.capacity(), 0u);
   EXPECT_EQ(failing.data(), nullptr);
 }
@@ -267,7 +298,9 @@ TEST(AllReducePipelineTest, AnAllocationFailureNamesTheBucketAndEndsTheDataPlane
   testing::RunLocalWorld(2, {}, [](int rank, transport::Communicator& comm) {
     compression::CompressionStage stage(compression::StageOptions{});
     StatisticsLedger ledger;
-    AllReducePipeline pipeline(&stage, &ledger, &FailingAlloc);
+    AllReducePipeline pipeline(&stage, &ledger);
+    auto device = FailingDevice();
+    const BucketPlace failing{device.get()};
     std::vector<std::vector<float>> data(5, std::vector<float>(10, 1.0f));
     std::vector<std::vector<float>> out(5, std::vector<float>(10));
     TestBucket bucket;
@@ -275,7 +308,7 @@ TEST(AllReducePipelineTest, AnAllocationFailureNamesTheBucketAndEndsTheDataPlane
       bucket.Add(absl::StrCat("grad", t), 10, data[t].data(), out[t].data());
     }
     absl::Status s = pipeline.Run(7, stage.none(), DataType::kFloat32, ReduceOp::kSum,
-                                  bucket.tensors(), comm);
+                                  bucket.tensors(), comm, nullptr, failing);
     EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
     EXPECT_EQ(s.message(),
               "all-reduce bucket 7 (5 tensors: 'grad0', 'grad1', 'grad2' and 2 more) needs 200 "
@@ -285,7 +318,7 @@ TEST(AllReducePipelineTest, AnAllocationFailureNamesTheBucketAndEndsTheDataPlane
     TestBucket lone;
     lone.Add("lone", 10, data[0].data(), data[0].data());
     absl::Status later = pipeline.Run(8, stage.none(), DataType::kFloat32, ReduceOp::kSum,
-                                      lone.tensors(), comm);
+                                      lone.tensors(), comm, nullptr, failing);
     EXPECT_EQ(later, s) << "rank " << rank;
   });
 }
@@ -299,7 +332,10 @@ TEST(AllReducePipelineTest, AOneSidedAllocationFailureNeverPairsTheNextBucket) {
   testing::RunLocalWorld(2, options, [](int rank, transport::Communicator& comm) {
     compression::CompressionStage stage(compression::StageOptions{});
     StatisticsLedger ledger;
-    AllReducePipeline pipeline(&stage, &ledger, rank == 0 ? &FailingAlloc : nullptr);
+    AllReducePipeline pipeline(&stage, &ledger);
+    auto device = FailingDevice();
+    BucketPlace place;
+    if (rank == 0) place.device = device.get();
     // 16 elements in all, read back to back but written apart: packed, one all-reduce of
     // 16 float32 under none.
     const std::vector<int64_t> counts = {3, 5, 8};
@@ -313,7 +349,7 @@ TEST(AllReducePipelineTest, AOneSidedAllocationFailureNeverPairsTheNextBucket) {
       offset += counts[t];
     }
     absl::Status s = pipeline.Run(1, stage.none(), DataType::kFloat32, ReduceOp::kSum,
-                                  packed.tensors(), comm);
+                                  packed.tensors(), comm, nullptr, place);
     EXPECT_FALSE(s.ok()) << "rank " << rank << ": " << s;
     if (rank == 0) {
       EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;

@@ -139,9 +139,7 @@ CollectiveRequest Sum(const std::string& name) {
 }
 
 NegotiationController::Validate Accept() {
-  return [](const CollectiveRequest&) -> absl::StatusOr<const compression::CompressionMethod*> {
-    return nullptr;
-  };
+  return [](const CollectiveRequest&) -> absl::StatusOr<Accepted> { return Accepted(); };
 }
 
 std::string Names(const std::vector<Bucket>& buckets) {

@@ -21,8 +21,14 @@ proto::Request AllReduce(const std::string& name, int64_t n, proto::DataType dty
   return r;
 }
 
-void Put(FastPathCache* cache, int32_t id, const proto::Request& r) {
-  cache->Insert(id, r.name(), r.SerializeAsString());
+// `device_ids`: the response's (empty: a CPU tensor).
+void Put(FastPathCache* cache, int32_t id, const proto::Request& r,
+         std::vector<int32_t> device_ids = {}) {
+  proto::Response response;
+  response.add_names(r.name());
+  if (!device_ids.empty()) response.set_device(proto::CUDA);
+  for (int32_t d : device_ids) response.add_device_ids(d);
+  cache->Insert(id, r.name(), r.SerializeAsString(), response);
 }
 
 TEST(FastPathCacheTest, SlotsAreOrderedByIdAndANameHasOneSlot) {
@@ -123,6 +129,20 @@ TEST(FastPathBucketsTest, FusesAllReducesOfOneKindUpToTheThreshold) {
   EXPECT_EQ(PlanFastBuckets(ids, cache, 0),
             (std::vector<std::vector<int32_t>>{{1}, {2}, {3}, {4}, {5}, {6}}));
   EXPECT_EQ(RequestBytes(cache.Find(2)->request), 80);
+}
+
+// Tensors on different devices never share a bucket, on any rank: the key holds every
+// rank's device (from the coordinator's response), so it is the same on every rank even
+// where this rank's own devices agree.
+TEST(FastPathBucketsTest, TensorsOnDifferentDevicesOnAnyRankDoNotFuse) {
+  FastPathCache cache;
+  Put(&cache, 1, AllReduce("a", 10), {0, 1});  // cuda:0 on rank 0, cuda:1 on rank 1
+  Put(&cache, 2, AllReduce("b", 10), {0, 1});
+  Put(&cache, 3, AllReduce("c", 10), {0, 0});  // the same here (rank 0), not on rank 1
+  Put(&cache, 4, AllReduce("d", 10));          // host memory
+  Put(&cache, 5, AllReduce("e", 10), {0, 1});
+  EXPECT_EQ(PlanFastBuckets({1, 2, 3, 4, 5}, cache, 1 << 20),
+            (std::vector<std::vector<int32_t>>{{1, 2, 5}, {3}, {4}}));
 }
 
 // The element count is common/limits.h's checked one: a shape whose product overflows, or a

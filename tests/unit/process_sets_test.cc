@@ -216,7 +216,7 @@ TEST(ProcessSetFastPathTest, ASetsSlotIsReadyWhenEveryMemberMarksIt) {
   resp.set_process_set_id(1);
   resp.add_tensor_sizes(4);
   FastPathCache member, outside;
-  member.Insert(5, "ps1/g", g.SerializeAsString());
+  member.Insert(5, "ps1/g", g.SerializeAsString(), resp);
   outside.InsertOutside(5, resp, 0);
   EXPECT_EQ(member.digest(), outside.digest());
   EXPECT_EQ(RequestBytes(member.Find(5)->request), RequestBytes(outside.Find(5)->request));

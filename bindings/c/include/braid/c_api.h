@@ -98,6 +98,12 @@ typedef enum braid_reduce_op {
   BRAID_PRODUCT = 4
 } braid_reduce_op;
 
+/* Where a collective's buffers are (the options' device_type). */
+typedef enum braid_device_type {
+  BRAID_DEVICE_CPU = 0,  /* host memory */
+  BRAID_DEVICE_CUDA = 1  /* an NVIDIA GPU's memory; device_id picks the GPU */
+} braid_device_type;
+
 /* Size of one element of `dtype` in bytes; 0 if `dtype` is not a braid_dtype. */
 BRAID_C_EXPORT size_t braid_dtype_size(int dtype);
 
@@ -162,10 +168,20 @@ typedef struct braid_allreduce_opts {
                                BRAID_INVALID_ARGUMENT. Copied at enqueue time. */
   int32_t process_set_id;   /* the process set that runs it: 0 = the whole world (default),
                                else an id from braid_add_process_set (see "Process sets") */
+  /* Where the buffers are (added in 0.2; all zero by default: host memory). A device other
+     than the CPU must be one this libbraid_c can use, else BRAID_FAILED_PRECONDITION naming
+     why (not built with CUDA; CUDA not yet verified on a GPU: see the README). Every rank
+     uses the same device type for a tensor (else BRAID_INVALID_ARGUMENT on every rank); the
+     id is this rank's own (rank r on GPU r is usual). */
+  void* stream;            /* the caller's stream on the device (a cudaStream_t); braid's work
+                              waits for what was queued on it before the call. NULL: the
+                              device's default stream */
+  int32_t device_type;     /* a braid_device_type; default BRAID_DEVICE_CPU */
+  int32_t device_id;       /* which device of the type (0 for the CPU) */
 } braid_allreduce_opts;
 
 #define BRAID_ALLREDUCE_OPTS_INIT \
-  { sizeof(braid_allreduce_opts), BRAID_AVERAGE, NULL, 0 }
+  { sizeof(braid_allreduce_opts), BRAID_AVERAGE, NULL, 0, NULL, BRAID_DEVICE_CPU, 0 }
 
 typedef struct braid_broadcast_opts {
   size_t struct_size;      /* sizeof(braid_broadcast_opts) as compiled by the caller */
@@ -173,17 +189,39 @@ typedef struct braid_broadcast_opts {
                               process set); default 0 */
   int32_t process_set_id;  /* 0 = the whole world (default), else an id from
                               braid_add_process_set (see "Process sets") */
+  /* Where the buffers are (added in 0.2; all zero by default: host memory). A device other
+     than the CPU must be one this libbraid_c can use, else BRAID_FAILED_PRECONDITION naming
+     why (not built with CUDA; CUDA not yet verified on a GPU: see the README). Every rank
+     uses the same device type for a tensor (else BRAID_INVALID_ARGUMENT on every rank); the
+     id is this rank's own (rank r on GPU r is usual). */
+  void* stream;            /* the caller's stream on the device (a cudaStream_t); braid's work
+                              waits for what was queued on it before the call. NULL: the
+                              device's default stream */
+  int32_t device_type;     /* a braid_device_type; default BRAID_DEVICE_CPU */
+  int32_t device_id;       /* which device of the type (0 for the CPU) */
 } braid_broadcast_opts;
 
-#define BRAID_BROADCAST_OPTS_INIT { sizeof(braid_broadcast_opts), 0, 0 }
+#define BRAID_BROADCAST_OPTS_INIT \
+  { sizeof(braid_broadcast_opts), 0, 0, NULL, BRAID_DEVICE_CPU, 0 }
 
 typedef struct braid_allgather_opts {
   size_t struct_size;      /* sizeof(braid_allgather_opts) as compiled by the caller */
   int32_t process_set_id;  /* 0 = the whole world (default), else an id from
                               braid_add_process_set (see "Process sets") */
+  /* Where the buffers are (added in 0.2; all zero by default: host memory). A device other
+     than the CPU must be one this libbraid_c can use, else BRAID_FAILED_PRECONDITION naming
+     why (not built with CUDA; CUDA not yet verified on a GPU: see the README). Every rank
+     uses the same device type for a tensor (else BRAID_INVALID_ARGUMENT on every rank); the
+     id is this rank's own (rank r on GPU r is usual). */
+  void* stream;            /* the caller's stream on the device (a cudaStream_t); braid's work
+                              waits for what was queued on it before the call. NULL: the
+                              device's default stream */
+  int32_t device_type;     /* a braid_device_type; default BRAID_DEVICE_CPU */
+  int32_t device_id;       /* which device of the type (0 for the CPU) */
 } braid_allgather_opts;
 
-#define BRAID_ALLGATHER_OPTS_INIT { sizeof(braid_allgather_opts), 0 }
+#define BRAID_ALLGATHER_OPTS_INIT \
+  { sizeof(braid_allgather_opts), 0, NULL, BRAID_DEVICE_CPU, 0 }
 
 /* Fill *opts with the defaults (same as the *_OPTS_INIT macros). NULL is ignored. */
 BRAID_C_EXPORT void braid_allreduce_opts_init(braid_allreduce_opts* opts);
@@ -195,7 +233,8 @@ BRAID_C_EXPORT void braid_allgather_opts_init(braid_allgather_opts* opts);
 /* ------------------------------------------------------------------------------------ */
 /*
  * Common rules:
- *   - Buffers are host memory, contiguous, row-major. `shape` has `ndim` entries (element
+ *   - Buffers are host memory (unless the options' device_type says otherwise), contiguous,
+ *     row-major. `shape` has `ndim` entries (element
  *     counts, each >= 0); ndim = 0 is a scalar (shape may then be NULL). The shape array is
  *     copied at the call; data buffers are not.
  *   - Every rank must make the same collective with the same name, dtype and (except for

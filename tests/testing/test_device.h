@@ -1,0 +1,105 @@
+// A host-backed device for CPU tests of the device paths (Note [Devices], device/device.h):
+// its memory is host memory and its work runs at once, but it reports itself as a GPU
+// (cuda:<id> by default), so the runtime treats its tensors as device tensors (their own
+// bucket, their own fusion buffer, every copy through the interface), and it counts what it
+// was asked to do, so a test can see that the pipeline moved its bytes only through it.
+#ifndef BRAID_TESTS_TESTING_TEST_DEVICE_H_
+#define BRAID_TESTS_TESTING_TEST_DEVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "device/device.h"
+
+namespace braid::testing {
+
+class TestDevice : public device::Device {
+ public:
+  explicit TestDevice(DeviceRef ref = {DeviceType::kCUDA, 0}) : ref_(ref) {}
+
+  // Every Allocate fails (ResourceExhausted) while set.
+  std::atomic<bool> fail_allocations{false};
+  // What it was asked to do.
+  std::atomic<int64_t> allocations{0};
+  std::atomic<int64_t> failed_allocations{0};
+  std::atomic<int64_t> copied_bytes{0};     // Copy, CopyFromHost, CopyToHost
+  std::atomic<int64_t> converted_bytes{0};  // Convert (bytes written)
+  std::atomic<int64_t> filled_bytes{0};     // FillIdentity
+  std::atomic<int64_t> events_recorded{0};
+  std::atomic<int64_t> events_waited{0};    // WaitEvent
+  std::atomic<int64_t> synchronizations{0};
+
+  // Bytes the pipeline moved into or out of memory through this device.
+  int64_t moved_bytes() const { return copied_bytes + converted_bytes + filled_bytes; }
+
+  DeviceRef ref() const override { return ref_; }
+  bool host_accessible() const override { return true; }
+  absl::StatusOr<device::DeviceMemory> Allocate(size_t bytes, size_t alignment) override {
+    if (fail_allocations) {
+      ++failed_allocations;
+      return absl::ResourceExhaustedError(absl::StrCat("test device: no ", bytes, " bytes"));
+    }
+    ++allocations;
+    auto memory = host().Allocate(bytes, alignment);
+    if (!memory.ok()) return memory.status();
+    return device::DeviceMemory(this, memory->release(), bytes);
+  }
+  void Free(void* data) override { host().Free(data); }
+  absl::Status Copy(void* dst, const void* src, size_t bytes, device::Stream s) override {
+    copied_bytes += static_cast<int64_t>(bytes);
+    return host().Copy(dst, src, bytes, s);
+  }
+  absl::Status CopyFromHost(void* dst, const void* src, size_t bytes,
+                            device::Stream s) override {
+    copied_bytes += static_cast<int64_t>(bytes);
+    return host().CopyFromHost(dst, src, bytes, s);
+  }
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes, device::Stream s) override {
+    copied_bytes += static_cast<int64_t>(bytes);
+    return host().CopyToHost(dst, src, bytes, s);
+  }
+  absl::Status FillIdentity(void* dst, size_t count, DataType dtype, ReduceOp op,
+                            device::Stream s) override {
+    filled_bytes += static_cast<int64_t>(count * DataTypeSize(dtype));
+    return host().FillIdentity(dst, count, dtype, op, s);
+  }
+  absl::Status Convert(void* dst, DataType to, const void* src, DataType from, size_t count,
+                       device::Stream s) override {
+    converted_bytes += static_cast<int64_t>(count * DataTypeSize(to));
+    return host().Convert(dst, to, src, from, count, s);
+  }
+  absl::Status Reduce(void* inout, const void* in, size_t count, DataType dtype, ReduceOp op,
+                      device::Stream s) override {
+    return host().Reduce(inout, in, count, dtype, op, s);
+  }
+  absl::StatusOr<std::unique_ptr<device::Event>> RecordEvent(device::Stream s) override {
+    ++events_recorded;
+    return host().RecordEvent(s);
+  }
+  absl::Status WaitEvent(device::Stream s, device::Event& e) override {
+    ++events_waited;
+    return host().WaitEvent(s, e);
+  }
+  absl::Status Synchronize(device::Stream s, absl::Duration timeout) override {
+    ++synchronizations;
+    return host().Synchronize(s, timeout);
+  }
+
+ private:
+  static device::Device& host() { return device::HostDevice(); }
+  DeviceRef ref_;
+};
+
+// A registry with `device` as every CUDA device (whatever the id), besides the host.
+inline std::shared_ptr<device::DeviceRegistry> RegistryWith(TestDevice* device) {
+  auto registry = std::make_shared<device::DeviceRegistry>();
+  registry->Add(DeviceType::kCUDA,
+                [device](int32_t) -> absl::StatusOr<device::Device*> { return device; });
+  return registry;
+}
+
+}  // namespace braid::testing
+
+#endif  // BRAID_TESTS_TESTING_TEST_DEVICE_H_

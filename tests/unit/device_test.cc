@@ -1,0 +1,227 @@
+// Note [Devices] (device/device.h): the host device's memory work, the registry, and the
+// device path through braid::Runtime with several ranks as threads, driven by a host-backed
+// test device that reports itself as a GPU and counts what it is asked to do
+// (tests/testing/test_device.h): a device-type mismatch across ranks, CPU and device
+// tensors of one step in different buckets, every byte moved through the device, a device
+// the runtime lacks refused on every rank.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/half.h"
+#include "device/device.h"
+#include "gtest/gtest.h"
+#include "runtime/runtime.h"
+#include "tests/testing/runtime_world.h"
+#include "tests/testing/test_device.h"
+
+namespace braid {
+namespace {
+
+using testing::RuntimeWorld;
+using testing::RuntimeWorldOptions;
+using testing::TestDevice;
+
+TEST(HostDeviceTest, ConvertsToAndFromFloat32) {
+  device::Device& host = device::HostDevice();
+  const std::vector<float> values = {0.0f, -1.5f, 3.140625f, 65504.0f, 1e-3f};
+  std::vector<uint16_t> half(values.size()), bf16(values.size());
+  std::vector<double> wide(values.size());
+  std::vector<float> back(values.size());
+  ASSERT_TRUE(host.Convert(half.data(), DataType::kFloat16, values.data(), DataType::kFloat32,
+                           values.size(), nullptr).ok());
+  ASSERT_TRUE(host.Convert(bf16.data(), DataType::kBFloat16, values.data(),
+                           DataType::kFloat32, values.size(), nullptr).ok());
+  ASSERT_TRUE(host.Convert(wide.data(), DataType::kFloat64, values.data(), DataType::kFloat32,
+                           values.size(), nullptr).ok());
+  for (size_t i = 0; i < values.size(); ++i) {
+    EXPECT_EQ(half[i], FloatToFloat16(values[i])) << i;
+    EXPECT_EQ(bf16[i], FloatToBFloat16(values[i])) << i;
+    EXPECT_EQ(wide[i], static_cast<double>(values[i])) << i;
+  }
+  ASSERT_TRUE(host.Convert(back.data(), DataType::kFloat32, half.data(), DataType::kFloat16,
+                           half.size(), nullptr).ok());
+  for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(back[i], Float16ToFloat(half[i])) << i;
+  absl::Status s = host.Convert(back.data(), DataType::kInt32, values.data(),
+                                DataType::kFloat32, 1, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(), "no conversion from float32 to int32");
+}
+
+TEST(HostDeviceTest, FillsTheIdentityOfEachOp) {
+  device::Device& host = device::HostDevice();
+  std::vector<int32_t> ints(3, 7);
+  ASSERT_TRUE(host.FillIdentity(ints.data(), 3, DataType::kInt32, ReduceOp::kMin, nullptr).ok());
+  EXPECT_EQ(ints, std::vector<int32_t>(3, std::numeric_limits<int32_t>::max()));
+  ASSERT_TRUE(host.FillIdentity(ints.data(), 3, DataType::kInt32, ReduceOp::kProduct, nullptr).ok());
+  EXPECT_EQ(ints, std::vector<int32_t>(3, 1));
+  std::vector<float> floats(2, 7.0f);
+  ASSERT_TRUE(host.FillIdentity(floats.data(), 2, DataType::kFloat32, ReduceOp::kMax, nullptr).ok());
+  EXPECT_EQ(floats[1], -std::numeric_limits<float>::infinity());
+  ASSERT_TRUE(host.FillIdentity(floats.data(), 2, DataType::kFloat32, ReduceOp::kAverage, nullptr).ok());
+  EXPECT_EQ(floats, std::vector<float>(2, 0.0f));
+}
+
+TEST(DeviceRegistryTest, HasTheHostAndRefusesATypeWithoutADevice) {
+  device::DeviceRegistry registry;
+  EXPECT_EQ(*registry.Get(DeviceRef{}), &device::HostDevice());
+  EXPECT_EQ(registry.Get(DeviceRef{DeviceType::kCPU, 1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::Status s = registry.Get(DeviceRef{DeviceType::kCUDA, 1}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StartsWith(s.message(), "cuda:1 tensors: this braid has no cuda device"))
+      << s;
+  TestDevice gpu;
+  EXPECT_EQ(*testing::RegistryWith(&gpu)->Get(DeviceRef{DeviceType::kCUDA, 1}), &gpu);
+}
+
+// One test device per rank, registered as that rank's GPUs.
+struct Devices {
+  explicit Devices(int n) {
+    for (int r = 0; r < n; ++r) gpus.push_back(std::make_unique<TestDevice>());
+  }
+  RuntimeWorldOptions World(int64_t fusion_threshold = int64_t{64} << 20) {
+    RuntimeWorldOptions o;
+    o.size = static_cast<int>(gpus.size());
+    o.settings.set_fusion_threshold_bytes(fusion_threshold);
+    o.devices = [this](int rank) { return testing::RegistryWith(gpus[rank].get()); };
+    return o;
+  }
+  std::vector<std::unique_ptr<TestDevice>> gpus;
+};
+
+CollectiveRequest AllReduce(const std::string& name, std::vector<float>& in,
+                            std::vector<float>& out, DeviceRef device) {
+  CollectiveRequest r;
+  r.name = name;
+  r.dtype = DataType::kFloat32;
+  r.shape = {static_cast<int64_t>(in.size())};
+  r.input = in.data();
+  r.output = out.data();
+  r.op = ReduceOp::kSum;
+  r.device = device;
+  return r;
+}
+
+constexpr DeviceRef kCpu{};
+DeviceRef Cuda(int rank) { return DeviceRef{DeviceType::kCUDA, rank}; }
+
+// Rank r on cuda:r is normal; a CPU tensor on one rank and a GPU one on another is
+// InvalidArgument on every rank, naming both, well within 2 s.
+TEST(DevicePathTest, ATypeMismatchAcrossRanksFailsOnEveryRankNamingBoth) {
+  Devices devices(3);
+  RuntimeWorld world(devices.World());
+  ASSERT_TRUE(world.InitOk());
+  world.Run([&](int rank, Runtime& rt) {
+    std::vector<float> in(4, 1.0f), out(4);
+    const absl::Time start = absl::Now();
+    auto h = rt.Enqueue(AllReduce("w", in, out, rank == 1 ? kCpu : Cuda(rank)));
+    ASSERT_TRUE(h.ok()) << h.status();
+    absl::Status s = (*h)->Wait(absl::Seconds(2));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "rank " << rank;
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "rank " << rank << ": " << s;
+    EXPECT_EQ(s.message(),
+              "tensor 'w': device differs across ranks: cuda on ranks 0, 2; cpu on rank 1")
+        << "rank " << rank;
+    // The job goes on: the same name, placed alike, works.
+    auto again = rt.Enqueue(AllReduce("w", in, out, rank == 1 ? Cuda(1) : Cuda(rank)));
+    ASSERT_TRUE(again.ok()) << again.status();
+    ASSERT_TRUE((*again)->Wait(absl::Seconds(30)).ok()) << "rank " << rank;
+    EXPECT_EQ(out, std::vector<float>(4, 3.0f));
+  });
+  for (const absl::Status& s : world.Shutdown()) EXPECT_TRUE(s.ok()) << s;
+}
+
+// Four tensors of one step, in one group so they are ready together: two in host memory,
+// two on the rank's GPU. They fuse by device: two buckets; the device's bucket is packed
+// (its tensors lie apart) in its own fusion buffer, so the device copies exactly its two
+// tensors' bytes in and out, and waits once for each tensor's ready event.
+TEST(DevicePathTest, CpuAndDeviceTensorsOfOneStepLandInDifferentBuckets) {
+  Devices devices(2);
+  RuntimeWorld world(devices.World());
+  ASSERT_TRUE(world.InitOk());
+  world.Run([&](int rank, Runtime& rt) {
+    std::vector<std::vector<float>> in, out;
+    for (int t = 0; t < 4; ++t) {
+      in.emplace_back(5 + t, static_cast<float>(rank + 10 * t));
+      out.emplace_back(5 + t, -1.0f);
+    }
+    const uint64_t before = rt.compression_report().value().fusion.buckets;
+    rt.BeginGroup();
+    std::vector<std::shared_ptr<Handle>> handles;
+    for (int t = 0; t < 4; ++t) {
+      auto h = rt.Enqueue(AllReduce(absl::StrCat("t", t), in[t], out[t],
+                                    t % 2 == 0 ? kCpu : Cuda(rank)));
+      ASSERT_TRUE(h.ok()) << h.status();
+      handles.push_back(*h);
+    }
+    ASSERT_TRUE(rt.EndGroup().ok());
+    for (auto& h : handles) ASSERT_TRUE(h->Wait(absl::Seconds(30)).ok()) << "rank " << rank;
+    for (int t = 0; t < 4; ++t) {
+      EXPECT_EQ(out[t], std::vector<float>(5 + t, 1.0f + 20 * t)) << "t" << t;
+    }
+    EXPECT_EQ(rt.compression_report().value().fusion.buckets - before, 2u) << "rank " << rank;
+    const TestDevice& gpu = *devices.gpus[rank];
+    EXPECT_EQ(gpu.moved_bytes(), 2 * (6 + 8) * 4) << "rank " << rank;
+    EXPECT_EQ(gpu.events_recorded, 2);
+    EXPECT_EQ(gpu.events_waited, 2);
+  });
+  for (const absl::Status& s : world.Shutdown()) EXPECT_TRUE(s.ok()) << s;
+}
+
+// A device bucket that lies contiguously is reduced where it lies: nothing moves.
+TEST(DevicePathTest, AContiguousDeviceBucketMovesNoBytes) {
+  Devices devices(2);
+  RuntimeWorld world(devices.World());
+  ASSERT_TRUE(world.InitOk());
+  world.Run([&](int rank, Runtime& rt) {
+    std::vector<float> flat(12, 1.0f + rank);
+    rt.BeginGroup();
+    std::vector<std::shared_ptr<Handle>> handles;
+    for (int t = 0; t < 3; ++t) {
+      CollectiveRequest r;
+      r.name = absl::StrCat("g", t);
+      r.shape = {4};
+      r.input = r.output = flat.data() + 4 * t;
+      r.op = ReduceOp::kSum;
+      r.device = Cuda(rank);
+      auto h = rt.Enqueue(r);
+      ASSERT_TRUE(h.ok()) << h.status();
+      handles.push_back(*h);
+    }
+    ASSERT_TRUE(rt.EndGroup().ok());
+    for (auto& h : handles) ASSERT_TRUE(h->Wait(absl::Seconds(30)).ok());
+    EXPECT_EQ(flat, std::vector<float>(12, 3.0f));
+    EXPECT_EQ(devices.gpus[rank]->moved_bytes(), 0) << "rank " << rank;
+    EXPECT_EQ(devices.gpus[rank]->allocations, 0) << "no fusion buffer on the device";
+  });
+  for (const absl::Status& s : world.Shutdown()) EXPECT_TRUE(s.ok()) << s;
+}
+
+// A runtime without a device of the type (this build's default on a machine without CUDA)
+// refuses the tensor at enqueue, and the other ranks' same collective fails with the reason.
+TEST(DevicePathTest, ADeviceTheRuntimeLacksIsRefusedOnEveryRank) {
+  RuntimeWorldOptions o;
+  o.size = 2;
+  o.devices = [](int) { return std::make_shared<device::DeviceRegistry>(); };
+  RuntimeWorld world(o);
+  ASSERT_TRUE(world.InitOk());
+  world.Run([&](int rank, Runtime& rt) {
+    std::vector<float> in(4, 1.0f), out(4);
+    auto h = rt.Enqueue(AllReduce("x", in, out, rank == 0 ? Cuda(0) : kCpu));
+    absl::Status s = h.ok() ? (*h)->Wait(absl::Seconds(10)) : h.status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << "rank " << rank << ": " << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "cuda:0 tensors: this braid has no cuda device"))
+        << "rank " << rank << ": " << s;
+  });
+  for (const absl::Status& s : world.Shutdown()) EXPECT_TRUE(s.ok()) << s;
+}
+
+}  // namespace
+}  // namespace braid
