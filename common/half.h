@@ -1,19 +1,47 @@
 // Scalar float16 / bfloat16 <-> float32 conversions, round to nearest even, NaN preserving.
 // Reference implementations: the vector kernels in transport/reduce.cc must agree bit for bit.
+// BRAID_HD (__host__ __device__ under nvcc): the CUDA kernels convert with the same code, so
+// the GPU's bits are the CPU's.
 #ifndef BRAID_COMMON_HALF_H_
 #define BRAID_COMMON_HALF_H_
 
 #include <cstdint>
 #include <cstring>
 
+#if defined(__CUDACC__)
+#define BRAID_HD __host__ __device__
+#else
+#define BRAID_HD
+#endif
+
 namespace braid {
 
-inline uint32_t FloatBits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
-inline float BitsToFloat(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+BRAID_HD inline uint32_t FloatBits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#elif defined(__GNUC__)
+  return __builtin_bit_cast(uint32_t, f);  // a memcpy would keep GCC from vectorizing loops
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+BRAID_HD inline float BitsToFloat(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#elif defined(__GNUC__)
+  return __builtin_bit_cast(float, u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
 
-inline float BFloat16ToFloat(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
+BRAID_HD inline float BFloat16ToFloat(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
 
-inline uint16_t FloatToBFloat16(float f) {
+BRAID_HD inline uint16_t FloatToBFloat16(float f) {
   uint32_t u = FloatBits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
   uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);
@@ -21,7 +49,7 @@ inline uint16_t FloatToBFloat16(float f) {
 }
 
 // IEEE binary16 -> float32 (exact).
-inline float Float16ToFloat(uint16_t h) {
+BRAID_HD inline float Float16ToFloat(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t mant = h & 0x3ffu;
@@ -43,7 +71,7 @@ inline float Float16ToFloat(uint16_t h) {
 }
 
 // float32 -> IEEE binary16, round to nearest even, overflow to infinity.
-inline uint16_t FloatToFloat16(float f) {
+BRAID_HD inline uint16_t FloatToFloat16(float f) {
   uint32_t u = FloatBits(f);
   uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   uint32_t abs = u & 0x7fffffffu;

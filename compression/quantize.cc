@@ -15,6 +15,7 @@
 #endif
 
 #include "common/multiversion.h"
+#include "compression/codec_math.h"
 
 // Hot loops are multiversioned (common/multiversion.h) and written branch-free (selects,
 // fixed-size blocks) so that GCC vectorizes them; where it cannot, AVX2 intrinsics behind a
@@ -48,18 +49,8 @@ bool UseAvx2() {
 inline uint32_t Bits(float f) { return __builtin_bit_cast(uint32_t, f); }
 inline float Float(uint32_t u) { return __builtin_bit_cast(float, u); }
 
-inline uint32_t Fmix32(uint32_t h) {
-  h ^= h >> 16;
-  h *= 0x85ebca6bu;
-  h ^= h >> 13;
-  h *= 0xc2b2ae35u;
-  h ^= h >> 16;
-  return h;
-}
-
-inline float Uniform(uint32_t seed, uint32_t index) {
-  return static_cast<float>(Fmix32(index * 0x9E3779B9u + seed) >> 8) * (1.0f / 16777216.0f);
-}
+// The shared arithmetic (codec_math.h), as the kernels below call it.
+inline float Uniform(uint32_t seed, uint32_t index) { return codec::Uniform(seed, index); }
 
 // FP4 codes of x[0..n) under a power-of-two scale s in [2^-125, 2^125], one per byte.
 // Branch-free integer and select arithmetic on the float bits, so GCC vectorizes it.
@@ -68,23 +59,7 @@ void Fp4Codes(const float* __restrict x, size_t n, float s, uint32_t seed, uint3
               uint8_t* __restrict codes) {
   const float inv_s = 1.0f / s;  // exact, and so is a * inv_s: s is a power of two
   for (size_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float t = std::fabs(v) * inv_s;  // in [0, 1]
-    const uint32_t tb = Bits(t);
-    const int32_t e = static_cast<int32_t>(tb >> 23) - 127;  // floor(log2 t)
-    const int32_t k = e >> 1;                                // floor(log4 t), lo = 4^k
-    // t / lo = 1.mantissa * 2^(e - 2k), in [1, 4): set t's exponent to e - 2k = e & 1.
-    const float y = Float((tb & 0x007fffffu) | (static_cast<uint32_t>(127 + (e & 1)) << 23));
-    const bool small = e < -12;  // t < 4^-6: between 0 and the smallest level
-    // Where t lies between its neighbouring levels lo and hi = 4·lo, in [0, 1).
-    const float r_small = t * 4096.0f;
-    const float r_big = (y - 1.0f) * (1.0f / 3.0f);
-    const float r = small ? r_small : r_big;
-    const int32_t m_lo = small ? 0 : 7 + k;
-    int32_t m = m_lo + (Uniform(seed, index0 + static_cast<uint32_t>(i)) < r ? 1 : 0);
-    m = m > 7 ? 7 : m;
-    const int32_t sign = v < 0.0f ? 8 : 0;
-    codes[i] = static_cast<uint8_t>(m == 0 ? 0 : (sign | m));
+    codes[i] = codec::Fp4Code(x[i], inv_s, Uniform(seed, index0 + static_cast<uint32_t>(i)));
   }
 }
 
@@ -93,14 +68,7 @@ BRAID_MULTIVERSION
 void Int4Codes(const float* __restrict x, size_t n, float s, uint32_t seed, uint32_t index0,
                uint8_t* __restrict codes) {
   for (size_t i = 0; i < n; ++i) {
-    float t = x[i] / s;
-    t = t > 7.0f ? 7.0f : (t < -7.0f ? -7.0f : t);
-    const float lo = std::floor(t);
-    const float r = t - lo;
-    int32_t q = static_cast<int32_t>(lo) +
-                (Uniform(seed, index0 + static_cast<uint32_t>(i)) < r ? 1 : 0);
-    q = q > 7 ? 7 : q;
-    codes[i] = static_cast<uint8_t>(static_cast<uint32_t>(q) & 0xfu);
+    codes[i] = codec::Int4Code(x[i], s, Uniform(seed, index0 + static_cast<uint32_t>(i)));
   }
 }
 
@@ -368,45 +336,18 @@ uint64_t NameHash(absl::string_view name) {
   return h;
 }
 
-// The smallest power of two >= m, for finite m > 0: what frexp + ldexp give (m = f·2^e with
-// f in [0.5, 1); m itself when f = 0.5, else 2^e), on the bits for normal m: no library
-// call per chunk (quantize_reference_test checks it against frexp/ldexp).
-inline float PowerOfTwoCeil(float m) {
-  const uint32_t b = Bits(m);
-  if (b < 0x00800000u) {  // subnormal: rare, left to the library
-    int e = 0;
-    const float f = std::frexp(m, &e);
-    return f == 0.5f ? m : std::ldexp(1.0f, e);
-  }
-  if ((b & 0x007fffffu) == 0) return m;             // a power of two already
-  return Float((b & 0x7f800000u) + 0x00800000u);    // next exponent, mantissa 0 (or +inf)
-}
-
 float ChunkScale(FourBitFormat format, const float* x, size_t count) {
   bool nonfinite = false;
   const float m = MaxAbs(x, count, &nonfinite);
-  if (nonfinite) return std::numeric_limits<float>::quiet_NaN();
-  if (m == 0.0f) return 0.0f;
-  if (format == FourBitFormat::kInt4) return m / 7.0f;
-  const float s = PowerOfTwoCeil(m);
-  // Above 2^127 the next power of two is beyond float32: no scale holds the chunk, which
-  // is then broken like a non-finite one (NaN), never silently clipped.
-  return std::isinf(s) ? std::numeric_limits<float>::quiet_NaN() : s;
+  // MaxAbs's bits are max(bits(|x|)) (quantize_reference_test checks the rule against
+  // frexp / ldexp).
+  return codec::ScaleFromMaxBits(format == FourBitFormat::kInt4, Bits(m));
 }
 
 void DecodeTable(FourBitFormat format, float scale, float table[16]) {
-  if (format == FourBitFormat::kFp4) {
-    // 4^(m-7) for m = 1..7: multiplying by a power of two rounds exactly like ldexp, and this
-    // runs once per chunk (ldexp's library call showed in profiles).
-    static constexpr float kPow4[8] = {0.0f,    0x1p-12f, 0x1p-10f, 0x1p-8f,
-                                       0x1p-6f, 0x1p-4f,  0x1p-2f,  1.0f};
-    for (int m = 0; m < 8; ++m) {
-      table[m] = scale * kPow4[m];  // m = 0: zero, or NaN for a NaN scale
-      table[8 + m] = -table[m];
-    }
-    table[8] = table[0];  // code 8 (negative zero) is never produced; decode it as zero
-  } else {
-    for (int c = 0; c < 16; ++c) table[c] = static_cast<float>((c ^ 8) - 8) * scale;
+  for (uint32_t c = 0; c < 16; ++c) {
+    table[c] = format == FourBitFormat::kFp4 ? codec::Fp4Value(scale, c)
+                                             : codec::Int4Value(scale, c);
   }
 }
 

@@ -151,7 +151,8 @@ class DeviceRegistry {
 // The devices of this build: the host and, when braid is built with CUDA, the GPUs (whose
 // factory refuses them, FailedPrecondition saying why, until the GPU check has passed once
 // or BRAID_CUDA_UNVERIFIED=1: Note [Unverified CUDA], device/cuda/cuda_device.h).
-std::shared_ptr<DeviceRegistry> MakeDefaultDevices();
+// `allow_unverified_cuda`: BRAID_CUDA_UNVERIFIED=1.
+std::shared_ptr<DeviceRegistry> MakeDefaultDevices(bool allow_unverified_cuda);
 
 }  // namespace braid::device
 

@@ -179,12 +179,6 @@ DeviceRegistry::DeviceRegistry() {
   });
 }
 
-#ifndef BRAID_WITH_CUDA
-std::shared_ptr<DeviceRegistry> MakeDefaultDevices() {
-  return std::make_shared<DeviceRegistry>();
-}
-#endif
-
 absl::StatusOr<Device*> DeviceRegistry::Get(const DeviceRef& ref) const {
   auto it = factories_.find(ref.type);
   if (it == factories_.end()) {

@@ -167,6 +167,10 @@ const Variable kVariables[] = {
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        return Assign(ParseZeroOrOne(w, t), &c->pipelined_copy);
      }},
+    {"BRAID_CUDA_UNVERIFIED",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       return Assign(ParseZeroOrOne(w, t), &c->cuda_unverified);
+     }},
     {"BRAID_LAUNCHER_PIPE",
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        const size_t colon = t.find(':');

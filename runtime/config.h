@@ -129,6 +129,9 @@ struct RuntimeConfig {
   // BRAID_PIPELINED_COPY: a scattered bucket's copies into and out of the fusion buffer
   // overlap its transfer (Note [Pipelined copy], runtime/allreduce_pipeline.h).
   bool pipelined_copy = true;
+  // BRAID_CUDA_UNVERIFIED: use the CUDA device path before its GPU check has passed on a GPU
+  // (Note [Unverified CUDA], device/cuda/cuda_device.h).
+  bool cuda_unverified = false;
   // BRAID_LOOP_CPU: "auto", "none" or a CPU number (Note [Loop thread affinity],
   // runtime/loop_affinity.h).
   std::string loop_cpu = "auto";

@@ -301,10 +301,22 @@ absl::Status Executor::RunJoined(const Bucket& bucket) {
                                           bucket.names[0], "', which it never submitted"));
 }
 
-// Where a collective whose result size the runtime decides writes: the output the caller
-// sized, or one the handle owns when the caller gave none (or too little).
-static void* OutputFor(TensorEntry& e, size_t bytes, std::vector<int64_t> shape, bool caller_sized) {
+absl::StatusOr<void*> Executor::OutputFor(TensorEntry& e, size_t bytes,
+                                          std::vector<int64_t> shape, bool caller_sized) {
   const CollectiveRequest& r = e.req;
+  if (r.allocate_output) {
+    absl::StatusOr<void*> out = r.allocate_output(bytes, shape);
+    if (!out.ok() || (*out == nullptr && bytes > 0)) {
+      const absl::Status s = absl::ResourceExhaustedError(absl::StrCat(
+          CollectiveName(r.collective), " '", r.name, "' on rank ", rank_,
+          ": its output allocator failed for ", bytes, " bytes: ",
+          out.ok() ? "it returned null" : out.status().message()));
+      HostPlane().Abort(s);  // Note [Allocation failure]: the peers are in the collective
+      return s;
+    }
+    e.handle->set_output_shape(std::move(shape));
+    return *out;
+  }
   e.handle->set_output_shape(std::move(shape));
   if (r.output != nullptr && (caller_sized || r.output_capacity_bytes >= bytes)) return r.output;
   e.handle->mutable_output().resize(bytes);
@@ -368,7 +380,7 @@ absl::Status Executor::RunAllGather(TensorEntry& e, const Bucket& bucket) {
     bytes[p] = bucket.first_dims[p] * row * elem;
     shape[0] += bucket.first_dims[p];
   }
-  void* out = OutputFor(e, shape[0] * row * elem, shape, false);
+  BRAID_ASSIGN_OR_RETURN(void* out, OutputFor(e, shape[0] * row * elem, shape, false));
   return HostPlane().AllGather(r.input, bytes[cur_.rank], out, bytes);
 }
 
@@ -381,8 +393,8 @@ absl::Status Executor::RunReduceScatter(TensorEntry& e) {
   std::vector<size_t> counts(size);
   for (int p = 0; p < size; ++p) counts[p] = rows[p] * row;
   shape[0] = rows[cur_.rank];
-  void* out = OutputFor(e, counts[cur_.rank] * DataTypeSize(r.dtype), shape,
-                        r.output != nullptr);
+  BRAID_ASSIGN_OR_RETURN(void* out, OutputFor(e, counts[cur_.rank] * DataTypeSize(r.dtype),
+                                              shape, r.output != nullptr));
   return HostPlane().ReduceScatter(r.input, out, counts, r.dtype, r.op);
 }
 
@@ -405,7 +417,7 @@ absl::Status Executor::RunAllToAll(TensorEntry& e) {
     rb[p] = recv_rows[p] * row * elem;
     shape[0] += recv_rows[p];
   }
-  void* out = OutputFor(e, shape[0] * row * elem, shape, false);
+  BRAID_ASSIGN_OR_RETURN(void* out, OutputFor(e, shape[0] * row * elem, shape, false));
   return HostPlane().AllToAll(r.input, sb, out, rb);
 }
 

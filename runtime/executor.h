@@ -140,6 +140,14 @@ class Executor {
   const int size_;
   Comms cur_;  // the bucket's (braid-loop's alone)
   std::map<int32_t, SetChannels> set_channels_;  // braid-loop's alone, by set id
+  // Where a collective whose result size the runtime decides writes: the caller's
+  // allocator's memory (CollectiveRequest::allocate_output), the output the caller sized, or
+  // one the handle owns when the caller gave neither (or too little). An allocator that
+  // fails is ResourceExhausted naming the tensor, with the data plane aborted (Note
+  // [Allocation failure]: the peers are in the collective), which ends the job.
+  absl::StatusOr<void*> OutputFor(TensorEntry& e, size_t bytes, std::vector<int64_t> shape,
+                                  bool caller_sized);
+
   AllReducePipeline pipeline_;
   std::map<DeviceType, DeviceRef> last_device_;  // per type, the last a bucket of ours used
   mutable absl::Mutex mu_;  // a leaf

@@ -102,7 +102,7 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   BeforeInit(config);
   // Before the client: its heartbeats read the ledger (braidctl status).
   BRAID_RETURN_IF_ERROR(MakeCompression(config));
-  devices_ = deps.devices ? std::move(deps.devices) : device::MakeDefaultDevices();
+  devices_ = deps.devices ? std::move(deps.devices) : device::MakeDefaultDevices(config.cuda_unverified);
   CoordinatorClientSetup setup;
   setup.fill_heartbeat = [this](proto::HeartbeatRequest* hb) {
     AddCompressionTotals(*ledger_, hb);

@@ -44,6 +44,16 @@ struct CollectiveRequest {
   // result does not fit, the runtime gathers into Handle::output() instead and leaves
   // `output` untouched; compare Handle::output_shape() with what you passed.
   size_t output_capacity_bytes = 0;
+  // allgather / alltoall / reducescatter: when set, where the result goes once its size is
+  // known: called on braid's background thread before the collective with the result's
+  // bytes and shape, it returns memory of that many bytes on the request's device (a
+  // framework allocates its output tensor there, on a GPU for a device tensor) that stays
+  // valid until the handle completes; it takes precedence over `output`, and
+  // Handle::output() stays empty. An error (or null for a non-empty result) fails the
+  // collective with ResourceExhausted naming the tensor and ends the job, as a fusion
+  // buffer that cannot grow does (docs/failures.md), since the peers are in it already.
+  std::function<absl::StatusOr<void*>(size_t bytes, const std::vector<int64_t>& shape)>
+      allocate_output;
   ReduceOp op = ReduceOp::kAverage;
   int root_rank = 0;               // broadcast
   std::vector<int64_t> splits;     // alltoall: rows of dim 0 sent to each rank; empty = even

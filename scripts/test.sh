@@ -11,6 +11,8 @@ source scripts/lib/stages.sh
 stage install scripts/install_deps.sh --tests
 if [ "$_stage_failed" -eq 0 ]; then
   stage build scripts/build.sh -DBRAID_BUILD_TESTS=ON
+  # Where nvcc is, the CUDA path must have been compiled and linked (cmake/cuda.cmake).
+  if [ "$_stage_failed" -eq 0 ]; then stage cuda scripts/lib/check_cuda.sh build; fi
 fi
 if [ "$_stage_failed" -ne 0 ]; then
   stage_skip tests "nothing to test without the packages and the build"

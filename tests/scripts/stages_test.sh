@@ -49,6 +49,18 @@ last=$(tail -n 1 <<<"$out")
 want="test: FAILED: build passed; ctest 806/808 passed, 2 failed: RuntimeWorldTest.Shutdown, multihost_tests; tsan FAILED (exit 3); fuzz passed; deb not run (no dpkg) ("
 [[ "$last" == "$want"* ]] || fail "failures, last line: '$last'"
 
+# A skipped test (the GPU check without a GPU) is reported skipped, by name, never passed.
+cat >"$tmp/skip.log" <<'LOG'
+100% tests passed, 0 tests failed out of 808
+
+The following tests did not run:
+	808 - gpu_check (Skipped)
+
+Total Test time (real) =   1.00 sec
+LOG
+got=$(bash -c 'source "$1/scripts/lib/stages.sh"; ctest_counts "$2"' _ "$src" "$tmp/skip.log")
+[ "$got" = "807/808 passed, 1 skipped: gpu_check" ] || fail "skipped: '$got'"
+
 # A log without ctest's summary (ctest did not get to run its tests) gives no counts.
 echo "No tests were found" >"$tmp/none.log"
 [ -z "$(bash -c 'source "$1/scripts/lib/stages.sh"; ctest_counts "$2"' _ "$src" "$tmp/none.log")" ] ||

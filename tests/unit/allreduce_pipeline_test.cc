@@ -249,7 +249,9 @@ TEST(AllReducePipelineTest, ADeviceBucketMovesItsBytesOnlyThroughTheDevice) {
     ASSERT_TRUE(pipeline.Run(3, stage.none(), DataType::kFloat32, ReduceOp::kSum,
                              bucket.tensors(), comm, nullptr, BucketPlace{&gpu}).ok());
     EXPECT_EQ(a_out, std::vector<float>(4, 3.0f));
-    if (rank == 0) EXPECT_EQ(b_out, std::vector<float>(6, 5.0f));
+    if (rank == 0) {
+      EXPECT_EQ(b_out, std::vector<float>(6, 5.0f));
+    }
     EXPECT_EQ(gpu.copied_bytes + gpu.converted_bytes, rank == 0 ? 2 * 40 : 2 * 16);
     EXPECT_EQ(gpu.filled_bytes, rank == 0 ? 0 : 24);
     EXPECT_EQ(gpu.allocations, 1);

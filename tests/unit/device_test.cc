@@ -223,5 +223,72 @@ TEST(DevicePathTest, ADeviceTheRuntimeLacksIsRefusedOnEveryRank) {
   for (const absl::Status& s : world.Shutdown()) EXPECT_TRUE(s.ok()) << s;
 }
 
+// An all-gather's result, whose size only the collective knows, goes where the caller's
+// allocator puts it (a framework's tensor on its device), never into a host vector of the
+// handle's: the allocator sees the result's bytes and shape.
+TEST(OutputAllocatorTest, AnAllGatherWritesWhereTheCallersAllocatorSays) {
+  RuntimeWorld world(testing::WorldOf(2));
+  ASSERT_TRUE(world.InitOk());
+  world.Run([&](int rank, Runtime& rt) {
+    std::vector<int32_t> in(2 * (rank + 1), 10 * (rank + 1)), out;
+    std::vector<int64_t> asked_shape;
+    size_t asked_bytes = 0;
+    CollectiveRequest r;
+    r.name = "gathered";
+    r.collective = Collective::kAllGather;
+    r.dtype = DataType::kInt32;
+    r.shape = {rank + 1, 2};
+    r.input = in.data();
+    r.allocate_output = [&](size_t bytes, const std::vector<int64_t>& shape) {
+      asked_bytes = bytes;
+      asked_shape = shape;
+      out.assign(bytes / 4, -1);
+      return absl::StatusOr<void*>(out.data());
+    };
+    auto h = rt.Enqueue(r);
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE((*h)->Wait(absl::Seconds(30)).ok()) << "rank " << rank;
+    EXPECT_EQ(asked_bytes, 6u * 4);
+    EXPECT_EQ(asked_shape, (std::vector<int64_t>{3, 2}));
+    EXPECT_EQ(out, (std::vector<int32_t>{10, 10, 20, 20, 20, 20}));
+    EXPECT_TRUE((*h)->output().empty());
+    EXPECT_EQ((*h)->output_shape(), (std::vector<int64_t>{3, 2}));
+  });
+  for (const absl::Status& s : world.Shutdown()) EXPECT_TRUE(s.ok()) << s;
+}
+
+// An allocator that fails on one rank: that rank's collective fails naming the tensor and
+// the reason; its peer, already in the all-gather, fails too (the job ends, never pairing
+// the all-gather with a later collective).
+TEST(OutputAllocatorTest, AFailedAllocatorEndsTheJobOnEveryRank) {
+  RuntimeWorldOptions o = testing::WorldOf(2);
+  o.timeout = absl::Seconds(2);
+  RuntimeWorld world(o);
+  ASSERT_TRUE(world.InitOk());
+  world.Run([&](int rank, Runtime& rt) {
+    std::vector<float> in(3, 1.0f), out(6);
+    CollectiveRequest r;
+    r.name = "g";
+    r.collective = Collective::kAllGather;
+    r.shape = {3};
+    r.input = in.data();
+    r.allocate_output = [&](size_t, const std::vector<int64_t>&) -> absl::StatusOr<void*> {
+      if (rank == 0) return absl::ResourceExhaustedError("out of device memory");
+      return out.data();
+    };
+    auto h = rt.Enqueue(r);
+    ASSERT_TRUE(h.ok()) << h.status();
+    const absl::Status s = (*h)->Wait(absl::Seconds(20));
+    EXPECT_FALSE(s.ok()) << "rank " << rank;
+    if (rank == 0) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+      EXPECT_EQ(s.message(),
+                "allgather 'g' on rank 0: its output allocator failed for 24 bytes: out of "
+                "device memory");
+    }
+  });
+  world.Shutdown();
+}
+
 }  // namespace
 }  // namespace braid

@@ -189,16 +189,9 @@ typedef struct braid_broadcast_opts {
                               process set); default 0 */
   int32_t process_set_id;  /* 0 = the whole world (default), else an id from
                               braid_add_process_set (see "Process sets") */
-  /* Where the buffers are (added in 0.2; all zero by default: host memory). A device other
-     than the CPU must be one this libbraid_c can use, else BRAID_FAILED_PRECONDITION naming
-     why (not built with CUDA; CUDA not yet verified on a GPU: see the README). Every rank
-     uses the same device type for a tensor (else BRAID_INVALID_ARGUMENT on every rank); the
-     id is this rank's own (rank r on GPU r is usual). */
-  void* stream;            /* the caller's stream on the device (a cudaStream_t); braid's work
-                              waits for what was queued on it before the call. NULL: the
-                              device's default stream */
-  int32_t device_type;     /* a braid_device_type; default BRAID_DEVICE_CPU */
-  int32_t device_id;       /* which device of the type (0 for the CPU) */
+  void* stream;            /* where the buffers are: as in braid_allreduce_opts */
+  int32_t device_type;
+  int32_t device_id;
 } braid_broadcast_opts;
 
 #define BRAID_BROADCAST_OPTS_INIT \
@@ -208,16 +201,9 @@ typedef struct braid_allgather_opts {
   size_t struct_size;      /* sizeof(braid_allgather_opts) as compiled by the caller */
   int32_t process_set_id;  /* 0 = the whole world (default), else an id from
                               braid_add_process_set (see "Process sets") */
-  /* Where the buffers are (added in 0.2; all zero by default: host memory). A device other
-     than the CPU must be one this libbraid_c can use, else BRAID_FAILED_PRECONDITION naming
-     why (not built with CUDA; CUDA not yet verified on a GPU: see the README). Every rank
-     uses the same device type for a tensor (else BRAID_INVALID_ARGUMENT on every rank); the
-     id is this rank's own (rank r on GPU r is usual). */
-  void* stream;            /* the caller's stream on the device (a cudaStream_t); braid's work
-                              waits for what was queued on it before the call. NULL: the
-                              device's default stream */
-  int32_t device_type;     /* a braid_device_type; default BRAID_DEVICE_CPU */
-  int32_t device_id;       /* which device of the type (0 for the CPU) */
+  void* stream;            /* where the buffers are: as in braid_allreduce_opts */
+  int32_t device_type;
+  int32_t device_id;
 } braid_allgather_opts;
 
 #define BRAID_ALLGATHER_OPTS_INIT \

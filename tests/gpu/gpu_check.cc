@@ -1,0 +1,287 @@
+// braid's GPU check (scripts/gpu_check.sh runs it on a GPU machine): every CUDA kernel
+// against its CPU implementation on random inputs with the values at each format's edges
+// (bit-identical where the arithmetic is shared), the CUDA device interface's operations,
+// and the kernels' throughputs as a fraction of a device-to-device cudaMemcpy timed in the
+// same run. Self-contained: the CUDA runtime is linked statically, so it needs the driver and
+// the libraries carried beside it (scripts/gpu_check.sh --pack). Without a GPU it exits 77
+// (CTest: skipped), saying why.
+//
+// Hand-rolled checks instead of GoogleTest: the GPU machine has no GoogleTest, and this one
+// program's report (one line per check, then the throughputs) is what BENCHMARKS.md records.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/half.h"
+#include "compression/cuda/codec_kernels.h"
+#include "compression/half_convert.h"
+#include "compression/quantize.h"
+#include "device/cuda/cuda_device.h"
+#include "device/device.h"
+
+namespace braid {
+namespace {
+
+int g_failures = 0;
+
+void Report(bool ok, const std::string& name, const std::string& detail = "") {
+  std::printf("%s %s%s%s\n", ok ? "PASS" : "FAIL", name.c_str(), detail.empty() ? "" : ": ",
+              detail.c_str());
+  if (!ok) ++g_failures;
+}
+
+#define CUDA_OK(call)                                                               \
+  do {                                                                              \
+    const cudaError_t e_ = (call);                                                  \
+    if (e_ != cudaSuccess) {                                                        \
+      std::printf("FAIL %s: %s\n", #call, cudaGetErrorString(e_));                  \
+      std::exit(1);                                                                 \
+    }                                                                               \
+  } while (0)
+
+// Device memory holding a copy of `host`, and back.
+template <typename T>
+T* ToDevice(const std::vector<T>& host) {
+  T* d = nullptr;
+  CUDA_OK(cudaMalloc(&d, host.size() * sizeof(T) + 1));
+  CUDA_OK(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+template <typename T>
+std::vector<T> ToHost(const T* d, size_t n) {
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<T> host(n);
+  CUDA_OK(cudaMemcpy(host.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+// Gradient-like values (normal, wide range) with each format's edges mixed in: zeros, signed
+// zeros, subnormals, the float16 limits, and, unless `finite`, infinities and NaNs.
+std::vector<float> Values(size_t n, uint32_t seed, bool finite) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-30, 20);
+  std::vector<float> v(n);
+  for (float& x : v) x = std::ldexp(normal(rng), exponent(rng));
+  const float edges[] = {0.0f, -0.0f, 1e-45f, -3e-39f, 65504.0f, 65520.0f, 6e-8f, 1e30f};
+  for (size_t i = 0; i < n; i += 97) v[i] = edges[(i / 97) % 8];
+  if (!finite && n > 300) {
+    v[n / 3] = std::nanf("");
+    v[n / 2] = INFINITY;
+  }
+  return v;
+}
+
+template <typename T>
+bool SameBits(const std::vector<T>& a, const std::vector<T>& b, std::string* where) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) {
+      *where = "first difference at element " + std::to_string(i);
+      return false;
+    }
+  }
+  return true;
+}
+
+void CheckCasts() {
+  for (bool bf16 : {false, true}) {
+    for (float divisor : {1.0f, 3.0f}) {
+      const std::vector<float> x = Values(100003, 7, /*finite=*/false);
+      std::vector<uint16_t> cpu(x.size());
+      compression::ToHalf(x.data(), x.size(), divisor, bf16, cpu.data());
+      float* dx = ToDevice(x);
+      uint16_t* dh = nullptr;
+      CUDA_OK(cudaMalloc(&dh, x.size() * 2));
+      compression::cuda::LaunchToHalf(dx, x.size(), divisor, bf16, dh, nullptr);
+      std::string where;
+      const std::string name = std::string(bf16 ? "bf16" : "fp16") + " cast, divisor " +
+                               std::to_string(static_cast<int>(divisor));
+      Report(SameBits(ToHost(dh, x.size()), cpu, &where), name, where);
+      std::vector<float> back(x.size());
+      compression::FromHalf(cpu.data(), cpu.size(), bf16, back.data());
+      compression::cuda::LaunchFromHalf(dh, x.size(), bf16, dx, nullptr);
+      Report(SameBits(ToHost(dx, x.size()), back, &where), name + ", back to float32", where);
+      cudaFree(dx);
+      cudaFree(dh);
+    }
+  }
+}
+
+// One 4-bit format over a tensor whose chunks include a zero one, a non-finite one and a tiny
+// one (a scale below 2^-100), with a short last chunk.
+void CheckFourBit(bool int4) {
+  const compression::FourBitFormat format =
+      int4 ? compression::FourBitFormat::kInt4 : compression::FourBitFormat::kFp4;
+  const size_t chunk = 128, n = 128 * 700 + 77, chunks = (n + chunk - 1) / chunk;
+  std::vector<float> x = Values(n, 11, /*finite=*/true);
+  for (size_t i = 0; i < chunk; ++i) x[chunk + i] = 0.0f;
+  x[2 * chunk + 5] = std::nanf("");
+  for (size_t i = 0; i < chunk; ++i) x[3 * chunk + i] *= 1e-35f;
+  const uint32_t seed = 0x5eed;
+  const uint64_t index0 = 4000000000ull;  // wraps past 2^32 inside the tensor, as on the CPU
+  std::vector<float> scales(chunks), decoded(n), summed(n, 0.5f);
+  std::vector<uint8_t> packed(chunks * (chunk / 2));
+  for (size_t c = 0; c < chunks; ++c) {
+    const size_t len = std::min(chunk, n - c * chunk);
+    scales[c] = compression::ChunkScale(format, x.data() + c * chunk, len);
+    compression::Encode(format, x.data() + c * chunk, len, scales[c], seed, index0 + c * chunk,
+                        packed.data() + c * chunk / 2);
+    compression::Decode(format, packed.data() + c * chunk / 2, len, scales[c],
+                        decoded.data() + c * chunk);
+    compression::DecodeAdd(format, packed.data() + c * chunk / 2, len, scales[c],
+                           summed.data() + c * chunk);
+  }
+  float* dx = ToDevice(x);
+  float* ds = ToDevice(scales);
+  uint8_t* dp = ToDevice(packed);
+  float* dout = ToDevice(std::vector<float>(n, 0.5f));
+  namespace k = compression::cuda;
+  const std::string name = int4 ? "int4" : "fp4";
+  std::string where;
+  k::LaunchChunkScales(int4, dx, n, chunk, ds, nullptr);
+  Report(SameBits(ToHost(ds, chunks), scales, &where), name + " chunk scales", where);
+  k::LaunchEncode4(int4, dx, n, chunk, ds, seed, index0, dp, nullptr);
+  Report(SameBits(ToHost(dp, packed.size()), packed, &where), name + " encode", where);
+  k::LaunchDecode4(int4, dp, n, chunk, ds, /*add=*/true, dout, nullptr);
+  Report(SameBits(ToHost(dout, n), summed, &where), name + " decode-add", where);
+  k::LaunchDecode4(int4, dp, n, chunk, ds, /*add=*/false, dout, nullptr);
+  Report(SameBits(ToHost(dout, n), decoded, &where), name + " decode", where);
+  cudaFree(dx);
+  cudaFree(ds);
+  cudaFree(dp);
+  cudaFree(dout);
+}
+
+// The device interface on GPU 0: copies both ways and within, the join identity, the
+// conversions and the reduction against the host device's, an event and a synchronization.
+void CheckDeviceInterface() {
+  auto got = device::CudaDevice(0, /*allow_unverified=*/true);
+  if (!got.ok()) return Report(false, "cuda device 0", std::string(got.status().message()));
+  device::Device& gpu = **got;
+  device::Device& host = device::HostDevice();
+  const size_t n = 10007;
+  const std::vector<float> x = Values(n, 3, /*finite=*/false), y = Values(n, 4, false);
+  auto a = gpu.Allocate(n * 8, 64), b = gpu.Allocate(n * 8, 64);
+  if (!a.ok() || !b.ok()) return Report(false, "allocate");
+  std::vector<float> back(n);
+  bool ok = gpu.CopyFromHost(a->data(), x.data(), n * 4, nullptr).ok() &&
+            gpu.Copy(b->data(), a->data(), n * 4, nullptr).ok() &&
+            gpu.CopyToHost(back.data(), b->data(), n * 4, nullptr).ok() &&
+            gpu.Synchronize(nullptr, absl::Seconds(10)).ok();
+  std::string where;
+  Report(ok && SameBits(back, x, &where), "copy from, within and to the host", where);
+  for (DataType to : {DataType::kFloat16, DataType::kBFloat16, DataType::kFloat64}) {
+    std::vector<char> want(n * DataTypeSize(to)), have(want.size());
+    host.Convert(want.data(), to, x.data(), DataType::kFloat32, n, nullptr).IgnoreError();
+    ok = gpu.Convert(b->data(), to, a->data(), DataType::kFloat32, n, nullptr).ok() &&
+         gpu.CopyToHost(have.data(), b->data(), have.size(), nullptr).ok() &&
+         gpu.Synchronize(nullptr, absl::Seconds(10)).ok();
+    Report(ok && SameBits(have, want, &where),
+           std::string("convert float32 to ") + std::string(DataTypeName(to)), where);
+  }
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    std::vector<float> want = x, have(n);
+    host.Reduce(want.data(), y.data(), n, DataType::kFloat32, op, nullptr).IgnoreError();
+    ok = gpu.CopyFromHost(a->data(), x.data(), n * 4, nullptr).ok() &&
+         gpu.CopyFromHost(b->data(), y.data(), n * 4, nullptr).ok() &&
+         gpu.Reduce(a->data(), b->data(), n, DataType::kFloat32, op, nullptr).ok() &&
+         gpu.CopyToHost(have.data(), a->data(), n * 4, nullptr).ok() &&
+         gpu.Synchronize(nullptr, absl::Seconds(10)).ok();
+    Report(ok && SameBits(have, want, &where),
+           std::string("reduce float32 ") + std::string(ReduceOpName(op)), where);
+    std::vector<float> id(n), want_id(n);
+    host.FillIdentity(want_id.data(), n, DataType::kFloat32, op, nullptr).IgnoreError();
+    ok = gpu.FillIdentity(a->data(), n, DataType::kFloat32, op, nullptr).ok() &&
+         gpu.CopyToHost(id.data(), a->data(), n * 4, nullptr).ok() &&
+         gpu.Synchronize(nullptr, absl::Seconds(10)).ok();
+    Report(ok && SameBits(id, want_id, &where),
+           std::string("identity of ") + std::string(ReduceOpName(op)), where);
+  }
+  auto event = gpu.RecordEvent(nullptr);
+  Report(event.ok() && gpu.WaitEvent(nullptr, **event).ok() &&
+             (*event)->Wait(absl::Seconds(10)).ok(),
+         "event recorded, waited on by a stream and by the host");
+}
+
+// Seconds per call of `fn`, the median of 5 timed runs after a warm-up.
+double Time(const std::function<void()>& fn) {
+  std::vector<double> t;
+  for (int i = 0; i < 6; ++i) {
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    CUDA_OK(cudaDeviceSynchronize());
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  t.erase(t.begin());
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Throughput of each kernel in bytes read + written per second, as a fraction of the same
+// measure for a device-to-device cudaMemcpy of the same float32 tensor.
+void Throughputs() {
+  const size_t n = size_t{64} << 20;  // 256 MiB of float32
+  float *x = nullptr, *y = nullptr, *scales = nullptr;
+  uint8_t* packed = nullptr;
+  CUDA_OK(cudaMalloc(&x, n * 4));
+  CUDA_OK(cudaMalloc(&y, n * 4));
+  CUDA_OK(cudaMalloc(&scales, n / 128 * 4));
+  CUDA_OK(cudaMalloc(&packed, n / 2));
+  CUDA_OK(cudaMemset(x, 0x3c, n * 4));
+  namespace k = compression::cuda;
+  const double copy = 2.0 * n * 4 / Time([&] { cudaMemcpy(y, x, n * 4, cudaMemcpyDeviceToDevice); });
+  std::printf("THROUGHPUT memcpy_d2d %.1f GB/s\n", copy / 1e9);
+  struct Case {
+    const char* name;
+    double bytes;
+    std::function<void()> run;
+  };
+  const Case cases[] = {
+      {"fp16_cast", n * 6.0, [&] { k::LaunchToHalf(x, n, 1.0f, false, reinterpret_cast<uint16_t*>(y), nullptr); }},
+      {"fp4_scales", n * 4.0, [&] { k::LaunchChunkScales(false, x, n, 128, scales, nullptr); }},
+      {"fp4_encode", n * 4.5, [&] { k::LaunchEncode4(false, x, n, 128, scales, 1, 0, packed, nullptr); }},
+      {"fp4_decode", n * 4.5, [&] { k::LaunchDecode4(false, packed, n, 128, scales, false, y, nullptr); }},
+  };
+  for (const Case& c : cases) {
+    const double rate = c.bytes / Time(c.run);
+    std::printf("THROUGHPUT %s %.1f GB/s %.2f of memcpy_d2d\n", c.name, rate / 1e9, rate / copy);
+  }
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(scales);
+  cudaFree(packed);
+}
+
+}  // namespace
+}  // namespace braid
+
+int main() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    std::printf("SKIP: no GPU here (%s)\n",
+                e != cudaSuccess ? cudaGetErrorString(e) : "the driver sees no device");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("GPU 0: %s, compute capability %d.%d\n", prop.name, prop.major, prop.minor);
+  braid::CheckCasts();
+  braid::CheckFourBit(/*int4=*/false);
+  braid::CheckFourBit(/*int4=*/true);
+  braid::CheckDeviceInterface();
+  braid::Throughputs();
+  std::printf("%s: %d check(s) failed\n", braid::g_failures ? "FAILED" : "PASSED",
+              braid::g_failures);
+  return braid::g_failures ? 1 : 0;
+}
