@@ -163,6 +163,9 @@ void Throughputs() {
       {"fp4_encode", n * 4.5, [&] { k::LaunchEncode4(false, x, n, 128, scales, 1, 0, packed, nullptr); }},
       {"fp4_decode", n * 4.5, [&] { k::LaunchDecode4(false, packed, n, 128, scales, false, y, nullptr); }},
   };
+  const double topk = n * 4.0 / TopKSeconds(x, n, n / 100);  // k = 1%: the keys read once
+  std::printf("THROUGHPUT topk_select_1pct %.1f GB/s %.2f of memcpy_d2d\n", topk / 1e9,
+              topk / copy);
   for (const Case& c : cases) {
     const double rate = c.bytes / Time(c.run);
     std::printf("THROUGHPUT %s %.1f GB/s %.2f of memcpy_d2d\n", c.name, rate / 1e9, rate / copy);
@@ -192,6 +195,7 @@ int main() {
   braid::CheckFourBit(/*int4=*/true);
   braid::CheckDeviceInterface();
   braid::CheckPowerSgd();
+  braid::CheckTopK();
   braid::Throughputs();
   braid::TimePowerSgd();
   std::printf("%s: %d check(s) failed\n", braid::g_failures ? "FAILED" : "PASSED",

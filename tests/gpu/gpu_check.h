@@ -99,6 +99,9 @@ inline double Time(const std::function<void()>& fn) {
 // The checks of PowerSGD's kernels and its compression time (gpu_check_powersgd.cc).
 void CheckPowerSgd();
 void TimePowerSgd();
+// The top-k selection's checks, and its time for k of n elements at x (gpu_check_sparse.cc).
+void CheckTopK();
+double TopKSeconds(const float* x, size_t n, size_t k);
 
 }  // namespace braid
 
