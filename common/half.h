@@ -75,7 +75,9 @@ BRAID_HD inline uint16_t FloatToFloat16(float f) {
   uint32_t u = FloatBits(f);
   uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;           // NaN
+  // NaN: quieted, its payload's top 9 bits kept, as F16C's vcvtps2ph does (so the scalar
+  // path, the vector paths and the GPU give the same bits for every NaN).
+  if (abs > 0x7f800000u) return sign | 0x7e00u | static_cast<uint16_t>((abs >> 13) & 0x3ffu);
   if (abs >= 0x477ff000u) return sign | 0x7c00u;          // rounds to >= 65520: infinity
   if (abs < 0x38800000u) {                                // below 2^-14: subnormal or zero
     if (abs < 0x33000000u) return sign;                   // below 2^-25 rounds to zero

@@ -1,5 +1,5 @@
 // Bulk float32 <-> float16 / bfloat16 conversions of the fp16 / bf16 compressors, round to
-// nearest even, bit-identical to the scalar reference in common/half.h (up to NaN payloads).
+// nearest even, bit-identical to the scalar reference in common/half.h (NaN payloads too).
 // Own file because it is built with -O3 -fno-trapping-math (see compression/CMakeLists.txt).
 #ifndef BRAID_COMPRESSION_HALF_CONVERT_H_
 #define BRAID_COMPRESSION_HALF_CONVERT_H_

@@ -14,8 +14,11 @@
 //   first waits (Synchronize, or an Event). The host device runs every call at once.
 //
 //   The framework's stream is never blocked on the host: braid's work on a tensor is queued
-//   on the device's stream after an event recorded on the caller's stream (WaitEvent), and
-//   the caller's stream waits on braid's event for the result.
+//   on the device's work stream after an event recorded on the caller's stream at enqueue
+//   (WaitEvent). The all-reduce pipeline then waits on the host for its device work before
+//   the handle completes (the compressors and the host data plane read the memory from the
+//   host); a device data plane replaces that wait with an event the caller's stream waits
+//   on.
 //
 //   The registry maps a device type to its implementation; a type with none is refused at
 //   enqueue (FailedPrecondition). Tests register a host-backed device for kCUDA, which lets
@@ -122,6 +125,11 @@ class Device {
   virtual absl::Status WaitEvent(Stream stream, Event& event) = 0;
   // Blocks until the work queued on `stream` is done, at most `timeout`.
   virtual absl::Status Synchronize(Stream stream, absl::Duration timeout) = 0;
+
+  // The stream braid queues its own work on for this device (CUDA: a non-blocking stream of
+  // braid's, so it never waits on the legacy default stream's other work); null for devices
+  // that run their work at once.
+  virtual Stream work_stream() { return nullptr; }
 };
 
 // Host memory (DeviceType::kCPU): every call runs at once on the calling thread.

@@ -13,7 +13,11 @@ def nvcc_object(name, src, hdrs = []):
         name = name,
         srcs = [src] + hdrs,
         outs = [name + ".o"],
-        cmd = (NVCC + " -std=c++17 -O2 --fmad=false -arch=sm_90 -Xcompiler -fPIC " +
-               "-I. -c $(location " + src + ") -o $@"),
+        # A temporary folder of its own: nvcc names its temporary files by process id, and
+        # every sandboxed nvcc is process 2 of its namespace while /tmp is shared, so
+        # parallel nvcc runs would read each other's files.
+        cmd = ("tmp=$$(mktemp -d) && TMPDIR=$$tmp " + NVCC +
+               " -std=c++17 -O2 --fmad=false -arch=sm_90 -Xcompiler -fPIC " +
+               "-I. -c $(location " + src + ") -o $@; rc=$$?; rm -rf $$tmp; exit $$rc"),
         tags = ["manual"],
     )

@@ -86,10 +86,12 @@ absl::Status AllReducePipeline::Run(int64_t bucket_id,
   run.device = place.device != nullptr ? place.device : &device::HostDevice();
   run.stream = place.stream;
   run.timeout = place.timeout;
-  if (!run.device->host_accessible()) {
-    return absl::FailedPreconditionError(absl::StrCat(
+  if (!run.device->host_accessible()) {  // the peers are in the bucket's collectives
+    const absl::Status s = absl::FailedPreconditionError(absl::StrCat(
         "all-reduce bucket ", bucket_id, ": ", DeviceName(run.device->ref()),
         " memory is not readable from the host, and braid has no compressor on it yet"));
+    comm.Abort(s);
+    return s;
   }
   run.id = bucket_id;
   run.method = &method;

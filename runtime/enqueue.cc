@@ -166,11 +166,15 @@ absl::StatusOr<Accepted> Runtime::Impl::AcceptDevice(
   if (r.device.type == DeviceType::kCPU && r.device.id == 0) return accepted;
   const std::string what =
       absl::StrCat(CollectiveName(r.collective), " '", r.name, "' on rank ", rank_, ": ");
-  if (!IsValidDeviceType(static_cast<int32_t>(r.device.type)) || r.device.id < 0 ||
-      r.device.type == DeviceType::kCPU) {
+  if (!IsValidDeviceType(static_cast<int32_t>(r.device.type))) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, "no device ", DeviceTypeName(static_cast<int32_t>(r.device.type)),
-                     " with id ", r.device.id));
+        absl::StrCat(what, "unknown device type ", static_cast<int32_t>(r.device.type),
+                     " (0: cpu, 1: cuda)"));
+  }
+  if (r.device.id < 0 || r.device.type == DeviceType::kCPU) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, "no device ", DeviceTypeName(r.device.type), " with id ", r.device.id,
+        r.device.type == DeviceType::kCPU ? " (the cpu's id is 0)" : ""));
   }
   absl::StatusOr<device::Device*> device = devices_->Get(r.device);
   if (!device.ok()) {
@@ -180,7 +184,7 @@ absl::StatusOr<Accepted> Runtime::Impl::AcceptDevice(
   // collectives without buffers; the others copy through host memory still.
   if (r.collective != Collective::kAllReduce && r.collective != Collective::kBarrier &&
       r.collective != Collective::kJoin) {
-    return absl::UnimplementedError(absl::StrCat(
+    return absl::FailedPreconditionError(absl::StrCat(
         what, CollectiveName(r.collective), " of ", DeviceName(r.device),
         " tensors is not supported yet (all-reduce is)"));
   }

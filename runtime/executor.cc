@@ -47,6 +47,8 @@ Executor::Executor(const Parts& parts)
     : parts_(parts),
       rank_(parts.control->rank()),
       size_(parts.control->size()),
+      devices_(parts.devices != nullptr ? parts.devices
+                                        : std::make_shared<device::DeviceRegistry>()),
       pipeline_(parts.stage, parts.ledger) {
   pipeline_.set_pipelined_copy(parts.pipelined_copy);
   cur_ = WorldComms();
@@ -233,6 +235,27 @@ bool Executor::JoinedIn(const Bucket& bucket) const {
          bucket.joined_ranks.end();
 }
 
+absl::Status Executor::NotRun(const absl::Status& s) {
+  HostPlane().Abort(s);
+  return s;
+}
+
+absl::StatusOr<BucketPlace> Executor::PlaceOf(const Bucket& bucket, const TensorEntry* own) {
+  // Note [Devices]: the bucket's tensors are on one device (the coordinator fuses no
+  // others); a rank that joined for all of them fills the identity on its last device of
+  // the type (or device 0).
+  DeviceRef where{bucket.device_type, 0};
+  if (own != nullptr) {
+    where = own->req.device;
+  } else if (auto last = last_device_.find(where.type); last != last_device_.end()) {
+    where = last->second;
+  }
+  last_device_[where.type] = where;
+  absl::StatusOr<device::Device*> found = devices_->Get(where);
+  if (!found.ok()) return NotRun(found.status());
+  return BucketPlace{*found, (*found)->work_stream(), parts_.device_timeout};
+}
+
 absl::Status Executor::RunAllReduce(const Bucket& bucket,
                                     const std::vector<TensorEntry*>& entries,
                                     Timeline* timeline) {
@@ -252,28 +275,16 @@ absl::Status Executor::RunAllReduce(const Bucket& bucket,
     if (!resolved.ok()) return resolved.status();
     method = *resolved;
   }
-  // Note [Devices]: the bucket's tensors are on one device (the coordinator fuses no
-  // others); a rank that joined for all of them fills the identity on its last device of
-  // the type (or device 0).
-  DeviceRef where{bucket.device_type, 0};
-  if (own != nullptr) where = own->req.device;
-  if (auto last = last_device_.find(where.type); own == nullptr && last != last_device_.end()) {
-    where = last->second;
-  }
-  last_device_[where.type] = where;
-  static const device::DeviceRegistry* const kHostOnly = new device::DeviceRegistry;
-  BRAID_ASSIGN_OR_RETURN(device::Device* const device,
-                         (parts_.devices != nullptr ? parts_.devices : kHostOnly)->Get(where));
-  BucketPlace place{device, /*stream=*/nullptr, parts_.device_timeout};
+  BRAID_ASSIGN_OR_RETURN(const BucketPlace place, PlaceOf(bucket, own));
   std::vector<AllReduceTensor> tensors;
   tensors.reserve(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     const TensorEntry* e = entries[i];
     if (e == nullptr) {
       if (i >= bucket.shapes.size()) {
-        return absl::InternalError(absl::StrCat("bucket ", bucket.id, ": no shape for '",
-                                                bucket.names[i], "', which rank ", rank_,
-                                                " joined without submitting"));
+        return NotRun(absl::InternalError(absl::StrCat("bucket ", bucket.id, ": no shape for '",
+                                                       bucket.names[i], "', which rank ", rank_,
+                                                       " joined without submitting")));
       }
       AllReduceTensor t{bucket.names[i], bucket.shapes[i], nullptr, nullptr};
       t.joined = true;  // the pipeline packs the op's identity
@@ -282,13 +293,17 @@ absl::Status Executor::RunAllReduce(const Bucket& bucket,
     }
     // The coordinator fuses only requests that agree on these; anything else is a bug there.
     if (e->method != method || e->req.dtype != dtype || e->req.op != op ||
-        e->req.device != where) {
-      return absl::InternalError(absl::StrCat("bucket ", bucket.id, " mixes '", own->req.name,
-                                              "' and '", e->req.name, "', which do not fuse"));
+        e->req.device != own->req.device) {
+      return NotRun(absl::InternalError(absl::StrCat(
+          "bucket ", bucket.id, " mixes '", own->req.name, "' and '", e->req.name,
+          "', which do not fuse")));
     }
     tensors.push_back({e->req.name, e->req.shape, e->req.input, e->req.output});
     // braid's work waits for the caller's stream to reach the point of the enqueue.
-    if (e->ready != nullptr) BRAID_RETURN_IF_ERROR(device->WaitEvent(place.stream, *e->ready));
+    if (e->ready != nullptr) {
+      absl::Status s = place.device->WaitEvent(place.stream, *e->ready);
+      if (!s.ok()) return NotRun(s);
+    }
   }
   return pipeline_.Run(bucket.id, *method, dtype, op, tensors, HostPlane(), timeline, place);
 }

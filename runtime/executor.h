@@ -46,7 +46,8 @@ class Executor {
     bool pipelined_copy = true;
     // Note [Devices] (device/device.h): the devices buckets' tensors are on, and the longest
     // wait for a device's work (BRAID_TIMEOUT_S).
-    const device::DeviceRegistry* devices = nullptr;
+    // Shared: the fusion buffers the executor keeps on those devices are freed through them.
+    std::shared_ptr<const device::DeviceRegistry> devices;
     absl::Duration device_timeout = absl::Seconds(60);
     // The timeline events go to now, or null (runtime_impl.h: Impl::timeline()).
     std::function<std::shared_ptr<Timeline>()> timeline;
@@ -90,6 +91,12 @@ class Executor {
 
  private:
   // `timeline`: where the pipeline records the bucket's phases, or null.
+  // `s`, after aborting the data plane with it: a bucket that fails on this rank before its
+  // collectives started leaves the peers inside them (Note [Allocation failure]).
+  absl::Status NotRun(const absl::Status& s);
+  // Where an all-reduce bucket's tensors are: `own` (this rank's first entry of it, null when
+  // it joined for all of them) says, else this rank's last device of the bucket's type.
+  absl::StatusOr<BucketPlace> PlaceOf(const Bucket& bucket, const TensorEntry* own);
   absl::Status RunAllReduce(const Bucket& bucket, const std::vector<TensorEntry*>& entries,
                             Timeline* timeline);
   absl::Status RunCollective(TensorEntry& e, const Bucket& bucket);
@@ -148,6 +155,8 @@ class Executor {
   absl::StatusOr<void*> OutputFor(TensorEntry& e, size_t bytes, std::vector<int64_t> shape,
                                   bool caller_sized);
 
+  // Declared before the pipeline, whose fusion buffers are freed through these devices.
+  std::shared_ptr<const device::DeviceRegistry> devices_;
   AllReducePipeline pipeline_;
   std::map<DeviceType, DeviceRef> last_device_;  // per type, the last a bucket of ours used
   mutable absl::Mutex mu_;  // a leaf

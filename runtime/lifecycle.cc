@@ -289,7 +289,7 @@ absl::Status Runtime::Impl::StartLoop(const proto::JobSettings& job) {
     ep.ledger = ledger_.get();
     ep.in_flight = &controller_;
     ep.pipelined_copy = config_.pipelined_copy;
-    ep.devices = devices_.get();
+    ep.devices = devices_;
     ep.device_timeout = config_.timeout;
     ep.timeline = [this] { return timeline(); };
     ep.process_set_ranks = [this](int32_t id) { return SetRanksOf(id); };

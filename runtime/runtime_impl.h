@@ -142,8 +142,8 @@ class Runtime::Impl {
   // rank; the set's size.
   absl::StatusOr<int> CheckProcessSet(const CollectiveRequest& r) const;
   // Note [Devices]: the request's device (null: host memory) and, for a device, the event
-  // at which its input is ready on the caller's stream. InvalidArgument for a bad device,
-  // FailedPrecondition for one this runtime cannot use, Unimplemented for a collective the
+  // at which its input is ready on the caller's stream. InvalidArgument for a bad device
+  // type or id, FailedPrecondition for a device this runtime cannot use or a collective its
   // device path does not run yet.
   absl::StatusOr<Accepted> AcceptDevice(const CollectiveRequest& r,
                                         const compression::CompressionMethod* method) const;

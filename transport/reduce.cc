@@ -24,7 +24,8 @@
 // Widening agrees with half.h on all 2^16 inputs and narrowing on all 2^32 (checked once by an
 // exhaustive harness; the unit tests cover every half pattern and the rounding ties). None of
 // it goes through subnormal floats, so FTZ/DAZ modes cannot change the results. A NaN input
-// gives the quiet NaN sign|0x7e00 (float16) or a quieted NaN (bfloat16), as in half.h.
+// gives a quieted NaN with the payload's top bits (float16: sign|0x7e00|payload >> 13, as
+// F16C's vcvtps2ph; bfloat16: the upper half, quieted), as in half.h.
 // On x86-64-v3 CPUs float16 goes through F16C instead (see CombineF16c), four times faster.
 
 #include "transport/reduce.h"
@@ -110,7 +111,8 @@ struct Float16 {
     base = FromBits((bias >> 1) + 0x07800000u) + base;
     const uint32_t bits = Bits(base);
     const uint32_t nonsign = ((bits >> 13) & 0x7c00u) + (bits & 0x0fffu);
-    return static_cast<uint16_t>((sign >> 16) | (two_w > 0xff000000u ? 0x7e00u : nonsign));
+    const uint32_t nan = 0x7e00u | ((w >> 13) & 0x3ffu);  // quieted, payload kept (F16C's)
+    return static_cast<uint16_t>((sign >> 16) | (two_w > 0xff000000u ? nan : nonsign));
   }
 };
 

@@ -27,7 +27,8 @@ int LaunchChunkScales(bool int4, const float* x, size_t n, size_t chunk, float* 
 // The codes of every chunk under its scale: Encode's bytes.
 int LaunchEncode4(bool int4, const float* x, size_t n, size_t chunk, const float* scales,
                   uint32_t seed, uint64_t index0, uint8_t* packed, void* stream);
-// out[i] = (add ? out[i] : 0) + the value of element i's code: Decode / DecodeAdd's values.
+// out[i] = the value of element i's code, or out[i] + that value when `add`: Decode's and
+// DecodeAdd's values.
 int LaunchDecode4(bool int4, const uint8_t* packed, size_t n, size_t chunk,
                   const float* scales, bool add, float* out, void* stream);
 

@@ -1,4 +1,6 @@
-// Radix select for the top-k (topk_kernels.h).
+// Radix select for the top-k, and the sparsifiers' gather, scatter and memory update
+// (topk_kernels.h). Compiled with --fmad=false: the memory update must round as the CPU's
+// (topk.cc's AddFilterAndClear, under fp-contract=off) does.
 #include <cuda_runtime.h>
 
 #include <cub/device/device_scan.cuh>
@@ -125,8 +127,26 @@ __global__ void GatherKernel(const float* x, const float* addend, const uint32_t
 }
 
 __global__ void ScatterKernel(const uint32_t* indices, const float* values, size_t k,
-                              float* out) {
-  BRAID_GRID_STRIDE(i, k) { out[indices[i]] = values[i]; }
+                              float divisor, bool add, float* out) {
+  BRAID_GRID_STRIDE(i, k) {
+    const float v = divisor == 1.0f ? values[i] : values[i] / divisor;
+    out[indices[i]] = add ? out[indices[i]] + v : v;
+  }
+}
+
+__global__ void AddFilterAndClearKernel(float* m, float* g, size_t n, float beta) {
+  const float keep = 1.0f - beta;
+  BRAID_GRID_STRIDE(i, n) {
+    const float p = g[i] + m[i];
+    m[i] = beta == 1.0f ? p : keep * m[i] + beta * (p - 0.0f);
+    g[i] = 0.0f;
+  }
+}
+
+__global__ void MemoryAtSentKernel(const uint32_t* indices, const float* saved, size_t k,
+                                   float beta, float* m) {
+  const float keep = 1.0f - beta, d = 0.0f;
+  BRAID_GRID_STRIDE(i, k) { m[indices[i]] = beta == 1.0f ? d : keep * saved[i] + beta * d; }
 }
 
 int Launched() { return static_cast<int>(cudaGetLastError()); }
@@ -178,11 +198,26 @@ int LaunchGather(const float* x, const float* addend, const uint32_t* indices, s
   return Launched();
 }
 
-int LaunchScatter(const uint32_t* indices, const float* values, size_t k, float* out,
-                  void* stream) {
+int LaunchScatter(const uint32_t* indices, const float* values, size_t k, float divisor,
+                  bool add, float* out, void* stream) {
   if (k == 0) return 0;
-  ScatterKernel<<<Blocks(k), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(indices, values,
-                                                                                k, out);
+  ScatterKernel<<<Blocks(k), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      indices, values, k, divisor, add, out);
+  return Launched();
+}
+
+int LaunchAddFilterAndClear(float* m, float* g, size_t n, float beta, void* stream) {
+  if (n == 0) return 0;
+  AddFilterAndClearKernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      m, g, n, beta);
+  return Launched();
+}
+
+int LaunchMemoryAtSent(const uint32_t* indices, const float* saved, size_t k, float beta,
+                       float* m, void* stream) {
+  if (k == 0) return 0;
+  MemoryAtSentKernel<<<Blocks(k), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      indices, saved, k, beta, m);
   return Launched();
 }
 

@@ -27,9 +27,17 @@ int LaunchTopK(const float* x, const float* addend, size_t n, size_t k, uint32_t
 // values[i] = x[indices[i]] (+ addend[indices[i]]), for i < k.
 int LaunchGather(const float* x, const float* addend, const uint32_t* indices, size_t k,
                  float* values, void* stream);
-// out[indices[i]] = values[i], for i < k.
-int LaunchScatter(const uint32_t* indices, const float* values, size_t k, float* out,
-                  void* stream);
+// out[indices[i]] = values[i] / divisor (add: +=), for i < k: SparseBucket::Scatter (a
+// division, not a reciprocal; none when divisor is 1).
+int LaunchScatter(const uint32_t* indices, const float* values, size_t k, float divisor,
+                  bool add, float* out, void* stream);
+// The sparsifiers' memory after a step (SparseBucket::UpdateMemoryAndClear, the CPU's
+// arithmetic, no fused multiply-add): saved[i] = m[indices[i]] first (LaunchGather), then
+// m = (1 − β)·m + β·(g + m) and g = 0 densely (topk.h's AddFilterAndClear; β = 1: m = g + m),
+// then at the sent indices m = (1 − β)·saved + β·0 (β = 1: 0).
+int LaunchAddFilterAndClear(float* m, float* g, size_t n, float beta, void* stream);
+int LaunchMemoryAtSent(const uint32_t* indices, const float* saved, size_t k, float beta,
+                       float* m, void* stream);
 
 }  // namespace braid::compression::cuda
 

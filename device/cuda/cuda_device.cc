@@ -24,23 +24,32 @@ absl::Status CudaError(int id, const char* what, cudaError_t e) {
                                         : absl::InternalError(message);
 }
 
-// Makes `id` the calling thread's current device for the guard's life.
+// Makes `id` the calling thread's current device for the guard's life; status() says when it
+// could not, and then nothing may run (it would run on another GPU).
 class ScopedDevice {
  public:
   explicit ScopedDevice(int id) {
-    if (cudaGetDevice(&previous_) != cudaSuccess || previous_ == id) {
-      previous_ = -1;
-    } else if (cudaSetDevice(id) != cudaSuccess) {
-      previous_ = -1;
+    cudaError_t e = cudaGetDevice(&previous_);
+    if (e == cudaSuccess && previous_ != id) e = cudaSetDevice(id);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      status_ = CudaError(id, "making it the current device", e);
     }
+    if (e != cudaSuccess || previous_ == id) previous_ = -1;
   }
   ~ScopedDevice() {
     if (previous_ >= 0) cudaSetDevice(previous_);
   }
+  const absl::Status& status() const { return status_; }
 
  private:
   int previous_ = -1;
+  absl::Status status_;
 };
+
+#define BRAID_ON_DEVICE(id)     \
+  ScopedDevice on_device(id);   \
+  if (!on_device.status().ok()) return on_device.status()
 
 class CudaEvent final : public Event {
  public:
@@ -74,7 +83,7 @@ class Cuda final : public Device {
   bool host_accessible() const override { return false; }
 
   absl::StatusOr<DeviceMemory> Allocate(size_t bytes, size_t alignment) override {
-    ScopedDevice on(id_);
+    BRAID_ON_DEVICE(id_);
     void* p = nullptr;  // cudaMalloc aligns to at least 256 bytes
     const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
     if (e != cudaSuccess) {
@@ -101,28 +110,30 @@ class Cuda final : public Device {
     std::array<char, 8> identity{};  // the host's value, one element of it
     absl::Status host = HostDevice().FillIdentity(identity.data(), 1, dtype, op, nullptr);
     if (!host.ok()) return host;
-    ScopedDevice on(id_);
+    BRAID_ON_DEVICE(id_);
     return Check("filling", cuda::LaunchFillPattern(dst, count, identity.data(),
                                                     DataTypeSize(dtype), s));
   }
   absl::Status Convert(void* dst, DataType to, const void* src, DataType from, size_t count,
                        Stream s) override {
     if (to == from) return Copy(dst, src, count * DataTypeSize(to), s);
-    ScopedDevice on(id_);
-    const int e = cuda::LaunchConvert(dst, to, src, from, count, s);
-    if (e == cudaErrorInvalidValue) {
+    const auto wide = [](DataType d) {
+      return d == DataType::kFloat16 || d == DataType::kBFloat16 || d == DataType::kFloat64;
+    };
+    if (!(to == DataType::kFloat32 && wide(from)) && !(from == DataType::kFloat32 && wide(to))) {
       return absl::InvalidArgumentError(absl::StrCat(
           "no conversion from ", DataTypeName(from), " to ", DataTypeName(to)));
     }
-    return Check("converting", e);
+    BRAID_ON_DEVICE(id_);
+    return Check("converting", cuda::LaunchConvert(dst, to, src, from, count, s));
   }
   absl::Status Reduce(void* inout, const void* in, size_t count, DataType dtype, ReduceOp op,
                       Stream s) override {
-    ScopedDevice on(id_);
+    BRAID_ON_DEVICE(id_);
     return Check("reducing", cuda::LaunchReduce(inout, in, count, dtype, op, s));
   }
   absl::StatusOr<std::unique_ptr<Event>> RecordEvent(Stream s) override {
-    ScopedDevice on(id_);
+    BRAID_ON_DEVICE(id_);
     cudaEvent_t e = nullptr;
     cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
     if (err != cudaSuccess) return CudaError(id_, "creating an event", err);
@@ -133,10 +144,28 @@ class Cuda final : public Device {
   }
   absl::Status WaitEvent(Stream s, Event& event) override {
     auto* e = dynamic_cast<CudaEvent*>(&event);
-    if (e == nullptr) return event.Wait(absl::InfiniteDuration());  // another device's
-    ScopedDevice on(id_);
+    if (e == nullptr) {  // another device's: only one that is done already (the host's)
+      return event.Wait(absl::ZeroDuration()).ok()
+                 ? absl::OkStatus()
+                 : absl::InvalidArgumentError(absl::StrCat(
+                       "cuda:", id_, ": cannot make a stream wait on another device's event"));
+    }
+    BRAID_ON_DEVICE(id_);
     const cudaError_t err = cudaStreamWaitEvent(static_cast<cudaStream_t>(s), e->get(), 0);
     return err == cudaSuccess ? absl::OkStatus() : CudaError(id_, "waiting for an event", err);
+  }
+  Stream work_stream() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (work_stream_ == nullptr) {
+      ScopedDevice on(id_);
+      // Null (the default stream) when it cannot be made: slower, never wrong.
+      if (!on.status().ok() ||
+          cudaStreamCreateWithFlags(&work_stream_, cudaStreamNonBlocking) != cudaSuccess) {
+        cudaGetLastError();
+        work_stream_ = nullptr;
+      }
+    }
+    return work_stream_;
   }
   absl::Status Synchronize(Stream s, absl::Duration timeout) override {
     absl::StatusOr<std::unique_ptr<Event>> e = RecordEvent(s);
@@ -148,15 +177,19 @@ class Cuda final : public Device {
   absl::Status Memcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, Stream s,
                       const char* what) {
     if (bytes == 0 || dst == src) return absl::OkStatus();
-    ScopedDevice on(id_);
+    BRAID_ON_DEVICE(id_);
     const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, static_cast<cudaStream_t>(s));
     return e == cudaSuccess ? absl::OkStatus() : CudaError(id_, what, e);
   }
+  // The error of a launch (cudaGetLastError: it may be an earlier asynchronous failure of
+  // this device, which is as fatal).
   absl::Status Check(const char* what, int e) const {
     return e == 0 ? absl::OkStatus() : CudaError(id_, what, static_cast<cudaError_t>(e));
   }
 
   int id_;
+  std::mutex mu_;
+  cudaStream_t work_stream_ = nullptr;  // never destroyed, as the device
 };
 
 }  // namespace

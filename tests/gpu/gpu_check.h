@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
+
 namespace braid {
 
 inline int g_failures = 0;
@@ -64,8 +66,10 @@ inline std::vector<float> Values(size_t n, uint32_t seed, bool finite) {
   const float edges[] = {0.0f, -0.0f, 1e-45f, -3e-39f, 65504.0f, 65520.0f, 6e-8f, 1e30f};
   for (size_t i = 0; i < n; i += 97) v[i] = edges[(i / 97) % 8];
   if (!finite && n > 300) {
+    const uint32_t payload_nans[] = {0x7fa00000u, 0xffc12345u, 0x7f800001u};
     v[n / 3] = std::nanf("");
     v[n / 2] = INFINITY;
+    for (int j = 0; j < 3; ++j) std::memcpy(&v[n / 5 + 11 * j], &payload_nans[j], 4);
   }
   return v;
 }
@@ -94,6 +98,36 @@ inline double Time(const std::function<void()>& fn) {
   t.erase(t.begin());
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// Bit for bit, except that two NaNs match whatever their payloads: a GPU's arithmetic on a
+// NaN gives the canonical NaN where x86 keeps the operand's payload (both keep which elements
+// are NaN). For the results of arithmetic; shared integer code (half.h's conversions, the
+// codes and scales) is compared with SameBits.
+inline bool IsNaN(DataType dtype, const char* p) {
+  switch (dtype) {
+    case DataType::kFloat32: { float v; std::memcpy(&v, p, 4); return std::isnan(v); }
+    case DataType::kFloat64: { double v; std::memcpy(&v, p, 8); return std::isnan(v); }
+    case DataType::kFloat16: { uint16_t h; std::memcpy(&h, p, 2); return (h & 0x7fff) > 0x7c00; }
+    case DataType::kBFloat16: { uint16_t h; std::memcpy(&h, p, 2); return (h & 0x7fff) > 0x7f80; }
+    default: return false;
+  }
+}
+inline bool SameOrNaN(DataType dtype, const void* a, const void* b, size_t n, std::string* where) {
+  const size_t size = DataTypeSize(dtype);
+  for (size_t i = 0; i < n; ++i) {
+    const char* x = static_cast<const char*>(a) + i * size;
+    const char* y = static_cast<const char*>(b) + i * size;
+    if (std::memcmp(x, y, size) != 0 && !(IsNaN(dtype, x) && IsNaN(dtype, y))) {
+      *where = "first difference at element " + std::to_string(i);
+      return false;
+    }
+  }
+  return true;
+}
+inline bool SameOrNaN(const std::vector<float>& a, const std::vector<float>& b,
+                      std::string* where) {
+  return a.size() == b.size() && SameOrNaN(DataType::kFloat32, a.data(), b.data(), a.size(), where);
 }
 
 // The checks of PowerSGD's kernels and its compression time (gpu_check_powersgd.cc).

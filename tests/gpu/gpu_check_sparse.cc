@@ -31,7 +31,7 @@ void CheckTopKCase(const std::vector<float>& x, const std::vector<float>* addend
   float* values = ToDevice(std::vector<float>(kk + 1));
   float* out = ToDevice(std::vector<float>(x.size(), 0.0f));
   k::LaunchGather(dx, da, idx, want.size(), values, nullptr);
-  k::LaunchScatter(idx, values, want.size(), out, nullptr);
+  k::LaunchScatter(idx, values, want.size(), 1.0f, /*add=*/false, out, nullptr);
   std::vector<float> expect(x.size(), 0.0f);
   for (uint32_t i : want) expect[i] = addend ? x[i] + (*addend)[i] : x[i];
   Report(SameBits(ToHost(out, x.size()), expect, &where), name + ", gathered and scattered",
@@ -43,9 +43,46 @@ void CheckTopKCase(const std::vector<float>& x, const std::vector<float>* addend
   }
 }
 
+// The memory after a step (SparseBucket::UpdateMemoryAndClear's arithmetic) and a scatter
+// that divides and adds, against the CPU's, bit for bit, for β = 1 and β = 0.1.
+void CheckMemoryUpdate() {
+  const size_t n = 100003;
+  const std::vector<float> g = Values(n, 61, true), m = Values(n, 62, true);
+  std::vector<uint32_t> sent;
+  for (uint32_t i = 5; i < n; i += 97) sent.push_back(i);
+  for (float beta : {1.0f, 0.1f}) {
+    std::vector<float> cm = m, cg = g, saved;
+    for (uint32_t i : sent) saved.push_back(cm[i]);
+    compression::AddFilterAndClear(cm.data(), cg.data(), n, beta);
+    const float keep = 1.0f - beta;
+    for (size_t i = 0; i < sent.size(); ++i) {
+      cm[sent[i]] = beta == 1.0f ? 0.0f : keep * saved[i] + beta * 0.0f;
+    }
+    float *dm = ToDevice(m), *dg = ToDevice(g), *dsaved = ToDevice(std::vector<float>(sent.size()));
+    uint32_t* didx = ToDevice(sent);
+    k::LaunchGather(dm, nullptr, didx, sent.size(), dsaved, nullptr);
+    k::LaunchAddFilterAndClear(dm, dg, n, beta, nullptr);
+    k::LaunchMemoryAtSent(didx, dsaved, sent.size(), beta, dm, nullptr);
+    std::string where;
+    Report(SameBits(ToHost(dm, n), cm, &where) && SameBits(ToHost(dg, n), cg, &where),
+           "sparse memory update, beta " + std::to_string(beta), where);
+    // values / 3 added at the sent indices.
+    std::vector<float> add_to = g;
+    for (size_t i = 0; i < sent.size(); ++i) add_to[sent[i]] += saved[i] / 3.0f;
+    CUDA_OK(cudaMemcpy(dg, g.data(), n * 4, cudaMemcpyHostToDevice));
+    k::LaunchScatter(didx, dsaved, sent.size(), 3.0f, /*add=*/true, dg, nullptr);
+    Report(SameBits(ToHost(dg, n), add_to, &where), "sparse scatter, divided and added", where);
+    for (void* d : {static_cast<void*>(dm), static_cast<void*>(dg), static_cast<void*>(dsaved),
+                    static_cast<void*>(didx)}) {
+      cudaFree(d);
+    }
+  }
+}
+
 }  // namespace
 
 void CheckTopK() {
+  CheckMemoryUpdate();
   const size_t n = 1000003;
   std::vector<float> x = Values(n, 51, true), addend = Values(n, 52, true);
   for (size_t i = 0; i < n; i += 3) x[i] = (i % 7) * 0.5f;  // many ties at every magnitude

@@ -437,6 +437,32 @@ TEST(WidenNarrow, EveryPatternAgainstHalfH) {
   EXPECT_FALSE(AccumulatesInFloat32(DataType::kFloat32, ReduceOp::kSum));
 }
 
+// A NaN narrows to the same float16 bits on every path: the scalar reference (half.h), the
+// portable kernel and F16C's vcvtps2ph (used on x86-64-v3 for blocks of 8, the scalar code
+// for the tail) all quiet it and keep its payload's top bits, as the GPU kernels, which
+// share half.h, do. 17 elements: two vector blocks and a tail, each holding every NaN.
+TEST(WidenNarrow, NaNPayloadsNarrowAlikeOnEveryPath) {
+  const uint32_t nans[] = {0x7fa00000u, 0x7fffe000u, 0xffc12345u, 0x7f800001u, 0x7fc00000u};
+  std::vector<float> f(17);
+  for (size_t i = 0; i < f.size(); ++i) {
+    const uint32_t b = nans[i % 5];
+    std::memcpy(&f[i], &b, 4);
+  }
+  EXPECT_EQ(FloatToFloat16(f[0]), 0x7f00);  // 0x7fa00000: quieted, payload bit kept
+  EXPECT_EQ(FloatToFloat16(f[1]), 0x7fff);
+  EXPECT_EQ(FloatToFloat16(f[2]), 0xfe09);  // sign kept, payload's top 9 bits
+  std::vector<uint16_t> h(f.size());
+  NarrowFromFloat32(h.data(), f.data(), f.size(), DataType::kFloat16);
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(h[i], FloatToFloat16(f[i])) << i;
+  // Through a reduction of NaNs with ones (max keeps the NaN of `a`), F16C or not.
+  std::vector<uint16_t> a(f.size()), ones(f.size(), 0x3c00), out(f.size());
+  for (size_t i = 0; i < f.size(); ++i) a[i] = FloatToFloat16(f[i]);
+  Reduce3(out.data(), a.data(), ones.data(), out.size(), DataType::kFloat16, ReduceOp::kSum);
+  for (size_t i = 0; i < f.size(); ++i) {
+    EXPECT_EQ(out[i], FloatToFloat16(Float16ToFloat(a[i]) + 1.0f)) << i;
+  }
+}
+
 TEST(ReduceKnownValues, ZeroCountTouchesNothing) {
   ReduceInto(nullptr, nullptr, 0, DataType::kFloat32, ReduceOp::kSum);
   Reduce3(nullptr, nullptr, nullptr, 0, DataType::kFloat16, ReduceOp::kMax);

@@ -61,7 +61,8 @@ typedef enum braid_error {
   BRAID_DEADLINE_EXCEEDED = 4,    /* a wait's timeout passed, or a collective stalled */
   BRAID_ALREADY_EXISTS = 6,       /* a collective with this name is in flight on this rank;
                                      a process set with these ranks exists */
-  BRAID_FAILED_PRECONDITION = 9,  /* not initialized, or already shut down */
+  BRAID_FAILED_PRECONDITION = 9,  /* not initialized, or already shut down; a device this
+                                     library cannot use (see device_type) */
   BRAID_INTERNAL = 13,            /* a bug in braid or its transports */
   BRAID_UNAVAILABLE = 14          /* a peer rank or the coordinator was lost */
 } braid_error;
@@ -168,11 +169,14 @@ typedef struct braid_allreduce_opts {
                                BRAID_INVALID_ARGUMENT. Copied at enqueue time. */
   int32_t process_set_id;   /* the process set that runs it: 0 = the whole world (default),
                                else an id from braid_add_process_set (see "Process sets") */
-  /* Where the buffers are (added in 0.2; all zero by default: host memory). A device other
-     than the CPU must be one this libbraid_c can use, else BRAID_FAILED_PRECONDITION naming
-     why (not built with CUDA; CUDA not yet verified on a GPU: see the README). Every rank
-     uses the same device type for a tensor (else BRAID_INVALID_ARGUMENT on every rank); the
-     id is this rank's own (rank r on GPU r is usual). */
+  /* Where the buffers are (fields added after the first release of this header, so a caller
+     built against it passes a smaller struct_size and gets host memory; all zero by default:
+     host memory). A device other than the CPU must be one this libbraid_c can use, else
+     BRAID_FAILED_PRECONDITION naming why (not built with CUDA; CUDA not yet verified on a
+     GPU; no GPU data plane yet: docs/gpu.md); an unknown device_type or a negative id (or a
+     CPU id other than 0) is BRAID_INVALID_ARGUMENT. Every rank uses the same device type for
+     a tensor (else BRAID_INVALID_ARGUMENT on every rank); the id is this rank's own (rank r
+     on GPU r is usual). */
   void* stream;            /* the caller's stream on the device (a cudaStream_t); braid's work
                               waits for what was queued on it before the call. NULL: the
                               device's default stream */
