@@ -13,9 +13,9 @@ namespace braid::coordinator {
 NegotiationTable::NegotiationTable(int world_size, int64_t fusion_threshold_bytes,
                                    int cache_capacity)
     : cache_capacity_(cache_capacity),
-      sets_(world_size),
       world_size_(world_size),
-      fusion_threshold_(fusion_threshold_bytes) {}
+      fusion_threshold_(fusion_threshold_bytes),
+      sets_(world_size) {}
 
 std::vector<int32_t> NegotiationTable::TakeEvictions(int64_t sequence) {
   std::vector<int32_t> out;
