@@ -21,6 +21,9 @@ class TestDevice : public device::Device {
 
   // Every Allocate fails (ResourceExhausted) while set.
   std::atomic<bool> fail_allocations{false};
+  // What host_accessible() says (false: as a real GPU's memory, which the host data plane
+  // cannot carry).
+  std::atomic<bool> readable_from_host{true};
   // What it was asked to do.
   std::atomic<int64_t> allocations{0};
   std::atomic<int64_t> failed_allocations{0};
@@ -35,7 +38,7 @@ class TestDevice : public device::Device {
   int64_t moved_bytes() const { return copied_bytes + converted_bytes + filled_bytes; }
 
   DeviceRef ref() const override { return ref_; }
-  bool host_accessible() const override { return true; }
+  bool host_accessible() const override { return readable_from_host; }
   absl::StatusOr<device::DeviceMemory> Allocate(size_t bytes, size_t alignment) override {
     if (fail_allocations) {
       ++failed_allocations;

@@ -223,6 +223,30 @@ TEST(DevicePathTest, ADeviceTheRuntimeLacksIsRefusedOnEveryRank) {
   for (const absl::Status& s : world.Shutdown()) EXPECT_TRUE(s.ok()) << s;
 }
 
+// A device whose memory the host cannot read (a real GPU's) needs a device data plane, which
+// braid does not have yet: refused at enqueue on every rank, saying so, and the job goes on.
+TEST(DevicePathTest, ADeviceWithoutADataPlaneIsRefusedAtEnqueueOnEveryRank) {
+  Devices devices(2);
+  for (auto& gpu : devices.gpus) gpu->readable_from_host = false;
+  RuntimeWorld world(devices.World());
+  ASSERT_TRUE(world.InitOk());
+  world.Run([&](int rank, Runtime& rt) {
+    std::vector<float> in(4, 1.0f), out(4, -1.0f);
+    auto h = rt.Enqueue(AllReduce("gpu", in, out, Cuda(rank)));
+    const absl::Status s = h.ok() ? (*h)->Wait(absl::Seconds(10)) : h.status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << "rank " << rank << ": " << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "braid has no data plane for cuda memory yet"))
+        << s;
+    EXPECT_EQ(out, std::vector<float>(4, -1.0f)) << "untouched";
+    EXPECT_EQ(devices.gpus[rank]->moved_bytes(), 0);
+    auto host = rt.Enqueue(AllReduce("cpu", in, out, kCpu));
+    ASSERT_TRUE(host.ok());
+    EXPECT_TRUE((*host)->Wait(absl::Seconds(30)).ok()) << "rank " << rank;
+    EXPECT_EQ(out, std::vector<float>(4, 2.0f));
+  });
+  for (const absl::Status& s : world.Shutdown()) EXPECT_TRUE(s.ok()) << s;
+}
+
 // An all-gather's result, whose size only the collective knows, goes where the caller's
 // allocator puts it (a framework's tensor on its device), never into a host vector of the
 // handle's: the allocator sees the result's bytes and shape.
