@@ -132,6 +132,12 @@ class Device {
   virtual Stream work_stream() { return nullptr; }
 };
 
+// Whether Device::Convert takes the pair: equal dtypes, or float32 from or to float16,
+// bfloat16 and float64. Every implementation refuses the others with the same
+// InvalidArgument ("no conversion from X to Y").
+bool Converts(DataType to, DataType from);
+absl::Status NoConversion(DataType to, DataType from);
+
 // Host memory (DeviceType::kCPU): every call runs at once on the calling thread.
 Device& HostDevice();
 

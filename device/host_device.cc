@@ -48,10 +48,6 @@ void FromFloat32(const float* in, DataType dtype, size_t n, void* out) {
   }
 }
 
-bool ConvertsWithFloat32(DataType d) {
-  return d == DataType::kFloat16 || d == DataType::kBFloat16 || d == DataType::kFloat64;
-}
-
 class Host final : public Device {
  public:
   DeviceRef ref() const override { return DeviceRef{}; }
@@ -83,14 +79,12 @@ class Host final : public Device {
                             Stream) override;
   absl::Status Convert(void* dst, DataType to, const void* src, DataType from, size_t count,
                        Stream stream) override {
+    if (!Converts(to, from)) return NoConversion(to, from);
     if (to == from) return Copy(dst, src, count * DataTypeSize(to), stream);
-    if (to == DataType::kFloat32 && ConvertsWithFloat32(from)) {
+    if (to == DataType::kFloat32) {
       ToFloat32(src, from, count, static_cast<float*>(dst));
-    } else if (from == DataType::kFloat32 && ConvertsWithFloat32(to)) {
-      FromFloat32(static_cast<const float*>(src), to, count, dst);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "no conversion from ", DataTypeName(from), " to ", DataTypeName(to)));
+      FromFloat32(static_cast<const float*>(src), to, count, dst);
     }
     return absl::OkStatus();
   }
@@ -144,6 +138,19 @@ absl::Status Host::FillIdentity(void* out, size_t n, DataType dtype, ReduceOp op
 }
 
 }  // namespace
+
+bool Converts(DataType to, DataType from) {
+  const auto wide = [](DataType d) {
+    return d == DataType::kFloat16 || d == DataType::kBFloat16 || d == DataType::kFloat64;
+  };
+  return to == from || (to == DataType::kFloat32 && wide(from)) ||
+         (from == DataType::kFloat32 && wide(to));
+}
+
+absl::Status NoConversion(DataType to, DataType from) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("no conversion from ", DataTypeName(from), " to ", DataTypeName(to)));
+}
 
 Device& HostDevice() {
   static Host* host = new Host;  // never destroyed: outlives every static user

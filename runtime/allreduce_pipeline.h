@@ -141,9 +141,8 @@ class AllReducePipeline {
   // `place`'s device, whose interface does every copy, conversion, fill and allocation of
   // the pipeline (Note [Devices]); the compressor then reads the memory from the host, so
   // the device must be host_accessible() (the CUDA compressors are the device's own). On
-  // success every
-  // output holds the result and the bucket's bytes are booked; on error the outputs'
-  // contents are unspecified. Errors: the stage's, the compressor's, the communicator's;
+  // success every output holds the result and the bucket's bytes are booked; on error the
+  // outputs' contents are unspecified. Errors: the stage's, the compressor's, the communicator's;
   // InvalidArgument naming the tensor for a shape ShapeElements refuses (common/limits.h);
   // ResourceExhausted naming the bucket when the fusion buffer cannot grow (Note
   // [Allocation failure]: `comm` is aborted with it, as with any other error of the device

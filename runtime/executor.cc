@@ -319,20 +319,18 @@ absl::Status Executor::RunJoined(const Bucket& bucket) {
 absl::StatusOr<void*> Executor::OutputFor(TensorEntry& e, size_t bytes,
                                           std::vector<int64_t> shape, bool caller_sized) {
   const CollectiveRequest& r = e.req;
+  absl::StatusOr<void*> allocated = nullptr;
   if (r.allocate_output) {
-    absl::StatusOr<void*> out = r.allocate_output(bytes, shape);
-    if (!out.ok() || (*out == nullptr && bytes > 0)) {
-      const absl::Status s = absl::ResourceExhaustedError(absl::StrCat(
+    allocated = r.allocate_output(bytes, shape);
+    if (!allocated.ok() || (*allocated == nullptr && bytes > 0)) {
+      return NotRun(absl::ResourceExhaustedError(absl::StrCat(
           CollectiveName(r.collective), " '", r.name, "' on rank ", rank_,
           ": its output allocator failed for ", bytes, " bytes: ",
-          out.ok() ? "it returned null" : out.status().message()));
-      HostPlane().Abort(s);  // Note [Allocation failure]: the peers are in the collective
-      return s;
+          allocated.ok() ? "it returned null" : allocated.status().message())));
     }
-    e.handle->set_output_shape(std::move(shape));
-    return *out;
   }
   e.handle->set_output_shape(std::move(shape));
+  if (r.allocate_output) return *allocated;
   if (r.output != nullptr && (caller_sized || r.output_capacity_bytes >= bytes)) return r.output;
   e.handle->mutable_output().resize(bytes);
   return e.handle->mutable_output().data();

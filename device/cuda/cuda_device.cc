@@ -116,14 +116,8 @@ class Cuda final : public Device {
   }
   absl::Status Convert(void* dst, DataType to, const void* src, DataType from, size_t count,
                        Stream s) override {
+    if (!Converts(to, from)) return NoConversion(to, from);
     if (to == from) return Copy(dst, src, count * DataTypeSize(to), s);
-    const auto wide = [](DataType d) {
-      return d == DataType::kFloat16 || d == DataType::kBFloat16 || d == DataType::kFloat64;
-    };
-    if (!(to == DataType::kFloat32 && wide(from)) && !(from == DataType::kFloat32 && wide(to))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "no conversion from ", DataTypeName(from), " to ", DataTypeName(to)));
-    }
     BRAID_ON_DEVICE(id_);
     return Check("converting", cuda::LaunchConvert(dst, to, src, from, count, s));
   }

@@ -160,7 +160,6 @@ void CheckDeviceInterface() {
   auto got = device::CudaDevice(0, /*allow_unverified=*/true);
   if (!got.ok()) return Report(false, "cuda device 0", std::string(got.status().message()));
   device::Device& gpu = **got;
-  device::Device& host = device::HostDevice();
   const size_t n = 10007;
   const std::vector<float> x = Values(n, 3, /*finite=*/false), y = Values(n, 4, false);
   auto a = gpu.Allocate(n * 8, 64), b = gpu.Allocate(n * 8, 64);
