@@ -10,7 +10,8 @@
 //
 // A Compressor is created per canonical spec string (see registry.h) and keeps per-tensor
 // state (error-feedback residuals, PowerSGD factors, ...) keyed by tensor name, so state
-// persists across steps. It belongs to the runtime's background thread: not thread-safe.
+// persists across steps, on the tensor's device (Note [Compression state on the device],
+// state_array.h). It belongs to the runtime's background thread: not thread-safe.
 #ifndef BRAID_COMPRESSION_COMPRESSOR_H_
 #define BRAID_COMPRESSION_COMPRESSOR_H_
 
@@ -24,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
+#include "device/device.h"
 #include "transport/communicator.h"
 
 namespace braid::compression {
@@ -67,7 +69,21 @@ struct StepContext {
   // Filled by Reduce: bytes of the compressed representation this rank contributed for each
   // tensor (payload bytes: runtime/statistics.h), in the order of `tensors`.
   absl::Span<uint64_t> payload_bytes;
+  // The device of the bucket's tensors, where the compressor keeps their state (Note
+  // [Compression state on the device], state_array.h); the stage lets a compressor see only
+  // devices whose memory the host can read. Never null.
+  device::Device* device = &device::HostDevice();
 };
+
+// For a failure of this rank alone before a bucket's collectives (placing its state on the
+// device): its peers are in those collectives already and fail at the data plane's timeout;
+// this rank's communicator is aborted with `s`, so none of its later collectives pairs with
+// theirs for this bucket (Note [Allocation failure], runtime/allreduce_pipeline.h, as for a
+// fusion buffer that cannot grow). Returns `s`; does nothing when it is OK.
+inline absl::Status FailBeforeCollectives(transport::Communicator& comm, absl::Status s) {
+  if (!s.ok()) comm.Abort(s);
+  return s;
+}
 
 // One fact about a tensor's state that every rank holds alike after every step (PowerSGD's
 // matrix shape and its Q; the length of an error-feedback residual, whose values differ by
@@ -108,11 +124,13 @@ class Compressor {
   virtual void Reset(absl::string_view name) {}
 
   // Checkpointing. SaveState appends the per-tensor state this compressor keeps across steps
-  // (error-feedback residuals, PowerSGD's Q, ...) to `out` in the method's own versioned
-  // format (documented with the method), so that LoadState into a fresh compressor of the
-  // same spec continues bit-identically. Methods that keep no state append nothing.
+  // (error-feedback residuals, PowerSGD's Q, ...), copied to the host from its device, to
+  // `out` in the method's own versioned format (documented with the method), so that
+  // LoadState into a fresh compressor of the same spec continues bit-identically. Methods
+  // that keep no state append nothing. Errors: a device's, copying; then `out` is unchanged.
   virtual absl::Status SaveState(std::string* out) const { return absl::OkStatus(); }
-  // Replaces every tensor's state by `state` (what SaveState wrote). InvalidArgument when it
+  // Replaces every tensor's state by `state` (what SaveState wrote), in host memory until a
+  // step moves it to its tensor's device. InvalidArgument when it
   // is malformed or not this method's (refused by its declared sizes before anything is
   // allocated for them); then the state is unchanged. The default accepts only an empty state.
   virtual absl::Status LoadState(absl::string_view state) {

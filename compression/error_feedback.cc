@@ -4,31 +4,61 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "compression/state_io.h"
 #include "glog/logging.h"
 
 namespace braid::compression {
 
-std::vector<float>& ErrorFeedback::Slot(absl::string_view name, size_t count) {
+absl::StatusOr<StateArray*> ErrorFeedback::Prepare(absl::string_view name, size_t count) {
   auto it = residuals_.find(name);
-  if (it == residuals_.end()) {
-    it = residuals_.emplace(std::string(name), std::vector<float>(count, 0.0f)).first;
-  } else if (it->second.size() != count) {
+  if (it != residuals_.end() && it->second.size() == count) {
+    BRAID_RETURN_IF_ERROR(it->second.MoveTo(*device_));
+    return &it->second;
+  }
+  if (it != residuals_.end()) {
     LOG(WARNING) << "tensor '" << name << "' changed size from " << it->second.size() << " to "
                  << count << " elements: its error-feedback residual starts again from zero";
-    it->second.assign(count, 0.0f);
   }
-  return it->second;
+  auto zeros = StateArray::Zeros(*device_, count);
+  if (!zeros.ok()) {
+    return absl::Status(zeros.status().code(),
+                        absl::StrCat("tensor '", name, "': its error-feedback residual: ",
+                                     zeros.status().message()));
+  }
+  if (it == residuals_.end()) it = residuals_.emplace(std::string(name), StateArray()).first;
+  it->second = std::move(*zeros);
+  return &it->second;
+}
+
+absl::Status ErrorFeedback::Place(device::Device& device,
+                                  absl::Span<const TensorView> tensors) {
+  device_ = &device;
+  for (const TensorView& t : tensors) {
+    absl::StatusOr<StateArray*> placed = Prepare(t.name, t.count);
+    if (!placed.ok()) return placed.status();
+  }
+  return absl::OkStatus();
+}
+
+StateArray& ErrorFeedback::Slot(absl::string_view name, size_t count) {
+  auto it = residuals_.find(name);
+  if (it != residuals_.end() && it->second.size() == count && it->second.device() == device_) {
+    return it->second;  // placed
+  }
+  absl::StatusOr<StateArray*> prepared = Prepare(name, count);
+  CHECK(prepared.ok()) << prepared.status();
+  return **prepared;
 }
 
 void ErrorFeedback::Apply(absl::string_view name, float* g, size_t count) {
-  const std::vector<float>& e = Slot(name, count);
+  const float* e = Slot(name, count).data();
   for (size_t i = 0; i < count; ++i) g[i] += e[i];
 }
 
 void ErrorFeedback::Update(absl::string_view name, const float* p, const float* sent,
                            size_t count) {
-  std::vector<float>& e = Slot(name, count);
+  float* e = Slot(name, count).data();
   const float keep = 1.0f - beta_;
   size_t nonfinite = 0;
   for (size_t i = 0; i < count; ++i) {
@@ -48,10 +78,12 @@ void ErrorFeedback::Update(absl::string_view name, const float* p, const float* 
   }
 }
 
-const std::vector<float>& ErrorFeedback::residual(absl::string_view name) const {
-  static const std::vector<float> kEmpty;
+std::vector<float> ErrorFeedback::residual(absl::string_view name) const {
   auto it = residuals_.find(name);
-  return it == residuals_.end() ? kEmpty : it->second;
+  if (it == residuals_.end()) return {};
+  absl::StatusOr<std::vector<float>> host = it->second.ToHost();
+  CHECK(host.ok()) << "tensor '" << name << "': error-feedback residual: " << host.status();
+  return *std::move(host);
 }
 
 void ErrorFeedback::Reset(absl::string_view name) {
@@ -66,15 +98,24 @@ constexpr uint32_t kVersion = 1;
 constexpr size_t kMinTensorBytes = 2 * sizeof(uint64_t);
 }  // namespace
 
-void ErrorFeedback::Save(std::string* out) const {
-  StateWriter w(out);
+absl::Status ErrorFeedback::Save(std::string* out) const {
+  std::string saved;
+  StateWriter w(&saved);
   w.Bytes(kMagic, sizeof kMagic);
   w.U32(kVersion);
   w.U32(static_cast<uint32_t>(residuals_.size()));
   for (const auto& [name, e] : residuals_) {
+    absl::StatusOr<std::vector<float>> host = e.ToHost();
+    if (!host.ok()) {
+      return absl::Status(host.status().code(),
+                          absl::StrCat("tensor '", name, "': copying its error-feedback "
+                                       "residual to the host: ", host.status().message()));
+    }
     w.String(name);
-    w.Floats(e);
+    w.Floats(*host);
   }
+  out->append(saved);
+  return absl::OkStatus();
 }
 
 absl::Status ErrorFeedback::Load(absl::string_view state, absl::string_view what) {
@@ -86,7 +127,7 @@ absl::Status ErrorFeedback::Load(absl::string_view state, absl::string_view what
   in.Check(version == kVersion,
            absl::StrCat("version ", version, ", this braid reads version ", kVersion));
   const uint32_t count = in.Count("tensor count", kMinTensorBytes);
-  std::map<std::string, std::vector<float>, std::less<>> loaded;
+  std::map<std::string, StateArray, std::less<>> loaded;
   for (uint32_t i = 0; i < count && in.status().ok(); ++i) {
     std::string name = in.String("tensor name");
     std::vector<float> e = in.Floats(absl::StrCat("tensor '", name, "': residual"));
@@ -95,7 +136,11 @@ absl::Status ErrorFeedback::Load(absl::string_view state, absl::string_view what
     for (float v : e) finite &= std::isfinite(v);
     in.Check(finite, absl::StrCat("tensor '", name, "': non-finite residual values"));
     in.Check(loaded.count(name) == 0, absl::StrCat("tensor '", name, "' appears twice"));
-    loaded.emplace(std::move(name), std::move(e));
+    if (!in.status().ok()) break;
+    // In host memory until Place moves it to its tensor's device.
+    absl::StatusOr<StateArray> host = StateArray::FromHost(device::HostDevice(), e);
+    if (!host.ok()) return host.status();
+    loaded.emplace(std::move(name), *std::move(host));
   }
   in.Check(in.done(), "bytes left over after the last tensor");
   if (!in.status().ok()) return in.status();

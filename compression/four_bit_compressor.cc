@@ -3,6 +3,7 @@
 #include <cstring>
 #include "absl/strings/string_view.h"
 
+#include "common/status_macros.h"
 #include "compression/error_feedback.h"
 #include "compression/four_bit.h"
 #include "compression/methods.h"
@@ -87,8 +88,7 @@ class FourBitCompressor : public Compressor {
   // With ef=1 the residuals (error_feedback.h's format); without, nothing: the stochastic
   // rounding streams follow the stage's step counters.
   absl::Status SaveState(std::string* out) const override {
-    if (o_.error_feedback) ef_.Save(out);
-    return absl::OkStatus();
+    return o_.error_feedback ? ef_.Save(out) : absl::OkStatus();
   }
   absl::Status LoadState(absl::string_view state) override {
     if (!o_.error_feedback) return Compressor::LoadState(state);
@@ -105,6 +105,9 @@ class FourBitCompressor : public Compressor {
   absl::Status Reduce(absl::Span<const TensorView> tensors, transport::Communicator& comm,
                       StepContext& ctx) override {
     const int n = comm.size(), rank = comm.rank();
+    if (o_.error_feedback) {
+      BRAID_RETURN_IF_ERROR(FailBeforeCollectives(comm, ef_.Place(*ctx.device, tensors)));
+    }
     counts_.clear();
     for (const TensorView& t : tensors) counts_.push_back(t.count);
     const FourBitLayout L = PlanFourBit(counts_, o_.chunk, n);

@@ -17,6 +17,7 @@
 #include "compression/methods.h"
 #include "compression/powersgd.h"
 #include "compression/quantize.h"
+#include "compression/state_array.h"
 #include "compression/state_io.h"
 #include "glog/logging.h"
 
@@ -139,6 +140,7 @@ class PowerSgdCompressor : public Compressor {
                       StepContext& ctx) override {
     const int world = comm.size();
     BRAID_ASSIGN_OR_RETURN(const size_t flags, Layout(tensors, ctx, world));
+    BRAID_RETURN_IF_ERROR(FailBeforeCollectives(comm, PlaceStates(tensors, *ctx.device)));
     const bool local_ok = Compress(tensors, ctx);
     p_buf_[flags + comm.rank()] = local_ok ? 0.0f : 1.0f;
     // All-reduce #1: every P, every uncompressed tensor and the ranks' non-finite flags.
@@ -165,9 +167,11 @@ class PowerSgdCompressor : public Compressor {
   struct TensorState {
     int64_t rows = 0, cols = 0;
     int rank = 0;
-    bool has_q = false;           // q holds last step's Q̂ (warm start), or a loaded one
-    std::vector<float> q;         // cols × rank, row-major
-    std::vector<float> residual;  // rows × cols, row-major (ef=1)
+    bool has_q = false;  // q holds last step's Q̂ (warm start), or a loaded one
+    // On the tensor's device (Note [Compression state on the device]) once placed; a loaded
+    // state's on the host until then, its arrays empty where the checkpoint had none.
+    StateArray q;         // cols × rank, row-major
+    StateArray residual;  // rows × cols, row-major (ef=1)
   };
   // One tensor of the bucket being reduced.
   struct Item {
@@ -180,6 +184,7 @@ class PowerSgdCompressor : public Compressor {
   absl::StatusOr<size_t> Layout(absl::Span<const TensorView> tensors, StepContext& ctx,
                                 int world);
   TensorState& StateFor(absl::string_view name, const PowerSgdPlan& plan);
+  absl::Status PlaceStates(absl::Span<const TensorView> tensors, device::Device& device);
   bool Compress(absl::Span<const TensorView> tensors, const StepContext& ctx);
   absl::Status CheckReducedP(absl::Span<const TensorView> tensors, size_t flags, int world);
   void ScatterUncompressed(absl::Span<const TensorView> tensors, ReduceOp op, int world);
@@ -255,6 +260,41 @@ PowerSgdCompressor::TensorState& PowerSgdCompressor::StateFor(absl::string_view 
   return s;
 }
 
+// Every compressed tensor's Q (cols × rank; its values only when has_q) and, with ef=1,
+// residual (rows × cols, zeros at first) on `device`.
+absl::Status PowerSgdCompressor::PlaceStates(absl::Span<const TensorView> tensors,
+                                             device::Device& device) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!items_[i].plan.compressed) continue;
+    TensorState& s = *items_[i].state;
+    const size_t qn = static_cast<size_t>(s.cols) * s.rank;
+    absl::Status placed;
+    if (s.q.size() == qn) {
+      placed = s.q.MoveTo(device);
+    } else {
+      s.has_q = false;
+      auto q = StateArray::Zeros(device, qn);
+      placed = q.status();
+      if (q.ok()) s.q = *std::move(q);
+    }
+    if (placed.ok() && o_.error_feedback) {
+      if (s.residual.size() == tensors[i].count) {
+        placed = s.residual.MoveTo(device);
+      } else {
+        auto e = StateArray::Zeros(device, tensors[i].count);
+        placed = e.status();
+        if (e.ok()) s.residual = *std::move(e);
+      }
+    }
+    if (!placed.ok()) {
+      return absl::Status(placed.code(), absl::StrCat(spec_, ": tensor '", tensors[i].name,
+                                                      "': placing its PowerSGD state (Q, "
+                                                      "residual): ", placed.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Per compressed tensor: M = G + E (in the tensor's own buffer), P = M·Q into p_buf_, both on
 // the same block of rows while it is in cache; uncompressed tensors are copied as they are.
 // Returns false when any value was not finite; such a tensor's P gets a NaN, so the fault
@@ -272,11 +312,9 @@ bool PowerSgdCompressor::Compress(absl::Span<const TensorView> tensors, const St
     }
     TensorState& s = *it.state;
     const int64_t rows = it.plan.rows, cols = it.plan.cols, r = it.plan.rank;
-    if (!s.has_q || !o_.warm_start) {
-      s.q.resize(static_cast<size_t>(cols * r));
+    if (!s.has_q || !o_.warm_start) {  // s.q holds cols × r values (PlaceStates)
       DrawQ(ctx.seed, t.name, i < ctx.steps.size() ? ctx.steps[i] : 0, s.q.data(), s.q.size());
     }
-    if (o_.error_feedback && s.residual.empty()) s.residual.assign(t.count, 0.0f);
     bool finite = true;
     const size_t block = BlockRows(cols);
     for (size_t r0 = 0; r0 < static_cast<size_t>(rows); r0 += block) {
@@ -375,7 +413,7 @@ void PowerSgdCompressor::Decompress(absl::Span<const TensorView> tensors, const 
     Reconstruct(p, qt_.data(), rows, cols, static_cast<int>(r), scale, t.f32(),
                 o_.error_feedback ? s.residual.data() : nullptr, row_.data());
     if (o_.warm_start) {
-      s.q.assign(q, q + cols * r);
+      std::copy(q, q + cols * r, s.q.data());
       s.has_q = true;
       RedrawZeroColumns(s, ctx.seed, t.name, (i < ctx.steps.size() ? ctx.steps[i] : 0) + 1);
     } else {
@@ -389,20 +427,22 @@ void PowerSgdCompressor::Decompress(absl::Span<const TensorView> tensors, const 
 void PowerSgdCompressor::RedrawZeroColumns(TensorState& s, uint64_t seed, absl::string_view name,
                                            int64_t step) {
   std::vector<float> fresh;
+  float* q = s.q.data();
   for (int c = 0; c < s.rank; ++c) {
     bool zero = true;
-    for (int64_t j = 0; j < s.cols && zero; ++j) zero = s.q[j * s.rank + c] == 0.0f;
+    for (int64_t j = 0; j < s.cols && zero; ++j) zero = q[j * s.rank + c] == 0.0f;
     if (!zero) continue;
     if (fresh.empty()) {
       fresh.resize(s.q.size());
       DrawQ(seed, name, step, fresh.data(), fresh.size());
     }
-    for (int64_t j = 0; j < s.cols; ++j) s.q[j * s.rank + c] = fresh[j * s.rank + c];
+    for (int64_t j = 0; j < s.cols; ++j) q[j * s.rank + c] = fresh[j * s.rank + c];
   }
 }
 
 absl::Status PowerSgdCompressor::SaveState(std::string* out) const {
-  StateWriter w(out);
+  std::string saved;
+  StateWriter w(&saved);
   w.Bytes(kStateMagic, sizeof kStateMagic);
   w.U32(kStateVersion);
   w.U32(static_cast<uint32_t>(states_.size()));
@@ -411,13 +451,19 @@ absl::Status PowerSgdCompressor::SaveState(std::string* out) const {
     w.I64(s.rows);
     w.I64(s.cols);
     w.U32(static_cast<uint32_t>(s.rank));
-    if (s.has_q && o_.warm_start) {
-      w.Floats(s.q);
-    } else {
-      w.U64(0);
+    // Copied to the host from the tensor's device.
+    absl::StatusOr<std::vector<float>> q = std::vector<float>();
+    if (s.has_q && o_.warm_start) q = s.q.ToHost();
+    absl::StatusOr<std::vector<float>> residual = s.residual.ToHost();
+    if (!q.ok() || !residual.ok()) {
+      const absl::Status& e = q.ok() ? residual.status() : q.status();
+      return absl::Status(e.code(), absl::StrCat(spec_, ": tensor '", name, "': copying its "
+                                                 "PowerSGD state to the host: ", e.message()));
     }
-    w.Floats(s.residual);
+    w.Floats(*q);
+    w.Floats(*residual);
   }
+  out->append(saved);
   return absl::OkStatus();
 }
 
@@ -438,8 +484,8 @@ absl::Status PowerSgdCompressor::LoadState(absl::string_view state) {
     s.rows = in.I64();
     s.cols = in.I64();
     s.rank = static_cast<int>(in.U32());
-    s.q = in.Floats(absl::StrCat("tensor '", name, "': Q"));
-    s.residual = in.Floats(absl::StrCat("tensor '", name, "': residual"));
+    const std::vector<float> q = in.Floats(absl::StrCat("tensor '", name, "': Q"));
+    const std::vector<float> residual = in.Floats(absl::StrCat("tensor '", name, "': residual"));
     if (!in.status().ok()) break;
     const std::string what = absl::StrCat("tensor '", name, "'");
     const uint64_t qn = static_cast<uint64_t>(s.cols) * s.rank;
@@ -450,15 +496,22 @@ absl::Status PowerSgdCompressor::LoadState(absl::string_view state) {
     const uint64_t elements = shape_ok ? static_cast<uint64_t>(s.rows * s.cols) : 0;
     in.Check(s.rank == o_.rank, absl::StrCat(what, ": saved with rank ", s.rank,
                                              ", but this compressor's rank is ", o_.rank));
-    in.Check(s.q.empty() || (o_.warm_start && s.q.size() == qn),
-             absl::StrCat(what, ": Q of ", s.q.size(), " values, expected ",
+    in.Check(q.empty() || (o_.warm_start && q.size() == qn),
+             absl::StrCat(what, ": Q of ", q.size(), " values, expected ",
                           o_.warm_start ? absl::StrCat(qn, " or 0") : "0 (warm_start=0)"));
-    in.Check(s.residual.empty() || (o_.error_feedback && s.residual.size() == elements),
-             absl::StrCat(what, ": residual of ", s.residual.size(), " values, expected ",
+    in.Check(residual.empty() || (o_.error_feedback && residual.size() == elements),
+             absl::StrCat(what, ": residual of ", residual.size(), " values, expected ",
                           o_.error_feedback ? absl::StrCat(elements, " or 0") : "0 (ef=0)"));
-    in.Check(AllFinite(s.q.data(), s.q.size()) &&
-                 AllFinite(s.residual.data(), s.residual.size()),
+    in.Check(AllFinite(q.data(), q.size()) && AllFinite(residual.data(), residual.size()),
              absl::StrCat(what, ": non-finite values"));
+    if (!in.status().ok()) break;
+    // In host memory until a step places it on its tensor's device.
+    absl::StatusOr<StateArray> host_q = StateArray::FromHost(device::HostDevice(), q);
+    absl::StatusOr<StateArray> host_e = StateArray::FromHost(device::HostDevice(), residual);
+    if (!host_q.ok()) return host_q.status();
+    if (!host_e.ok()) return host_e.status();
+    s.q = *std::move(host_q);
+    s.residual = *std::move(host_e);
     s.has_q = !s.q.empty();
     loaded.emplace(name, std::move(s));
   }
@@ -474,9 +527,14 @@ void PowerSgdCompressor::DescribeSharedState(std::vector<SharedStateField>* out)
   for (const auto& [name, s] : states_) {
     out->push_back({name, "matrix rows", static_cast<uint64_t>(s.rows)});
     out->push_back({name, "matrix cols", static_cast<uint64_t>(s.cols)});
-    const bool kept = s.has_q && o_.warm_start;
-    out->push_back({name, "Q", kept ? StableHash(s.q.data(), s.q.size() * sizeof(float)) : 0,
-                    /*hashed=*/true});
+    uint64_t q_hash = 0;
+    if (s.has_q && o_.warm_start) {
+      absl::StatusOr<std::vector<float>> q = s.q.ToHost();
+      // A Q this rank cannot read differs from every Q (the ranks are then told they differ).
+      LOG_IF(ERROR, !q.ok()) << spec_ << ": tensor '" << name << "': reading Q: " << q.status();
+      q_hash = q.ok() ? StableHash(q->data(), q->size() * sizeof(float)) : ~uint64_t{0};
+    }
+    out->push_back({name, "Q", q_hash, /*hashed=*/true});
     out->push_back({name, "residual length", s.residual.size()});
   }
 }

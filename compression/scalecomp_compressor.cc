@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "compression/sparse.h"
 #include "compression/sparse_core.h"
 
@@ -22,7 +23,7 @@ class ScaleCompCompressor : public SparseCompressor {
                                                      o_.leader, " is not a rank of a world of ",
                                                      "size ", n));
     }
-    bucket_.Begin(tensors);
+    BRAID_RETURN_IF_ERROR(FailBeforeCollectives(comm, bucket_.Begin(tensors, *ctx.device)));
     const SparsePlan& plan = bucket_.plan();
     const size_t k = plan.total_k, w = plan.index_bytes;
     if (k == 0) return absl::OkStatus();  // only empty tensors: nothing to send

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/status_macros.h"
 #include "compression/quantize.h"
 #include "compression/sparse.h"
 #include "compression/sparse_core.h"
@@ -19,7 +20,7 @@ class TopKCompressor : public SparseCompressor {
                       StepContext& ctx) override {
     const int n = comm.size();
     for (uint64_t& p : ctx.payload_bytes) p = 0;
-    bucket_.Begin(tensors);
+    BRAID_RETURN_IF_ERROR(FailBeforeCollectives(comm, bucket_.Begin(tensors, *ctx.device)));
     const size_t k = bucket_.plan().total_k, w = bucket_.plan().index_bytes;
     if (k == 0) return absl::OkStatus();
     // A block: k indices, then k float32 values.
@@ -96,7 +97,7 @@ class SharedRandomKCompressor : public SparseCompressor {
   absl::Status Reduce(absl::Span<const TensorView> tensors, transport::Communicator& comm,
                       StepContext& ctx) override {
     for (uint64_t& p : ctx.payload_bytes) p = 0;
-    bucket_.Begin(tensors);
+    BRAID_RETURN_IF_ERROR(FailBeforeCollectives(comm, bucket_.Begin(tensors, *ctx.device)));
     const SparsePlan& plan = bucket_.plan();
     if (plan.total_k == 0) return absl::OkStatus();
     const int64_t status = bucket_.CheckFinite(tensors);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "compression/registry.h"
 
 namespace braid::compression {
@@ -63,14 +64,17 @@ std::unique_ptr<Compressor> CreateSparseCompressor(const CompressionSpec& spec) 
   return MakeSharedRandomKCompressor(o, spec.canonical);
 }
 
-void SparseBucket::Begin(absl::Span<const TensorView> tensors) {
+absl::Status SparseBucket::Begin(absl::Span<const TensorView> tensors,
+                                 device::Device& device) {
+  BRAID_RETURN_IF_ERROR(memory_.Place(device, tensors));
   counts_.clear();
   for (const TensorView& t : tensors) counts_.push_back(t.count);
   plan_ = PlanSparse(counts_, o_);
   mem_.assign(tensors.size(), nullptr);
   for (size_t t = 0; t < tensors.size(); ++t) {
-    mem_[t] = memory_.MutableResidual(tensors[t].name, tensors[t].count).data();
+    mem_[t] = memory_.MutableResidual(tensors[t].name, tensors[t].count);
   }
+  return absl::OkStatus();
 }
 
 int64_t SparseBucket::CheckFinite(absl::Span<const TensorView> tensors) const {

@@ -30,10 +30,11 @@ class SparseBucket {
   SparseBucket(const SparseOptions& options, std::string spec)
       : o_(options), spec_(std::move(spec)), memory_(options.beta) {}
 
-  // Plans the bucket and finds each tensor's memory m (zeros at first). Nothing is written:
-  // p = g + m is formed on the fly, and the memory changes only in UpdateMemoryAndClear, once
-  // every rank is known to have succeeded.
-  void Begin(absl::Span<const TensorView> tensors);
+  // Plans the bucket and places each tensor's memory m on `device` (zeros at first:
+  // ErrorFeedback::Place, whose errors it returns). Nothing else is written: p = g + m is
+  // formed on the fly, and the memory changes only in UpdateMemoryAndClear, once every rank
+  // is known to have succeeded.
+  absl::Status Begin(absl::Span<const TensorView> tensors, device::Device& device);
   const SparsePlan& plan() const { return plan_; }
 
   // This rank's status word: 0, or 1 + the position of the first tensor whose p holds a NaN
@@ -113,10 +114,7 @@ class SparseCompressor : public Compressor {
 
   const std::string& spec() const override { return spec_; }
   void Reset(absl::string_view name) override { bucket_.Reset(name); }
-  absl::Status SaveState(std::string* out) const override {
-    bucket_.memory().Save(out);
-    return absl::OkStatus();
-  }
+  absl::Status SaveState(std::string* out) const override { return bucket_.memory().Save(out); }
   absl::Status LoadState(absl::string_view state) override {
     if (state.empty()) {  // the first state format (version 1) kept no memory here
       bucket_.mutable_memory() = ErrorFeedback(o_.beta);

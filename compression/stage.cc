@@ -47,7 +47,7 @@ absl::StatusOr<const CompressionMethod*> CompressionStage::Resolve(absl::string_
 
 PlannedBucket::PlannedBucket(PlannedBucket&& other) noexcept
     : stage_(other.stage_), method_(other.method_), tensors_(other.tensors_),
-      plans_(other.plans_) {
+      plans_(other.plans_), device_(other.device_) {
   other.stage_ = nullptr;  // the lock moves with it
 }
 
@@ -78,7 +78,8 @@ void CompressionStage::PlanLocked(CompressionMethod& m, absl::Span<const BucketT
 }
 
 absl::StatusOr<PlannedBucket> CompressionStage::Plan(const CompressionMethod& method,
-                                                     absl::Span<const BucketTensor> tensors) {
+                                                     absl::Span<const BucketTensor> tensors,
+                                                     device::Device* device) {
   state_mu_.Lock();  // released by the PlannedBucket, or below on an error
   // The stage owns every method; callers hold them const so only the stage changes them.
   CompressionMethod& m = const_cast<CompressionMethod&>(method);
@@ -91,7 +92,9 @@ absl::StatusOr<PlannedBucket> CompressionStage::Plan(const CompressionMethod& me
     m.compressor_ = *std::move(created);
   }
   PlanLocked(m, tensors);
-  return PlannedBucket(this, &m, tensors, plans_);
+  PlannedBucket planned(this, &m, tensors, plans_);
+  if (device != nullptr) planned.device_ = device;
+  return planned;
 }
 
 absl::Status CompressionStage::CheckPacked(const PlannedBucket& bucket,
@@ -134,6 +137,14 @@ absl::Status CompressionStage::Reduce(PlannedBucket bucket, absl::Span<const Ten
                                "plan it, or twice");
   }
   BRAID_RETURN_IF_ERROR(CheckPacked(held, views, bytes));
+  if (!held.device_->host_accessible()) {  // the compressors' arithmetic is host code
+    const absl::Status s = absl::FailedPreconditionError(absl::StrCat(
+        "compression '", held.method_->spec(), "': the bucket is in ",
+        DeviceName(held.device_->ref()), " memory, which braid's compressors cannot read yet"));
+    comm.Abort(s);  // the peers are in the bucket's collectives
+    return s;
+  }
+  device_ = held.device_;
   if (bytes.empty()) {
     bytes_scratch_.assign(views.size(), TensorBytes{});
     bytes = absl::MakeSpan(bytes_scratch_);
@@ -186,6 +197,7 @@ absl::Status CompressionStage::ReducePart(Compressor& compressor, bool warm_up,
   ctx.seed = options_.seed;
   ctx.steps = step_values_;
   ctx.payload_bytes = absl::MakeSpan(payload_);
+  ctx.device = device_;
   const uint64_t before = comm.stats().bytes_sent;
   absl::Status s = compressor.Reduce(views, comm, ctx);
   if (!s.ok()) return s;

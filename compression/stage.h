@@ -137,6 +137,7 @@ class PlannedBucket {
   CompressionMethod* method_;
   absl::Span<const BucketTensor> tensors_;  // the caller's, alive until the reduction
   absl::Span<const TensorPlan> plans_;      // the stage's scratch, under its lock
+  device::Device* device_ = &device::HostDevice();  // of the tensors
 };
 
 class CompressionStage {
@@ -158,14 +159,19 @@ class CompressionStage {
   // compressor at its first bucket). The result keeps the lock and views `tensors`: both
   // must stay as they are until it is reduced or destroyed. Errors (the lock released):
   // FailedPrecondition when the method's compressor cannot be created (powersgd without
-  // OpenBLAS). Background thread only.
+  // OpenBLAS). `device`: the device of the tensors (null: the host), where the compressor
+  // keeps their state (Note [Compression state on the device], state_array.h). Background
+  // thread only.
   absl::StatusOr<PlannedBucket> Plan(const CompressionMethod& method,
-                                     absl::Span<const BucketTensor> tensors)
+                                     absl::Span<const BucketTensor> tensors,
+                                     device::Device* device = nullptr)
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Step 3: reduces `views`, the planned bucket's tensors laid out in its order as its plans
   // say (step 2, the caller's), with `op`; `bytes` (one entry per tensor, or empty) receives
   // what each cost. Releases the lock when it returns. Errors: the compressor's, the
-  // communicator's; Internal when the views are not laid out as planned. After an error the
+  // communicator's; Internal when the views are not laid out as planned; FailedPrecondition
+  // (the data plane aborted, so the peers fail too) when the planned device's memory is not
+  // readable from the host, which the compressors' arithmetic needs. After an error the
   // views' contents are unspecified and no step count has advanced.
   absl::Status Reduce(PlannedBucket bucket, absl::Span<const TensorView> views, ReduceOp op,
                       transport::Communicator& comm, absl::Span<TensorBytes> bytes = {})
@@ -193,8 +199,9 @@ class CompressionStage {
   //     error_feedback.h; empty when it keeps none).
   // Version 1 (still read) had no digest and no shapes, and kept no error-feedback memory
   // but PowerSGD's. Methods that never reduced anything and none are not in it.
-  // Thread-safe; waits for a bucket being reduced.
-  std::string SaveState(int rank, int world_size) const;
+  // Errors: a device's, copying a compressor's state to the host. Thread-safe; waits for a
+  // bucket being reduced.
+  absl::StatusOr<std::string> SaveState(int rank, int world_size) const;
   // Parses a SaveState result without changing anything. InvalidArgument naming the field
   // when it is malformed (refused by its declared sizes before anything is allocated for
   // them), its digest does not match its contents, it names an unknown method or holds a
@@ -259,6 +266,8 @@ class CompressionStage {
   std::vector<uint64_t> payload_;
   std::vector<int64_t> step_values_;
   std::vector<TensorBytes> bytes_scratch_;
+  // The device of the bucket being reduced (StepContext::device).
+  device::Device* device_ ABSL_GUARDED_BY(state_mu_) = &device::HostDevice();
 };
 
 }  // namespace braid::compression

@@ -71,7 +71,7 @@ TensorRecords ReadRecords(StateReader& in, uint32_t version, const std::string& 
 
 }  // namespace
 
-std::string CompressionStage::SaveState(int rank, int world_size) const {
+absl::StatusOr<std::string> CompressionStage::SaveState(int rank, int world_size) const {
   absl::MutexLock lock(&state_mu_);
   absl::MutexLock methods_lock(&methods_mu_);
   std::vector<const CompressionMethod*> saved;
@@ -99,10 +99,13 @@ std::string CompressionStage::SaveState(int rank, int world_size) const {
       for (int64_t d : record.shape) w.I64(d);
     }
     std::string blob;
-    // The compressors' SaveState cannot fail today; a failure would be a bug worth a crash
-    // rather than a checkpoint silently missing a method.
+    // Fails only copying state from a device to the host: then no checkpoint at all, never
+    // one silently missing a method.
     absl::Status s = m->compressor_->SaveState(&blob);
-    CHECK(s.ok()) << "compression '" << m->spec() << "': SaveState: " << s;
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("compression '", m->spec(),
+                                                 "': saving its state: ", s.message()));
+    }
     w.String(blob);
   }
   return out;

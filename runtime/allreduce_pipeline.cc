@@ -146,7 +146,7 @@ absl::Status AllReducePipeline::Reduce(BucketRun& run, transport::Communicator& 
   // The stage's state stays locked from the plan to the end of the reduction (Note [Bucket
   // reduction], compression/stage.h).
   BRAID_ASSIGN_OR_RETURN(compression::PlannedBucket planned,
-                         stage_->Plan(*run.method, run.described));
+                         stage_->Plan(*run.method, run.described, run.device));
   absl::Status packed = Pack(run, planned.plans());
   // The compressor reads the views from the host: the device's copies must be done.
   if (packed.ok()) packed = run.device->Synchronize(run.stream, run.timeout);

@@ -156,7 +156,8 @@ TEST(CompressionStateMpTest, RanksThatRestoredDifferentStatesAllFailNamingTheMis
     ExpectLoadFails(rt, c, rank == 1 ? "BRDCMPST" : s3, absl::InvalidArgumentError(absl::StrCat(
         "load_compression_state: rank 1: compression state: truncated at byte 8 (4 more bytes "
         "expected, 0 left)", none)), "a malformed state on rank 1");
-    ExpectLoadFails(rt, c, rank == 0 ? compression::CompressionStage({}).SaveState(0, 1) : s3,
+    const std::string of_one = compression::CompressionStage({}).SaveState(0, 1).value();
+    ExpectLoadFails(rt, c, rank == 0 ? of_one : s3,
                     absl::InvalidArgumentError(absl::StrCat(
                         "load_compression_state: the states were saved by a job of 1 rank on "
                         "rank 0, 2 ranks on rank 1, but this job has 2 (a state does not carry "

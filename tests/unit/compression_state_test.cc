@@ -4,6 +4,7 @@
 // agree, or the message names the ranks, tensors and fields that differ. Ranks are threads
 // (thread_world.h).
 #include <atomic>
+#include <cctype>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "compression/stage.h"
 #include "compression/state_summary.h"
 #include "gtest/gtest.h"
+#include "tests/testing/test_device.h"
 #include "tests/unit/thread_world.h"
 
 // The largest single allocation while `g_track` is set: a loader that sizes a buffer from an
@@ -64,16 +66,23 @@ std::vector<uint32_t> Bits(const std::vector<float>& x) {
 }
 
 // Steps `from`..`to` of a bucket of "w" and "b"; each step's results (bits) appended. The
-// inputs are rank `data_rank`'s (-1: this rank's).
+// inputs are rank `data_rank`'s (-1: this rank's); the tensors are on `device` (null: the
+// host).
 void RunSteps(CompressionStage& stage, transport::Communicator& comm, const std::string& spec,
-              int from, int to, std::vector<std::vector<uint32_t>>* record, int data_rank = -1) {
+              int from, int to, std::vector<std::vector<uint32_t>>* record, int data_rank = -1,
+              device::Device* device = nullptr) {
   const CompressionMethod& method = *stage.Resolve(spec).value();
   const int rank = data_rank >= 0 ? data_rank : comm.rank();
   for (int step = from; step <= to; ++step) {
     std::vector<float> w = Grad(rank, 0, step, 432), b = Grad(rank, 1, step, 50);
     std::vector<TensorView> views = {{"w", kShapeW, w.data(), w.size()},
                                      {"b", kShapeB, b.data(), b.size()}};
-    ASSERT_TRUE(stage.Reduce(method, views, ReduceOp::kAverage, comm).ok()) << spec;
+    std::vector<BucketTensor> tensors;
+    for (const TensorView& v : views) tensors.push_back({v.name, v.shape, v.dtype, v.count});
+    absl::StatusOr<PlannedBucket> planned = stage.Plan(method, tensors, device);
+    ASSERT_TRUE(planned.ok()) << planned.status();
+    ASSERT_TRUE(stage.Reduce(*std::move(planned), views, ReduceOp::kAverage, comm).ok())
+        << spec;
     if (record == nullptr) continue;
     w.insert(w.end(), b.begin(), b.end());
     record->push_back(Bits(w));
@@ -92,16 +101,17 @@ TEST_P(ResumeTest, LoadedStateContinuesBitIdentically) {
   ThreadWorld(2).Run([&](int r, transport::Communicator& comm) {
     CompressionStage stage(StageOptions{});
     RunSteps(stage, comm, spec, 1, 4, nullptr);
-    saved[r] = stage.SaveState(r, 2);
+    saved[r] = stage.SaveState(r, 2).value();
     RunSteps(stage, comm, spec, 5, 7, &first[r]);
-    end_first[r] = stage.SaveState(r, 2);
+    end_first[r] = stage.SaveState(r, 2).value();
   });
   ThreadWorld(2).Run([&](int r, transport::Communicator& comm) {
     CompressionStage stage(StageOptions{});
     ASSERT_TRUE(stage.LoadState(saved[r], r, 2).ok());
-    EXPECT_EQ(stage.SaveState(r, 2), saved[r]) << "saving what was loaded gives the same bytes";
+    EXPECT_EQ(stage.SaveState(r, 2).value(), saved[r])
+        << "saving what was loaded gives the same bytes";
     RunSteps(stage, comm, spec, 5, 7, &resumed[r]);
-    end_resumed[r] = stage.SaveState(r, 2);
+    end_resumed[r] = stage.SaveState(r, 2).value();
   });
   ThreadWorld(2).Run([&](int r, transport::Communicator& comm) {
     CompressionStage stage(StageOptions{});
@@ -124,6 +134,99 @@ INSTANTIATE_TEST_SUITE_P(EveryStatefulMethod, ResumeTest,
                                            "scalecomp:beta=0.5,granularity=tensor,ratio=8",
                                            "topk:ratio=8", "randomk:ratio=8",
                                            "powersgd:rank=2"));
+
+// ---- The state on the tensors' device (Note [Compression state on the device]) ----------
+
+struct DeviceCase {
+  const char* spec;
+  int64_t state_floats;  // what the method keeps of "w" and "b" after a step
+  int64_t shared_floats = 0;  // what of it a checkpoint's digest reads too (Q)
+};
+void PrintTo(const DeviceCase& c, std::ostream* os) { *os << c.spec; }
+
+// EF methods keep a residual of each tensor (432 + 50 floats); PowerSGD keeps "w"'s Q
+// (18 x 2) and residual (24 x 18), and nothing of the vector "b", which it sends as it is;
+// a checkpoint reads Q twice: for the state and for the digest of what the ranks share.
+class DeviceStateTest : public ::testing::TestWithParam<DeviceCase> {};
+
+// The same steps with the tensors on a host-backed device that reports itself as cuda:r
+// give the host's bits and the host's checkpoint; the state is allocated on the device,
+// a checkpoint copies exactly the state's bytes from it, and a loaded checkpoint is copied
+// onto the device at its first step, which continues as the unbroken job does.
+TEST_P(DeviceStateTest, StateLivesOnTheTensorsDeviceAndCheckpointsCopyIt) {
+  const std::string spec = GetParam().spec;
+  const int64_t state_bytes = GetParam().state_floats * 4;
+  const int64_t saved_bytes = state_bytes + GetParam().shared_floats * 4;
+  std::vector<std::string> host_saved(2), device_saved(2);
+  std::vector<std::vector<std::vector<uint32_t>>> host_bits(2), device_bits(2), resumed(2);
+  ThreadWorld(2).Run([&](int r, transport::Communicator& comm) {
+    CompressionStage stage(StageOptions{});
+    RunSteps(stage, comm, spec, 1, 4, &host_bits[r]);
+    host_saved[r] = stage.SaveState(r, 2).value();
+    RunSteps(stage, comm, spec, 5, 5, &host_bits[r]);
+  });
+  ThreadWorld(2).Run([&](int r, transport::Communicator& comm) {
+    braid::testing::TestDevice gpu({DeviceType::kCUDA, r});
+    CompressionStage stage(StageOptions{});
+    RunSteps(stage, comm, spec, 1, 4, &device_bits[r], -1, &gpu);
+    EXPECT_GT(gpu.allocations, 0) << spec << ": the state is allocated on the device";
+    const int64_t before = gpu.copied_bytes;
+    device_saved[r] = stage.SaveState(r, 2).value();
+    EXPECT_EQ(gpu.copied_bytes - before, saved_bytes) << spec << ": the checkpoint's copies";
+  });
+  ThreadWorld(2).Run([&](int r, transport::Communicator& comm) {
+    braid::testing::TestDevice gpu({DeviceType::kCUDA, r});
+    CompressionStage stage(StageOptions{});
+    ASSERT_TRUE(stage.LoadState(device_saved[r], r, 2).ok());
+    RunSteps(stage, comm, spec, 5, 5, &resumed[r], -1, &gpu);
+    EXPECT_EQ(gpu.copied_bytes, state_bytes) << spec << ": the loaded state, onto the device";
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(host_bits[r].size(), 5u);
+    ASSERT_EQ(device_bits[r].size(), 4u);
+    for (int step = 0; step < 4; ++step) {
+      EXPECT_EQ(device_bits[r][step], host_bits[r][step]) << spec << ": step " << step + 1;
+    }
+    EXPECT_EQ(device_saved[r], host_saved[r]) << spec << ": rank " << r << "'s checkpoint";
+    ASSERT_EQ(resumed[r].size(), 1u);
+    EXPECT_EQ(resumed[r][0], host_bits[r][4]) << spec << ": step 5 after the resume";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryStatefulMethod, DeviceStateTest,
+    ::testing::Values(DeviceCase{"fp4:ef=1", 482}, DeviceCase{"int4:beta=0.5,ef=1", 482},
+                      DeviceCase{"scalecomp:ratio=8", 482},
+                      DeviceCase{"scalecomp:beta=0.5,granularity=tensor,ratio=8", 482},
+                      DeviceCase{"topk:ratio=8", 482}, DeviceCase{"randomk:ratio=8", 482},
+                      DeviceCase{"powersgd:rank=2", 18 * 2 + 24 * 18, 18 * 2}),
+    [](const ::testing::TestParamInfo<DeviceCase>& info) {
+      std::string name = info.param.spec;  // test names take letters, digits and '_' only
+      for (char& c : name) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+      return name;
+    });
+
+// A device whose memory the host cannot read (a real GPU's) never reaches the compressors,
+// whose arithmetic is host code: FailedPrecondition naming the device, nothing allocated.
+TEST(DeviceStateLimitsTest, ADeviceTheHostCannotReadIsRefused) {
+  ThreadWorld(1).Run([&](int, transport::Communicator& comm) {
+    braid::testing::TestDevice gpu({DeviceType::kCUDA, 3});
+    gpu.readable_from_host = false;
+    CompressionStage stage(StageOptions{});
+    const CompressionMethod& method = *stage.Resolve("fp4:ef=1").value();
+    std::vector<float> w(8, 1.0f);
+    const std::vector<int64_t> shape = {8};
+    std::vector<TensorView> views = {{"w", shape, w.data(), w.size()}};
+    std::vector<BucketTensor> tensors = {{"w", shape, DataType::kFloat32, 8}};
+    absl::StatusOr<PlannedBucket> planned = stage.Plan(method, tensors, &gpu);
+    ASSERT_TRUE(planned.ok()) << planned.status();
+    absl::Status s = stage.Reduce(*std::move(planned), views, ReduceOp::kAverage, comm);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_EQ(s.message(), "compression 'fp4:ef=1': the bucket is in cuda:3 memory, which "
+                           "braid's compressors cannot read yet");
+    EXPECT_EQ(gpu.allocations, 0);
+  });
+}
 
 // ---- Malformed states: refused by their declared sizes, naming the field ---------------
 
@@ -216,7 +319,7 @@ TEST(StateLimitsTest, AlteredStateFailsItsDigest) {
   ThreadWorld(1).Run([&](int, transport::Communicator& comm) {
     CompressionStage stage(StageOptions{});
     RunSteps(stage, comm, "fp4:ef=1", 1, 3, nullptr);
-    state = stage.SaveState(0, 1);
+    state = stage.SaveState(0, 1).value();
   });
   CompressionStage stage(StageOptions{});
   ASSERT_TRUE(stage.ParseState(state).ok());
@@ -255,7 +358,7 @@ std::vector<LoadReport> Reports(const std::string& spec, const std::vector<int>&
       RunSteps(stage, comm, spec, 1, steps[r], nullptr, static_cast<int>(r));
       // A world of 2 has no rank 2: saved as rank r % 2, reported as rank r.
       auto parsed = CompressionStage(StageOptions{}).ParseState(
-          stage.SaveState(static_cast<int>(r % 2), 2));
+          stage.SaveState(static_cast<int>(r % 2), 2).value());
       ASSERT_TRUE(parsed.ok()) << parsed.status();
       reports[r].saved_rank = static_cast<int>(r);
       reports[r].saved_world_size = (*parsed)->saved_world_size;

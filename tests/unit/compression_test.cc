@@ -430,7 +430,7 @@ TEST(StageTest, WarmUpRunsPlainThenCompressesAndCountsBytes) {
   EXPECT_EQ(payload_a, 2u * 4000 + 7 * 68 + 56);
   EXPECT_EQ(payload_b, 2u * 28 + 8);
   // The step counts travel in the checkpoint: 3 reductions of each tensor.
-  const std::string state = stage.SaveState(0, 1);
+  const std::string state = stage.SaveState(0, 1).value();
   EXPECT_NE(state.find(std::string("\x03\0\0\0\0\0\0\0", 8)), std::string::npos);
 }
 
@@ -476,7 +476,7 @@ TEST(StageTest, PlanThenReduceWithNoCallback) {
   // A checkpoint waits for the planned bucket.
   absl::Notification saved;
   std::thread saver([&] {
-    stage.SaveState(0, 1);
+    stage.SaveState(0, 1).value();
     saved.Notify();
   });
   EXPECT_FALSE(saved.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
@@ -516,7 +516,7 @@ TEST(StageTest, ForgottenTensorsStartOverAsInAFreshStage) {
   EXPECT_EQ(reused.ForgetTensors(names), 1);
   two_steps(reused, &got);
   EXPECT_EQ(got, want);
-  EXPECT_EQ(reused.SaveState(0, 1), fresh.SaveState(0, 1));
+  EXPECT_EQ(reused.SaveState(0, 1).value(), fresh.SaveState(0, 1).value());
 }
 
 TEST(StageTest, CastCompressorRoundsThroughHalfPrecision) {

@@ -247,6 +247,68 @@ TEST(DevicePathTest, ADeviceWithoutADataPlaneIsRefusedAtEnqueueOnEveryRank) {
   for (const absl::Status& s : world.Shutdown()) EXPECT_TRUE(s.ok()) << s;
 }
 
+CollectiveRequest Compressed(const std::string& name, std::vector<float>& in,
+                             std::vector<float>& out, int rank) {
+  CollectiveRequest r = AllReduce(name, in, out, Cuda(rank));
+  r.op = ReduceOp::kAverage;
+  r.compression = "fp4:ef=1";
+  return r;
+}
+
+// A compressor keeps its state on the tensor's device (Note [Compression state on the
+// device], compression/state_array.h): the error-feedback residual of a lone device tensor
+// (reduced where it lies: no fusion buffer) is the device's one allocation, and a
+// checkpoint copies exactly its bytes from the device to the host.
+TEST(DevicePathTest, CompressionStateLivesOnTheDeviceAndCheckpointsCopyIt) {
+  Devices devices(2);
+  RuntimeWorld world(devices.World());
+  ASSERT_TRUE(world.InitOk());
+  world.Run([&](int rank, Runtime& rt) {
+    std::vector<float> in(64), out(64);
+    for (int i = 0; i < 64; ++i) in[i] = 0.01f * static_cast<float>(i * (rank + 1));
+    auto h = rt.Enqueue(Compressed("w", in, out, rank));
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE((*h)->Wait(absl::Seconds(30)).ok()) << "rank " << rank;
+    TestDevice& gpu = *devices.gpus[rank];
+    EXPECT_EQ(gpu.allocations, 1) << "rank " << rank << ": the residual, on the device";
+    const int64_t before = gpu.copied_bytes;
+    absl::StatusOr<std::string> state = rt.compression_state();
+    ASSERT_TRUE(state.ok()) << state.status();
+    EXPECT_EQ(gpu.copied_bytes - before, 64 * 4) << "rank " << rank;
+  });
+  for (const absl::Status& s : world.Shutdown()) EXPECT_TRUE(s.ok()) << s;
+}
+
+// A rank whose device cannot hold a tensor's compression state fails that bucket naming the
+// tensor and aborts its data plane, as for a fusion buffer that cannot be allocated (Note
+// [Allocation failure], runtime/allreduce_pipeline.h); its peer, already in the bucket's
+// collectives, fails at the data plane's timeout (2 s here): no rank hangs.
+TEST(DevicePathTest, AStateTheDeviceCannotHoldEndsTheJobOnEveryRank) {
+  Devices devices(2);
+  devices.gpus[1]->fail_allocations = true;
+  RuntimeWorldOptions o = devices.World();
+  o.timeout = absl::Seconds(2);
+  RuntimeWorld world(o);
+  ASSERT_TRUE(world.InitOk());
+  world.Run([&](int rank, Runtime& rt) {
+    std::vector<float> in(64, 1.0f), out(64);
+    auto h = rt.Enqueue(Compressed("w", in, out, rank));
+    ASSERT_TRUE(h.ok()) << h.status();
+    const absl::Time start = absl::Now();
+    const absl::Status s = (*h)->Wait(absl::Seconds(20));
+    EXPECT_FALSE(s.ok()) << "rank " << rank;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "rank " << rank;
+    if (rank == 0) EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    if (rank == 1) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+      EXPECT_TRUE(absl::StrContains(
+          s.message(), "tensor 'w': its error-feedback residual: test device: no 256 bytes"))
+          << s;
+    }
+  });
+  world.Shutdown();
+}
+
 // An all-gather's result, whose size only the collective knows, goes where the caller's
 // allocator puts it (a framework's tensor on its device), never into a host vector of the
 // handle's: the allocator sees the result's bytes and shape.

@@ -770,7 +770,7 @@ TEST(PowerSgdStageTest, CheckpointRestoresBitIdentically) {
   RunWorld(2, [&](int w, HubCommunicator& comm) {
     CompressionStage stage(StageOptions{});
     run_steps(stage, comm, w, 1, 10, nullptr);
-    saved[w] = stage.SaveState(w, 2);
+    saved[w] = stage.SaveState(w, 2).value();
     run_steps(stage, comm, w, 11, 15, &first[w]);
   });
   RunWorld(2, [&](int w, HubCommunicator& comm) {
@@ -811,7 +811,7 @@ TEST(PowerSgdStageTest, LoadStateValidatesBeforeChangingAnything) {
   EXPECT_EQ(stage.LoadState(s, 0, 1).message(),
             absl::StrCat("compression state: compression 'fp5:': unknown method 'fp5'; valid "
                          "methods: ", absl::StrJoin(CompressionMethods(), ", ")));
-  EXPECT_EQ(stage.SaveState(0, 1).size(), 8u + 4 * 4 + 8) << "nothing was loaded";
+  EXPECT_EQ(stage.SaveState(0, 1).value().size(), 8u + 4 * 4 + 8) << "nothing was loaded";
 }
 
 // ---- Spec parsing ------------------------------------------------------------------------------

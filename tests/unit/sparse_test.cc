@@ -248,7 +248,7 @@ TEST(ScaleCompTest, MemoryIsErrorFeedbackWithTheLowPassFilter) {
       std::vector<float> p = g, q = g;
       std::vector<int64_t> shape = {2000};
       std::vector<TensorView> views = {{"w", shape, p.data(), p.size()}};
-      bucket.Begin(views);
+      ASSERT_TRUE(bucket.Begin(views, device::HostDevice()).ok());
       std::vector<uint64_t> sent;
       ASSERT_EQ(bucket.SelectTopK(views, &sent), 0);
       ASSERT_EQ(sent.size(), 100u);
