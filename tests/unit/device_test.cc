@@ -298,7 +298,9 @@ TEST(DevicePathTest, AStateTheDeviceCannotHoldEndsTheJobOnEveryRank) {
     const absl::Status s = (*h)->Wait(absl::Seconds(20));
     EXPECT_FALSE(s.ok()) << "rank " << rank;
     EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "rank " << rank;
-    if (rank == 0) EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    if (rank == 0) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    }
     if (rank == 1) {
       EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
       EXPECT_TRUE(absl::StrContains(
