@@ -137,7 +137,9 @@ absl::Status CompressionStage::Reduce(PlannedBucket bucket, absl::Span<const Ten
                                "plan it, or twice");
   }
   BRAID_RETURN_IF_ERROR(CheckPacked(held, views, bytes));
-  if (!held.device_->host_accessible()) {  // the compressors' arithmetic is host code
+  // The compressors' arithmetic is host code; none only calls the data plane's collectives,
+  // which the plane for the bucket's memory carries.
+  if (!held.method_->is_none() && !held.device_->host_accessible()) {
     const absl::Status s = absl::FailedPreconditionError(absl::StrCat(
         "compression '", held.method_->spec(), "': the bucket is in ",
         DeviceName(held.device_->ref()), " memory, which braid's compressors cannot read yet"));

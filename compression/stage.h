@@ -170,7 +170,7 @@ class CompressionStage {
   // say (step 2, the caller's), with `op`; `bytes` (one entry per tensor, or empty) receives
   // what each cost. Releases the lock when it returns. Errors: the compressor's, the
   // communicator's; Internal when the views are not laid out as planned; FailedPrecondition
-  // (the data plane aborted, so the peers fail too) when the planned device's memory is not
+  // (the data plane aborted) when a compressed method's planned device's memory is not
   // readable from the host, which the compressors' arithmetic needs. After an error the
   // views' contents are unspecified and no step count has advanced.
   absl::Status Reduce(PlannedBucket bucket, absl::Span<const TensorView> views, ReduceOp op,
