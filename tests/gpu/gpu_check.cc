@@ -14,6 +14,7 @@
 #include "compression/cuda/codec_kernels.h"
 #include "compression/half_convert.h"
 #include "compression/quantize.h"
+#include "compression/state_array.h"
 #include "device/cuda/cuda_device.h"
 #include "device/device.h"
 
@@ -188,6 +189,38 @@ void CheckDeviceInterface() {
          "event recorded, waited on by a stream and by the host");
 }
 
+// Compression state on GPU 0 (Note [Compression state on the device],
+// compression/state_array.h): zeros there, a copy from the host and back, and a move to the
+// host and back to the GPU, each the same bits.
+void CheckStateOnDevice() {
+  auto got = device::CudaDevice(0, /*allow_unverified=*/true);
+  if (!got.ok()) return Report(false, "cuda device 0", std::string(got.status().message()));
+  device::Device& gpu = **got;
+  const size_t n = 4099;
+  const std::vector<float> x = Values(n, 5, /*finite=*/false), zero(n, 0.0f);
+  std::string where;
+  auto zeros = compression::StateArray::Zeros(gpu, n);
+  absl::StatusOr<std::vector<float>> z =
+      zeros.ok() ? zeros->ToHost() : absl::StatusOr<std::vector<float>>(zeros.status());
+  Report(z.ok() && z->size() == n && zeros->device() == &gpu && SameBits(*z, zero, &where),
+         "compression state: zeros on the GPU", z.ok() ? where : z.status().ToString());
+  auto state = compression::StateArray::FromHost(gpu, x);
+  absl::StatusOr<std::vector<float>> back =
+      state.ok() ? state->ToHost() : absl::StatusOr<std::vector<float>>(state.status());
+  Report(back.ok() && back->size() == n && SameBits(*back, x, &where),
+         "compression state: from the host to the GPU and back",
+         back.ok() ? where : back.status().ToString());
+  if (!state.ok()) return;
+  absl::Status moved = state->MoveTo(device::HostDevice());
+  const bool on_host = moved.ok() && state->device() == &device::HostDevice() &&
+                       SameBits(std::vector<float>(state->data(), state->data() + n), x, &where);
+  if (moved.ok()) moved = state->MoveTo(gpu);
+  back = moved.ok() ? state->ToHost() : absl::StatusOr<std::vector<float>>(moved);
+  Report(on_host && back.ok() && state->device() == &gpu && SameBits(*back, x, &where),
+         "compression state: moved to the host and back to the GPU",
+         back.ok() ? where : back.status().ToString());
+}
+
 // Throughput of each kernel in bytes read + written per second, as a fraction of the same
 // measure for a device-to-device cudaMemcpy of the same float32 tensor.
 void Throughputs() {
@@ -258,6 +291,7 @@ int main() {
     braid::CheckFourBit(/*int4=*/true, chunk);
   }
   braid::CheckDeviceInterface();
+  braid::CheckStateOnDevice();
   braid::CheckPowerSgd();
   braid::CheckTopK();
   braid::Throughputs();
