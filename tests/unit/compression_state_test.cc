@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "compression/stage.h"
 #include "compression/state_summary.h"
@@ -226,6 +227,37 @@ TEST(DeviceStateLimitsTest, ADeviceTheHostCannotReadIsRefused) {
                            "braid's compressors cannot read yet");
     EXPECT_EQ(gpu.allocations, 0);
   });
+}
+
+// Every method that keeps state fails a bucket whose state its device cannot hold with the
+// device's error naming the tensor; the failed step counts for nothing (no step counter
+// moved, no state kept), so the next one, with memory again, runs as a fresh job's first.
+TEST(DeviceStateLimitsTest, AStateTheDeviceCannotHoldFailsNamingTheTensor) {
+  for (const char* spec : {"fp4:ef=1", "scalecomp:ratio=8", "topk:ratio=8", "randomk:ratio=8",
+                           "powersgd:rank=2"}) {
+    ThreadWorld(1).Run([&](int, transport::Communicator& comm) {
+      braid::testing::TestDevice gpu({DeviceType::kCUDA, 0});
+      gpu.fail_allocations = true;
+      CompressionStage stage(StageOptions{});
+      const CompressionMethod& method = *stage.Resolve(spec).value();
+      std::vector<float> w = Grad(0, 0, 1, 432), b = Grad(0, 1, 1, 50);
+      std::vector<TensorView> views = {{"w", kShapeW, w.data(), w.size()},
+                                       {"b", kShapeB, b.data(), b.size()}};
+      std::vector<BucketTensor> tensors;
+      for (const TensorView& v : views) tensors.push_back({v.name, v.shape, v.dtype, v.count});
+      absl::StatusOr<PlannedBucket> planned = stage.Plan(method, tensors, &gpu);
+      ASSERT_TRUE(planned.ok()) << planned.status();
+      absl::Status s = stage.Reduce(*std::move(planned), views, ReduceOp::kAverage, comm);
+      EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << spec << ": " << s;
+      EXPECT_TRUE(absl::StrContains(s.message(), "tensor 'w'")) << spec << ": " << s;
+      gpu.fail_allocations = false;
+      std::vector<std::vector<uint32_t>> after, fresh;
+      RunSteps(stage, comm, spec, 1, 1, &after, -1, &gpu);
+      CompressionStage other(StageOptions{});
+      RunSteps(other, comm, spec, 1, 1, &fresh, -1, &gpu);
+      EXPECT_EQ(after, fresh) << spec << ": the failed step left no trace";
+    });
+  }
 }
 
 // ---- Malformed states: refused by their declared sizes, naming the field ---------------
