@@ -1,9 +1,11 @@
 #include "compression/stage.h"
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "compression/methods.h"
 #include "compression/state_io.h"
@@ -60,6 +62,7 @@ void CompressionStage::PlanLocked(CompressionMethod& m, absl::Span<const BucketT
   plans_.assign(tensors.size(), TensorPlan{});
   for (size_t i = 0; i < tensors.size(); ++i) {
     TensorPlan& p = plans_[i];
+    if (!loaded_specs_.empty()) WarnIfLoadedForAnother(m, tensors[i].name);
     if (m.is_none()) {
       p.work_dtype = tensors[i].dtype;
       p.separate_input = true;
@@ -75,6 +78,22 @@ void CompressionStage::PlanLocked(CompressionMethod& m, absl::Span<const BucketT
     p.separate_output = p.warm_up ? plain_->WritesSeparateOutput()
                                   : m.compressor_->WritesSeparateOutput();
   }
+}
+
+// A tensor's first bucket after a load: a state loaded for another spec (another method, or
+// options that change the arithmetic, e.g. fp4's chunk) is not this method's, and the tensor
+// starts from a fresh one; said once, since nothing else would show it.
+void CompressionStage::WarnIfLoadedForAnother(const CompressionMethod& m,
+                                              absl::string_view name) {
+  auto it = loaded_specs_.find(name);
+  if (it == loaded_specs_.end()) return;
+  if (std::find(it->second.begin(), it->second.end(), m.spec()) == it->second.end()) {
+    LOG(WARNING) << "tensor '" << name << "': its compression state was loaded for '"
+                 << absl::StrJoin(it->second, "', '") << "', but it now runs under '"
+                 << m.spec() << "', which starts from a fresh state (the loaded one stays "
+                 << "unused)";
+  }
+  loaded_specs_.erase(it);
 }
 
 absl::StatusOr<PlannedBucket> CompressionStage::Plan(const CompressionMethod& method,

@@ -233,6 +233,8 @@ class CompressionStage {
   friend class PlannedBucket;
   void PlanLocked(CompressionMethod& m, absl::Span<const BucketTensor> tensors)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
+  void WarnIfLoadedForAnother(const CompressionMethod& m, absl::string_view name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
   // Internal when `views` are not what `bucket` planned, or `bytes` does not fit them.
   absl::Status CheckPacked(const PlannedBucket& bucket, absl::Span<const TensorView> views,
                            absl::Span<TensorBytes> bytes) const
@@ -266,6 +268,10 @@ class CompressionStage {
   std::vector<uint64_t> payload_;
   std::vector<int64_t> step_values_;
   std::vector<TensorBytes> bytes_scratch_;
+  // Per tensor whose state was loaded (ApplyState), the specs it was loaded for, until its
+  // first bucket (WarnIfLoadedForAnother).
+  std::map<std::string, std::vector<std::string>, std::less<>> loaded_specs_
+      ABSL_GUARDED_BY(state_mu_);
   // The device of the bucket being reduced (StepContext::device).
   device::Device* device_ ABSL_GUARDED_BY(state_mu_) = &device::HostDevice();
 };

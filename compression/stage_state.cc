@@ -193,10 +193,12 @@ StateSummary CompressionStage::Summarize(const ParsedState* pending) const {
 void CompressionStage::ApplyState(std::unique_ptr<ParsedState> state) {
   absl::MutexLock lock(&state_mu_);
   absl::MutexLock methods_lock(&methods_mu_);
+  loaded_specs_.clear();
   for (auto& [spec, loaded] : state->methods) {
     CompressionMethod* m = FindOrAddLocked(std::move(loaded.spec));
     m->compressor_ = std::move(loaded.compressor);
     m->tensors_ = std::move(loaded.tensors);
+    for (const auto& [name, record] : m->tensors_) loaded_specs_[name].push_back(m->spec());
   }
 }
 

@@ -6,5 +6,7 @@ cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 # ccache hits across checkouts in different folders (CI clones afresh each time).
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true
-cmake -S . -B build -G Ninja -DPython3_EXECUTABLE=/usr/bin/python3 "$@" >/dev/null
+configured=$(cmake -S . -B build -G Ninja -DPython3_EXECUTABLE=/usr/bin/python3 "$@")
+# Of the configure step's output, the one line a user needs: whether CUDA is on, and why.
+grep -m1 "braid: CUDA is" <<<"$configured" || true
 cmake --build build

@@ -1,6 +1,7 @@
 #include "device/cuda/cuda_device.h"
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <array>
 #include <memory>
@@ -194,6 +195,13 @@ absl::StatusOr<Device*> CudaDevice(int32_t id, bool allow_unverified) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, "braid's CUDA path has not passed its GPU check (scripts/gpu_check.sh) on a GPU "
         "yet; set BRAID_CUDA_UNVERIFIED=1 to use it anyway"));
+  }
+  // Without a driver the CUDA runtime says "driver version is insufficient", which points
+  // the wrong way: say there is none.
+  static const bool has_driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL) != nullptr;
+  if (!has_driver) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, "no NVIDIA driver here (libcuda.so.1 cannot be loaded)"));
   }
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);

@@ -15,8 +15,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "compression/stage.h"
 #include "compression/state_summary.h"
+#include "glog/logging.h"
 #include "gtest/gtest.h"
 #include "tests/testing/test_device.h"
 #include "tests/unit/thread_world.h"
@@ -135,6 +137,60 @@ INSTANTIATE_TEST_SUITE_P(EveryStatefulMethod, ResumeTest,
                                            "scalecomp:beta=0.5,granularity=tensor,ratio=8",
                                            "topk:ratio=8", "randomk:ratio=8",
                                            "powersgd:rank=2"));
+
+// ---- A state loaded for another spec ---------------------------------------------------
+
+// The warnings logged while it lives.
+class WarningLog : public google::LogSink {
+ public:
+  WarningLog() { google::AddLogSink(this); }
+  ~WarningLog() override { google::RemoveLogSink(this); }
+  void send(google::LogSeverity severity, const char*, const char*, int, const struct ::tm*,
+            const char* message, size_t length) override {
+    absl::MutexLock lock(&mu_);
+    if (severity == google::GLOG_WARNING) lines_.emplace_back(message, length);
+  }
+  std::vector<std::string> lines() {
+    absl::MutexLock lock(&mu_);
+    return lines_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> lines_;
+};
+
+// A state loaded for "fp4:ef=1" does nothing for a job that runs "fp4:chunk=64,ef=1" (other
+// scales, another arithmetic): the tensors start afresh, and a warning per tensor says so,
+// once; the same spec, spelled otherwise, takes the state and warns of nothing.
+TEST(LoadedStateTest, AStateLoadedForAnotherSpecIsNamedInAWarning) {
+  std::string saved;
+  ThreadWorld(1).Run([&](int, transport::Communicator& comm) {
+    CompressionStage stage(StageOptions{});
+    RunSteps(stage, comm, "fp4:ef=1", 1, 2, nullptr);
+    saved = stage.SaveState(0, 1).value();
+  });
+  for (const char* spec : {"fp4:chunk=64,ef=1", "fp4:chunk=128,ef=1"}) {
+    WarningLog log;
+    ThreadWorld(1).Run([&](int, transport::Communicator& comm) {
+      CompressionStage stage(StageOptions{});
+      ASSERT_TRUE(stage.LoadState(saved, 0, 1).ok());
+      RunSteps(stage, comm, spec, 3, 4, nullptr);
+    });
+    std::vector<std::string> about;
+    for (const std::string& line : log.lines()) {
+      if (absl::StrContains(line, "was loaded for")) about.push_back(line);
+    }
+    if (std::string(spec) == "fp4:chunk=128,ef=1") {
+      EXPECT_TRUE(about.empty()) << about.front();
+      continue;
+    }
+    ASSERT_EQ(about.size(), 2u) << "one per tensor, once";
+    EXPECT_EQ(about[0], "tensor 'w': its compression state was loaded for 'fp4:ef=1', but it "
+                        "now runs under 'fp4:chunk=64,ef=1', which starts from a fresh state "
+                        "(the loaded one stays unused)");
+  }
+}
 
 // ---- The state on the tensors' device (Note [Compression state on the device]) ----------
 

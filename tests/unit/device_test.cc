@@ -4,6 +4,8 @@
 // (tests/testing/test_device.h): a device-type mismatch across ranks, CPU and device
 // tensors of one step in different buckets, every byte moved through the device, a device
 // the runtime lacks refused on every rank.
+#include <dlfcn.h>
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -79,6 +81,20 @@ TEST(DeviceRegistryTest, HasTheHostAndRefusesATypeWithoutADevice) {
       << s;
   TestDevice gpu;
   EXPECT_EQ(*testing::RegistryWith(&gpu)->Get(DeviceRef{DeviceType::kCUDA, 1}), &gpu);
+}
+
+// A CUDA build on a machine without the NVIDIA driver (CI's) says there is no driver, not
+// that the driver's version is insufficient (what the CUDA runtime reports then).
+TEST(DeviceRegistryTest, ACudaBuildWithoutADriverSaysSo) {
+  auto registry = device::MakeDefaultDevices(/*allow_unverified_cuda=*/true);
+  if (!registry->Has(DeviceType::kCUDA)) GTEST_SKIP() << "built without CUDA";
+  if (void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL)) {
+    dlclose(driver);
+    GTEST_SKIP() << "an NVIDIA driver is here";
+  }
+  absl::Status s = registry->Get(DeviceRef{DeviceType::kCUDA, 0}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(s.message(), "cuda:0 tensors: no NVIDIA driver here (libcuda.so.1 cannot be loaded)");
 }
 
 // One test device per rank, registered as that rank's GPUs.
