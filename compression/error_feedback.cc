@@ -12,22 +12,22 @@ namespace braid::compression {
 
 absl::StatusOr<StateArray*> ErrorFeedback::Prepare(absl::string_view name, size_t count) {
   auto it = residuals_.find(name);
-  if (it != residuals_.end() && it->second.size() == count) {
-    BRAID_RETURN_IF_ERROR(it->second.MoveTo(*device_));
-    return &it->second;
-  }
-  if (it != residuals_.end()) {
+  if (it != residuals_.end() && it->second.size() != count) {
     LOG(WARNING) << "tensor '" << name << "' changed size from " << it->second.size() << " to "
                  << count << " elements: its error-feedback residual starts again from zero";
   }
-  auto zeros = StateArray::Zeros(*device_, count);
-  if (!zeros.ok()) {
-    return absl::Status(zeros.status().code(),
+  // A new residual joins the map only once it is there.
+  StateArray fresh;
+  StateArray& e = it != residuals_.end() ? it->second : fresh;
+  absl::StatusOr<bool> placed = e.PlaceOn(*device_, count);
+  if (!placed.ok()) {
+    return absl::Status(placed.status().code(),
                         absl::StrCat("tensor '", name, "': its error-feedback residual: ",
-                                     zeros.status().message()));
+                                     placed.status().message()));
   }
-  if (it == residuals_.end()) it = residuals_.emplace(std::string(name), StateArray()).first;
-  it->second = std::move(*zeros);
+  if (it == residuals_.end()) {
+    it = residuals_.emplace(std::string(name), std::move(fresh)).first;
+  }
   return &it->second;
 }
 

@@ -267,24 +267,11 @@ absl::Status PowerSgdCompressor::PlaceStates(absl::Span<const TensorView> tensor
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (!items_[i].plan.compressed) continue;
     TensorState& s = *items_[i].state;
-    const size_t qn = static_cast<size_t>(s.cols) * s.rank;
-    absl::Status placed;
-    if (s.q.size() == qn) {
-      placed = s.q.MoveTo(device);
-    } else {
-      s.has_q = false;
-      auto q = StateArray::Zeros(device, qn);
-      placed = q.status();
-      if (q.ok()) s.q = *std::move(q);
-    }
+    absl::StatusOr<bool> kept = s.q.PlaceOn(device, static_cast<size_t>(s.cols) * s.rank);
+    absl::Status placed = kept.status();
+    if (kept.ok() && !*kept) s.has_q = false;  // zeros: no Q̂ to start from
     if (placed.ok() && o_.error_feedback) {
-      if (s.residual.size() == tensors[i].count) {
-        placed = s.residual.MoveTo(device);
-      } else {
-        auto e = StateArray::Zeros(device, tensors[i].count);
-        placed = e.status();
-        if (e.ok()) s.residual = *std::move(e);
-      }
+      placed = s.residual.PlaceOn(device, tensors[i].count).status();
     }
     if (!placed.ok()) {
       return absl::Status(placed.code(), absl::StrCat(spec_, ": tensor '", tensors[i].name,

@@ -70,4 +70,15 @@ absl::Status StateArray::MoveTo(device::Device& device) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> StateArray::PlaceOn(device::Device& device, size_t count) {
+  if (device_ != nullptr && size_ == count) {
+    BRAID_RETURN_IF_ERROR(MoveTo(device));
+    return true;
+  }
+  auto zeros = Zeros(device, count);
+  if (!zeros.ok()) return zeros.status();
+  *this = *std::move(zeros);
+  return false;
+}
+
 }  // namespace braid::compression

@@ -63,6 +63,10 @@ class StateArray {
   // Moves the values onto `device` (through the host when it is another device); nothing
   // when they are there already. Errors: the devices'; then the array is unchanged.
   absl::Status MoveTo(device::Device& device);
+  // Makes this `count` values on `device`, as a compressor places a tensor's state before a
+  // step: the values it holds, moved there (true), when it holds `count` of them; else
+  // `count` zeros (false). Errors: the devices'; then the array is unchanged.
+  absl::StatusOr<bool> PlaceOn(device::Device& device, size_t count);
 
  private:
   device::Device* device_ = nullptr;
