@@ -68,28 +68,47 @@ std::vector<uint32_t> Bits(const std::vector<float>& x) {
   return b;
 }
 
+// One bucket of `views` under `spec`, its tensors on `device` (null: the host), as the
+// pipeline plans and reduces it.
+absl::Status ReduceOn(CompressionStage& stage, transport::Communicator& comm,
+                      const std::string& spec, absl::Span<const TensorView> views,
+                      device::Device* device) {
+  const CompressionMethod& method = *stage.Resolve(spec).value();
+  std::vector<BucketTensor> tensors;
+  for (const TensorView& v : views) tensors.push_back({v.name, v.shape, v.dtype, v.count});
+  absl::StatusOr<PlannedBucket> planned = stage.Plan(method, tensors, device);
+  if (!planned.ok()) return planned.status();
+  return stage.Reduce(*std::move(planned), views, ReduceOp::kAverage, comm);
+}
+
 // Steps `from`..`to` of a bucket of "w" and "b"; each step's results (bits) appended. The
 // inputs are rank `data_rank`'s (-1: this rank's); the tensors are on `device` (null: the
 // host).
 void RunSteps(CompressionStage& stage, transport::Communicator& comm, const std::string& spec,
               int from, int to, std::vector<std::vector<uint32_t>>* record, int data_rank = -1,
               device::Device* device = nullptr) {
-  const CompressionMethod& method = *stage.Resolve(spec).value();
   const int rank = data_rank >= 0 ? data_rank : comm.rank();
   for (int step = from; step <= to; ++step) {
     std::vector<float> w = Grad(rank, 0, step, 432), b = Grad(rank, 1, step, 50);
     std::vector<TensorView> views = {{"w", kShapeW, w.data(), w.size()},
                                      {"b", kShapeB, b.data(), b.size()}};
-    std::vector<BucketTensor> tensors;
-    for (const TensorView& v : views) tensors.push_back({v.name, v.shape, v.dtype, v.count});
-    absl::StatusOr<PlannedBucket> planned = stage.Plan(method, tensors, device);
-    ASSERT_TRUE(planned.ok()) << planned.status();
-    ASSERT_TRUE(stage.Reduce(*std::move(planned), views, ReduceOp::kAverage, comm).ok())
-        << spec;
+    const absl::Status s = ReduceOn(stage, comm, spec, views, device);
+    ASSERT_TRUE(s.ok()) << spec << ": " << s;
     if (record == nullptr) continue;
     w.insert(w.end(), b.begin(), b.end());
     record->push_back(Bits(w));
   }
+}
+
+// The state of one rank alone after steps 1..`steps` of `spec`.
+std::string StateAfter(const std::string& spec, int steps) {
+  std::string state;
+  ThreadWorld(1).Run([&](int, transport::Communicator& comm) {
+    CompressionStage stage(StageOptions{});
+    RunSteps(stage, comm, spec, 1, steps, nullptr);
+    state = stage.SaveState(0, 1).value();
+  });
+  return state;
 }
 
 class ResumeTest : public ::testing::TestWithParam<const char*> {};
@@ -164,12 +183,7 @@ class WarningLog : public google::LogSink {
 // scales, another arithmetic): the tensors start afresh, and a warning per tensor says so,
 // once; the same spec, spelled otherwise, takes the state and warns of nothing.
 TEST(LoadedStateTest, AStateLoadedForAnotherSpecIsNamedInAWarning) {
-  std::string saved;
-  ThreadWorld(1).Run([&](int, transport::Communicator& comm) {
-    CompressionStage stage(StageOptions{});
-    RunSteps(stage, comm, "fp4:ef=1", 1, 2, nullptr);
-    saved = stage.SaveState(0, 1).value();
-  });
+  const std::string saved = StateAfter("fp4:ef=1", 2);
   for (const char* spec : {"fp4:chunk=64,ef=1", "fp4:chunk=128,ef=1"}) {
     WarningLog log;
     ThreadWorld(1).Run([&](int, transport::Communicator& comm) {
@@ -270,14 +284,10 @@ TEST(DeviceStateLimitsTest, ADeviceTheHostCannotReadIsRefused) {
     braid::testing::TestDevice gpu({DeviceType::kCUDA, 3});
     gpu.readable_from_host = false;
     CompressionStage stage(StageOptions{});
-    const CompressionMethod& method = *stage.Resolve("fp4:ef=1").value();
     std::vector<float> w(8, 1.0f);
     const std::vector<int64_t> shape = {8};
-    std::vector<TensorView> views = {{"w", shape, w.data(), w.size()}};
-    std::vector<BucketTensor> tensors = {{"w", shape, DataType::kFloat32, 8}};
-    absl::StatusOr<PlannedBucket> planned = stage.Plan(method, tensors, &gpu);
-    ASSERT_TRUE(planned.ok()) << planned.status();
-    absl::Status s = stage.Reduce(*std::move(planned), views, ReduceOp::kAverage, comm);
+    const std::vector<TensorView> views = {{"w", shape, w.data(), w.size()}};
+    const absl::Status s = ReduceOn(stage, comm, "fp4:ef=1", views, &gpu);
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
     EXPECT_EQ(s.message(), "compression 'fp4:ef=1': the bucket is in cuda:3 memory, which "
                            "braid's compressors cannot read yet");
@@ -295,15 +305,10 @@ TEST(DeviceStateLimitsTest, AStateTheDeviceCannotHoldFailsNamingTheTensor) {
       braid::testing::TestDevice gpu({DeviceType::kCUDA, 0});
       gpu.fail_allocations = true;
       CompressionStage stage(StageOptions{});
-      const CompressionMethod& method = *stage.Resolve(spec).value();
       std::vector<float> w = Grad(0, 0, 1, 432), b = Grad(0, 1, 1, 50);
-      std::vector<TensorView> views = {{"w", kShapeW, w.data(), w.size()},
-                                       {"b", kShapeB, b.data(), b.size()}};
-      std::vector<BucketTensor> tensors;
-      for (const TensorView& v : views) tensors.push_back({v.name, v.shape, v.dtype, v.count});
-      absl::StatusOr<PlannedBucket> planned = stage.Plan(method, tensors, &gpu);
-      ASSERT_TRUE(planned.ok()) << planned.status();
-      absl::Status s = stage.Reduce(*std::move(planned), views, ReduceOp::kAverage, comm);
+      const std::vector<TensorView> views = {{"w", kShapeW, w.data(), w.size()},
+                                             {"b", kShapeB, b.data(), b.size()}};
+      const absl::Status s = ReduceOn(stage, comm, spec, views, &gpu);
       EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << spec << ": " << s;
       EXPECT_TRUE(absl::StrContains(s.message(), "tensor 'w'")) << spec << ": " << s;
       gpu.fail_allocations = false;
@@ -403,12 +408,7 @@ TEST(StateLimitsTest, ASavedRankOutsideItsWorldIsRefused) {
 
 // A state whose step counter was changed after it was written fails its digest.
 TEST(StateLimitsTest, AlteredStateFailsItsDigest) {
-  std::string state;
-  ThreadWorld(1).Run([&](int, transport::Communicator& comm) {
-    CompressionStage stage(StageOptions{});
-    RunSteps(stage, comm, "fp4:ef=1", 1, 3, nullptr);
-    state = stage.SaveState(0, 1).value();
-  });
+  std::string state = StateAfter("fp4:ef=1", 3);
   CompressionStage stage(StageOptions{});
   ASSERT_TRUE(stage.ParseState(state).ok());
   // The first tensor ("b") follows the spec: magic, version, rank, size, digest, count (32
