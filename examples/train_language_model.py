@@ -67,9 +67,9 @@ def parse_args(argv=None):
     p.add_argument("--compression", default=None,
                    help="gradient compression spec (fp16, fp4, 'powersgd:rank=2', ...); "
                         "default: BRAID_COMPRESSION, else none")
-    p.add_argument("--target-perplexity", type=float, default=150.0,
+    p.add_argument("--target-perplexity", type=float, default=120.0,
                    help="report the time until the validation perplexity first falls to this")
-    p.add_argument("--eval-every", type=non_negative_int, default=200,
+    p.add_argument("--eval-every", type=non_negative_int, default=50,
                    help="also evaluate every this many steps (0: after each epoch only)")
     p.add_argument("--valid-tokens", type=non_negative_int, default=0,
                    help="evaluate on the first N validation tokens only (0: all 46,116)")
@@ -99,25 +99,35 @@ def detach(state):
     return tuple(s.detach() for s in state)
 
 
-def evaluate(model, valid, args, rank, size):
-    """Validation perplexity over the held-out tokens: each rank scores a contiguous
-    size-th of them; the summed cross-entropy and token counts are added up over ranks."""
+def validation_sums(model, valid, bptt, rank, size):
+    """This rank's part of the validation score: the summed cross-entropy (nats) and the
+    token count over a contiguous size-th of ``valid`` (int64 [N]), in 10 rows of ``bptt``
+    tokens, the LSTM's state carried along. Summed over ranks, exp(loss / count) is the
+    perplexity of the whole of ``valid`` (but for at most 10 x size tokens left over)."""
+    was_training = model.training
     model.eval()
-    tokens = valid[:args.valid_tokens] if args.valid_tokens else valid
-    n = len(tokens) // size
-    data = bible_data.batchify(tokens[rank * n:(rank + 1) * n], 10)
+    n = len(valid) // size
+    data = bible_data.batchify(valid[rank * n:(rank + 1) * n], 10)
     loss, count, state = 0.0, 0, None
     with torch.no_grad():
-        for i in range(0, len(data) - 1, args.bptt):
-            x, y = data[i:i + args.bptt], data[i + 1:i + 1 + args.bptt]
+        for i in range(0, len(data) - 1, bptt):
+            x, y = data[i:i + bptt], data[i + 1:i + 1 + bptt]
             x = x[:len(y)]
             out, state = model(x, state)
             loss += float(F.cross_entropy(out.view(-1, out.size(-1)), y.reshape(-1),
                                           reduction="sum"))
             count += y.numel()
-    totals = hvd.allreduce(torch.tensor([loss, count], dtype=torch.float64),
-                           name="eval.totals", op=hvd.Sum, compression="none")
-    model.train()
+    model.train(was_training)
+    return loss, count
+
+
+def evaluate(model, valid, args, rank, size):
+    """Validation perplexity over the held-out tokens (the first ``--valid-tokens``), the
+    ranks' sums added up exactly (float64, uncompressed)."""
+    tokens = valid[:args.valid_tokens] if args.valid_tokens else valid
+    totals = hvd.allreduce(
+        torch.tensor(validation_sums(model, tokens, args.bptt, rank, size), dtype=torch.float64),
+        name="eval.totals", op=hvd.Sum, compression="none")
     return math.exp(float(totals[0] / totals[1]))
 
 

@@ -30,6 +30,8 @@ LIBRARY_PACKAGES=(
   # extension against c10d's ProcessGroup) builds against them.
   libtorch-dev
   dataset-fashion-mnist
+  # The language-model example's corpus: the King James Bible and its reader, `bible`.
+  bible-kjv
   # braidrun starts the ranks of other hosts over ssh (the client only).
   openssh-client
   # The Debian package (cmake --build build --target package): CPack's DEB generator runs

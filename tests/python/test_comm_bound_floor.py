@@ -1,8 +1,13 @@
-"""tools/bench/comm_bound_bench.py's floor of an uncompressed step (pure functions; no
-processes): the fewest bytes a rank must send, in frames, at the link rate, plus the
-computation no communication overlaps."""
+"""tools/bench/comm_bound_bench.py's logic (no processes, no hosts): the floor of an
+uncompressed step (the fewest bytes a rank must send, in frames, at the link rate, plus the
+computation no communication overlaps); time to a target accuracy or perplexity; --resume
+(only the missing or failed runs run again, results.json written after each run); merging
+parts of a matrix."""
 import importlib.util
+import json
 import os
+
+import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SPEC = importlib.util.spec_from_file_location(
@@ -56,3 +61,101 @@ def test_results_record_no_path_of_the_machine():
     recorded = bench.recorded_args(args)
     assert (recorded["build_dir"], recorded["out"]) == ("build", "cb_ddp")
     assert recorded["ranks"] == args.ranks
+
+
+def lm_run(method, perplexities, step_s=1.0, **kw):
+    r = {"method": method, "label": f"braid {method}", "ranks": 4, "rate": "100mbit",
+         "workload": "lm", "framework": "braid", "steps": 10 * len(perplexities),
+         "step_time_median_s": step_s, "wire_bytes": 1e6,
+         "history": [{"step": 10 * (i + 1), "train_time_s": 10.0 * (i + 1) * step_s,
+                      "valid_perplexity": p} for i, p in enumerate(perplexities)]}
+    r.update(kw)
+    return r
+
+
+def test_time_to_a_perplexity_is_the_first_score_at_or_below_it():
+    history = lm_run("none", [900.0, 151.0, 150.0, 140.0])["history"]
+    assert bench.time_to(history, 150.0, "lm") == 30.0
+    assert bench.time_to(history, 100.0, "lm") is None
+    # An accuracy is reached at or above its target.
+    acc = [{"train_time_s": 1.0, "test_accuracy": 0.5}, {"train_time_s": 2.0, "test_accuracy": 0.9}]
+    assert bench.time_to(acc, 0.88) == 2.0
+
+
+def test_language_model_table_gives_time_to_perplexity_and_the_final_perplexity():
+    runs = [lm_run("none", [300.0, 160.0, 149.0], step_s=3.0),
+            lm_run("powersgd:rank=2", [400.0, 140.0, 120.0], step_s=1.0),
+            lm_run("local", [200.0], step_s=0.5, framework="local", label="no communication")]
+    lines = bench.accuracy_table(runs, 150.0, "lm")
+    assert "time to perplexity 150 (s)" in lines[0] and "final perplexity" in lines[0], lines
+    # none: 90 s (third score); powersgd: 20 s (second): 4.50x; comm share 1 - 0.5/3.
+    assert lines[2] == "| braid none | 3000.0 | 83% | 90.0 | 1.00x | 149.0 | 0.033 |", lines
+    assert lines[3] == "| braid powersgd:rank=2 | 1000.0 | 50% | 20.0 | 4.50x | 120.0 | 0.033 |"
+
+
+class FakeHosts:
+    """Stands in for the test hosts: records the jobs asked for and fails those in fail."""
+    jobs, fail = [], set()
+
+    def __init__(self, n, rate):
+        self.n, self.rate = n, rate
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def run_job(self, build, method, extra, timeout):
+        FakeHosts.jobs.append((method, self.n, self.rate))
+        if method in FakeHosts.fail:
+            return {"method": method, "label": method, "error": "exit 1"}
+        return lm_run(method, [100.0], ranks=self.n, rate=self.rate)
+
+
+def test_resume_runs_only_the_missing_and_the_failed_and_writes_after_each(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "HostSet", FakeHosts)
+    monkeypatch.setattr(bench, "check_setup", lambda args: None)
+    FakeHosts.jobs, FakeHosts.fail = [], {"fp4"}
+    common = ["--workload", "lm", "--out", str(tmp_path), "--ranks", "4"]
+    assert bench.main(common + ["--methods", "none", "fp4"]) == 1  # fp4 failed
+    assert FakeHosts.jobs == [("none", 4, "100mbit"), ("fp4", 4, "100mbit")]
+    FakeHosts.jobs, FakeHosts.fail = [], set()
+    assert bench.main(common + ["--resume", "--methods", "none", "fp4", "fp16"]) == 0
+    assert FakeHosts.jobs == [("fp4", 4, "100mbit"), ("fp16", 4, "100mbit")]
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert [r["method"] for r in doc["accuracy_runs"]] == ["none", "fp4", "fp16"]
+    assert not any("error" in r for r in doc["accuracy_runs"])
+    # Without --resume everything runs again.
+    FakeHosts.jobs = []
+    assert bench.main(common + ["--methods", "none"]) == 0
+    assert FakeHosts.jobs == [("none", 4, "100mbit")]
+
+
+def test_results_are_written_after_every_run(tmp_path, monkeypatch):
+    seen = []
+
+    class Hosts(FakeHosts):
+        def run_job(self, *a):
+            path = tmp_path / "results.json"
+            seen.append(len(json.loads(path.read_text())["accuracy_runs"])
+                        if path.exists() else 0)
+            return super().run_job(*a)
+
+    monkeypatch.setattr(bench, "HostSet", Hosts)
+    monkeypatch.setattr(bench, "check_setup", lambda args: None)
+    FakeHosts.jobs, FakeHosts.fail = [], set()
+    bench.main(["--workload", "lm", "--out", str(tmp_path), "--methods", "none", "fp4", "fp16"])
+    assert seen == [0, 1, 2]
+
+
+def test_merging_refuses_two_workloads(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"accuracy_runs": [lm_run("none", [100.0])]}))
+    b.write_text(json.dumps({"accuracy_runs": [run()]}))  # a Fashion-MNIST run
+    with pytest.raises(ValueError, match="several workloads"):
+        bench.merged_results([str(a), str(b)])
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps({"accuracy_runs": [lm_run("fp4", [90.0])]}))
+    merged, _ = bench.merged_results([str(a), str(c)])
+    assert [r["method"] for r in merged["accuracy_runs"]] == ["none", "fp4"]

@@ -10,7 +10,8 @@ import pytest
 import braid_launch
 
 REPO = braid_launch.REPO
-EXAMPLES = ["train_fashion_mnist.py", "horovod_pytorch_mnist.py", "train_digits.py"]
+EXAMPLES = ["train_fashion_mnist.py", "horovod_pytorch_mnist.py", "train_digits.py",
+            "train_language_model.py"]
 
 
 def test_examples_help_without_pythonpath():

@@ -13,8 +13,8 @@ for p in openssh-server slurm-wlm slurmd munge bazel-bootstrap clang openmpi-bin
   has "$lib" "$p" && fail "the library's set installs $p"
   [ "$p" = slurmd ] || has "$all" "$p" || fail "--tests does not install $p"
 done
-# What the main job and the package build need.
-for p in python3-torch dataset-fashion-mnist libucx-dev libgrpc++-dev dpkg-dev file \
+# What the main job, the language-model example and the package build need.
+for p in python3-torch dataset-fashion-mnist bible-kjv libucx-dev libgrpc++-dev dpkg-dev file \
          openssh-client; do
   has "$lib" "$p" || fail "the library's set lacks $p"
 done

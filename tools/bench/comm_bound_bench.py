@@ -9,13 +9,23 @@ hostname, PID and IPC namespaces, joined through a bridge by links rate-limited 
 every gradient crosses a link of the configured rate; the ranks start over ssh (braidrun -H,
 also for DDP: braidrun launches any command). Needs root.
 
-Workload: examples/train_fashion_mnist.py's CNN (215k float32 parameters, 861 KB of
-gradients a step) at 32 images per rank per step (tools/bench/comm_bound_rank.py). Its
-computation is a few milliseconds a step while an uncompressed ring all-reduce of 861 KB
-over 4 ranks moves 2(n-1)/n x 861 KB = 1.29 MB of payload per rank, about 103 ms at
-100 Mbit/s (108 ms in Ethernet frames, what the floor below counts): the
-step is communication-bound (the table's "comm share" measures it: 1 - the step time with no
-communication, `local`, over the method's step time).
+Workloads (--workload; tools/bench/comm_bound_rank.py trains them as their examples do):
+
+- fmnist (default): examples/train_fashion_mnist.py's CNN (215k float32 parameters, 861 KB
+  of gradients a step) at 32 images per rank per step, scored by test accuracy (target
+  --target-accuracy, 88%). Its computation is a few milliseconds a step while an
+  uncompressed ring all-reduce of 861 KB over 4 ranks moves 2(n-1)/n x 861 KB = 1.29 MB of
+  payload per rank, about 103 ms at 100 Mbit/s (108 ms in Ethernet frames, what the floor
+  below counts).
+- lm: examples/train_language_model.py's LSTM language model on the King James Bible (5.66M
+  float32 parameters, 22.6 MB of gradients a step, most of them in the 10,000-word embedding
+  and softmax) at 20 x 35 tokens per rank per step, scored by validation perplexity on the
+  held-out chapters (target --target-perplexity, 120). At 4 ranks and
+  100 Mbit/s a ring all-reduce moves 34 MB per rank, about 2.8 s, against a few hundred
+  milliseconds of computation.
+
+Both steps are communication-bound: the table's "comm share" measures it (1 - the step time
+with no communication, `local`, over the method's step time).
 
 Methods: braid `none`, `fp16`, `fp4`, `powersgd:rank=2`, `scalecomp:ratio=100` (any braid
 compression spec), `ddp` (DistributedDataParallel, gloo, uncompressed), `ddp-powersgd:R`
@@ -39,9 +49,15 @@ same links, --ranks hosts at each --matrix-rates: braid (tools/bench/link_allred
 through its Python API), gloo (torch.distributed) and Open MPI (mpi-allreduce-bench under
 mpirun, pml ob1 with the tcp btl on eth0), with busbw against the link rate.
 
-Output in --out: results.json (every run), table.md (the tables below, as printed), and PNG
-plots: accuracy_<ranks>x<rate>.png (test accuracy against training time, one line per
-method), steps.png (phase 2's step times) and sweep.png (phase 3's busbw). Figures are medians of one run each on a
+Output in --out: results.json (every run, written after each), table.md (the tables below,
+as printed), and PNG plots: accuracy_<ranks>x<rate>.png (test accuracy or validation
+perplexity against training time, one line per method), steps.png (phase 2's step times)
+and sweep.png (phase 3's busbw).
+
+A whole matrix takes hours: run it in parts. --resume keeps the runs --out's results.json
+already holds (those that did not fail) and runs only the others, so an interrupted run
+goes on where it stopped; --from-json merges the results.json of several parts (each
+part's runs carry when they ran and the load average before they started) into one report. Figures are medians of one run each on a
 shared machine: the computation part of a step is sensitive to other load, the link part
 is not.
 """
@@ -68,6 +84,20 @@ SSH = ["--ssh-identity-file", f"{SSH_DIR}/id_ed25519", "--ssh-option",
        "--ssh-option", "LogLevel=ERROR"]
 ACCURACY_METHODS = ["none", "fp16", "fp4", "powersgd:rank=2", "scalecomp:ratio=100", "ddp",
                     "ddp-powersgd:2", "local"]
+# The language model's target: validation perplexity on the held-out chapters, as
+# examples/train_language_model.py's default (BENCHMARKS.md, section 28, says how it was
+# chosen).
+LM_TARGET_PERPLEXITY = 120.0
+# Per workload: the rank program's score (and whether higher is better), its axis label,
+# and phase 1's defaults.
+WORKLOADS = {
+    "fmnist": {"metric": "test_accuracy", "higher": True, "label": "test accuracy (%)",
+               "scale": 100.0, "epochs": 3.0, "eval_every": 50,
+               "title": "Fashion-MNIST CNN, {images} images/step"},
+    "lm": {"metric": "valid_perplexity", "higher": False, "label": "validation perplexity",
+           "scale": 1.0, "epochs": 1.0, "eval_every": 25,
+           "title": "LSTM language model, {tokens} tokens/step"},
+}
 MATRIX_METHODS = ["none", "fp16", "fp4", "powersgd:rank=1", "powersgd:rank=2",
                   "powersgd:rank=4", "scalecomp:ratio=70", "scalecomp:ratio=100",
                   "scalecomp:ratio=150", "ddp", "ddp-powersgd:1", "ddp-powersgd:2",
@@ -122,27 +152,31 @@ class HostSet:
                 *program_args]
 
     def run_job(self, build, method, extra, timeout):
-        """Runs one job from h0; returns rank 0's RESULT record (with its label and rate)."""
+        """Runs one job from h0; returns rank 0's RESULT record (with its label and rate, when
+        it started and the load average then)."""
         args, label = method_args(method)
         cmd = self.braidrun(build, [PYTHON, RANK_PROGRAM, *args, *extra])
+        started = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                   "load_before": round(os.getloadavg()[0], 2)}
         start = time.monotonic()
         try:
             r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                timeout=timeout, cwd=REPO)
         except subprocess.TimeoutExpired:
-            return {"method": method, "label": label, "error": f"timed out after {timeout} s"}
+            return {"method": method, "label": label, "error": f"timed out after {timeout} s",
+                    **started}
         for line in r.stdout.splitlines():
             if line.startswith("[0] RESULT "):
                 rec = json.loads(line[len("[0] RESULT "):])
                 rec.update(method=method, label=label, rate=self.rate,
-                           job_seconds=time.monotonic() - start)
+                           job_seconds=time.monotonic() - start, **started)
                 return rec
         lines = (r.stdout + r.stderr).splitlines()
         # The first error lines of any rank first: the rank that failed first is often not the
         # one whose lines come last (a survivor reports the peer that left).
         first = [ln for ln in lines if FIRST_ERROR.search(ln)][:8]
         tail = "\n".join(lines[-60:])
-        return {"method": method, "label": label,
+        return {"method": method, "label": label, **started,
                 "error": f"exit {r.returncode}; first error lines:\n" + "\n".join(first) +
                          f"\n--- last 60 lines ---\n{tail}"}
 
@@ -286,20 +320,35 @@ def plot_sweep(records, path):
     plt.close(fig)
 
 
-def time_to(history, target):
+def workload_of(run):
+    return WORKLOADS[run.get("workload", "fmnist")]
+
+
+def time_to(history, target, workload="fmnist"):
+    """The training time at the first score that reaches target (at or above it for an
+    accuracy, at or below for a perplexity); None if none does."""
+    w = WORKLOADS[workload]
     for h in history:
-        if h["test_accuracy"] >= target:
+        v = h[w["metric"]]
+        if (v >= target) if w["higher"] else (v <= target):
             return h["train_time_s"]
     return None
 
 
-def accuracy_table(runs, target):
+def metric_text(value, workload):
+    return f"{100 * value:.2f}%" if WORKLOADS[workload]["higher"] else f"{value:.1f}"
+
+
+def accuracy_table(runs, target, workload="fmnist"):
     """Markdown rows of phase 1, with the communication share and speed-ups."""
+    w = WORKLOADS[workload]
     local = next((r for r in runs if r["method"] == "local" and "error" not in r), None)
     base = {r["method"]: r for r in runs if "error" not in r}
-    ref = time_to(base["none"]["history"], target) if "none" in base else None
-    lines = [f"| method | time/step (ms) | comm share | time to {100 * target:g}% (s) | "
-             "vs braid none | final accuracy | wire MB/step (all ranks) |",
+    ref = time_to(base["none"]["history"], target, workload) if "none" in base else None
+    goal = f"{100 * target:g}%" if w["higher"] else f"perplexity {target:g}"
+    final = "final accuracy" if w["higher"] else "final perplexity"
+    lines = [f"| method | time/step (ms) | comm share | time to {goal} (s) | "
+             f"vs braid none | {final} | wire MB/step (all ranks) |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
         if "error" in r:
@@ -308,12 +357,13 @@ def accuracy_table(runs, target):
         step = r["step_time_median_s"]
         share = (f"{100 * max(0.0, 1 - local['step_time_median_s'] / step):.0f}%"
                  if local and r is not local else "")
-        t = time_to(r["history"], target)
+        t = time_to(r["history"], target, workload)
         speed = f"{ref / t:.2f}x" if (t and ref) else ""
         lines.append(
             f"| {r['label']} | {1e3 * step:.1f} | {share} | "
             f"{f'{t:.1f}' if t is not None else 'not reached'} | {speed} | "
-            f"{100 * r['final_test_accuracy']:.2f}% | {r['wire_bytes'] / r['steps'] / 1e6:.3f} |")
+            f"{metric_text(r['history'][-1][w['metric']], workload)} | "
+            f"{r['wire_bytes'] / r['steps'] / 1e6:.3f} |")
     return lines
 
 
@@ -333,25 +383,32 @@ def matrix_table(runs, configs):
     return lines
 
 
-def plot_accuracy(runs, path, title, target):
+def plot_accuracy(runs, path, title, target, workload="fmnist"):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    w = WORKLOADS[workload]
     fig, ax = plt.subplots(figsize=(8, 5))
-    lowest = 100 * target
+    goal = w["scale"] * target
+    lowest = highest = goal
     for r in runs:
         if "error" in r or r["method"] == "local":
             continue
         xs = [h["train_time_s"] for h in r["history"]]
-        ys = [100 * h["test_accuracy"] for h in r["history"]]
-        lowest = min([lowest] + ys[1:])  # the first score is often near chance: let it go
+        ys = [w["scale"] * h[w["metric"]] for h in r["history"]]
+        # The first scores are often near chance (or a perplexity in the thousands): let
+        # them go off the axis.
+        lowest, highest = min([lowest] + ys[1:]), max([highest] + ys[-3:])
         ax.plot(xs, ys, marker=".", label=r["label"],
                 linestyle="--" if r["framework"] == "ddp" else "-")
-    ax.axhline(100 * target, color="grey", linewidth=0.8, linestyle=":")
+    ax.axhline(goal, color="grey", linewidth=0.8, linestyle=":")
     ax.set_xlabel("training time (s, wall clock, evaluation excluded)")
-    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylabel(w["label"])
     ax.set_title(title)
-    ax.set_ylim(bottom=max(0.0, lowest - 5), top=100)
+    if w["higher"]:
+        ax.set_ylim(bottom=max(0.0, lowest - 5), top=100)
+    else:
+        ax.set_ylim(bottom=0.8 * lowest, top=2.0 * highest)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
@@ -388,15 +445,25 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build-dir", default=os.path.join(REPO, "build"))
     p.add_argument("--out", default=os.path.join(REPO, "bench-out", "comm_bound"))
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="fmnist",
+                   help="fmnist (the CNN) or lm (the language model)")
     p.add_argument("--ranks", type=int, default=4, help="hosts (one rank each), phase 1")
     p.add_argument("--rate", default="100mbit", help="link rate, tc syntax, phase 1")
     p.add_argument("--methods", nargs="*", default=ACCURACY_METHODS,
                    help="phase 1's methods (none given: no phase 1)")
-    p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--epochs", type=float, default=None,
+                   help="epochs per run (default: fmnist 3, lm 1)")
     p.add_argument("--max-steps", type=int, default=0, help="cap per run (0: --epochs)")
-    p.add_argument("--eval-every", type=int, default=50)
-    p.add_argument("--test-images", type=int, default=10000)
-    p.add_argument("--target-accuracy", type=float, default=0.88)
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="score every N steps (default: fmnist 50, lm 25)")
+    p.add_argument("--test-images", type=int, default=10000, help="fmnist: images scored")
+    p.add_argument("--valid-tokens", type=int, default=0,
+                   help="lm: held-out tokens scored (0: all 46,116)")
+    p.add_argument("--target-accuracy", type=float, default=0.88, help="fmnist's target")
+    p.add_argument("--target-perplexity", type=float, default=LM_TARGET_PERPLEXITY,
+                   help="lm's target")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the runs --out/results.json holds that did not fail; run the rest")
     p.add_argument("--matrix", action="store_true", help="also run phase 2 (step times)")
     p.add_argument("--matrix-methods", nargs="+", default=MATRIX_METHODS)
     p.add_argument("--matrix-ranks", type=int, nargs="+", default=[2, 4])
@@ -412,6 +479,11 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true",
                    help="CI: 2 hosts, a few steps per method, a 1-configuration matrix")
     args = p.parse_args(argv)
+    w = WORKLOADS[args.workload]
+    if args.epochs is None:
+        args.epochs = w["epochs"]
+    if args.eval_every is None:
+        args.eval_every = w["eval_every"]
     if args.smoke:
         args.ranks, args.max_steps, args.eval_every, args.test_images = 2, 6, 3, 500
         args.matrix, args.matrix_ranks, args.matrix_rates = True, [2], [args.rate]
@@ -442,22 +514,50 @@ def check_setup(args):
         sys.exit(f"comm_bound_bench: no braidrun in {args.build_dir} (scripts/build.sh)")
 
 
-def run_phase(args, n, rate, methods, extra):
-    runs = []
+def target_of(args):
+    return args.target_accuracy if args.workload == "fmnist" else args.target_perplexity
+
+
+def write_results(args, results):
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+def run_phase(args, n, rate, methods, extra, results, key):
+    """Runs each method on n hosts at rate, appending its record to results[key] and writing
+    results.json after each; with --resume, a method whose record for (n, rate) is already
+    there without an error is kept and not run again."""
+    done = {(r["method"], r.get("ranks"), r.get("rate")) for r in results[key]
+            if "error" not in r}
+    todo = [m for m in methods if (m, n, rate) not in done]
+    for m in methods:
+        if m not in todo:
+            print(f"  {n} ranks {rate} {method_args(m)[1]}: kept from an earlier run", flush=True)
+    if not todo:
+        return
+    # A failed record of an earlier run is replaced by this run's.
+    results[key] = [r for r in results[key]
+                    if not ("error" in r and (r["method"], r.get("ranks"), r.get("rate"))
+                            in {(m, n, rate) for m in todo})]
+    w = WORKLOADS[args.workload]
     with HostSet(n, rate) as hosts:
-        for m in methods:
-            rec = hosts.run_job(os.path.abspath(args.build_dir), m, extra, args.run_timeout)
+        for m in todo:
+            rec = hosts.run_job(os.path.abspath(args.build_dir), m,
+                                ["--workload", args.workload, *extra], args.run_timeout)
             rec.setdefault("ranks", n)
             rec.setdefault("rate", rate)
-            status = rec.get("error") or (f"{1e3 * rec['step_time_median_s']:.1f} ms/step, "
-                                          f"accuracy {100 * rec['final_test_accuracy']:.2f}%")
+            rec.setdefault("workload", args.workload)
+            status = rec.get("error") or (
+                f"{1e3 * rec['step_time_median_s']:.1f} ms/step, {w['label']} "
+                f"{metric_text(rec['history'][-1][w['metric']], args.workload)}")
             print(f"  {n} ranks {rate} {rec['label']}: {status}", flush=True)
-            runs.append(rec)
-    return runs
+            results[key].append(rec)
+            write_results(args, results)
 
 
 def merged_results(paths):
-    """The runs of several results.json files, and the matrix configurations they cover."""
+    """The runs of several results.json files, and the matrix configurations they cover.
+    ValueError if they hold different workloads."""
     merged = {"accuracy_runs": [], "matrix_runs": [], "sweep": []}
     for path in paths:
         with open(path) as f:
@@ -465,6 +565,11 @@ def merged_results(paths):
         for key in ("accuracy_runs", "matrix_runs", "sweep"):
             merged[key] += doc.get(key, [])
         merged.setdefault("args", doc.get("args", {}))
+    workloads = {r.get("workload", "fmnist") for r in
+                 merged["accuracy_runs"] + merged["matrix_runs"]}
+    if len(workloads) > 1:
+        raise ValueError(f"these results hold several workloads ({sorted(workloads)}): "
+                         "merge each workload's apart")
     configs = list(dict.fromkeys((r["ranks"], r["rate"]) for r in merged["matrix_runs"]))
     return merged, configs
 
@@ -472,7 +577,13 @@ def merged_results(paths):
 def main(argv=None):
     args = parse_args(argv)
     if args.from_json:
-        results, configs = merged_results(args.from_json)
+        try:
+            results, configs = merged_results(args.from_json)
+        except ValueError as e:
+            sys.exit(f"comm_bound_bench: {e}")
+        runs = results["accuracy_runs"] + results["matrix_runs"]
+        if runs:
+            args.workload = runs[0].get("workload", "fmnist")
         first = next(iter(results["accuracy_runs"]), None)
         if first:
             args.ranks, args.rate = first["ranks"], first["rate"]
@@ -481,28 +592,45 @@ def main(argv=None):
         return 0
     check_setup(args)
     os.makedirs(args.out, exist_ok=True)
-    results = {"args": recorded_args(args), "accuracy_runs": [], "matrix_runs": []}
+    results = {"args": recorded_args(args), "accuracy_runs": [], "matrix_runs": [], "sweep": []}
+    path = os.path.join(args.out, "results.json")
+    if args.resume and os.path.exists(path):
+        with open(path) as f:
+            earlier = json.load(f)
+        kinds = {r.get("workload", "fmnist") for r in
+                 earlier.get("accuracy_runs", []) + earlier.get("matrix_runs", [])}
+        if kinds - {args.workload}:
+            sys.exit(f"comm_bound_bench: {path} holds {sorted(kinds)} runs, not "
+                     f"{args.workload}: use another --out")
+        for key in ("accuracy_runs", "matrix_runs", "sweep"):
+            results[key] = earlier.get(key, [])
+    extra_eval = (["--test-images", str(args.test_images)] if args.workload == "fmnist"
+                  else ["--valid-tokens", str(args.valid_tokens)])
     if args.methods:
-        print(f"phase 1: {args.ranks} hosts at {args.rate}, time to "
-              f"{100 * args.target_accuracy:g}% test accuracy", flush=True)
-        extra = ["--epochs", str(args.epochs), "--eval-every", str(args.eval_every),
-                 "--test-images", str(args.test_images)]
+        goal = (f"{100 * args.target_accuracy:g}% test accuracy" if args.workload == "fmnist"
+                else f"validation perplexity {args.target_perplexity:g}")
+        print(f"phase 1: {args.ranks} hosts at {args.rate}, time to {goal}", flush=True)
+        extra = ["--epochs", str(args.epochs), "--eval-every", str(args.eval_every), *extra_eval]
         if args.max_steps:
             extra += ["--max-steps", str(args.max_steps)]
-        results["accuracy_runs"] = run_phase(args, args.ranks, args.rate, args.methods, extra)
+        run_phase(args, args.ranks, args.rate, args.methods, extra, results, "accuracy_runs")
     configs = [(n, rate) for n in args.matrix_ranks for rate in args.matrix_rates]
     if args.matrix:
         print("phase 2: step times", flush=True)
         extra = ["--max-steps", str(args.matrix_steps), "--warmup-steps",
-                 str(min(5, args.matrix_steps // 3)), "--eval-every", "0", "--test-images", "500"]
+                 str(min(5, args.matrix_steps // 3)), "--eval-every", "0",
+                 *(["--test-images", "500"] if args.workload == "fmnist"
+                   else ["--valid-tokens", "2000"])]
         for n, rate in configs:
-            results["matrix_runs"] += run_phase(args, n, rate, args.matrix_methods, extra)
-    results["sweep"] = []
+            run_phase(args, n, rate, args.matrix_methods, extra, results, "matrix_runs")
     if args.sweep:
         print("phase 3: all-reduce sweep", flush=True)
+        results["sweep"] = []
         for rate in args.matrix_rates:
             with HostSet(args.ranks, rate) as hosts:
                 results["sweep"] += run_sweep(args, hosts, os.path.abspath(args.build_dir))
+    configs = list(dict.fromkeys(configs + [(r["ranks"], r["rate"])
+                                            for r in results["matrix_runs"]]))
     report(args, results, configs)
     failed = [r for r in results["accuracy_runs"] + results["matrix_runs"] + results["sweep"]
               if "error" in r]
@@ -510,15 +638,17 @@ def main(argv=None):
 
 
 def report(args, results, configs):
-    title = (f"{args.ranks} ranks, one per host, {args.rate} links: Fashion-MNIST CNN, "
-             f"{32 * args.ranks} images/step")
+    w = WORKLOADS[args.workload]
+    title = (f"{args.ranks} ranks, one per host, {args.rate} links: " + w["title"].format(
+        images=32 * args.ranks, tokens=20 * 35 * args.ranks))
+    target = target_of(args)
     lines = []
     if results["accuracy_runs"]:
-        lines += [f"### Time to accuracy ({title})", ""]
-        lines += accuracy_table(results["accuracy_runs"], args.target_accuracy)
+        lines += [f"### Time to {'accuracy' if w['higher'] else 'perplexity'} ({title})", ""]
+        lines += accuracy_table(results["accuracy_runs"], target, args.workload)
         plot_accuracy(results["accuracy_runs"],
                       os.path.join(args.out, f"accuracy_{args.ranks}x{args.rate}.png"), title,
-                      args.target_accuracy)
+                      target, args.workload)
     if results["matrix_runs"]:
         lines += ["", "### Step time (median ms; one rank per host)", ""]
         lines += matrix_table(results["matrix_runs"], configs)
@@ -531,8 +661,7 @@ def report(args, results, configs):
                       "method: busbw = algbw x 2(n-1)/n)"]
         lines += sweep_table(results["sweep"])
         plot_sweep(results["sweep"], os.path.join(args.out, "sweep.png"))
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    write_results(args, results)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

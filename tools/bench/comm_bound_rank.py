@@ -1,10 +1,21 @@
 #!/usr/bin/python3
 """comm_bound_rank.py: one rank of tools/bench/comm_bound_bench.py's training runs.
 
-Trains examples/train_fashion_mnist.py's CNN on Fashion-MNIST exactly as that example does
-(each rank its shard of every epoch's shuffle, --batch-size images per rank per step, SGD
-with momentum, learning rate --lr x world size with cosine decay over the run, rank 0's
-initial weights), with one of three ways to average the gradients:
+Trains one of two workloads (--workload), each as its example does, with rank 0's initial
+weights:
+
+  fmnist  examples/train_fashion_mnist.py's CNN on Fashion-MNIST: each rank its shard of
+          every epoch's shuffle, --batch-size images per rank per step (default 32), SGD with
+          momentum 0.9, learning rate --lr (0.01) x world size with cosine decay over the run;
+          scored by test accuracy.
+  lm      examples/train_language_model.py's LSTM language model on the King James Bible:
+          each rank its contiguous shard of the training tokens, --batch-size rows (default
+          20) of --bptt (35) tokens per rank per step, the LSTM's state carried from step to
+          step, plain SGD at --lr (5) x world size, the averaged gradients clipped to a
+          global norm of --clip (0.25); scored by validation perplexity (the held-out
+          chapters, or their first --valid-tokens tokens).
+
+with one of three ways to average the gradients:
 
   --framework braid   braid.torch's DistributedOptimizer with --compression SPEC (launched
                       by braidrun, which sets BRAID_RANK/BRAID_SIZE)
@@ -18,12 +29,13 @@ initial weights), with one of three ways to average the gradients:
   --framework local   no communication at all: each rank trains alone, at the same time as
                       the others (what the step costs in computation on these CPUs)
 
-Timing: each step (zero_grad, forward, backward, waiting for the gradients, the update) on a
+Timing: each step (zero_grad, forward, backward, waiting for the gradients, the update, which
+includes the clipping) on a
 monotonic clock, and apart its two phases that no communication can overlap: zero_grad +
 forward, and the update (braid: synchronize(), then step() under skip_synchronize(), as
 Horovod's API allows, so the update is timed without the wait). The training clock stops
-while the test set is scored (every --eval-every steps and at the end: each rank scores
-every size-th test image, the counts are summed), so "time to accuracy" is training time.
+while the held-out set is scored (every --eval-every steps and at the end: each rank scores
+its part, the sums are added up exactly), so "time to accuracy" is training time.
 Bytes on the wire: each rank's eth0 transmit counter
 (/sys/class/net/eth0/statistics/tx_bytes: IP packets with their headers) over the training,
 summed over ranks, the same measure for every framework; braid's own transport and payload
@@ -45,6 +57,7 @@ sys.path.insert(0, os.path.join(REPO, "examples"))
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--framework", choices=("braid", "ddp", "local"), required=True)
+    p.add_argument("--workload", choices=("fmnist", "lm"), default="fmnist")
     p.add_argument("--compression", default="none", help="braid: compression spec")
     p.add_argument("--ddp-hook", choices=("none", "fp16", "powersgd", "braid"), default="none")
     p.add_argument("--ddp-backend", choices=("gloo", "braid"), default="gloo")
@@ -55,12 +68,25 @@ def parse_args(argv=None):
                    help="steps left out of the step-time median")
     p.add_argument("--eval-every", type=int, default=0, help="score the test set every N steps")
     p.add_argument("--test-images", type=int, default=10000, help="score this many test images")
-    p.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
-    p.add_argument("--lr", type=float, default=0.01, help="times the world size")
-    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--valid-tokens", type=int, default=0,
+                   help="lm: score the first N held-out tokens (0: all)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="images (fmnist, default 32) or rows (lm, default 20) per rank per step")
+    p.add_argument("--bptt", type=int, default=35, help="lm: tokens per row per step")
+    p.add_argument("--lr", type=float, default=None,
+                   help="times the world size (default: fmnist 0.01, lm 5)")
+    p.add_argument("--momentum", type=float, default=None, help="default: fmnist 0.9, lm 0")
+    p.add_argument("--clip", type=float, default=None,
+                   help="global gradient norm to clip to after averaging (default: lm 0.25)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="eth0", help="network device whose counters are read")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    defaults = {"fmnist": dict(batch_size=32, lr=0.01, momentum=0.9, clip=0.0),
+                "lm": dict(batch_size=20, lr=5.0, momentum=0.0, clip=0.25)}[args.workload]
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    return args
 
 
 def tx_bytes(device):
@@ -111,7 +137,20 @@ class Comm:
             self.args.ddp_backend,
             init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
             rank=self.rank, world_size=self.size)
-        net = torch.nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's weights
+        kwargs = {}
+        if self.args.ddp_hook == "powersgd":
+            # One bucket: over gloo, powerSGD_hook with several buckets issues each bucket's
+            # second all-reduce from the first's completion callback, in an order that differs
+            # between ranks, and gloo pairs collectives by issue order (the LM's 22.6 MB over
+            # DDP's 1 MB first bucket crashes with "op.preamble.length <= op.nbytes"). One
+            # bucket is what the hook's single-bucket tests run; it forgoes overlapping the
+            # backward pass, which the hook's two round trips a step cannot do much of anyway.
+            grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+            cap = grad_bytes + (1 << 20)
+            dist._DEFAULT_FIRST_BUCKET_BYTES = cap
+            kwargs["bucket_cap_mb"] = cap / (1 << 20)
+        # Broadcasts rank 0's weights.
+        net = torch.nn.parallel.DistributedDataParallel(model, **kwargs)
         if self.args.ddp_hook == "braid":
             net.register_comm_hook(*self.hvd.ddp_comm_hook(
                 compression=self.args.compression, named_parameters=model.named_parameters()))
@@ -133,16 +172,19 @@ class Comm:
 
     def update(self):
         """The step after backward: waits for the averaged gradients (braid: synchronize();
-        DDP had them at the end of backward), then applies the update. Returns the time the
-        update (the wrapped optimizer's step alone) began."""
+        DDP had them at the end of backward), clips them to --clip if set, then applies the
+        update. Returns the time the update (clipping and the wrapped optimizer's step) began."""
+        import torch
         if self.framework == "braid":
             self.opt.synchronize()
-            start = time.perf_counter()
+        start = time.perf_counter()
+        if self.args.clip:
+            torch.nn.utils.clip_grad_norm_(self.net.parameters(), self.args.clip)
+        if self.framework == "braid":
             with self.opt.skip_synchronize():
                 self.opt.step()
-            return start
-        start = time.perf_counter()
-        self.opt.step()
+        else:
+            self.opt.step()
         return start
 
     def sum(self, values):
@@ -170,29 +212,105 @@ class Comm:
         return out
 
 
-def evaluate(comm, model, images, labels, fmnist):
-    import torch
-    model.eval()
-    x, y = images[comm.rank::comm.size], labels[comm.rank::comm.size]
-    correct = 0
-    with torch.no_grad():
-        for i in range(0, len(y), 1000):
-            correct += int((model(fmnist.normalize(x[i:i + 1000])).argmax(1) == y[i:i + 1000]).sum())
-    model.train()
-    c, n = comm.sum([correct, len(y)])
-    return c / n
+class FashionMnist:
+    """examples/train_fashion_mnist.py's CNN and data: a step's loss, the learning rate of a
+    step (cosine decay to 0 at the last), and the test accuracy."""
+    metric = "test_accuracy"
+
+    def __init__(self, args, size):
+        import fashion_mnist_data as fmnist
+        from train_fashion_mnist import Net
+        self.args, self.fmnist = args, fmnist
+        self.train_x, self.train_y = fmnist.load("train")
+        test_x, test_y = fmnist.load("test")
+        self.test_x, self.test_y = test_x[:args.test_images], test_y[:args.test_images]
+        self.n = len(self.train_y)
+        self.per_epoch = (self.n // size) // args.batch_size
+        self.model = Net()
+        self.shard, self.shard_epoch = None, -1
+
+    def lr(self, comm, step, total):
+        return 0.5 * self.args.lr * comm.size * (1 + math.cos(math.pi * step / total))
+
+    def loss(self, comm, step):
+        import torch
+        import torch.nn.functional as F
+        epoch, s = divmod(step, self.per_epoch)
+        if epoch != self.shard_epoch:  # this rank's part of the epoch's shuffle
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(
+                self.args.seed * 1000 + epoch))
+            self.shard = order[comm.rank:self.n - self.n % comm.size:comm.size]
+            self.shard_epoch = epoch
+        idx = self.shard[s * self.args.batch_size:(s + 1) * self.args.batch_size]
+        return F.cross_entropy(comm.net(self.fmnist.normalize(self.train_x[idx])),
+                               self.train_y[idx])
+
+    def score(self, comm):
+        """Test accuracy: each rank scores every size-th test image, the counts are summed."""
+        import torch
+        model = self.model
+        model.eval()
+        x, y = self.test_x[comm.rank::comm.size], self.test_y[comm.rank::comm.size]
+        correct = 0
+        with torch.no_grad():
+            for i in range(0, len(y), 1000):
+                correct += int((model(self.fmnist.normalize(x[i:i + 1000])).argmax(1)
+                                == y[i:i + 1000]).sum())
+        model.train()
+        c, n = comm.sum([correct, len(y)])
+        return c / n
 
 
-def train(args, comm, model, data, fmnist):
-    """The training loop; returns (history, step times, steps, training seconds, phases):
-    phases holds each step's (zero_grad + forward, update) seconds, the computation the
-    gradients' communication cannot overlap."""
-    import torch
-    import torch.nn.functional as F
-    train_x, train_y, test_x, test_y = data
-    n = len(train_y)
-    per_epoch = (n // comm.size) // args.batch_size
-    total = max(1, int(args.epochs * per_epoch))
+class LanguageModel:
+    """examples/train_language_model.py's LSTM and data: a step's loss (truncated
+    backpropagation through time, the state carried from step to step and reset at each
+    epoch), a constant learning rate, and the validation perplexity."""
+    metric = "valid_perplexity"
+
+    def __init__(self, args, size):
+        import bible_data
+        import train_language_model as lm
+        self.args, self.lm = args, lm
+        corpus = bible_data.Corpus()
+        self.valid = corpus.valid[:args.valid_tokens] if args.valid_tokens else corpus.valid
+        rank = int(os.environ.get("BRAID_RANK", "0"))
+        n = len(corpus.train) // size  # this rank's contiguous shard
+        self.data = bible_data.batchify(corpus.train[rank * n:(rank + 1) * n], args.batch_size)
+        self.per_epoch = (len(self.data) - 1) // args.bptt
+        self.model = lm.LanguageModel(len(corpus.words), 256, 256, 0.2)
+        self.state = None
+
+    def lr(self, comm, step, total):
+        return self.args.lr * comm.size
+
+    def loss(self, comm, step):
+        import torch.nn.functional as F
+        s, bptt = step % self.per_epoch, self.args.bptt
+        if s == 0:
+            self.state = None
+        x = self.data[s * bptt:(s + 1) * bptt]
+        y = self.data[s * bptt + 1:(s + 1) * bptt + 1]
+        out, state = comm.net(x, self.state)
+        self.state = tuple(t.detach() for t in state)
+        return F.cross_entropy(out.view(-1, out.size(-1)), y.reshape(-1))
+
+    def score(self, comm):
+        """Validation perplexity of the first --valid-tokens held-out tokens, the ranks' sums
+        of cross-entropy and tokens added up exactly."""
+        loss, count = comm.sum(list(self.lm.validation_sums(
+            self.model, self.valid, self.args.bptt, comm.rank, comm.size)))
+        return math.exp(loss / count)
+
+
+WORKLOADS = {"fmnist": FashionMnist, "lm": LanguageModel}
+
+
+def train(args, comm, work):
+    """The training loop; returns (history, step times, steps, training seconds, phases,
+    eth0 bytes at the first and last timed steps): phases holds each step's
+    (zero_grad + forward, update) seconds, the computation the gradients' communication
+    cannot overlap."""
+    total = max(1, int(args.epochs * work.per_epoch))
     if args.max_steps:
         total = min(total, args.max_steps)
     history, step_times, phases, clock, step = [], [], [], 0.0, 0
@@ -201,52 +319,39 @@ def train(args, comm, model, data, fmnist):
     warm = args.warmup_steps if total > args.warmup_steps else 0
     tx_timed = [tx_bytes(args.device), 0]
     while step < total:
-        epoch = step // per_epoch
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
-        shard = order[comm.rank:n - n % comm.size:comm.size]
-        for s in range(step % per_epoch, per_epoch):
-            if step >= total:
-                break
-            for g in comm.opt.param_groups:  # cosine decay to 0 at the last step
-                g["lr"] = 0.5 * args.lr * comm.size * (1 + math.cos(math.pi * step / total))
-            idx = shard[s * args.batch_size:(s + 1) * args.batch_size]
-            t0 = time.perf_counter()
-            comm.opt.zero_grad()
-            loss = F.cross_entropy(comm.net(fmnist.normalize(train_x[idx])), train_y[idx])
-            t1 = time.perf_counter()
-            loss.backward()
-            t2 = comm.update()
-            dt = time.perf_counter() - t0
-            clock += dt
-            step_times.append(dt)
-            phases.append((t1 - t0, time.perf_counter() - t2))
-            step += 1
-            if step == warm:
-                tx_timed[0] = tx_bytes(args.device)
-            if step == total:
-                tx_timed[1] = tx_bytes(args.device)
-            if (args.eval_every and step % args.eval_every == 0) or step == total:
-                acc = evaluate(comm, model, test_x, test_y, fmnist)
-                history.append({"step": step, "train_time_s": clock, "test_accuracy": acc})
+        for g in comm.opt.param_groups:
+            g["lr"] = work.lr(comm, step, total)
+        t0 = time.perf_counter()
+        comm.opt.zero_grad()
+        loss = work.loss(comm, step)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = comm.update()
+        dt = time.perf_counter() - t0
+        clock += dt
+        step_times.append(dt)
+        phases.append((t1 - t0, time.perf_counter() - t2))
+        step += 1
+        if step == warm:
+            tx_timed[0] = tx_bytes(args.device)
+        if step == total:
+            tx_timed[1] = tx_bytes(args.device)
+        if (args.eval_every and step % args.eval_every == 0) or step == total:
+            history.append({"step": step, "train_time_s": clock, work.metric: work.score(comm)})
     return history, step_times, step, clock, phases, tx_timed
 
 
 def main(argv=None):
     args = parse_args(argv)
     import torch
-    import fashion_mnist_data as fmnist
-    from train_fashion_mnist import Net
 
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    model = Net()
+    work = WORKLOADS[args.workload](args, int(os.environ.get("BRAID_SIZE", "1")))
+    model = work.model
     comm = Comm(args, model)
-    train_x, train_y = fmnist.load("train")
-    test_x, test_y = fmnist.load("test")
-    test_x, test_y = test_x[:args.test_images], test_y[:args.test_images]
     tx0 = tx_bytes(args.device)
-    history, step_times, steps, clock, phases, tx_timed = train(args, comm, model,
-                                              (train_x, train_y, test_x, test_y), fmnist)
+    history, step_times, steps, clock, phases, tx_timed = train(args, comm, work)
     wire, wire_timed = comm.sum([float(tx_bytes(args.device) - tx0),
                                  float(tx_timed[1] - tx_timed[0])])
     # Every step ends with every rank's gradients (braid, DDP), so rank 0's step times are
@@ -254,6 +359,7 @@ def main(argv=None):
     timed = step_times[args.warmup_steps:] or step_times
     timed_phases = phases[args.warmup_steps:] or phases
     result = {
+        "workload": args.workload, "metric": work.metric,
         "framework": args.framework, "compression": args.compression,
         "ddp_hook": args.ddp_hook, "ddp_backend": args.ddp_backend,
         "powersgd_rank": args.powersgd_rank,
@@ -264,7 +370,7 @@ def main(argv=None):
         "update_median_s": statistics.median(u for _, u in timed_phases),
         "timed_steps": len(timed), "wire_bytes_timed": int(wire_timed),
         "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-        "wire_bytes": int(wire), "final_test_accuracy": history[-1]["test_accuracy"],
+        "wire_bytes": int(wire), f"final_{work.metric}": history[-1][work.metric],
         **comm.braid_bytes(),
     }
     if comm.rank == 0:

@@ -1,0 +1,59 @@
+"""tools/bench/compression_ablation.py's logic (no processes: its one job is stood in for):
+the variants, --resume, and the table's differences from none's run of the same seed."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SPEC = importlib.util.spec_from_file_location(
+    "compression_ablation",
+    os.path.join(HERE, "..", "..", "tools", "bench", "compression_ablation.py"))
+ablation = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(ablation)
+
+
+def test_variants_parse_and_default_to_scalecomps_parts():
+    assert ablation.parse_variant("half=fp4:ef=1@0.005") == ("half", "fp4:ef=1", 0.005)
+    assert ablation.parse_variant("b=scalecomp:ratio=100,beta=0.5") == \
+        ("b", "scalecomp:ratio=100,beta=0.5", None)
+    with pytest.raises(Exception, match="NAME=SPEC"):
+        ablation.parse_variant("fp4")
+    names = [v[0] for v in ablation.default_variants("lm")]
+    assert names == ["none", "scalecomp", "beta=0.5", "beta=0.1", "leader=0", "start_step",
+                     "granularity=tensor", "lr/2"]
+    lm = dict((v[0], v) for v in ablation.default_variants("lm"))
+    assert lm["start_step"][1] == "scalecomp:ratio=100,start_step=32"  # a tenth of 320 steps
+    assert lm["lr/2"][2] == 2.5
+
+
+def test_resume_and_the_table(tmp_path, monkeypatch):
+    calls = []
+    accuracy = {("none", 0): 0.90, ("none", 1): 0.80, ("scalecomp:ratio=100", 0): 0.88,
+                ("scalecomp:ratio=100", 1): 0.79}
+
+    def run_one(args, spec, lr, seed):
+        calls.append((spec, seed))
+        if spec == "fp4":
+            return {"error": "exit 1"}
+        return {"final_test_accuracy": accuracy[(spec, seed)]}
+
+    monkeypatch.setattr(ablation, "run_one", run_one)
+    build = tmp_path / "build"
+    (build / "tools" / "braidrun").mkdir(parents=True)
+    (build / "tools" / "braidrun" / "braidrun").touch()
+    argv = ["--build-dir", str(build), "--out", str(tmp_path), "--seeds", "0", "1", "--variant", "none=none",
+            "--variant", "sc=scalecomp:ratio=100", "--variant", "bad=fp4"]
+    assert ablation.main(argv) == 1  # fp4 failed
+    assert calls == [("none", 0), ("scalecomp:ratio=100", 0), ("fp4", 0), ("none", 1),
+                     ("scalecomp:ratio=100", 1), ("fp4", 1)]
+    table = (tmp_path / "table.md").read_text().splitlines()
+    # sc: mean 83.50%, and -2 and -1 points against none's runs of the same seeds.
+    assert table[3] == "| sc | `scalecomp:ratio=100` | 0.01 | 2 | 83.50% | -1.50 |", table
+    assert table[4] == "| bad | `fp4` | 0.01 | 0 | failed | |", table
+    calls.clear()
+    ablation.main(argv + ["--resume"])
+    assert calls == [("fp4", 0), ("fp4", 1)]  # only the failed runs again
+    runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert len(runs) == 6

@@ -1,0 +1,179 @@
+#!/usr/bin/python3
+"""compression_ablation.py: what each part of a compression method costs in final accuracy.
+
+    /usr/bin/python3 tools/bench/compression_ablation.py --build-dir build --workload fmnist \\
+        --out bench-out/ablation_fmnist [--ranks 4] [--seeds 0 1] [--resume] \\
+        [--variant NAME=SPEC[@LR] ...]
+
+Trains tools/bench/comm_bound_rank.py's workload (fmnist: the Fashion-MNIST CNN for 3
+epochs; lm: the LSTM language model for one epoch) on --ranks ranks of this machine (braidrun,
+shared memory: the final score depends on the arithmetic, not on the link, so no test hosts
+are needed) once per variant and seed, and reports each variant's final score against
+`none`'s from the same seed: the same initial weights, data order and schedule.
+
+A variant is NAME=SPEC, optionally @LR: a braid compression spec, trained at learning rate
+LR per rank (times the world size, as the workload's default). The default variants take
+ScaleComp at ratio 100 apart (Chen et al., NeurIPS 2020: cyclic local top-k, CLT-k, with
+low-pass filtered error feedback, m <- (1 - beta) m + beta (g + m - sent)):
+
+  none                  no compression (the reference)
+  scalecomp             scalecomp:ratio=100 (beta 1, cyclic leader, k per bucket)
+  beta=0.5, beta=0.1    the low-pass filter
+  leader=0              a fixed leader instead of the cyclic one
+  start_step            the first tenth of the steps uncompressed (a warm-up)
+  granularity=tensor    k per tensor instead of per bucket
+  lr/2                  half the learning rate (scaled learning rates and error feedback)
+
+Output in --out: results.json (every run, written after each; --resume keeps the runs it
+holds) and table.md (mean final score per variant over the seeds, and its difference from
+none's). A run's time is not a figure here (ranks share the CPUs); time to accuracy is
+comm_bound_bench.py's.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+PYTHON = "/usr/bin/python3"
+RANK_PROGRAM = os.path.join(HERE, "comm_bound_rank.py")
+# The workloads' steps (comm_bound_rank.py's defaults at 4 ranks): fmnist 3 epochs of 468,
+# lm one epoch of 320. start_step warms up for about a tenth of them.
+WORKLOADS = {"fmnist": {"metric": "test_accuracy", "higher": True, "steps": 1404,
+                        "lr": 0.01, "extra": ["--epochs", "3"]},
+             "lm": {"metric": "valid_perplexity", "higher": False, "steps": 320,
+                    "lr": 5.0, "extra": ["--epochs", "1"]}}
+
+
+def default_variants(workload):
+    w = WORKLOADS[workload]
+    base = "scalecomp:ratio=100"
+    return [("none", "none", None), ("scalecomp", base, None),
+            ("beta=0.5", base + ",beta=0.5", None), ("beta=0.1", base + ",beta=0.1", None),
+            ("leader=0", base + ",leader=0", None),
+            ("start_step", f"{base},start_step={w['steps'] // 10}", None),
+            ("granularity=tensor", base + ",granularity=tensor", None),
+            ("lr/2", base, w["lr"] / 2)]
+
+
+def parse_variant(text):
+    """NAME=SPEC[@LR] -> (name, spec, lr or None)."""
+    name, sep, rest = text.partition("=")
+    if not sep or not name or not rest:
+        raise argparse.ArgumentTypeError(f"'{text}': expected NAME=SPEC[@LR]")
+    spec, _, lr = rest.partition("@")
+    return name, spec, float(lr) if lr else None
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build-dir", default=os.path.join(REPO, "build"))
+    p.add_argument("--out", default=os.path.join(REPO, "bench-out", "ablation"))
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="fmnist")
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--variant", type=parse_variant, action="append", default=None,
+                   help="NAME=SPEC[@LR]; repeat for several (default: ScaleComp's parts)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the runs --out/results.json holds; run only the others")
+    p.add_argument("--max-steps", type=int, default=0,
+                   help="stop each run after this many steps (0: the workload's epochs)")
+    p.add_argument("--run-timeout", type=float, default=3600)
+    args = p.parse_args(argv)
+    args.variants = args.variant or default_variants(args.workload)
+    return args
+
+
+def run_one(args, spec, lr, seed):
+    """One job; its RESULT record, or {"error": ...}."""
+    braidrun = os.path.join(args.build_dir, "tools", "braidrun", "braidrun")
+    cmd = [braidrun, "-np", str(args.ranks), PYTHON, RANK_PROGRAM, "--workload", args.workload,
+           "--framework", "braid", "--compression", spec, "--seed", str(seed),
+           "--eval-every", "0", *WORKLOADS[args.workload]["extra"]]
+    if lr is not None:
+        cmd += ["--lr", str(lr)]
+    if args.max_steps:
+        cmd += ["--max-steps", str(args.max_steps)]
+    env = dict(os.environ, UCX_TLS="sm", UCX_NET_DEVICES="lo", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.path.join(os.path.abspath(args.build_dir), "python"))
+    env.pop("BRAID_COMPRESSION", None)
+    try:
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=env, timeout=args.run_timeout, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {args.run_timeout} s"}
+    for line in r.stdout.splitlines():
+        if line.startswith("[0] RESULT "):
+            return json.loads(line[len("[0] RESULT "):])
+    return {"error": f"exit {r.returncode}: " + "\n".join(r.stdout.splitlines()[-20:])}
+
+
+def table(args, runs):
+    w = WORKLOADS[args.workload]
+    metric = w["metric"]
+
+    def final(name):
+        return {r["seed"]: r["result"][f"final_{metric}"] for r in runs
+                if r["variant"] == name and "error" not in r["result"]}
+
+    base = final("none")
+    unit = "points" if w["higher"] else "%"
+    lines = [f"| variant | spec | lr per rank | seeds | final {metric.replace('_', ' ')} "
+             f"(mean) | vs none ({unit}, mean over seeds) |", "|---|---|---:|---:|---:|---:|"]
+    for name, spec, lr in args.variants:
+        got = final(name)
+        if not got:
+            lines.append(f"| {name} | `{spec}` | {lr or w['lr']:g} | 0 | failed | |")
+            continue
+        mean = statistics.mean(got.values())
+        shown = f"{100 * mean:.2f}%" if w["higher"] else f"{mean:.1f}"
+        diffs = [(100 * (v - base[s]) if w["higher"] else 100 * (v / base[s] - 1))
+                 for s, v in got.items() if s in base]
+        delta = f"{statistics.mean(diffs):+.2f}" if diffs and name != "none" else ""
+        lines.append(f"| {name} | `{spec}` | {lr or w['lr']:g} | {len(got)} | {shown} | "
+                     f"{delta} |")
+    return lines
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not os.path.exists(os.path.join(args.build_dir, "tools", "braidrun", "braidrun")):
+        sys.exit(f"compression_ablation: no braidrun in {args.build_dir} (scripts/build.sh)")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "results.json")
+    runs = []
+    if args.resume and os.path.exists(path):
+        with open(path) as f:
+            runs = [r for r in json.load(f)["runs"] if "error" not in r["result"]]
+    for seed in args.seeds:
+        for name, spec, lr in args.variants:
+            if any((r["variant"], r["spec"], r["lr"], r["seed"]) == (name, spec, lr, seed)
+                   for r in runs):
+                continue
+            started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+            load = round(os.getloadavg()[0], 2)
+            t0 = time.monotonic()
+            result = run_one(args, spec, lr, seed)
+            runs.append({"variant": name, "spec": spec, "lr": lr, "seed": seed,
+                         "started": started, "load_before": load,
+                         "seconds": time.monotonic() - t0, "result": result})
+            metric = WORKLOADS[args.workload]["metric"]
+            status = result.get("error") or f"{metric} {result[f'final_{metric}']:.4g}"
+            print(f"seed {seed} {name} ({spec}): {status}", flush=True)
+            with open(path, "w") as f:
+                json.dump({"workload": args.workload, "ranks": args.ranks, "runs": runs}, f,
+                          indent=1)
+    lines = table(args, runs)
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 1 if any("error" in r["result"] for r in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
