@@ -91,6 +91,8 @@ def test_language_model_table_gives_time_to_perplexity_and_the_final_perplexity(
     # none: 90 s (third score); powersgd: 20 s (second): 4.50x; comm share 1 - 0.5/3.
     assert lines[2] == "| braid none | 3000.0 | 83% | 90.0 | 1.00x | 149.0 | 0.033 |", lines
     assert lines[3] == "| braid powersgd:rank=2 | 1000.0 | 50% | 20.0 | 4.50x | 120.0 | 0.033 |"
+    # Training alone, its score compares with nothing: only its step time is shown.
+    assert lines[4] == "| no communication | 500.0 | | - | | - | 0.100 |", lines
 
 
 class FakeHosts:

@@ -357,6 +357,12 @@ def accuracy_table(runs, target, workload="fmnist"):
         step = r["step_time_median_s"]
         share = (f"{100 * max(0.0, 1 - local['step_time_median_s'] / step):.0f}%"
                  if local and r is not local else "")
+        if r["method"] == "local":
+            # Each rank trains alone on its shard and rank 0 scores its part of the held-out
+            # set: its step time is the computation's, its score compares with nothing.
+            lines.append(f"| {r['label']} | {1e3 * step:.1f} | | - | | - | "
+                         f"{r['wire_bytes'] / r['steps'] / 1e6:.3f} |")
+            continue
         t = time_to(r["history"], target, workload)
         speed = f"{ref / t:.2f}x" if (t and ref) else ""
         lines.append(
