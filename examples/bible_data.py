@@ -84,6 +84,14 @@ class Corpus:
                                   dtype=torch.int64)
 
 
+def bptt_batch(data, start, bptt):
+    """Rows ``start`` to ``start + bptt`` of batchified ``data`` [T, B] as the input, and the
+    next token of each as the target: (x, y), both int64 [t, B], t <= bptt (shorter at the
+    end of ``data``)."""
+    y = data[start + 1:start + 1 + bptt]
+    return data[start:start + len(y)], y
+
+
 def batchify(stream, batch_size):
     """A token stream as ``batch_size`` contiguous rows, [T, batch_size] (the tail that does
     not fill a column is dropped), for truncated backpropagation through time."""

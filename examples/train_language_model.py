@@ -99,6 +99,12 @@ def detach(state):
     return tuple(s.detach() for s in state)
 
 
+def token_loss(logits, targets, reduction="mean"):
+    """Cross-entropy of logits [T, B, vocab] against int64 targets [T, B], over every token."""
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
+                           reduction=reduction)
+
+
 def validation_sums(model, valid, bptt, rank, size):
     """This rank's part of the validation score: the summed cross-entropy (nats) and the
     token count over a contiguous size-th of ``valid`` (int64 [N]), in 10 rows of ``bptt``
@@ -111,11 +117,9 @@ def validation_sums(model, valid, bptt, rank, size):
     loss, count, state = 0.0, 0, None
     with torch.no_grad():
         for i in range(0, len(data) - 1, bptt):
-            x, y = data[i:i + bptt], data[i + 1:i + 1 + bptt]
-            x = x[:len(y)]
+            x, y = bible_data.bptt_batch(data, i, bptt)
             out, state = model(x, state)
-            loss += float(F.cross_entropy(out.view(-1, out.size(-1)), y.reshape(-1),
-                                          reduction="sum"))
+            loss += float(token_loss(out, y, reduction="sum"))
             count += y.numel()
     model.train(was_training)
     return loss, count
@@ -178,12 +182,11 @@ def main(argv=None):
         for s in progress(steps, epoch, rank == 0 and not args.no_progress):
             if step >= total_steps:
                 break
-            x = data[s * args.bptt:(s + 1) * args.bptt]
-            y = data[s * args.bptt + 1:(s + 1) * args.bptt + 1]
+            x, y = bible_data.bptt_batch(data, s * args.bptt, args.bptt)
             opt.zero_grad()
             out, state = model(x, state)
             state = detach(state)
-            loss = F.cross_entropy(out.view(-1, out.size(-1)), y.reshape(-1))
+            loss = token_loss(out, y)
             loss.backward()
             opt.synchronize()  # the averaged gradients, then clip them (as Horovod's recipe)
             nn.utils.clip_grad_norm_(model.parameters(), args.clip)

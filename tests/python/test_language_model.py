@@ -161,3 +161,13 @@ def test_the_benchmark_trains_the_language_model_with_braid_and_with_ddp_powersg
         assert r["gradient_bytes"] == 4 * 5656336, r
         # Four steps from uniform-ish weights: finite, and no better than a unigram model.
         assert 100 < r["final_valid_perplexity"] < 1e7, r
+
+
+def test_bptt_batches_pair_each_token_with_the_next_and_shorten_at_the_end():
+    import torch
+    data = bible_data.batchify(torch.arange(12), 2)  # columns 0..5 and 6..11
+    x, y = bible_data.bptt_batch(data, 0, 4)
+    assert x[:, 0].tolist() == [0, 1, 2, 3] and y[:, 0].tolist() == [1, 2, 3, 4]
+    assert x[:, 1].tolist() == [6, 7, 8, 9] and y[:, 1].tolist() == [7, 8, 9, 10]
+    x, y = bible_data.bptt_batch(data, 4, 4)  # only row 5 is left to predict
+    assert x.tolist() == [[4, 10]] and y.tolist() == [[5, 11]]

@@ -320,8 +320,10 @@ def plot_sweep(records, path):
     plt.close(fig)
 
 
-def workload_of(run):
-    return WORKLOADS[run.get("workload", "fmnist")]
+def workloads_of(doc):
+    """The workloads of a results document's runs (older results are all fmnist)."""
+    return {r.get("workload", "fmnist") for r in
+            doc.get("accuracy_runs", []) + doc.get("matrix_runs", [])}
 
 
 def time_to(history, target, workload="fmnist"):
@@ -533,8 +535,10 @@ def run_phase(args, n, rate, methods, extra, results, key):
     """Runs each method on n hosts at rate, appending its record to results[key] and writing
     results.json after each; with --resume, a method whose record for (n, rate) is already
     there without an error is kept and not run again."""
-    done = {(r["method"], r.get("ranks"), r.get("rate")) for r in results[key]
-            if "error" not in r}
+    def config(r):
+        return r["method"], r.get("ranks"), r.get("rate")
+
+    done = {config(r) for r in results[key] if "error" not in r}
     todo = [m for m in methods if (m, n, rate) not in done]
     for m in methods:
         if m not in todo:
@@ -542,9 +546,8 @@ def run_phase(args, n, rate, methods, extra, results, key):
     if not todo:
         return
     # A failed record of an earlier run is replaced by this run's.
-    results[key] = [r for r in results[key]
-                    if not ("error" in r and (r["method"], r.get("ranks"), r.get("rate"))
-                            in {(m, n, rate) for m in todo})]
+    again = {(m, n, rate) for m in todo}
+    results[key] = [r for r in results[key] if not ("error" in r and config(r) in again)]
     w = WORKLOADS[args.workload]
     with HostSet(n, rate) as hosts:
         for m in todo:
@@ -571,8 +574,7 @@ def merged_results(paths):
         for key in ("accuracy_runs", "matrix_runs", "sweep"):
             merged[key] += doc.get(key, [])
         merged.setdefault("args", doc.get("args", {}))
-    workloads = {r.get("workload", "fmnist") for r in
-                 merged["accuracy_runs"] + merged["matrix_runs"]}
+    workloads = workloads_of(merged)
     if len(workloads) > 1:
         raise ValueError(f"these results hold several workloads ({sorted(workloads)}): "
                          "merge each workload's apart")
@@ -603,8 +605,7 @@ def main(argv=None):
     if args.resume and os.path.exists(path):
         with open(path) as f:
             earlier = json.load(f)
-        kinds = {r.get("workload", "fmnist") for r in
-                 earlier.get("accuracy_runs", []) + earlier.get("matrix_runs", [])}
+        kinds = workloads_of(earlier)
         if kinds - {args.workload}:
             sys.exit(f"comm_bound_bench: {path} holds {sorted(kinds)} runs, not "
                      f"{args.workload}: use another --out")

@@ -277,22 +277,23 @@ class LanguageModel:
         n = len(corpus.train) // size  # this rank's contiguous shard
         self.data = bible_data.batchify(corpus.train[rank * n:(rank + 1) * n], args.batch_size)
         self.per_epoch = (len(self.data) - 1) // args.bptt
-        self.model = lm.LanguageModel(len(corpus.words), 256, 256, 0.2)
+        model = lm.parse_args([])  # the example's model: its default sizes and dropout
+        self.model = lm.LanguageModel(len(corpus.words), model.embedding, model.hidden,
+                                      model.dropout)
         self.state = None
 
     def lr(self, comm, step, total):
         return self.args.lr * comm.size
 
     def loss(self, comm, step):
-        import torch.nn.functional as F
-        s, bptt = step % self.per_epoch, self.args.bptt
+        import bible_data
+        s = step % self.per_epoch
         if s == 0:
             self.state = None
-        x = self.data[s * bptt:(s + 1) * bptt]
-        y = self.data[s * bptt + 1:(s + 1) * bptt + 1]
+        x, y = bible_data.bptt_batch(self.data, s * self.args.bptt, self.args.bptt)
         out, state = comm.net(x, self.state)
-        self.state = tuple(t.detach() for t in state)
-        return F.cross_entropy(out.view(-1, out.size(-1)), y.reshape(-1))
+        self.state = self.lm.detach(state)
+        return self.lm.token_loss(out, y)
 
     def score(self, comm):
         """Validation perplexity of the first --valid-tokens held-out tokens, the ranks' sums
