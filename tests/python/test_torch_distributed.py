@@ -191,6 +191,14 @@ def test_torch_powersgd_hook_on_a_braid_group(tmp_path):
         assert torch.equal(braid[0]["params"][name], value), f"{name}: braid != gloo"
 
 
+def test_group_destroyed_by_its_own_callback():
+    """The group's last reference dropped on the group's own thread (a future's callback that
+    outlives destroy_process_group(), as torch's powerSGD_hook's closures may): the group
+    stops without joining the thread it runs on (which aborts the process with 'Resource
+    deadlock avoided') and the ranks exit cleanly."""
+    _run(2, "last_reference", timeout=60)
+
+
 def test_killed_rank_raises_everywhere():
     """A rank SIGKILLed during DDP's steps: every other rank's backward raises RuntimeError
     (braid.UnavailableError naming the lost rank) within the timeouts instead of hanging."""

@@ -151,64 +151,92 @@ struct Pending {
 // Threads are started when every running one is busy (in practice one or two per group)
 // and stop with the group. (c10's own thread pools have a fixed size, which a chain of
 // callbacks that wait on each other could exhaust.)
+//
+// A callback may hold the group's last reference (a Python closure that outlives
+// destroy_process_group(): torch's powerSGD_hook's do), so the group may be destroyed on
+// one of these threads. That thread cannot be joined by itself (std::thread::join throws
+// "Resource deadlock avoided" and the process aborts): Stop() detaches it instead, and the
+// state the threads share lives on the heap, held by each thread, so that the detached one
+// finishes its loop after the group, and this runner, are gone. What a completion runs
+// (BraidWork::Complete) holds its own references and never touches the group.
 class CallbackRunner {
  public:
+  CallbackRunner() : state_(std::make_shared<State>()) {}
   ~CallbackRunner() { Stop(); }
 
-  // Runs what is queued, then ends the threads. Idempotent.
+  // Runs what is queued, then ends the threads; the calling thread, if it is one of them,
+  // is detached and ends once the queue is empty. Idempotent.
   void Stop() {
+    std::vector<std::thread> threads;
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->stop = true;
+      threads.swap(threads_);
     }
-    cv_.notify_all();
-    for (std::thread& t : threads_) {
-      if (t.joinable()) t.join();
+    state_->cv.notify_all();
+    for (std::thread& t : threads) {
+      if (t.get_id() == std::this_thread::get_id()) {
+        t.detach();
+      } else if (t.joinable()) {
+        t.join();
+      }
     }
   }
 
   // Waits up to `timeout_s` until nothing is queued or running; whether that happened.
   bool WaitIdle(double timeout_s) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_idle_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] {
-      return queue_.empty() && idle_ == threads_.size();
-    });
+    State& s = *state_;
+    std::unique_lock<std::mutex> lock(s.mu);
+    return s.cv_idle.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                              [&s] { return s.Idle(); });
   }
 
   void Post(std::function<void()> fn) {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(fn));
-    if (queue_.size() > idle_) {
-      threads_.emplace_back([this] { Loop(); });
+    State& s = *state_;
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.queue.push_back(std::move(fn));
+    if (s.queue.size() > s.idle) {
+      ++s.threads;
+      threads_.emplace_back([state = state_] { Loop(*state); });
     } else {
-      cv_.notify_one();
+      s.cv.notify_one();
     }
   }
 
  private:
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::condition_variable cv_idle;
+    std::deque<std::function<void()>> queue;
+    size_t idle = 0;     // threads waiting for work
+    size_t threads = 0;  // threads started and not ended
+    bool stop = false;
+
+    bool Idle() const { return queue.empty() && idle == threads; }
+  };
+
+  static void Loop(State& s) {
+    std::unique_lock<std::mutex> lock(s.mu);
     while (true) {
-      ++idle_;
-      if (queue_.empty() && idle_ == threads_.size()) cv_idle_.notify_all();
-      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-      --idle_;
-      if (queue_.empty()) return;  // stopping, nothing left
-      std::function<void()> fn = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      fn();
+      ++s.idle;
+      if (s.Idle()) s.cv_idle.notify_all();
+      s.cv.wait(lock, [&s] { return s.stop || !s.queue.empty(); });
+      --s.idle;
+      if (s.queue.empty()) break;  // stopping, nothing left
+      {
+        std::function<void()> fn = std::move(s.queue.front());
+        s.queue.pop_front();
+        lock.unlock();
+        fn();  // may destroy the group, and this runner with it (see above)
+      }  // fn's captures (which may hold the group's last reference) go before relocking
       lock.lock();
     }
+    --s.threads;
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::condition_variable cv_idle_;
-  std::deque<std::function<void()>> queue_;
-  size_t idle_ = 0;
-  bool stop_ = false;
-  std::vector<std::thread> threads_;
+  std::shared_ptr<State> state_;
+  std::vector<std::thread> threads_;  // guarded by state_->mu
 };
 
 // This rank refused its call before the runtime saw it: braid's InvalidArgumentError, whose

@@ -19,6 +19,10 @@
                                        must give: every rank's gradient computed here, scaled
                                        by 1/N as DDP scales it, summed in braid's canonical
                                        order (transport/canonical_reduce.h); writes OUT.pt
+    torch_c10d.py last_reference       the group's last reference is dropped by a future's
+                                       callback, on the group's own thread (where torch's
+                                       powerSGD_hook may drop it after the main thread has
+                                       destroyed the group): no self-join, a clean exit
     torch_c10d.py killed               DDP steps over braid; the last rank kills itself
                                        (SIGKILL) at step 3; the others must raise
 
@@ -26,9 +30,11 @@ Started by the test launcher (braid's variables, not torch's): env:// forms torc
 through braid (braid.torch.distributed), for gloo as for braid.
 """
 
+import gc
 import os
 import signal
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -375,6 +381,37 @@ def reference(size, out):
     log(f"rank {RANK}: all checks passed")
 
 
+def last_reference():
+    dist.init_process_group("braid")
+    rank = dist.get_rank()
+    group = dist.distributed_c10d._get_default_group()
+    check(len(braid.torch.distributed._groups) == 1, "one braid group alive")
+    t = torch.ones(4)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    released, returned = threading.Event(), threading.Event()
+
+    def hold(_, group=group):  # the callback's closure keeps the group alive
+        released.wait(30)
+        returned.set()
+
+    fut.add_done_callback(hold)
+    del hold
+    fut.wait()  # marked complete before its callbacks run: hold() is waiting now
+    expect_equal(t, torch.full((4,), float(dist.get_world_size())), "all_reduce")
+    dist.destroy_process_group()
+    del group
+    gc.collect()
+    check(len(braid.torch.distributed._groups) == 1, "the callback holds the group")
+    released.set()  # hold() returns; its closure, the group's last reference, goes with it
+    check(returned.wait(30), "the callback returned")
+    deadline = time.monotonic() + 30
+    while braid.torch.distributed._groups and time.monotonic() < deadline:
+        time.sleep(0.05)
+    check(not braid.torch.distributed._groups,
+          "the group was destroyed (on its own thread) once the callback let it go")
+    log(f"rank {rank}: all checks passed")
+
+
 def killed():
     from train_fashion_mnist import Net
     torch.set_num_threads(1)
@@ -414,5 +451,7 @@ if __name__ == "__main__":
         main(lambda: ddp(*sys.argv[2:]))
     elif mode == "reference":
         reference(*sys.argv[2:])
+    elif mode == "last_reference":
+        main(last_reference)
     else:
         main(killed)
