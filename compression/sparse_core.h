@@ -86,6 +86,12 @@ class SparseBucket {
                                absl::Span<const uint64_t> indices, int64_t status,
                                transport::Communicator& comm, StepContext& ctx);
 
+  // Below this many bytes of values (or at 2 ranks, where they send the same bytes) the
+  // all-reduce of ReduceAtIndices is recursive doubling, fewer rounds than a reduce-scatter
+  // and an all-gather, which above it keep the bytes each rank sends at 2(n-1)/n times the
+  // values. Latency dominates below: 8 KiB is 0.7 ms at 100 Mbit/s.
+  static constexpr size_t kBandwidthOptimalMinBytes = 8 * 1024;
+
   void Reset(absl::string_view name) { memory_.Reset(name); }
   const ErrorFeedback& memory() const { return memory_; }
   ErrorFeedback& mutable_memory() { return memory_; }
@@ -102,6 +108,11 @@ class SparseBucket {
   std::vector<float> values_, saved_;
   std::vector<uint64_t> part_;
   std::vector<int64_t> status_;
+  std::vector<size_t> split_counts_, split_bytes_;  // SumValues: each rank's share
+  std::vector<float> piece_;                         // SumValues: this rank's summed share
+
+  // values_ summed over the ranks, in place, on every rank.
+  absl::Status SumValues(transport::Communicator& comm);
 };
 
 // What scalecomp, topk and randomk share as Compressors: the spec, the bucket (its memory), and

@@ -21,6 +21,7 @@
 #include "compression/sparse.h"
 #include "compression/sparse_core.h"
 #include "gtest/gtest.h"
+#include "tests/testing/local_world.h"
 #include "tests/testing/sparse_reference.h"
 #include "tests/unit/thread_world.h"
 
@@ -39,6 +40,7 @@ struct RankStep {
   absl::Status status;
   std::vector<std::vector<float>> out;  // per tensor
   std::vector<uint64_t> payload;        // per tensor
+  uint64_t sent = 0;                    // transport bytes this rank sent (local_transport)
 };
 
 struct Job {
@@ -48,14 +50,16 @@ struct Job {
   ReduceOp op = ReduceOp::kAverage;
   std::vector<size_t> sizes = {1000, 0, 37};
   InputFn input = Dyadic;
+  // The in-process transport (CollectiveCommunicator's algorithms, counting the bytes each
+  // rank sends) instead of thread_world.h's stand-in.
+  bool local_transport = false;
 };
 
 // Runs job.steps reductions of one bucket on every rank; a failed step does not advance the
 // step counter (as the compression stage counts only completed reductions).
 std::vector<std::vector<RankStep>> RunJob(const Job& job) {
   std::vector<std::vector<RankStep>> result(job.steps, std::vector<RankStep>(job.ranks));
-  ThreadWorld world(job.ranks);
-  world.Run([&](int rank, transport::Communicator& comm) {
+  auto body = [&](int rank, transport::Communicator& comm) {
     auto c = CreateCompressor(ParseCompressionSpec(job.spec).value());
     ASSERT_TRUE(c.ok()) << c.status();
     const size_t nt = job.sizes.size();
@@ -79,11 +83,18 @@ std::vector<std::vector<RankStep>> RunJob(const Job& job) {
       ctx.op = job.op;
       ctx.steps = steps;
       ctx.payload_bytes = absl::MakeSpan(r.payload);
+      const uint64_t sent_before = comm.stats().bytes_sent;
       r.status = (*c)->Reduce(views, comm, ctx);
+      r.sent = comm.stats().bytes_sent - sent_before;
       if (r.status.ok()) ++counter;
       r.out = data;
     }
-  });
+  };
+  if (job.local_transport) {
+    braid::testing::RunLocalWorld(job.ranks, transport::CollectiveOptions{}, body);
+  } else {
+    ThreadWorld(job.ranks).Run(body);
+  }
   return result;
 }
 
@@ -157,6 +168,21 @@ TEST_P(ScaleCompWorldTest, TopKBaselineMatchesItsReference) {
   ref.ratio = 10;
   ref.beta = 0.5f;
   ref.topk = true;
+  ExpectMatches(job, ref);
+}
+
+// Over the real collective algorithms, with values above SparseBucket's
+// kBandwidthOptimalMinBytes (reduce-scatter + all-gather instead of recursive doubling):
+// still the reference's results, bit for bit, on every rank.
+TEST_P(ScaleCompWorldTest, LargeBucketOverTheTransportMatchesTheReference) {
+  Job job;
+  job.ranks = GetParam();
+  job.steps = job.ranks + 1;
+  job.sizes = {30000, 0, 10037};  // k = 4004 values: 16 KB
+  job.local_transport = true;
+  job.spec = "scalecomp:ratio=10";
+  Reference ref;
+  ref.ratio = 10;
   ExpectMatches(job, ref);
 }
 
@@ -330,6 +356,40 @@ TEST(ScaleCompTest, PayloadIsTheValuesEachRankContributes) {
         EXPECT_EQ(r.payload[2], 4 * in_c) << spec;
       }
     }
+  }
+}
+
+// The payload per rank is the same at any world size, and the bytes each rank sends stay at
+// most 3x the payload (averaged over the leaders; an uncompressed ring's grow as 2(n-1)/n
+// times the data): the leader's indices go down a binomial tree ((n-1)/n of a payload per
+// rank on average) and the values are summed by a reduce-scatter and an all-gather
+// (2(n-1)/n), where recursive doubling would send log2(n) payloads (3 at 8 ranks, 3.9 in all).
+TEST(ScaleCompTest, BytesSentStayUnderThreeTimesThePayloadUpToEightRanks) {
+  Job job;
+  job.sizes = {1 << 18};  // k = 2622: 10,488 bytes of values, 4-byte indices
+  job.spec = "scalecomp:ratio=100";
+  job.local_transport = true;
+  job.input = [](int rank, int step, size_t, size_t i) {
+    return static_cast<float>((i * 2654435761u + rank * 97 + step * 13) % 1000) / 1000.0f;
+  };
+  for (int n : {2, 3, 4, 5, 6, 8}) {
+    job.ranks = n;
+    job.steps = n;  // every rank leads once
+    const auto got = RunJob(job);
+    uint64_t sent = 0;
+    for (const auto& step : got) {
+      for (const RankStep& r : step) {
+        ASSERT_TRUE(r.status.ok()) << r.status;
+        ASSERT_EQ(r.payload[0], 2622u * 4) << n << " ranks";
+        sent += r.sent;
+      }
+    }
+    const double per_rank = static_cast<double>(sent) / (n * n);
+    // The values carry n status words; the index broadcast has a header word.
+    const double payload = 2622.0 * 4;
+    const double exact = (n - 1.0) / n * (2623 * 4) + 2.0 * (n - 1.0) / n * ((2622 + n) * 4);
+    EXPECT_LE(per_rank, 3 * payload) << n << " ranks";
+    EXPECT_NEAR(per_rank, exact, 8.0 * n) << n << " ranks";
   }
 }
 
