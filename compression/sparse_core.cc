@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "compression/registry.h"
+#include "transport/ring_schedule.h"
 
 namespace braid::compression {
 namespace {
@@ -231,10 +232,13 @@ absl::Status SparseBucket::SumValues(transport::Communicator& comm) {
   // Not comm.AllReduce: below its ring threshold (256 KiB, where a sparsifier's values
   // usually are) it runs recursive doubling, whose every rank sends log2(n) times the values
   // (3x at 8 ranks); a reduce-scatter then an all-gather send 2(n-1)/n times them at any size.
-  split_counts_.assign(n, count / n);
-  for (size_t r = 0; r < count % n; ++r) ++split_counts_[r];
+  split_counts_.resize(n);
   split_bytes_.resize(n);
-  for (int r = 0; r < n; ++r) split_bytes_[r] = split_counts_[r] * sizeof(float);
+  const std::vector<transport::Span1D> shares = transport::PartitionEven(count, n);
+  for (int r = 0; r < n; ++r) {
+    split_counts_[r] = shares[r].count;
+    split_bytes_[r] = shares[r].count * sizeof(float);
+  }
   piece_.resize(split_counts_[comm.rank()]);
   BRAID_RETURN_IF_ERROR(comm.ReduceScatter(values_.data(), piece_.data(), split_counts_,
                                            DataType::kFloat32, ReduceOp::kSum));

@@ -270,7 +270,7 @@ class LanguageModel:
     def __init__(self, args, size):
         import bible_data
         import train_language_model as lm
-        self.args, self.lm = args, lm
+        self.args, self.lm, self.bible_data = args, lm, bible_data
         corpus = bible_data.Corpus()
         self.valid = corpus.valid[:args.valid_tokens] if args.valid_tokens else corpus.valid
         rank = int(os.environ.get("BRAID_RANK", "0"))
@@ -286,11 +286,10 @@ class LanguageModel:
         return self.args.lr * comm.size
 
     def loss(self, comm, step):
-        import bible_data
         s = step % self.per_epoch
         if s == 0:
             self.state = None
-        x, y = bible_data.bptt_batch(self.data, s * self.args.bptt, self.args.bptt)
+        x, y = self.bible_data.bptt_batch(self.data, s * self.args.bptt, self.args.bptt)
         out, state = comm.net(x, self.state)
         self.state = self.lm.detach(state)
         return self.lm.token_loss(out, y)
