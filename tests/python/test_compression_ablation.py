@@ -57,3 +57,45 @@ def test_resume_and_the_table(tmp_path, monkeypatch):
     assert calls == [("fp4", 0), ("fp4", 1)]  # only the failed runs again
     runs = json.loads((tmp_path / "results.json").read_text())["runs"]
     assert len(runs) == 6
+
+
+def test_the_language_models_table_compares_the_mean_of_the_last_five_scorings(tmp_path,
+                                                                              monkeypatch):
+    # Scorings every 25 steps; none's last five average 100, sc's 110 (+10%), while their final
+    # scorings alone (90 against 120) would say +33%.
+    def run_one(args, spec, lr, seed):
+        last = [130, 110, 90, 80, 90] if spec == "none" else [100, 110, 100, 120, 120]
+        history = [{"step": 25 * (i + 1), "valid_perplexity": 500 - i} for i in range(8)]
+        history += [{"step": 225 + 25 * i, "valid_perplexity": v} for i, v in enumerate(last)]
+        return {"final_valid_perplexity": last[-1], "history": history}
+
+    monkeypatch.setattr(ablation, "run_one", run_one)
+    assert ablation.WORKLOADS["lm"]["eval_every"] == 25 and ablation.WORKLOADS["lm"]["tail"] == 5
+    build = tmp_path / "build"
+    (build / "tools" / "braidrun").mkdir(parents=True)
+    (build / "tools" / "braidrun" / "braidrun").touch()
+    assert ablation.main(["--build-dir", str(build), "--out", str(tmp_path), "--workload", "lm",
+                          "--variant", "none=none", "--variant", "sc=scalecomp:ratio=100"]) == 0
+    table = (tmp_path / "table.md").read_text().splitlines()
+    assert "mean of the last 5 scorings" in table[0], table
+    assert table[2] == "| none | `none` | 5 | 1 | 90.0 | 100.0 |  |", table
+    assert table[3] == "| sc | `scalecomp:ratio=100` | 5 | 1 | 120.0 | 110.0 | +10.00 |", table
+
+
+def test_the_language_model_is_scored_every_25_steps_and_the_cnn_once(monkeypatch):
+    seen = []
+
+    class Done:
+        returncode = 0
+        stdout = '[0] RESULT {"final_valid_perplexity": 1.0}\n'
+
+    def run(cmd, **kwargs):
+        seen.append(cmd)
+        return Done()
+
+    monkeypatch.setattr(ablation.subprocess, "run", run)
+    for workload in ("lm", "fmnist"):
+        args = ablation.parse_args(["--workload", workload])
+        assert ablation.run_one(args, "none", None, 0) == {"final_valid_perplexity": 1.0}
+    assert seen[0][seen[0].index("--eval-every") + 1] == "25"
+    assert seen[1][seen[1].index("--eval-every") + 1] == "0"

@@ -464,6 +464,9 @@ def parse_args(argv=None):
     p.add_argument("--max-steps", type=int, default=0, help="cap per run (0: --epochs)")
     p.add_argument("--eval-every", type=int, default=None,
                    help="score every N steps (default: fmnist 50, lm 25)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="initial weights and data order, the same for every method (another "
+                        "seed: another --out)")
     p.add_argument("--test-images", type=int, default=10000, help="fmnist: images scored")
     p.add_argument("--valid-tokens", type=int, default=0,
                    help="lm: held-out tokens scored (0: all 46,116)")
@@ -609,6 +612,9 @@ def main(argv=None):
         if kinds - {args.workload}:
             sys.exit(f"comm_bound_bench: {path} holds {sorted(kinds)} runs, not "
                      f"{args.workload}: use another --out")
+        if earlier.get("args", {}).get("seed", 0) != args.seed:
+            sys.exit(f"comm_bound_bench: {path} holds runs of seed "
+                     f"{earlier['args'].get('seed', 0)}, not {args.seed}: use another --out")
         for key in ("accuracy_runs", "matrix_runs", "sweep"):
             results[key] = earlier.get(key, [])
     extra_eval = (["--test-images", str(args.test_images)] if args.workload == "fmnist"
@@ -617,7 +623,8 @@ def main(argv=None):
         goal = (f"{100 * args.target_accuracy:g}% test accuracy" if args.workload == "fmnist"
                 else f"validation perplexity {args.target_perplexity:g}")
         print(f"phase 1: {args.ranks} hosts at {args.rate}, time to {goal}", flush=True)
-        extra = ["--epochs", str(args.epochs), "--eval-every", str(args.eval_every), *extra_eval]
+        extra = ["--epochs", str(args.epochs), "--eval-every", str(args.eval_every),
+                 "--seed", str(args.seed), *extra_eval]
         if args.max_steps:
             extra += ["--max-steps", str(args.max_steps)]
         run_phase(args, args.ranks, args.rate, args.methods, extra, results, "accuracy_runs")
