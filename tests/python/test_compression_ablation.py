@@ -55,6 +55,8 @@ def test_resume_and_the_table(tmp_path, monkeypatch):
     calls.clear()
     ablation.main(argv + ["--resume"])
     assert calls == [("fp4", 0), ("fp4", 1)]  # only the failed runs again
+    with pytest.raises(SystemExit, match="momentum None, not 0.0"):  # not another setting's
+        ablation.main(argv + ["--resume", "--momentum", "0"])
     runs = json.loads((tmp_path / "results.json").read_text())["runs"]
     assert len(runs) == 6
 
@@ -99,3 +101,8 @@ def test_the_language_model_is_scored_every_25_steps_and_the_cnn_once(monkeypatc
         assert ablation.run_one(args, "none", None, 0) == {"final_valid_perplexity": 1.0}
     assert seen[0][seen[0].index("--eval-every") + 1] == "25"
     assert seen[1][seen[1].index("--eval-every") + 1] == "0"
+    assert "--momentum" not in seen[1]  # the workload's own
+    args = ablation.parse_args(["--workload", "fmnist", "--momentum", "0"])
+    ablation.run_one(args, "none", 0.1, 0)
+    assert seen[2][seen[2].index("--momentum") + 1] == "0.0"
+    assert seen[2][seen[2].index("--lr") + 1] == "0.1"

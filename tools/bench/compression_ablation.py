@@ -3,7 +3,7 @@
 
     /usr/bin/python3 tools/bench/compression_ablation.py --build-dir build --workload fmnist \\
         --out bench-out/ablation_fmnist [--ranks 4] [--seeds 0 1] [--resume] \\
-        [--variant NAME=SPEC[@LR] ...]
+        [--variant NAME=SPEC[@LR] ...] [--momentum M]
 
 Trains tools/bench/comm_bound_rank.py's workload (fmnist: the Fashion-MNIST CNN for 3
 epochs; lm: the LSTM language model for one epoch) on --ranks ranks of this machine (braidrun,
@@ -87,6 +87,9 @@ def parse_args(argv=None):
                    help="keep the runs --out/results.json holds; run only the others")
     p.add_argument("--max-steps", type=int, default=0,
                    help="stop each run after this many steps (0: the workload's epochs)")
+    p.add_argument("--momentum", type=float, default=None,
+                   help="SGD momentum of every variant (default: the workload's, fmnist 0.9, "
+                        "lm 0); another momentum: another --out")
     p.add_argument("--run-timeout", type=float, default=3600)
     args = p.parse_args(argv)
     args.variants = args.variant or default_variants(args.workload)
@@ -102,6 +105,8 @@ def run_one(args, spec, lr, seed):
            "--eval-every", str(w["eval_every"]), *w["extra"]]
     if lr is not None:
         cmd += ["--lr", str(lr)]
+    if args.momentum is not None:
+        cmd += ["--momentum", str(args.momentum)]
     if args.max_steps:
         cmd += ["--max-steps", str(args.max_steps)]
     env = dict(os.environ, UCX_TLS="sm", UCX_NET_DEVICES="lo", OMP_NUM_THREADS="1",
@@ -175,7 +180,11 @@ def main(argv=None):
     runs = []
     if args.resume and os.path.exists(path):
         with open(path) as f:
-            runs = [r for r in json.load(f)["runs"] if "error" not in r["result"]]
+            earlier = json.load(f)
+        if earlier.get("momentum") != args.momentum:
+            sys.exit(f"compression_ablation: {path} holds runs at momentum "
+                     f"{earlier.get('momentum')}, not {args.momentum}: use another --out")
+        runs = [r for r in earlier["runs"] if "error" not in r["result"]]
     for seed in args.seeds:
         for name, spec, lr in args.variants:
             if any((r["variant"], r["spec"], r["lr"], r["seed"]) == (name, spec, lr, seed)
@@ -192,8 +201,8 @@ def main(argv=None):
             status = result.get("error") or f"{metric} {result[f'final_{metric}']:.4g}"
             print(f"seed {seed} {name} ({spec}): {status}", flush=True)
             with open(path, "w") as f:
-                json.dump({"workload": args.workload, "ranks": args.ranks, "runs": runs}, f,
-                          indent=1)
+                json.dump({"workload": args.workload, "ranks": args.ranks,
+                           "momentum": args.momentum, "runs": runs}, f, indent=1)
     lines = table(args, runs)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
