@@ -12,6 +12,10 @@ SPEC = importlib.util.spec_from_file_location(
     os.path.join(HERE, "..", "..", "tools", "bench", "compression_ablation.py"))
 ablation = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(ablation)
+RANK_SPEC = importlib.util.spec_from_file_location(
+    "comm_bound_rank", os.path.join(HERE, "..", "..", "tools", "bench", "comm_bound_rank.py"))
+rank_program = importlib.util.module_from_spec(RANK_SPEC)
+RANK_SPEC.loader.exec_module(rank_program)
 
 
 def test_variants_parse_and_default_to_scalecomps_parts():
@@ -57,6 +61,8 @@ def test_resume_and_the_table(tmp_path, monkeypatch):
     assert calls == [("fp4", 0), ("fp4", 1)]  # only the failed runs again
     with pytest.raises(SystemExit, match="momentum None, not 0.0"):  # not another setting's
         ablation.main(argv + ["--resume", "--momentum", "0"])
+    with pytest.raises(SystemExit, match="schedule None, not constant"):
+        ablation.main(argv + ["--resume", "--schedule", "constant"])
     runs = json.loads((tmp_path / "results.json").read_text())["runs"]
     assert len(runs) == 6
 
@@ -106,3 +112,21 @@ def test_the_language_model_is_scored_every_25_steps_and_the_cnn_once(monkeypatc
     ablation.run_one(args, "none", 0.1, 0)
     assert seen[2][seen[2].index("--momentum") + 1] == "0.0"
     assert seen[2][seen[2].index("--lr") + 1] == "0.1"
+    assert "--schedule" not in seen[2]  # the workload's own
+    ablation.run_one(ablation.parse_args(["--schedule", "constant"]), "none", None, 0)
+    assert seen[3][seen[3].index("--schedule") + 1] == "constant"
+
+
+def test_the_rank_programs_learning_rate_schedules():
+    # fmnist decays its rate (0.01 x 4 ranks) along a cosine to 0 at the last step; lm's is
+    # constant (5 x 4); either takes the other with --schedule.
+    fmnist = rank_program.parse_args(["--framework", "braid"])
+    assert (fmnist.schedule, fmnist.lr) == ("cosine", 0.01)
+    rates = [rank_program.scheduled_lr(fmnist, 4, step, 100) for step in (0, 50, 100)]
+    assert rates == pytest.approx([0.04, 0.02, 0.0], abs=1e-12)
+    lm = rank_program.parse_args(["--framework", "braid", "--workload", "lm"])
+    assert [rank_program.scheduled_lr(lm, 4, step, 100) for step in (0, 99)] == [20.0, 20.0]
+    flat = rank_program.parse_args(["--framework", "braid", "--schedule", "constant"])
+    assert rank_program.scheduled_lr(flat, 4, 99, 100) == pytest.approx(0.04)
+    lm.schedule = "cosine"
+    assert rank_program.scheduled_lr(lm, 4, 50, 100) == pytest.approx(10.0)

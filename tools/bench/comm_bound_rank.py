@@ -6,14 +6,15 @@ weights:
 
   fmnist  examples/train_fashion_mnist.py's CNN on Fashion-MNIST: each rank its shard of
           every epoch's shuffle, --batch-size images per rank per step (default 32), SGD with
-          momentum 0.9, learning rate --lr (0.01) x world size with cosine decay over the run;
-          scored by test accuracy.
+          momentum 0.9, learning rate --lr (0.01) x world size with cosine decay over the run
+          (--schedule constant: without); scored by test accuracy.
   lm      examples/train_language_model.py's LSTM language model on the King James Bible:
           each rank its contiguous shard of the training tokens, --batch-size rows (default
           20) of --bptt (35) tokens per rank per step, the LSTM's state carried from step to
-          step, plain SGD at --lr (5) x world size, the averaged gradients clipped to a
-          global norm of --clip (0.25); scored by validation perplexity (the held-out
-          chapters, or their first --valid-tokens tokens).
+          step, plain SGD at a constant --lr (5) x world size (--schedule cosine: decaying),
+          the averaged gradients clipped to a global norm of --clip (0.25); scored by
+          validation perplexity (the held-out chapters, or their first --valid-tokens
+          tokens).
 
 with one of three ways to average the gradients:
 
@@ -76,13 +77,18 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=None,
                    help="times the world size (default: fmnist 0.01, lm 5)")
     p.add_argument("--momentum", type=float, default=None, help="default: fmnist 0.9, lm 0")
+    p.add_argument("--schedule", choices=("cosine", "constant"), default=None,
+                   help="learning rate over the run: cosine decay to 0 at the last step, or "
+                        "constant (default: fmnist cosine, lm constant)")
     p.add_argument("--clip", type=float, default=None,
                    help="global gradient norm to clip to after averaging (default: lm 0.25)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="eth0", help="network device whose counters are read")
     args = p.parse_args(argv)
-    defaults = {"fmnist": dict(batch_size=32, lr=0.01, momentum=0.9, clip=0.0),
-                "lm": dict(batch_size=20, lr=5.0, momentum=0.0, clip=0.25)}[args.workload]
+    defaults = {"fmnist": dict(batch_size=32, lr=0.01, momentum=0.9, clip=0.0,
+                               schedule="cosine"),
+                "lm": dict(batch_size=20, lr=5.0, momentum=0.0, clip=0.25,
+                           schedule="constant")}[args.workload]
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -95,6 +101,15 @@ def tx_bytes(device):
             return int(f.read())
     except OSError:
         return 0
+
+
+def scheduled_lr(args, size, step, total):
+    """The learning rate of step `step` of `total`: --lr x the world size, constant or with
+    cosine decay to 0 at the last step (--schedule)."""
+    peak = args.lr * size
+    if args.schedule == "constant":
+        return peak
+    return 0.5 * peak * (1 + math.cos(math.pi * step / total))
 
 
 class Comm:
@@ -230,7 +245,7 @@ class FashionMnist:
         self.shard, self.shard_epoch = None, -1
 
     def lr(self, comm, step, total):
-        return 0.5 * self.args.lr * comm.size * (1 + math.cos(math.pi * step / total))
+        return scheduled_lr(self.args, comm.size, step, total)
 
     def loss(self, comm, step):
         import torch
@@ -283,7 +298,7 @@ class LanguageModel:
         self.state = None
 
     def lr(self, comm, step, total):
-        return self.args.lr * comm.size
+        return scheduled_lr(self.args, comm.size, step, total)
 
     def loss(self, comm, step):
         s = step % self.per_epoch
@@ -362,7 +377,8 @@ def main(argv=None):
         "workload": args.workload, "metric": work.metric,
         "framework": args.framework, "compression": args.compression,
         "ddp_hook": args.ddp_hook, "ddp_backend": args.ddp_backend,
-        "powersgd_rank": args.powersgd_rank,
+        "powersgd_rank": args.powersgd_rank, "lr_per_rank": args.lr,
+        "momentum": args.momentum, "schedule": args.schedule,
         "ranks": comm.size, "steps": steps, "batch_size_per_rank": args.batch_size,
         "train_time_s": clock, "history": history,
         "step_time_median_s": statistics.median(timed),

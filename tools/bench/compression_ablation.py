@@ -3,7 +3,7 @@
 
     /usr/bin/python3 tools/bench/compression_ablation.py --build-dir build --workload fmnist \\
         --out bench-out/ablation_fmnist [--ranks 4] [--seeds 0 1] [--resume] \\
-        [--variant NAME=SPEC[@LR] ...] [--momentum M]
+        [--variant NAME=SPEC[@LR] ...] [--momentum M] [--schedule cosine|constant]
 
 Trains tools/bench/comm_bound_rank.py's workload (fmnist: the Fashion-MNIST CNN for 3
 epochs; lm: the LSTM language model for one epoch) on --ranks ranks of this machine (braidrun,
@@ -90,6 +90,9 @@ def parse_args(argv=None):
     p.add_argument("--momentum", type=float, default=None,
                    help="SGD momentum of every variant (default: the workload's, fmnist 0.9, "
                         "lm 0); another momentum: another --out")
+    p.add_argument("--schedule", choices=("cosine", "constant"), default=None,
+                   help="learning rate of every variant over the run (default: the workload's, "
+                        "fmnist cosine decay, lm constant); another schedule: another --out")
     p.add_argument("--run-timeout", type=float, default=3600)
     args = p.parse_args(argv)
     args.variants = args.variant or default_variants(args.workload)
@@ -107,6 +110,8 @@ def run_one(args, spec, lr, seed):
         cmd += ["--lr", str(lr)]
     if args.momentum is not None:
         cmd += ["--momentum", str(args.momentum)]
+    if args.schedule is not None:
+        cmd += ["--schedule", args.schedule]
     if args.max_steps:
         cmd += ["--max-steps", str(args.max_steps)]
     env = dict(os.environ, UCX_TLS="sm", UCX_NET_DEVICES="lo", OMP_NUM_THREADS="1",
@@ -184,6 +189,9 @@ def main(argv=None):
         if earlier.get("momentum") != args.momentum:
             sys.exit(f"compression_ablation: {path} holds runs at momentum "
                      f"{earlier.get('momentum')}, not {args.momentum}: use another --out")
+        if earlier.get("schedule") != args.schedule:
+            sys.exit(f"compression_ablation: {path} holds runs with schedule "
+                     f"{earlier.get('schedule')}, not {args.schedule}: use another --out")
         runs = [r for r in earlier["runs"] if "error" not in r["result"]]
     for seed in args.seeds:
         for name, spec, lr in args.variants:
@@ -202,7 +210,8 @@ def main(argv=None):
             print(f"seed {seed} {name} ({spec}): {status}", flush=True)
             with open(path, "w") as f:
                 json.dump({"workload": args.workload, "ranks": args.ranks,
-                           "momentum": args.momentum, "runs": runs}, f, indent=1)
+                           "momentum": args.momentum, "schedule": args.schedule,
+                           "runs": runs}, f, indent=1)
     lines = table(args, runs)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
