@@ -141,11 +141,20 @@ def main(argv=None):
     torch.set_num_threads(1)
     rank, size = hvd.rank(), hvd.size()
     torch.manual_seed(args.seed)
+    # Every rank checks the same settings, so every rank stops with the same message.
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        sys.exit(f"train_language_model: --json {args.json}: no such directory")
+    if args.valid_tokens and args.valid_tokens < 20 * size:
+        sys.exit(f"train_language_model: --valid-tokens {args.valid_tokens} is too few to "
+                 f"score: each of {size} ranks needs at least 20 (10 rows of 2)")
 
     corpus = bible_data.Corpus(args.vocab)
     n = len(corpus.train) // size  # this rank's contiguous shard
     data = bible_data.batchify(corpus.train[rank * n:(rank + 1) * n], args.batch_size)
     steps = (len(data) - 1) // args.bptt
+    if steps < 1:
+        sys.exit(f"train_language_model: a rank's {n} training tokens make no step of "
+                 f"--batch-size {args.batch_size} rows x --bptt {args.bptt} tokens")
     total_steps = steps * args.epochs
     if args.max_steps:
         total_steps = min(total_steps, args.max_steps)

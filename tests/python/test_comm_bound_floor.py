@@ -128,6 +128,13 @@ def test_resume_runs_only_the_missing_and_the_failed_and_writes_after_each(tmp_p
     doc = json.loads((tmp_path / "results.json").read_text())
     assert [r["method"] for r in doc["accuracy_runs"]] == ["none", "fp4", "fp16"]
     assert not any("error" in r for r in doc["accuracy_runs"])
+    # Nor does it keep runs of another length, cadence or seed.
+    for other, said in ((["--max-steps", "50"], "--max-steps 0, not 50"),
+                        (["--eval-every", "7"], "--eval-every 25, not 7"),
+                        (["--seed", "1"], "seed 0, not 1")):
+        with pytest.raises(SystemExit, match=said):
+            bench.main(common + ["--resume", "--methods", "none"] + other)
+    assert FakeHosts.jobs == [("fp4", 4, "100mbit"), ("fp16", 4, "100mbit")]
     # Without --resume everything runs again.
     FakeHosts.jobs = []
     assert bench.main(common + ["--methods", "none"]) == 0
@@ -161,3 +168,9 @@ def test_merging_refuses_two_workloads(tmp_path):
     c.write_text(json.dumps({"accuracy_runs": [lm_run("fp4", [90.0])]}))
     merged, _ = bench.merged_results([str(a), str(c)])
     assert [r["method"] for r in merged["accuracy_runs"]] == ["none", "fp4"]
+    # A file that is missing, not JSON, or another tool's results: a clear error, not a table.
+    d = tmp_path / "ablation.json"
+    d.write_text(json.dumps({"workload": "lm", "ranks": 4, "runs": []}))
+    for bad, said in ((tmp_path / "missing.json", "No such file"), (d, "not a results.json")):
+        with pytest.raises(ValueError, match=said):
+            bench.merged_results([str(bad)])

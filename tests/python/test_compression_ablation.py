@@ -59,10 +59,18 @@ def test_resume_and_the_table(tmp_path, monkeypatch):
     calls.clear()
     ablation.main(argv + ["--resume"])
     assert calls == [("fp4", 0), ("fp4", 1)]  # only the failed runs again
-    with pytest.raises(SystemExit, match="momentum None, not 0.0"):  # not another setting's
-        ablation.main(argv + ["--resume", "--momentum", "0"])
-    with pytest.raises(SystemExit, match="schedule None, not constant"):
-        ablation.main(argv + ["--resume", "--schedule", "constant"])
+    # Not another setting's runs (each default resolved: fmnist's own momentum and schedule
+    # are no change); the workload, ranks and step limit count too.
+    calls.clear()
+    ablation.main(argv + ["--resume", "--momentum", "0.9", "--schedule", "cosine"])
+    assert calls == [("fp4", 0), ("fp4", 1)]
+    for other, said in ((["--momentum", "0"], "momentum 0.9, not 0.0"),
+                        (["--schedule", "constant"], "schedule cosine, not constant"),
+                        (["--ranks", "2"], "ranks 4, not 2"),
+                        (["--max-steps", "20"], "max_steps 0, not 20"),
+                        (["--workload", "lm"], "workload fmnist, not lm")):
+        with pytest.raises(SystemExit, match=said):
+            ablation.main(argv + ["--resume"] + other)
     runs = json.loads((tmp_path / "results.json").read_text())["runs"]
     assert len(runs) == 6
 
@@ -115,6 +123,19 @@ def test_the_language_model_is_scored_every_25_steps_and_the_cnn_once(monkeypatc
     assert "--schedule" not in seen[2]  # the workload's own
     ablation.run_one(ablation.parse_args(["--schedule", "constant"]), "none", None, 0)
     assert seen[3][seen[3].index("--schedule") + 1] == "constant"
+
+
+def test_bad_variants_and_arguments_are_refused_before_any_job(tmp_path, monkeypatch):
+    monkeypatch.setattr(ablation, "run_one", lambda *a: pytest.fail("a job ran"))
+    build = os.environ.get("BRAID_BUILD_DIR") or os.path.join(HERE, "..", "..", "build")
+    if not os.path.exists(os.path.join(build, "python", "braid")):
+        pytest.skip("needs the build's braid module (BRAID_BUILD_DIR)")
+    with pytest.raises(SystemExit, match="late: compression 'scalecomp:ratio=0'.*'ratio'"):
+        ablation.main(["--build-dir", build, "--out", str(tmp_path), "--variant", "none=none",
+                       "--variant", "late=scalecomp:ratio=0"])
+    for bad in (["--variant", "a=none@-1"], ["--ranks", "0"], ["--max-steps", "-3"]):
+        with pytest.raises(SystemExit):
+            ablation.parse_args(bad)
 
 
 def test_the_rank_programs_learning_rate_schedules():

@@ -171,3 +171,15 @@ def test_bptt_batches_pair_each_token_with_the_next_and_shorten_at_the_end():
     assert x[:, 1].tolist() == [6, 7, 8, 9] and y[:, 1].tolist() == [7, 8, 9, 10]
     x, y = bible_data.bptt_batch(data, 4, 4)  # only row 5 is left to predict
     assert x.tolist() == [[4, 10]] and y.tolist() == [[5, 11]]
+
+
+def test_too_few_validation_tokens_stop_every_rank_before_training():
+    # 30 tokens over 2 ranks leave each 15, under the 20 one 10-row scoring needs: once the
+    # job scored NaN and exited 0; now every rank refuses, before loading the corpus.
+    env = dict(os.environ, UCX_TLS="sm", UCX_NET_DEVICES="lo", OMP_NUM_THREADS="1")
+    out = subprocess.run([braidrun(), "-np", "2", "--timeout", "60", PYTHON, str(EXAMPLE),
+                          "--valid-tokens", "30"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0, out.stdout + out.stderr
+    said = "--valid-tokens 30 is too few to score: each of 2 ranks needs at least 20"
+    assert (out.stdout + out.stderr).count(said) == 2, out.stdout + out.stderr

@@ -569,11 +569,17 @@ def run_phase(args, n, rate, methods, extra, results, key):
 
 def merged_results(paths):
     """The runs of several results.json files, and the matrix configurations they cover.
-    ValueError if they hold different workloads."""
+    ValueError if one cannot be read, is not this tool's, or they hold different workloads."""
     merged = {"accuracy_runs": [], "matrix_runs": [], "sweep": []}
     for path in paths:
-        with open(path) as f:
-            doc = json.load(f)
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: {e}") from e
+        if not isinstance(doc, dict) or not any(k in doc for k in merged):
+            raise ValueError(f"{path} is not a results.json of comm_bound_bench.py (it has "
+                             "none of accuracy_runs, matrix_runs, sweep)")
         for key in ("accuracy_runs", "matrix_runs", "sweep"):
             merged[key] += doc.get(key, [])
         merged.setdefault("args", doc.get("args", {}))
@@ -615,6 +621,14 @@ def main(argv=None):
         if earlier.get("args", {}).get("seed", 0) != args.seed:
             sys.exit(f"comm_bound_bench: {path} holds runs of seed "
                      f"{earlier['args'].get('seed', 0)}, not {args.seed}: use another --out")
+        # What else a run's record depends on (the ranks and rate are in each record's key).
+        theirs = earlier.get("args", {})
+        differ = [f"--{k.replace('_', '-')} {theirs[k]}, not {getattr(args, k)}"
+                  for k in ("epochs", "max_steps", "eval_every", "test_images", "valid_tokens")
+                  if k in theirs and theirs[k] != getattr(args, k)]
+        if differ:
+            sys.exit(f"comm_bound_bench: {path} holds runs of other settings "
+                     f"({'; '.join(differ)}): use another --out")
         for key in ("accuracy_runs", "matrix_runs", "sweep"):
             results[key] = earlier.get(key, [])
     extra_eval = (["--test-images", str(args.test_images)] if args.workload == "fmnist"

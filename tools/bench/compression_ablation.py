@@ -47,10 +47,13 @@ RANK_PROGRAM = os.path.join(HERE, "comm_bound_rank.py")
 # perplexity moves by 10-20 between two scorings at its constant learning rate, so it is also
 # scored every 25 steps and compared by the mean of its last five scorings (steps 225-320);
 # the CNN's decaying learning rate leaves its final accuracy steady, scored once at the end.
+# momentum and schedule: comm_bound_rank.py's defaults, which --momentum and --schedule replace.
 WORKLOADS = {"fmnist": {"metric": "test_accuracy", "higher": True, "steps": 1404,
-                        "lr": 0.01, "extra": ["--epochs", "3"], "eval_every": 0, "tail": 1},
+                        "lr": 0.01, "extra": ["--epochs", "3"], "eval_every": 0, "tail": 1,
+                        "momentum": 0.9, "schedule": "cosine"},
              "lm": {"metric": "valid_perplexity", "higher": False, "steps": 320,
-                    "lr": 5.0, "extra": ["--epochs", "1"], "eval_every": 25, "tail": 5}}
+                    "lr": 5.0, "extra": ["--epochs", "1"], "eval_every": 25, "tail": 5,
+                    "momentum": 0.0, "schedule": "constant"}}
 
 
 def default_variants(workload):
@@ -70,6 +73,8 @@ def parse_variant(text):
     if not sep or not name or not rest:
         raise argparse.ArgumentTypeError(f"'{text}': expected NAME=SPEC[@LR]")
     spec, _, lr = rest.partition("@")
+    if lr and not float(lr) > 0:
+        raise argparse.ArgumentTypeError(f"'{text}': the learning rate must be positive")
     return name, spec, float(lr) if lr else None
 
 
@@ -95,8 +100,30 @@ def parse_args(argv=None):
                         "fmnist cosine decay, lm constant); another schedule: another --out")
     p.add_argument("--run-timeout", type=float, default=3600)
     args = p.parse_args(argv)
+    if args.ranks < 1 or args.max_steps < 0:
+        p.error("--ranks must be at least 1 and --max-steps at least 0")
     args.variants = args.variant or default_variants(args.workload)
     return args
+
+
+def check_specs(args):
+    """Every variant's spec through braid's own parser before the first job, so that a typo
+    in the last variant does not surface hours later; None, or what is wrong. Skipped where
+    the build has no Python module (the jobs would then fail on their own)."""
+    sys.path.insert(0, os.path.join(os.path.abspath(args.build_dir), "python"))
+    try:
+        from braid import _braid
+    except ImportError:
+        return None
+    finally:
+        sys.path.pop(0)
+    bad = []
+    for name, spec, _ in args.variants:
+        try:
+            _braid.canonical_compression(spec)
+        except Exception as e:  # braid's InvalidArgumentError: its message says what
+            bad.append(f"{name}: {e}")
+    return "; ".join(bad) or None
 
 
 def run_one(args, spec, lr, seed):
@@ -176,22 +203,37 @@ def table(args, runs):
     return lines
 
 
+def settings(source):
+    """What a run's result depends on besides its variant and seed, each default resolved
+    (so that --momentum 0 on lm is lm's own setting): from the parsed arguments, or from a
+    results.json (whose missing keys are the defaults of the time they were written)."""
+    get = source.get if isinstance(source, dict) else lambda k, d=None: getattr(source, k, d)
+    w = WORKLOADS[get("workload") or "fmnist"]
+    momentum, schedule = get("momentum"), get("schedule")
+    return {"workload": get("workload") or "fmnist", "ranks": get("ranks") or 4,
+            "max_steps": get("max_steps") or 0,
+            "momentum": w["momentum"] if momentum is None else float(momentum),
+            "schedule": schedule or w["schedule"]}
+
+
 def main(argv=None):
     args = parse_args(argv)
     if not os.path.exists(os.path.join(args.build_dir, "tools", "braidrun", "braidrun")):
         sys.exit(f"compression_ablation: no braidrun in {args.build_dir} (scripts/build.sh)")
+    bad = check_specs(args)
+    if bad:
+        sys.exit(f"compression_ablation: {bad}")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "results.json")
     runs = []
     if args.resume and os.path.exists(path):
         with open(path) as f:
             earlier = json.load(f)
-        if earlier.get("momentum") != args.momentum:
-            sys.exit(f"compression_ablation: {path} holds runs at momentum "
-                     f"{earlier.get('momentum')}, not {args.momentum}: use another --out")
-        if earlier.get("schedule") != args.schedule:
-            sys.exit(f"compression_ablation: {path} holds runs with schedule "
-                     f"{earlier.get('schedule')}, not {args.schedule}: use another --out")
+        theirs, ours = settings(earlier), settings(args)
+        differ = [f"{k} {theirs[k]}, not {ours[k]}" for k in ours if theirs[k] != ours[k]]
+        if differ:
+            sys.exit(f"compression_ablation: {path} holds runs of other settings ("
+                     f"{'; '.join(differ)}): use another --out, or drop --resume")
         runs = [r for r in earlier["runs"] if "error" not in r["result"]]
     for seed in args.seeds:
         for name, spec, lr in args.variants:
@@ -209,9 +251,7 @@ def main(argv=None):
             status = result.get("error") or f"{metric} {result[f'final_{metric}']:.4g}"
             print(f"seed {seed} {name} ({spec}): {status}", flush=True)
             with open(path, "w") as f:
-                json.dump({"workload": args.workload, "ranks": args.ranks,
-                           "momentum": args.momentum, "schedule": args.schedule,
-                           "runs": runs}, f, indent=1)
+                json.dump({**settings(args), "runs": runs}, f, indent=1)
     lines = table(args, runs)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
