@@ -55,6 +55,12 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "examples"))
 
 
+# Each workload's recipe where its flag is not given (compression_ablation.py resolves its
+# runs' settings with it too).
+DEFAULTS = {"fmnist": dict(batch_size=32, lr=0.01, momentum=0.9, clip=0.0, schedule="cosine"),
+            "lm": dict(batch_size=20, lr=5.0, momentum=0.0, clip=0.25, schedule="constant")}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--framework", choices=("braid", "ddp", "local"), required=True)
@@ -85,11 +91,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="eth0", help="network device whose counters are read")
     args = p.parse_args(argv)
-    defaults = {"fmnist": dict(batch_size=32, lr=0.01, momentum=0.9, clip=0.0,
-                               schedule="cosine"),
-                "lm": dict(batch_size=20, lr=5.0, momentum=0.0, clip=0.25,
-                           schedule="constant")}[args.workload]
-    for k, v in defaults.items():
+    for k, v in DEFAULTS[args.workload].items():
         if getattr(args, k) is None:
             setattr(args, k, v)
     return args

@@ -31,6 +31,7 @@ run's time is not a figure here (ranks share the CPUs); time to accuracy is
 comm_bound_bench.py's.
 """
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -42,18 +43,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 PYTHON = "/usr/bin/python3"
 RANK_PROGRAM = os.path.join(HERE, "comm_bound_rank.py")
+_spec = importlib.util.spec_from_file_location("comm_bound_rank", RANK_PROGRAM)
+_rank_program = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_rank_program)
+# The rank program's recipe per workload (lr per rank, momentum, schedule), which the
+# variants' @LR, --momentum and --schedule replace.
+RECIPE = _rank_program.DEFAULTS
 # The workloads' steps (comm_bound_rank.py's defaults at 4 ranks): fmnist 3 epochs of 468,
 # lm one epoch of 320. start_step warms up for about a tenth of them. The language model's
 # perplexity moves by 10-20 between two scorings at its constant learning rate, so it is also
 # scored every 25 steps and compared by the mean of its last five scorings (steps 225-320);
 # the CNN's decaying learning rate leaves its final accuracy steady, scored once at the end.
-# momentum and schedule: comm_bound_rank.py's defaults, which --momentum and --schedule replace.
 WORKLOADS = {"fmnist": {"metric": "test_accuracy", "higher": True, "steps": 1404,
-                        "lr": 0.01, "extra": ["--epochs", "3"], "eval_every": 0, "tail": 1,
-                        "momentum": 0.9, "schedule": "cosine"},
+                        "extra": ["--epochs", "3"], "eval_every": 0, "tail": 1},
              "lm": {"metric": "valid_perplexity", "higher": False, "steps": 320,
-                    "lr": 5.0, "extra": ["--epochs", "1"], "eval_every": 25, "tail": 5,
-                    "momentum": 0.0, "schedule": "constant"}}
+                    "extra": ["--epochs", "1"], "eval_every": 25, "tail": 5}}
 
 
 def default_variants(workload):
@@ -64,7 +68,7 @@ def default_variants(workload):
             ("leader=0", base + ",leader=0", None),
             ("start_step", f"{base},start_step={w['steps'] // 10}", None),
             ("granularity=tensor", base + ",granularity=tensor", None),
-            ("lr/2", base, w["lr"] / 2)]
+            ("lr/2", base, RECIPE[workload]["lr"] / 2)]
 
 
 def parse_variant(text):
@@ -158,6 +162,7 @@ def run_one(args, spec, lr, seed):
 def table(args, runs):
     w = WORKLOADS[args.workload]
     metric = w["metric"]
+    default_lr = RECIPE[args.workload]["lr"]
 
     def scores(name):
         """{seed: (final score, mean of the last w["tail"] scorings)} of variant NAME."""
@@ -188,10 +193,10 @@ def table(args, runs):
     for name, spec, lr in args.variants:
         got = scores(name)
         if not got:
-            lines.append(f"| {name} | `{spec}` | {lr or w['lr']:g} | 0 | failed |"
+            lines.append(f"| {name} | `{spec}` | {lr or default_lr:g} | 0 | failed |"
                          + (" |" if tail else "") + " |")
             continue
-        row = f"| {name} | `{spec}` | {lr or w['lr']:g} | {len(got)} | "
+        row = f"| {name} | `{spec}` | {lr or default_lr:g} | {len(got)} | "
         row += shown(statistics.mean(v[0] for v in got.values())) + " |"
         if tail:
             row += " " + shown(statistics.mean(v[1] for v in got.values())) + " |"
@@ -203,17 +208,15 @@ def table(args, runs):
     return lines
 
 
-def settings(source):
+def settings(d):
     """What a run's result depends on besides its variant and seed, each default resolved
-    (so that --momentum 0 on lm is lm's own setting): from the parsed arguments, or from a
-    results.json (whose missing keys are the defaults of the time they were written)."""
-    get = source.get if isinstance(source, dict) else lambda k, d=None: getattr(source, k, d)
-    w = WORKLOADS[get("workload") or "fmnist"]
-    momentum, schedule = get("momentum"), get("schedule")
-    return {"workload": get("workload") or "fmnist", "ranks": get("ranks") or 4,
-            "max_steps": get("max_steps") or 0,
-            "momentum": w["momentum"] if momentum is None else float(momentum),
-            "schedule": schedule or w["schedule"]}
+    (so that --momentum 0 on lm is lm's own setting), from vars(the parsed arguments) or a
+    results.json (whose missing keys are the defaults of the time it was written)."""
+    recipe = RECIPE[d["workload"]]
+    momentum = d.get("momentum")
+    return {"workload": d["workload"], "ranks": d["ranks"], "max_steps": d.get("max_steps", 0),
+            "momentum": recipe["momentum"] if momentum is None else float(momentum),
+            "schedule": d.get("schedule") or recipe["schedule"]}
 
 
 def main(argv=None):
@@ -229,7 +232,7 @@ def main(argv=None):
     if args.resume and os.path.exists(path):
         with open(path) as f:
             earlier = json.load(f)
-        theirs, ours = settings(earlier), settings(args)
+        theirs, ours = settings(earlier), settings(vars(args))
         differ = [f"{k} {theirs[k]}, not {ours[k]}" for k in ours if theirs[k] != ours[k]]
         if differ:
             sys.exit(f"compression_ablation: {path} holds runs of other settings ("
@@ -251,7 +254,7 @@ def main(argv=None):
             status = result.get("error") or f"{metric} {result[f'final_{metric}']:.4g}"
             print(f"seed {seed} {name} ({spec}): {status}", flush=True)
             with open(path, "w") as f:
-                json.dump({**settings(args), "runs": runs}, f, indent=1)
+                json.dump({**settings(vars(args)), "runs": runs}, f, indent=1)
     lines = table(args, runs)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
