@@ -47,6 +47,11 @@ struct AllReducePipeline::BucketRun {
   bool packed = false;      // the views lie in the fusion buffer (else where the tensors lie)
   bool gathered = false;    // packed, by the compressor as it reduces (Note [Pipelined copy])
   size_t packed_bytes = 0;  // written into the fusion buffer
+  // Note [Host staging]: the device's memory is not the host's; the packed bucket is
+  // reduced in a copy in the host's fusion buffer, `staged` there.
+  bool staging = false;
+  char* staged = nullptr;
+  char* packed_base = nullptr;  // the fusion buffer the bucket was packed into
 };
 
 FusionBuffer::FusionBuffer(device::Device* device)
@@ -86,13 +91,7 @@ absl::Status AllReducePipeline::Run(int64_t bucket_id,
   run.device = place.device != nullptr ? place.device : &device::HostDevice();
   run.stream = place.stream;
   run.timeout = place.timeout;
-  if (!run.device->host_accessible()) {  // the peers are in the bucket's collectives
-    const absl::Status s = absl::FailedPreconditionError(absl::StrCat(
-        "all-reduce bucket ", bucket_id, ": ", DeviceName(run.device->ref()),
-        " memory is not readable from the host, and braid has no compressor on it yet"));
-    comm.Abort(s);
-    return s;
-  }
+  run.staging = !run.device->host_accessible();
   run.id = bucket_id;
   run.method = &method;
   run.dtype = dtype;
@@ -144,23 +143,52 @@ absl::Status AllReducePipeline::Describe(BucketRun& run) {
 
 absl::Status AllReducePipeline::Reduce(BucketRun& run, transport::Communicator& comm) {
   // The stage's state stays locked from the plan to the end of the reduction (Note [Bucket
-  // reduction], compression/stage.h).
-  BRAID_ASSIGN_OR_RETURN(compression::PlannedBucket planned,
-                         stage_->Plan(*run.method, run.described, run.device));
+  // reduction], compression/stage.h). A staged bucket is compressed on the host, its
+  // compression state kept there (Note [Host staging]).
+  BRAID_ASSIGN_OR_RETURN(
+      compression::PlannedBucket planned,
+      stage_->Plan(*run.method, run.described,
+                   run.staging ? &device::HostDevice() : run.device));
   absl::Status packed = Pack(run, planned.plans());
+  if (packed.ok() && run.staging) packed = StageToHost(run);
   // The compressor reads the views from the host: the device's copies must be done.
   if (packed.ok()) packed = run.device->Synchronize(run.stream, run.timeout);
   if (!packed.ok()) {
     comm.Abort(packed);  // Note [Allocation failure]
     return packed;
   }
+  if (run.staging) Rebase(run, run.staged);
   // The collectives start now (and the copies, for a gathered bucket).
   Phase(run, "ALLREDUCE", /*begin=*/true,
         run.gathered ? absl::StrCat(run.args, ", \"pipelined_copy\": true") : run.args);
-  const absl::Status s =
+  absl::Status s =
       stage_->Reduce(std::move(planned), run.views, run.op, comm, absl::MakeSpan(bytes_));
   Phase(run, "ALLREDUCE", /*begin=*/false);
+  if (run.staging) {
+    Rebase(run, run.packed_base);
+    if (s.ok()) {
+      Phase(run, "MEMCPY_HOST_TO_DEVICE", true, run.args);
+      s = run.device->CopyFromHost(run.packed_base, run.staged, run.packed_bytes, run.stream);
+      Phase(run, "MEMCPY_HOST_TO_DEVICE", false);
+    }
+  }
   return s;
+}
+
+absl::Status AllReducePipeline::StageToHost(BucketRun& run) {
+  absl::StatusOr<char*> staged = BufferOf(&device::HostDevice()).Reserve(run.packed_bytes);
+  if (!staged.ok()) return CannotPack(run, run.packed_bytes, staged.status());
+  run.staged = *staged;
+  Phase(run, "MEMCPY_DEVICE_TO_HOST", true, run.args);
+  absl::Status s = run.packed_bytes == 0 ? absl::OkStatus()
+                                         : run.device->CopyToHost(run.staged, run.packed_base,
+                                                                  run.packed_bytes, run.stream);
+  Phase(run, "MEMCPY_DEVICE_TO_HOST", false);
+  return s;
+}
+
+void AllReducePipeline::Rebase(BucketRun& run, char* base) {
+  for (size_t i = 0; i < run.views.size(); ++i) run.views[i].data = base + offsets_[i];
 }
 
 absl::Status AllReducePipeline::Pack(BucketRun& run, absl::Span<const TensorPlan> plans) {
@@ -173,7 +201,9 @@ absl::Status AllReducePipeline::Pack(BucketRun& run, absl::Span<const TensorPlan
     v.count = run.described[i].count;
     v.dtype = plans[i].work_dtype;
   }
-  if (run.tensors.size() == 1 && plans[0].work_dtype == run.dtype && !run.tensors[0].joined) {
+  // A staged bucket is always packed: the copy to the host is then one span.
+  if (run.tensors.size() == 1 && plans[0].work_dtype == run.dtype && !run.tensors[0].joined &&
+      !run.staging) {
     // A lone tensor is reduced in its output (Note [One pipeline]).
     const AllReduceTensor& t = run.tensors[0];
     views_[0].data = t.output;
@@ -186,7 +216,7 @@ absl::Status AllReducePipeline::Pack(BucketRun& run, absl::Span<const TensorPlan
     }
     return absl::OkStatus();
   }
-  if (ViewInPlace(run, plans)) return absl::OkStatus();
+  if (!run.staging && ViewInPlace(run, plans)) return absl::OkStatus();
   // Each view starts at a multiple of its element size, so tensors of one work dtype lie
   // back to back (one collective for all of them).
   size_t total = 0;
@@ -200,6 +230,7 @@ absl::Status AllReducePipeline::Pack(BucketRun& run, absl::Span<const TensorPlan
   if (!base.ok()) return CannotPack(run, total, base.status());
   run.packed = true;
   run.packed_bytes = total;
+  run.packed_base = *base;
   // Gathered copies are the host data plane's memcpys (transport/gather.h): host memory only.
   if (pipelined_copy_ && run.device == &device::HostDevice() && ViewGathered(run, plans, *base)) {
     return absl::OkStatus();

@@ -58,6 +58,21 @@
 //   fails with the same error instead: the job ends with the reason, never with a wrong
 //   result.
 //
+// Note [Host staging]
+//   A bucket on a device whose memory the host cannot read (a GPU's) is packed on the device
+//   as any scattered bucket is (always packed, a lone tensor too: one span to move), copied
+//   to the host's fusion buffer, reduced there by the compressor over the host data plane
+//   (UCX) as a host bucket would be, copied back to the device's fusion buffer and unpacked
+//   on the device: the host-staged plane. It needs no device data plane, so it runs where
+//   NCCL cannot (several ranks on one GPU), and gives the same bits as the same bucket in
+//   host memory, every method alike, since the same host code compresses and reduces it.
+//   Its compression state (error feedback, PowerSGD's factors) lives in host memory. The
+//   copies are the bucket's whole packed bytes each way, in the device's stream order, the
+//   host waiting for the copy in before the compressor starts and for the unpack before the
+//   handle completes; the timeline shows them as MEMCPY_DEVICE_TO_HOST and
+//   MEMCPY_HOST_TO_DEVICE. (Compressing on the device first, so that only the payload
+//   crosses to the host, is the next step: docs/gpu.md.)
+//
 // A bucket is described by plain values (no coordinator types), so whatever agrees on it
 // can run it. Run passes what it learns about a bucket (its plans, its views, where they
 // lie) from step to step in a BucketRun of its own: nothing of one bucket is left in the
@@ -139,14 +154,14 @@ class AllReducePipeline {
   // Reduces one bucket: `tensors` of `dtype`, all-reduced with `op` under `method`, in the
   // order every rank uses; its phases go to `timeline` (null: nowhere). The tensors are on
   // `place`'s device, whose interface does every copy, conversion, fill and allocation of
-  // the pipeline (Note [Devices]); the compressor then reads the memory from the host, so
-  // the device must be host_accessible() (the CUDA compressors are the device's own). On
+  // the pipeline (Note [Devices]); the compressor then reads the memory from the host, where
+  // a bucket of a device the host cannot read is staged (Note [Host staging]). On
   // success every output holds the result and the bucket's bytes are booked; on error the
   // outputs' contents are unspecified. Errors: the stage's, the compressor's, the communicator's;
   // InvalidArgument naming the tensor for a shape ShapeElements refuses (common/limits.h);
   // ResourceExhausted naming the bucket when the fusion buffer cannot grow (Note
   // [Allocation failure]: `comm` is aborted with it, as with any other error of the device
-  // before the collectives); FailedPrecondition for a device the host cannot read.
+  // before the collectives).
   // Background thread only.
   absl::Status Run(int64_t bucket_id, const compression::CompressionMethod& method,
                    DataType dtype, ReduceOp op, absl::Span<const AllReduceTensor> tensors,
@@ -178,6 +193,10 @@ class AllReducePipeline {
   // The error of a fusion buffer that could not grow to `bytes` (Note [Allocation failure]).
   static absl::Status CannotPack(const BucketRun& run, size_t bytes, const absl::Status& s);
   absl::Status Unpack(const BucketRun& run);
+  // Note [Host staging]: queues the copy of the packed bucket into the host's fusion buffer.
+  absl::Status StageToHost(BucketRun& run);
+  // Points the views at their offsets from `base` (the staged copy, or the device's buffer).
+  void Rebase(BucketRun& run, char* base);
   // The fusion buffer of the bucket's device (made on first use).
   FusionBuffer& BufferOf(device::Device* device);
   void Book(const BucketRun& run, int world_size);

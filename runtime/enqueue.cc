@@ -188,14 +188,8 @@ absl::StatusOr<Accepted> Runtime::Impl::AcceptDevice(
         what, CollectiveName(r.collective), " of ", DeviceName(r.device),
         " tensors is not supported yet (all-reduce is)"));
   }
-  // Memory the host cannot read needs a data plane of its own (NCCL, or the host-staged
-  // plane), which braid does not have yet: refused here, so every rank fails at once,
-  // rather than in the executor, where the data plane would have to be aborted.
-  if (!(*device)->host_accessible()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, DeviceName(r.device), " tensors: braid has no data plane for ",
-        DeviceTypeName(r.device.type), " memory yet (docs/gpu.md)"));
-  }
+  // Memory the host cannot read travels the host-staged plane (Note [Host staging],
+  // runtime/allreduce_pipeline.h).
   auto ready = (*device)->RecordEvent(r.stream);
   if (!ready.ok()) {
     return absl::Status(ready.status().code(), absl::StrCat(what, ready.status().message()));
