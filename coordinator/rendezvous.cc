@@ -121,7 +121,12 @@ struct SettingField {
   int64_t (*get)(const proto::JobSettings&);
   void (*set)(proto::JobSettings*, int64_t);
   bool milliseconds;  // shown in seconds, like its variable
+  // The values' names, by value, where the variable takes names (null: a number).
+  const char* const* names = nullptr;
+  int64_t name_count = 0;
 };
+
+constexpr const char* kGpuDataPlanes[] = {"auto", "nccl", "host"};
 
 const SettingField kSettingFields[] = {
     {"BRAID_FUSION_THRESHOLD", &proto::JobSettings::has_fusion_threshold_bytes,
@@ -146,11 +151,16 @@ const SettingField kSettingFields[] = {
     {"BRAID_FAST_PATH", &proto::JobSettings::has_fast_path,
      [](const proto::JobSettings& s) { return s.fast_path(); },
      [](proto::JobSettings* s, int64_t v) { s->set_fast_path(v); }, false},
+    {"BRAID_GPU_DATA_PLANE", &proto::JobSettings::has_gpu_data_plane,
+     [](const proto::JobSettings& s) { return s.gpu_data_plane(); },
+     [](proto::JobSettings* s, int64_t v) { s->set_gpu_data_plane(v); }, false,
+     kGpuDataPlanes, 3},
 };
 
 // A value as its variable spells it: bytes and entries as integers, durations in seconds
 // ("1.5", "60").
 std::string Show(const SettingField& f, int64_t v) {
+  if (v >= 0 && v < f.name_count) return f.names[v];
   if (!f.milliseconds) return absl::StrCat(v);
   std::string frac = absl::StrFormat("%03d", v % 1000);
   while (!frac.empty() && frac.back() == '0') frac.pop_back();
@@ -169,6 +179,7 @@ proto::JobSettings DefaultJobSettings() {
   // Long: a checkpoint or an evaluation on one rank while the others wait is normal.
   s.set_negotiation_timeout_ms(1800 * 1000);
   s.set_fast_path(kDefaultFastPath);
+  s.set_gpu_data_plane(0);  // auto
   return s;
 }
 

@@ -1,9 +1,11 @@
-// The devices of this build (device.h: MakeDefaultDevices). Its own file: the only one of
-// braid_device compiled differently with CUDA (BRAID_WITH_CUDA).
+// The devices and the NCCL of this build (device.h: MakeDefaultDevices; nccl.h: DefaultNccl).
+// Its own file: the only one of braid_device compiled differently with CUDA (BRAID_WITH_CUDA).
 #include "device/device.h"
+#include "device/nccl.h"
 
 #if defined(BRAID_WITH_CUDA)
 #include "device/cuda/cuda_device.h"
+#include "device/cuda/nccl_library.h"
 #endif
 
 namespace braid::device {
@@ -18,6 +20,14 @@ std::shared_ptr<DeviceRegistry> MakeDefaultDevices(bool allow_unverified_cuda) {
   (void)allow_unverified_cuda;
 #endif
   return registry;
+}
+
+absl::StatusOr<transport::NcclApi*> DefaultNccl() {
+#if defined(BRAID_WITH_CUDA)
+  return OpenNccl();
+#else
+  return absl::FailedPreconditionError("this braid is built without CUDA, so without NCCL");
+#endif
 }
 
 }  // namespace braid::device

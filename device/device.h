@@ -30,6 +30,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -91,6 +92,11 @@ class Device {
   // True when host code may read and write this device's memory directly (the host; the
   // host-backed test device): the host data plane can carry its tensors as they are.
   virtual bool host_accessible() const = 0;
+  // The physical device, as the same text in every process that uses it and another for
+  // any other device: a GPU's UUID ("GPU-" and 32 hex digits); "host" for host memory
+  // (never compared). Two ranks whose devices say the same share one GPU, where NCCL cannot
+  // run (Note [GPU data planes], runtime/device_planes.h).
+  virtual std::string identity() const = 0;
 
   // `bytes` bytes aligned to `alignment` (a power of two, at most 256). ResourceExhausted,
   // naming the bytes and the device, when the device has not that much.

@@ -52,6 +52,7 @@ class Host final : public Device {
  public:
   DeviceRef ref() const override { return DeviceRef{}; }
   bool host_accessible() const override { return true; }
+  std::string identity() const override { return "host"; }
 
   absl::StatusOr<DeviceMemory> Allocate(size_t bytes, size_t alignment) override {
     // aligned_alloc wants a multiple of the alignment; 0 bytes still gives a unique pointer.

@@ -91,7 +91,7 @@ absl::Status AllReducePipeline::Run(int64_t bucket_id,
   run.device = place.device != nullptr ? place.device : &device::HostDevice();
   run.stream = place.stream;
   run.timeout = place.timeout;
-  run.staging = !run.device->host_accessible();
+  run.staging = !run.device->host_accessible() && !place.device_plane;
   run.id = bucket_id;
   run.method = &method;
   run.dtype = dtype;

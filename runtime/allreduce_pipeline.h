@@ -143,6 +143,9 @@ struct BucketPlace {
   device::Stream stream = nullptr;
   // The longest wait for the device's work to finish before the compressor reads it.
   absl::Duration timeout = absl::Seconds(60);
+  // The bucket's communicator carries the device's memory itself (the NCCL plane, Note [GPU
+  // data planes], runtime/device_planes.h): a bucket the host cannot read is not staged.
+  bool device_plane = false;
 };
 
 class AllReducePipeline {

@@ -223,6 +223,18 @@ const Variable kVariables[] = {
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        return AssignOptional(ParseZeroOrOne(w, t), &c->job.fast_path);
      }},
+    {"BRAID_GPU_DATA_PLANE",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       static constexpr absl::string_view kValues[] = {"auto", "nccl", "host"};
+       for (int i = 0; i < 3; ++i) {
+         if (t == kValues[i]) {
+           c->job.gpu_data_plane = i;
+           return absl::OkStatus();
+         }
+       }
+       return absl::InvalidArgumentError(
+           absl::StrCat(w, " must be auto, nccl or host, got '", t, "'"));
+     }},
     {"BRAID_COMPRESSION",
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        compression::RegistryOptions ro;
@@ -362,6 +374,7 @@ proto::JobSettings ToProto(const JobSettings& s) {
     p.set_negotiation_timeout_ms(absl::ToInt64Milliseconds(*s.negotiation_timeout));
   }
   if (s.fast_path) p.set_fast_path(*s.fast_path ? 1 : 0);
+  if (s.gpu_data_plane) p.set_gpu_data_plane(*s.gpu_data_plane);
   return p;
 }
 
@@ -427,6 +440,9 @@ const std::vector<SettingFlag>& SettingFlags() {
        "coordinator"},
       {"--compression", "BRAID_COMPRESSION",
        "default compression of float all-reduces, e.g. fp16, fp4:ef=1"},
+      {"--gpu-data-plane", "BRAID_GPU_DATA_PLANE",
+       "auto (default): uncompressed GPU all-reduces over NCCL where every rank can run it, "
+       "else through the host; nccl: NCCL or fail; host: always through the host"},
   };
   return kFlags;
 }

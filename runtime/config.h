@@ -86,6 +86,9 @@ struct JobSettings {
   std::optional<absl::Duration> heartbeat_timeout;  // BRAID_HEARTBEAT_TIMEOUT_S
   std::optional<absl::Duration> negotiation_timeout;  // BRAID_NEGOTIATION_TIMEOUT_S
   std::optional<bool> fast_path;                    // BRAID_FAST_PATH
+  // BRAID_GPU_DATA_PLANE: auto (0), nccl (1), host (2) (Note [GPU data planes],
+  // runtime/device_planes.h).
+  std::optional<int> gpu_data_plane;
 };
 // Its wire form: ToProto (runtime/config_proto.h).
 

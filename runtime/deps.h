@@ -12,6 +12,7 @@
 #include "device/device.h"
 #include "proto/braid.pb.h"
 #include "runtime/data_plane.h"
+#include "runtime/device_planes.h"
 #include "runtime/runtime.h"
 
 namespace braid {
@@ -40,6 +41,9 @@ struct RuntimeDeps {
   // Note [Devices] (device/device.h): the devices tensors may be on; unset: the host and,
   // in a build with CUDA, the GPUs (MakeDefaultDevices).
   std::shared_ptr<const device::DeviceRegistry> devices;
+  // Note [GPU data planes] (runtime/device_planes.h): NCCL for the NCCL data plane; unset:
+  // this build's (device::DefaultNccl). Tests give the NCCL test double.
+  NcclProvider nccl;
 };
 
 }  // namespace braid

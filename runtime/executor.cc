@@ -107,6 +107,7 @@ void Executor::Abort(const absl::Status& s) {
   // A process set's channels share the world's point-to-point layer: aborting the world's
   // aborts theirs (Note [Channels]).
   parts_.planes->ForEach([&](transport::Communicator& plane) { plane.Abort(s); });
+  if (parts_.device_planes != nullptr) parts_.device_planes->Abort(s);
   parts_.control->Abort(s);
 }
 
@@ -275,7 +276,7 @@ absl::Status Executor::RunAllReduce(const Bucket& bucket,
     if (!resolved.ok()) return resolved.status();
     method = *resolved;
   }
-  BRAID_ASSIGN_OR_RETURN(const BucketPlace place, PlaceOf(bucket, own));
+  BRAID_ASSIGN_OR_RETURN(BucketPlace place, PlaceOf(bucket, own));
   std::vector<AllReduceTensor> tensors;
   tensors.reserve(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -305,7 +306,21 @@ absl::Status Executor::RunAllReduce(const Bucket& bucket,
       if (!s.ok()) return NotRun(s);
     }
   }
-  return pipeline_.Run(bucket.id, *method, dtype, op, tensors, HostPlane(), timeline, place);
+  // Note [GPU data planes]: an uncompressed bucket of the whole world on a GPU may travel
+  // NCCL; everything else the host data plane (a GPU's staged through the host).
+  transport::Communicator* comm = &HostPlane();
+  if (parts_.device_planes != nullptr && !place.device->host_accessible() &&
+      method->is_none() && bucket.process_set_id == 0) {
+    // Every rank calls this for the same bucket, and decides alike: an error here is every
+    // rank's, before any collective of the bucket, so the host plane is not aborted.
+    absl::StatusOr<transport::Communicator*> nccl = parts_.device_planes->For(*place.device);
+    if (!nccl.ok()) return nccl.status();
+    if (*nccl != nullptr) {
+      comm = *nccl;
+      place.device_plane = true;
+    }
+  }
+  return pipeline_.Run(bucket.id, *method, dtype, op, tensors, *comm, timeline, place);
 }
 
 absl::Status Executor::RunJoined(const Bucket& bucket) {
@@ -438,6 +453,7 @@ void Executor::Finish(const std::vector<std::string>& names, const absl::Status&
   // This thread's: the planes' and the control channel's counters, as one rank's traffic.
   transport::TransportStats stats = parts_.control->stats();
   parts_.planes->ForEach([&](transport::Communicator& plane) { stats += plane.stats(); });
+  if (parts_.device_planes != nullptr) stats += parts_.device_planes->stats();
   stats += removed_sets_stats_;
   for (const auto& [id, sc] : set_channels_) {
     stats += sc.channels.data->stats();

@@ -24,6 +24,7 @@
 #include "control/bucket.h"
 #include "runtime/allreduce_pipeline.h"
 #include "runtime/data_planes.h"
+#include "runtime/device_planes.h"
 #include "runtime/in_flight.h"
 #include "runtime/statistics.h"
 #include "runtime/timeline.h"
@@ -49,6 +50,9 @@ class Executor {
     // Shared: the fusion buffers the executor keeps on those devices are freed through them.
     std::shared_ptr<const device::DeviceRegistry> devices;
     absl::Duration device_timeout = absl::Seconds(60);
+    // Note [GPU data planes] (runtime/device_planes.h): the NCCL plane of uncompressed GPU
+    // buckets of the whole world; null: every GPU bucket is staged through the host.
+    DevicePlanes* device_planes = nullptr;
     // The timeline events go to now, or null (runtime_impl.h: Impl::timeline()).
     std::function<std::shared_ptr<Timeline>()> timeline;
     // Note [Process sets] (control/process_sets.h): the ranks of a set (nullopt: none), the

@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "coordinator/client.h"
 #include "coordinator/server.h"
+#include "device/nccl.h"
 #include "glog/logging.h"
 #include "runtime/heartbeat_report.h"
 #include "runtime/job_identity.h"
@@ -103,6 +104,7 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
   // Before the client: its heartbeats read the ledger (braidctl status).
   BRAID_RETURN_IF_ERROR(MakeCompression(config));
   devices_ = deps.devices ? std::move(deps.devices) : device::MakeDefaultDevices(config.cuda_unverified);
+  nccl_ = deps.nccl ? std::move(deps.nccl) : NcclProvider(device::DefaultNccl);
   CoordinatorClientSetup setup;
   setup.fill_heartbeat = [this](proto::HeartbeatRequest* hb) {
     AddCompressionTotals(*ledger_, hb);
@@ -291,6 +293,10 @@ absl::Status Runtime::Impl::StartLoop(const proto::JobSettings& job) {
     ep.pipelined_copy = config_.pipelined_copy;
     ep.devices = devices_;
     ep.device_timeout = config_.timeout;
+    device_planes_ = std::make_unique<DevicePlanes>(
+        static_cast<GpuDataPlane>(job.gpu_data_plane()), nccl_, channels_.control.get(),
+        config_.timeout);
+    ep.device_planes = device_planes_.get();
     ep.timeline = [this] { return timeline(); };
     ep.process_set_ranks = [this](int32_t id) { return SetRanksOf(id); };
     ep.set_channels = channels_.subset;
@@ -347,6 +353,13 @@ void Runtime::Impl::Loop(Executor& executor) {
 
 void Runtime::Impl::ReleaseParts() {
   OpenTimeline("").IgnoreError();  // flushes
+  {
+    // The NCCL communicators end (aborted: a peer that is gone never holds up a shutdown)
+    // before the control channel they were made over. The executor, which points at them
+    // as at the channels, runs no more (braid-loop has ended).
+    absl::MutexLock lock(&parts_mu_);
+    device_planes_.reset();
+  }
   channels_ = transport::Channels();
   client_.reset();
   if (hosted_) hosted_->Shutdown(absl::ZeroDuration());

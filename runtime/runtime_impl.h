@@ -195,6 +195,10 @@ class Runtime::Impl {
   // when built with CUDA, the GPUs). Set by Init before any enqueue, read-only after.
   std::shared_ptr<const device::DeviceRegistry> devices_ =
       std::make_shared<device::DeviceRegistry>();
+  // Note [GPU data planes]: NCCL as Init was given it (RuntimeDeps::nccl), and the planes of
+  // GPU buckets, made with the executor (braid-loop's, aborted from any thread).
+  NcclProvider nccl_;
+  std::unique_ptr<DevicePlanes> device_planes_;
   const compression::CompressionMethod* default_method_ = nullptr;  // BRAID_COMPRESSION
   // Null when not recording (BRAID_TIMELINE unset and no StartTimeline). Swapped by
   // StartTimeline / StopTimeline from any thread: users copy it (timeline()) and write to

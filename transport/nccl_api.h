@@ -49,10 +49,11 @@ class NcclApi {
   // errors, Unavailable for ncclRemoteError, InvalidArgument for its argument and usage
   // errors), with NCCL's own message.
   virtual absl::StatusOr<NcclUniqueId> GetUniqueId() = 0;
-  // Starts creating rank `rank` of `nranks` (nonblocking); *comm is usable for CommState and
-  // CommAbort at once, and for the rest once CommState says kDone.
+  // Starts creating rank `rank` of `nranks` on GPU `cuda_device` (nonblocking); *comm is
+  // usable for CommState and CommAbort at once, and for the rest once CommState says kDone.
   virtual absl::StatusOr<NcclProgress> CommInitRank(Comm* comm, int nranks,
-                                                    const NcclUniqueId& id, int rank) = 0;
+                                                    const NcclUniqueId& id, int rank,
+                                                    int cuda_device) = 0;
   virtual absl::StatusOr<NcclProgress> CommState(Comm comm) = 0;  // ncclCommGetAsyncError
   // Ends the communicator at once, whatever it is doing (its queued work fails or is
   // dropped), without waiting for its peers: braid ends every communicator this way, so a

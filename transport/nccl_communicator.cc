@@ -357,7 +357,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(NcclApi& api, const Nc
   const std::string what =
       absl::StrCat("creating the NCCL communicator of ", size, " ranks on rank ", rank);
   NcclApi::Comm comm = nullptr;
-  absl::StatusOr<NcclProgress> started = api.CommInitRank(&comm, size, id, rank);
+  absl::StatusOr<NcclProgress> started = api.CommInitRank(&comm, size, id, rank, device.ref().id);
   if (!started.ok()) {
     if (comm != nullptr) api.CommAbort(comm);
     return Named(what, started.status());

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <array>
 #include <memory>
@@ -82,6 +83,20 @@ class Cuda final : public Device {
   explicit Cuda(int id) : id_(id) {}
   DeviceRef ref() const override { return DeviceRef{DeviceType::kCUDA, id_}; }
   bool host_accessible() const override { return false; }
+  std::string identity() const override {
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, id_) != cudaSuccess) {
+      cudaGetLastError();
+      // Unknown: a text no other device can say, so two such devices never count as one.
+      return absl::StrCat("cuda:", id_, " (unknown UUID) of process ", getpid());
+    }
+    std::string out = "GPU-";
+    for (int i = 0; i < 16; ++i) {
+      absl::StrAppend(&out, absl::Hex(static_cast<unsigned char>(prop.uuid.bytes[i]),
+                                      absl::kZeroPad2));
+    }
+    return out;
+  }
 
   absl::StatusOr<DeviceMemory> Allocate(size_t bytes, size_t alignment) override {
     BRAID_ON_DEVICE(id_);

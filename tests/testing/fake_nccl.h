@@ -58,9 +58,11 @@ class FakeNccl final : public transport::NcclApi {
     }
     for (Comm c : comms) CommAbort(c);
     for (auto& s : streams_) s->Stop();
+    for (auto& [thread, s] : default_streams_) s->Stop();
   }
 
-  // A stream: its work runs in order on a thread of its own. Owned by the fake.
+  // A stream: its work runs in order on a thread of its own. Owned by the fake. (The null
+  // stream works too: each calling thread's own.)
   Stream NewStream() {
     std::lock_guard<std::mutex> lock(mu_);
     streams_.push_back(std::make_unique<FakeStream>());
@@ -106,7 +108,7 @@ class FakeNccl final : public transport::NcclApi {
   }
 
   absl::StatusOr<NcclProgress> CommInitRank(Comm* comm, int nranks, const NcclUniqueId& id,
-                                            int rank) override {
+                                            int rank, int /*cuda_device*/) override {
     std::lock_guard<std::mutex> lock(mu_);
     const std::string key(id.bytes.data(), id.bytes.size());
     auto [it, made] = worlds_.try_emplace(key);
@@ -259,7 +261,7 @@ class FakeNccl final : public transport::NcclApi {
 
   absl::StatusOr<Event> RecordEvent(Stream stream) override {
     auto done = std::make_shared<std::atomic<bool>>(false);
-    static_cast<FakeStream*>(stream)->Push([done] { done->store(true); });
+    StreamOf(stream)->Push([done] { done->store(true); });
     return static_cast<Event>(new std::shared_ptr<std::atomic<bool>>(done));
   }
   absl::StatusOr<bool> EventDone(Event event) override {
@@ -350,6 +352,15 @@ class FakeNccl final : public transport::NcclApi {
     std::lock_guard<std::mutex> lock(mu_);
     ++calls_[kind];
   }
+  // A stream's worker; the null stream (a device's default) is the calling thread's own, as
+  // each rank of a job is a process with its own default stream.
+  FakeStream* StreamOf(Stream stream) {
+    if (stream != nullptr) return static_cast<FakeStream*>(stream);
+    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_ptr<FakeStream>& s = default_streams_[std::this_thread::get_id()];
+    if (s == nullptr) s = std::make_unique<FakeStream>();
+    return s.get();
+  }
   FakeComm* Find(int rank) {
     std::lock_guard<std::mutex> lock(mu_);
     return newest_.at(rank);
@@ -361,7 +372,7 @@ class FakeNccl final : public transport::NcclApi {
                                      std::function<absl::Status(transport::Communicator&)> op) {
     Count(kind);
     FakeComm* c = static_cast<FakeComm*>(comm);
-    static_cast<FakeStream*>(stream)->Push([c, op = std::move(op)] {
+    StreamOf(stream)->Push([c, op = std::move(op)] {
       transport::Communicator* local;
       {
         std::unique_lock<std::mutex> lock(c->mu);
@@ -394,6 +405,7 @@ class FakeNccl final : public transport::NcclApi {
   std::vector<std::unique_ptr<FakeComm>> comms_;
   std::map<int, FakeComm*> newest_;
   std::vector<std::unique_ptr<FakeStream>> streams_;
+  std::map<std::thread::id, std::unique_ptr<FakeStream>> default_streams_;
   std::map<std::thread::id, Group> groups_;
   std::map<std::string, int64_t> calls_;
 };

@@ -69,6 +69,9 @@ struct RuntimeWorldOptions {
       wrap_communicator;
   // A rank's devices (Note [Devices], device/device.h); unset: the build's default.
   std::function<std::shared_ptr<const device::DeviceRegistry>(int rank)> devices;
+  // A rank's NCCL (Note [GPU data planes], runtime/device_planes.h: the NCCL test double,
+  // tests/testing/fake_nccl.h); unset: the build's.
+  std::function<NcclProvider(int rank)> nccl;
 };
 
 // Options for a world of `size` ranks, everything else default.
@@ -126,6 +129,7 @@ class RuntimeWorld {
       };
       deps.data_plane = std::make_unique<LocalDataPlane>(world);
       if (o_.devices) deps.devices = o_.devices(rank);
+      if (o_.nccl) deps.nccl = o_.nccl(rank);
       out[rank] = rt.Init(config, std::move(deps));
     });
     return out;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,13 @@ class TestDevice : public device::Device {
 
   DeviceRef ref() const override { return ref_; }
   bool host_accessible() const override { return readable_from_host && !scrambled; }
+  // Each test device is a GPU of its own unless a test gives two the same identity.
+  std::string identity() const override {
+    return shared_identity.empty() ? absl::StrCat("test-gpu@", reinterpret_cast<uintptr_t>(this))
+                                   : shared_identity;
+  }
+  // Set before use: the identity() this device reports (two ranks on one GPU).
+  std::string shared_identity;
   absl::StatusOr<device::DeviceMemory> Allocate(size_t bytes, size_t alignment) override {
     if (fail_allocations) {
       ++failed_allocations;

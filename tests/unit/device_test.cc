@@ -24,6 +24,7 @@
 #include "device/device.h"
 #include "gtest/gtest.h"
 #include "runtime/runtime.h"
+#include "tests/testing/fake_nccl.h"
 #include "tests/testing/runtime_world.h"
 #include "tests/testing/test_device.h"
 
@@ -304,6 +305,9 @@ std::vector<std::vector<char>> RunStaged(const std::string& method, int size, bo
   for (auto& gpu : devices.gpus) gpu->scrambled = true;
   RuntimeWorldOptions o = devices.World();
   if (!on_device) o.devices = nullptr;
+  // Staged whatever the method: uncompressed buckets too (under `auto` they would go to
+  // NCCL, Note [GPU data planes]).
+  o.settings.set_gpu_data_plane(2);
   RuntimeWorld world(o);
   EXPECT_TRUE(world.InitOk());
   std::vector<std::vector<char>> results(size);
@@ -429,6 +433,179 @@ TEST(DevicePathTest, AStagedBucketCrossesToTheHostOnceEachWay) {
     EXPECT_EQ(got, std::vector<float>(4, 1.0f)) << "rank " << rank;
   });
   for (const absl::Status& s : world.Shutdown()) EXPECT_TRUE(s.ok()) << s;
+}
+
+// Note [GPU data planes] (runtime/device_planes.h), through the NCCL test double: GPU
+// tensors (a test device the host data plane may not carry, its memory plain host memory
+// for the double to reduce, as a GPU's is NCCL's).
+struct NcclWorldSetup {
+  explicit NcclWorldSetup(int n, int64_t setting = 0) : devices(n) {
+    for (auto& gpu : devices.gpus) gpu->readable_from_host = false;
+    options = devices.World();
+    options.settings.set_gpu_data_plane(setting);
+    options.nccl = [this](int rank) -> NcclProvider {
+      return [this, rank]() -> absl::StatusOr<transport::NcclApi*> {
+        if (lacking_rank == rank) return absl::FailedPreconditionError("no libnccl.so.2 here");
+        return &fake;
+      };
+    };
+  }
+  Devices devices;
+  testing::FakeNccl fake;
+  int lacking_rank = -1;
+  RuntimeWorldOptions options;
+};
+
+// One step: three tensors of cuda:<rank> under `method` (average), fused into one bucket,
+// and one CPU tensor; returns the status of each handle (all must succeed for the values).
+std::vector<absl::Status> GpuStep(Runtime& rt, int rank, int size, const std::string& method,
+                                  float scale = 1.0f) {
+  std::vector<std::vector<float>> in, out;
+  for (int t = 0; t < 4; ++t) {
+    in.emplace_back(10 + t, scale * static_cast<float>(rank + 10 * t));
+    out.emplace_back(10 + t, -1.0f);
+  }
+  rt.BeginGroup();
+  std::vector<std::shared_ptr<Handle>> handles;
+  for (int t = 0; t < 4; ++t) {
+    CollectiveRequest r = AllReduce(absl::StrCat("g", t), in[t], out[t], t == 3 ? kCpu : Cuda(rank));
+    r.op = ReduceOp::kAverage;
+    r.compression = method;
+    auto h = rt.Enqueue(r);
+    EXPECT_TRUE(h.ok()) << h.status();
+    if (h.ok()) handles.push_back(*h);
+  }
+  EXPECT_TRUE(rt.EndGroup().ok());
+  std::vector<absl::Status> statuses;
+  for (auto& h : handles) statuses.push_back(h->Wait(absl::Seconds(30)));
+  bool all_ok = true;
+  for (const absl::Status& s : statuses) all_ok = all_ok && s.ok();
+  if (all_ok) {
+    const float mean_rank = static_cast<float>(size - 1) / 2;
+    for (int t = 0; t < 4; ++t) {
+      EXPECT_EQ(out[t], std::vector<float>(10 + t, scale * (mean_rank + 10 * t)))
+          << method << ", tensor " << t << ", rank " << rank;
+    }
+  }
+  return statuses;
+}
+
+// Under `auto` with a GPU each: an uncompressed GPU bucket goes over NCCL (one NCCL
+// all-reduce per rank: the bucket is fused), a compressed one through the host, the CPU
+// tensor over the host plane; the NCCL communicator is made once, at the first bucket.
+TEST(GpuDataPlaneTest, UncompressedGpuBucketsTravelNccl) {
+  NcclWorldSetup w(3);
+  RuntimeWorld world(w.options);
+  ASSERT_TRUE(world.InitOk());
+  world.Run([&](int rank, Runtime& rt) {
+    for (const absl::Status& s : GpuStep(rt, rank, 3, "none")) EXPECT_TRUE(s.ok()) << s;
+    for (const absl::Status& s : GpuStep(rt, rank, 3, "none", 2.0f)) EXPECT_TRUE(s.ok()) << s;
+  });
+  EXPECT_EQ(w.fake.calls("AllReduce"), 2 * 3);
+  const int64_t nccl_calls = w.fake.calls("AllReduce");
+  world.Run([&](int rank, Runtime& rt) {
+    for (const absl::Status& s : GpuStep(rt, rank, 3, "fp16")) EXPECT_TRUE(s.ok()) << s;
+  });
+  EXPECT_EQ(w.fake.calls("AllReduce"), nccl_calls) << "fp16 is staged through the host";
+  for (const absl::Status& s : world.Shutdown()) EXPECT_TRUE(s.ok()) << s;
+}
+
+// NCCL cannot run two ranks on one GPU: under `auto` their GPU buckets are staged through
+// the host instead (every rank alike, NCCL never started); under `nccl` the bucket fails on
+// every rank, naming the ranks, and the job goes on (CPU tensors still reduce).
+TEST(GpuDataPlaneTest, RanksSharingAGpuAreStagedUnderAutoAndRefusedUnderNccl) {
+  for (int64_t setting : {0, 1}) {
+    NcclWorldSetup w(3, setting);
+    w.devices.gpus[0]->shared_identity = "GPU-same";
+    w.devices.gpus[2]->shared_identity = "GPU-same";
+    RuntimeWorld world(w.options);
+    ASSERT_TRUE(world.InitOk());
+    world.Run([&](int rank, Runtime& rt) {
+      std::vector<absl::Status> statuses = GpuStep(rt, rank, 3, "none");
+      for (int t = 0; t < 4; ++t) {
+        if (setting == 0 || t == 3) {
+          EXPECT_TRUE(statuses[t].ok()) << statuses[t];
+          continue;
+        }
+        EXPECT_EQ(statuses[t].code(), absl::StatusCode::kFailedPrecondition) << statuses[t];
+        EXPECT_EQ(statuses[t].message(),
+                  "cuda:0 tensors: BRAID_GPU_DATA_PLANE=nccl, but ranks 0, 2 share one GPU "
+                  "(GPU-same), which NCCL cannot run")
+            << "rank " << rank;
+      }
+    });
+    EXPECT_EQ(w.fake.calls("AllReduce"), 0) << setting;
+    for (const absl::Status& s : world.Shutdown()) EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+// A rank whose NCCL does not load: `auto` stages, `nccl` fails naming the rank and why.
+TEST(GpuDataPlaneTest, ARankWithoutNcclIsNamed) {
+  for (int64_t setting : {0, 1}) {
+    NcclWorldSetup w(2, setting);
+    w.lacking_rank = 1;
+    RuntimeWorld world(w.options);
+    ASSERT_TRUE(world.InitOk());
+    world.Run([&](int rank, Runtime& rt) {
+      std::vector<absl::Status> statuses = GpuStep(rt, rank, 2, "none");
+      if (setting == 0) {
+        for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+      } else {
+        EXPECT_EQ(statuses[0].message(),
+                  "cuda:0 tensors: BRAID_GPU_DATA_PLANE=nccl, but rank 1 cannot run NCCL "
+                  "(rank 1: no libnccl.so.2 here)");
+      }
+    });
+    EXPECT_EQ(w.fake.calls("AllReduce"), 0);
+    for (const absl::Status& s : world.Shutdown()) EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+// `host` stages every GPU bucket; NCCL is never asked.
+TEST(GpuDataPlaneTest, HostStagesEveryGpuBucket) {
+  NcclWorldSetup w(2, /*setting=*/2);
+  RuntimeWorld world(w.options);
+  ASSERT_TRUE(world.InitOk());
+  world.Run([&](int rank, Runtime& rt) {
+    for (const absl::Status& s : GpuStep(rt, rank, 2, "none")) EXPECT_TRUE(s.ok()) << s;
+  });
+  EXPECT_EQ(w.fake.calls("AllReduce"), 0);
+  for (const absl::Status& s : world.Shutdown()) EXPECT_TRUE(s.ok()) << s;
+}
+
+// An asynchronous NCCL error on one rank (after the communicator is made) fails that GPU
+// bucket on every rank within the bounds: that rank with the error, the others with NCCL's
+// remote error once its abort closed its connections; every later GPU bucket fails at once
+// with the same error, and CPU tensors still reduce.
+TEST(GpuDataPlaneTest, AnNcclErrorReachesEveryRank) {
+  NcclWorldSetup w(3);
+  RuntimeWorld world(w.options);
+  ASSERT_TRUE(world.InitOk());
+  world.Run([&](int rank, Runtime& rt) {
+    for (const absl::Status& s : GpuStep(rt, rank, 3, "none")) EXPECT_TRUE(s.ok()) << s;
+  });
+  w.fake.InjectAsyncError(1, absl::InternalError("unhandled system error (injected)"));
+  const absl::Time start = absl::Now();
+  std::vector<absl::Status> first(3);
+  world.Run([&](int rank, Runtime& rt) {
+    std::vector<absl::Status> statuses = GpuStep(rt, rank, 3, "none");
+    EXPECT_LT(absl::Now() - start, absl::Seconds(15)) << "rank " << rank;
+    first[rank] = statuses[0];
+    for (int t = 0; t < 3; ++t) EXPECT_FALSE(statuses[t].ok()) << "rank " << rank;
+    EXPECT_TRUE(statuses[3].ok()) << statuses[3];
+    if (rank == 1) {
+      EXPECT_EQ(statuses[0].code(), absl::StatusCode::kInternal) << statuses[0];
+      EXPECT_TRUE(absl::StrContains(statuses[0].message(), "(injected)")) << statuses[0];
+    } else {
+      EXPECT_EQ(statuses[0].code(), absl::StatusCode::kUnavailable) << statuses[0];
+    }
+    // Later GPU buckets repeat the first error at once; CPU tensors reduce.
+    std::vector<absl::Status> again = GpuStep(rt, rank, 3, "none");
+    EXPECT_EQ(again[0], statuses[0]) << "rank " << rank;
+    EXPECT_TRUE(again[3].ok()) << again[3];
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(w.fake.aborts(r), 1) << r;
+  world.Shutdown();
 }
 
 CollectiveRequest Compressed(const std::string& name, std::vector<float>& in,

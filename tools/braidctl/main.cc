@@ -88,12 +88,14 @@ void PrintTable(const braid::proto::StatusResponse& s, const std::string& addres
   if (s.has_settings()) {
     const auto& j = s.settings();
     std::printf("settings: fusion threshold %lld B, cache capacity %d, stall check %s, "
-                "stall shutdown %s, heartbeat timeout %s, negotiation timeout %s, fast path %s\n",
+                "stall shutdown %s, heartbeat timeout %s, negotiation timeout %s, fast path %s, "
+                "GPU data plane %s\n",
                 static_cast<long long>(j.fusion_threshold_bytes()), j.cache_capacity(),
                 Duration(j.stall_check_ms()).c_str(),
                 j.stall_shutdown_ms() == 0 ? "never" : Duration(j.stall_shutdown_ms()).c_str(),
                 Duration(j.heartbeat_timeout_ms()).c_str(),
-                Duration(j.negotiation_timeout_ms()).c_str(), j.fast_path() != 0 ? "on" : "off");
+                Duration(j.negotiation_timeout_ms()).c_str(), j.fast_path() != 0 ? "on" : "off",
+                j.gpu_data_plane() == 1 ? "nccl" : j.gpu_data_plane() == 2 ? "host" : "auto");
   }
   if (s.compression_size() > 0) PrintCompression(s);
   std::printf("\n%-5s %-20s %-8s %-12s %s\n", "RANK", "HOST", "PID", "STATE", "LAST SEEN");

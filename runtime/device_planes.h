@@ -1,0 +1,93 @@
+// Note [GPU data planes]
+//   A bucket on a GPU (memory the host cannot read) travels one of two planes:
+//     NCCL         the bucket's tensors reduced where they are, by NCCL, on braid's stream
+//                  (transport/nccl_communicator.h); uncompressed buckets only, since
+//                  braid's compressors run on the host today;
+//     host-staged  copied to the host, compressed and reduced there over the host data plane,
+//                  copied back (Note [Host staging], runtime/allreduce_pipeline.h): every
+//                  method, and several ranks on one GPU.
+//   BRAID_GPU_DATA_PLANE, a job setting (every rank the same), chooses: `host` always
+//   stages; `nccl` runs uncompressed buckets on NCCL or fails them; `auto` (the default)
+//   runs them on NCCL where every rank can, and stages them otherwise.
+//
+//   Nothing of NCCL starts in a job that never reduces an uncompressed GPU bucket. At the
+//   first such bucket of a device, which every rank reaches at the same point of the agreed
+//   order, the ranks exchange over the control channel whether each can run NCCL (the
+//   library loads) and which physical GPU it is on (Device::identity); NCCL cannot run two
+//   ranks on one GPU. If all can, rank 0 makes the communicator's unique id and broadcasts
+//   it over the control channel, and every rank creates its communicator (within
+//   BRAID_TIMEOUT_S, Note [NCCL watchdog]). Otherwise `auto` stages that device's buckets
+//   from then on, saying why once in the log, and `nccl` fails the bucket on every rank
+//   with FailedPrecondition naming the ranks and the reason. Every rank decides from the
+//   same exchanged facts, so all decide alike. The unique id thus travels over braid's own
+//   control channel, not the registration reply: the GPU is known only at that first bucket,
+//   and rank 0 is known to itself only once registered.
+#ifndef BRAID_RUNTIME_DEVICE_PLANES_H_
+#define BRAID_RUNTIME_DEVICE_PLANES_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "device/device.h"
+#include "transport/communicator.h"
+#include "transport/nccl_api.h"
+
+namespace braid {
+
+// BRAID_GPU_DATA_PLANE; the values are the job setting's wire values (proto JobSettings).
+enum class GpuDataPlane { kAuto = 0, kNccl = 1, kHost = 2 };
+
+// The NCCL of this process (device::DefaultNccl, or a test double); an error says why there
+// is none. Called once at most, on braid-loop.
+using NcclProvider = std::function<absl::StatusOr<transport::NcclApi*>()>;
+
+class DevicePlanes {
+ public:
+  // `control` outlives this; `timeout` bounds the NCCL communicators' calls.
+  DevicePlanes(GpuDataPlane setting, NcclProvider nccl, transport::Communicator* control,
+               absl::Duration timeout);
+  ~DevicePlanes();
+
+  // The NCCL communicator that carries `device`'s uncompressed buckets, or null when they
+  // are staged through the host (Note [GPU data planes]). The first call for a device runs
+  // the ranks' exchange and, where NCCL runs, creates the communicator: every rank must make
+  // it for the same bucket (braid-loop, in the agreed order). Errors: FailedPrecondition
+  // under `nccl` when a rank cannot run it (every rank alike); the control channel's; the
+  // communicator's creation's. An error is the device's from then on (every later call
+  // returns it).
+  absl::StatusOr<transport::Communicator*> For(device::Device& device);
+
+  // Thread-safe: aborts every NCCL communicator (transport::Communicator::Abort).
+  void Abort(const absl::Status& s);
+  // The NCCL communicators' counters together (braid-loop, where they count).
+  transport::TransportStats stats() const;
+  // Thread-safe: how each device's buckets travel, for the log and status ("cuda:0: nccl
+  // 2.28.9", "cuda:0: host-staged (ranks 0, 1 share GPU-...)").
+  std::string Describe() const;
+
+ private:
+  struct Plane {
+    std::unique_ptr<transport::Communicator> nccl;  // null: staged
+    absl::Status error;                             // the decision's, repeated
+    std::string why;                                // how it travels, and why
+  };
+  // Runs the exchange and makes the plane of `device` (Note [GPU data planes]).
+  Plane Decide(device::Device& device);
+
+  const GpuDataPlane setting_;
+  NcclProvider nccl_;
+  transport::Communicator* const control_;
+  const absl::Duration timeout_;
+  mutable absl::Mutex mu_;  // guards planes_ against Abort and stats from other threads
+  std::map<device::Device*, Plane> planes_ ABSL_GUARDED_BY(mu_);
+  absl::Status aborted_ ABSL_GUARDED_BY(mu_);  // Abort's reason, for planes made after it
+};
+
+}  // namespace braid
+
+#endif  // BRAID_RUNTIME_DEVICE_PLANES_H_
