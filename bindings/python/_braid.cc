@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/limits.h"
+#include "device/device.h"
 #include "glog/logging.h"
 #include "runtime/config.h"
 #include "runtime/handle.h"
@@ -298,13 +299,14 @@ NativeHandle Enqueue(int collective, const std::string& name, int dtype, const p
 // contiguous tensor's storage (tensor.data_ptr()) to the runtime without a copy. `shape` is
 // the input's, in elements of `dtype`; `output` (0: none) holds `output_capacity` bytes and may
 // equal `input` (in place). The caller keeps both tensors alive and the input unmodified until
-// the handle completes. (Device memory and CUDA streams will come through the same call with a
-// device field, once the runtime has a device data plane.)
+// the handle completes. Device memory (a CUDA tensor's) comes with `device_type` (1: cuda),
+// `device_id` and `stream`, the caller's cudaStream_t (0: the default stream): braid's work
+// on it waits for what that stream queued before the call (Note [Devices], device/device.h).
 NativeHandle EnqueuePtr(int collective, const std::string& name, int dtype, uintptr_t input,
                         const std::vector<int64_t>& shape, uintptr_t output,
                         size_t output_capacity, int op, int root_rank,
                         const std::vector<int64_t>& splits, const std::string& compression,
-                        int process_set_id) {
+                        int process_set_id, int device_type, int device_id, uintptr_t stream) {
   braid::CollectiveRequest r = NewRequest(collective, name, op, root_rank, splits, compression);
   r.process_set_id = process_set_id;
   if (!braid::IsValidDataType(dtype)) {
@@ -318,6 +320,8 @@ NativeHandle EnqueuePtr(int collective, const std::string& name, int dtype, uint
   r.input = reinterpret_cast<const void*>(input);
   r.output = reinterpret_cast<void*>(output);
   r.output_capacity_bytes = output == 0 ? 0 : output_capacity;
+  r.device = braid::DeviceRef{static_cast<braid::DeviceType>(device_type), device_id};
+  r.stream = reinterpret_cast<void*>(stream);
   return Submit(std::move(r));
 }
 
@@ -593,7 +597,14 @@ PYBIND11_MODULE(_braid, m) {
   m.def("enqueue_ptr", &EnqueuePtr, py::arg("collective"), py::arg("name"), py::arg("dtype"),
         py::arg("input"), py::arg("shape"), py::arg("output"), py::arg("output_capacity"),
         py::arg("op"), py::arg("root_rank"), py::arg("splits"), py::arg("compression") = "",
-        py::arg("process_set_id") = 0);
+        py::arg("process_set_id") = 0, py::arg("device_type") = 0, py::arg("device_id") = 0,
+        py::arg("stream") = 0);
+  // Whether this braid has a CUDA device path (built with CUDA: Note [Devices]); NCCL, opened
+  // at run time, comes with it.
+  m.def("cuda_built", [] {
+    return braid::device::MakeDefaultDevices(/*allow_unverified_cuda=*/true)
+        ->Has(braid::DeviceType::kCUDA);
+  });
   // Note [Process sets] (control/process_sets.h): Runtime::AddProcessSet and friends.
   m.def(
       "add_process_set",

@@ -374,6 +374,23 @@ def check_errors(size, rank):
                       contains=(fn.__name__, "*_async", "int 12345"))
     expect_raises(E, lambda: hvd.allreduce(torch.ones(2), process_set=object()),
                   "process set", contains=("process_set must be a ProcessSet", "object"))
+    # Devices: a tensor on neither the CPU nor a GPU is refused here, naming both kinds; a
+    # GPU's memory reaches the runtime with its device (here an address of host memory
+    # labelled cuda:0: refused on every rank, naming the tensor and why this machine has no
+    # usable CUDA device: no CUDA in the build, no verified CUDA path, or no driver).
+    expect_raises(E, lambda: hvd.allreduce(torch.empty(2, device="meta"), name="e.meta"),
+                  "a meta tensor", contains=("e.meta", "tensor is on meta", "CPU and CUDA"))
+    check(hvd.cuda_built() is hvd.nccl_built() is braid._core.runtime.cuda_built(),
+          "cuda_built and nccl_built disagree")
+    x = torch.ones(4)
+    msg = expect_raises(
+        braid.FailedPreconditionError,
+        lambda: braid._core.runtime.enqueue_pointer(
+            "allreduce", "e.cuda", 0, x.data_ptr(), [4], x.data_ptr(), 16, device_type=1,
+            device_id=0, stream=0),
+        "host memory labelled cuda:0", contains=("allreduce 'e.cuda'", "cuda:0 tensors: "))
+    log(f"cuda:0 refusal: {msg}")
+    hvd.barrier()  # the refused name is clean again
     # A mismatch across ranks is reported on every rank, naming the tensor.
     msg = expect_raises(E, lambda: hvd.allreduce(torch.ones(rank + 1), name="e.shape"),
                         "shape mismatch", contains=("e.shape",))

@@ -42,7 +42,12 @@ Contents:
 - ``broadcast_parameters``, ``broadcast_optimizer_state``, ``broadcast_object``,
   ``allgather_object`` (functions.py).
 
-Not yet: process sets other than the global one; GPU tensors.
+CUDA tensors (a braid built with CUDA, cuda_built()): all-reduce (so DistributedOptimizer and
+the DDP hook), barrier and join; braid's work waits for the tensor's device's current stream
+at the call, and the result is in place when the handle completes. The other collectives
+refuse them (FailedPreconditionError). See docs/gpu.md.
+
+Not yet: process sets other than the global one.
 
 Errors are the ``braid.BraidError`` subclasses (InvalidArgumentError, FailedPreconditionError,
 ...), whose messages name the tensor and the ranks involved.
@@ -81,8 +86,10 @@ def cross_rank():
 
 
 def nccl_built():
-    """False: braid's host-memory data plane is UCX; there is no NCCL path yet."""
-    return False
+    """Whether this braid can use NCCL: True when it is built with CUDA, which opens NCCL
+    (libnccl.so.2) at run time for all-reduces of CUDA tensors (docs/gpu.md); whether a job
+    then runs it depends on BRAID_GPU_DATA_PLANE and on every rank finding the library."""
+    return _runtime.cuda_built()
 
 
 def mpi_built():
@@ -96,8 +103,9 @@ def gloo_built():
 
 
 def cuda_built():
-    """False: braid.torch supports host (CPU) tensors only so far."""
-    return False
+    """Whether this braid was built with CUDA, so that CUDA tensors may be passed (all-reduce,
+    barrier and join so far; docs/gpu.md)."""
+    return _runtime.cuda_built()
 
 
 def rocm_built():

@@ -137,9 +137,13 @@ def _check_tensor(fn, name, tensor):
     if not isinstance(tensor, torch.Tensor):
         raise InvalidArgumentError(f"{fn} '{name}': expected a torch.Tensor, got "
                                    f"{type(tensor).__name__}")
-    if tensor.device.type != "cpu":
+    if tensor.device.type == "cuda":
+        if not _runtime.cuda_built():
+            raise InvalidArgumentError(f"{fn} '{name}': tensor is on {tensor.device}; this "
+                                       "braid is built without CUDA (docs/gpu.md)")
+    elif tensor.device.type != "cpu":
         raise InvalidArgumentError(f"{fn} '{name}': tensor is on {tensor.device}; braid.torch "
-                                   "supports host (CPU) tensors only so far")
+                                   "takes CPU and CUDA tensors")
     if tensor.is_sparse:
         raise InvalidArgumentError(f"{fn} '{name}': sparse tensors are not supported: pass "
                                    "indices and values separately (or .to_dense())")
@@ -264,15 +268,22 @@ class MultiHandle(_core_handles.MultiHandle):
 
 def enqueue(collective, name, inp, code, out=None, op=Average, root_rank=0, splits=(),
             compression=None, finish=None, keep=()):
-    """Hands a collective on the tensor ``inp`` (contiguous, CPU, of the dtype code ``code``)
+    """Hands a collective on the tensor ``inp`` (contiguous, CPU or CUDA, of the dtype code ``code``)
     to the runtime by address; returns its Handle. ``out``: the contiguous tensor the result
     is written into (possibly ``inp``), or None for a result the runtime allocates;
     ``finish``: native handle -> the caller's result, run once after success; ``keep``: more
     objects to keep alive until completion. Errors as braid._core.runtime.enqueue_pointer."""
+    device_type = device_id = stream = 0
+    if inp.device.type == "cuda":
+        # Horovod's semantics: braid's work waits for what the current stream of the
+        # tensor's device queued before this call (an event, never a host wait), and the
+        # result is in place when the handle completes.
+        device_type, device_id = 1, inp.device.index
+        stream = torch.cuda.current_stream(inp.device).cuda_stream
     native = _runtime.enqueue_pointer(
         collective, name, code, inp.data_ptr(), inp.shape, 0 if out is None else out.data_ptr(),
         0 if out is None else _nbytes(out), op, root_rank, splits, compression,
-        getattr(_call_set, "id", 0))
+        getattr(_call_set, "id", 0), device_type, device_id, stream)
     h = Handle(native, collective, (inp, out) + tuple(keep), finish)
     _core_handles.keep_alive(h)  # the tensors of a running collective outlive a dropped Handle
     return h

@@ -587,7 +587,8 @@ def join(device=-1, process_set=None):
     ranks that call them, naming the joined rank. After every rank joined, everything works
     as before (call ``join()`` again at the end of the next epoch).
 
-    ``device`` is accepted for Horovod's signature and ignored (CPU tensors only).
+    ``device`` is accepted for Horovod's signature and ignored: a joined rank contributes
+    the op's identity on each bucket's own device.
     ``process_set``: join within a ProcessSet (None: the whole world): the set's all-reduces
     take this rank with the op's identity until every member joined, and an average divides
     by the set's size.
