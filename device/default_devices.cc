@@ -5,7 +5,6 @@
 
 #if defined(BRAID_WITH_CUDA)
 #include "device/cuda/cuda_device.h"
-#include "device/cuda/nccl_library.h"
 #endif
 
 namespace braid::device {
@@ -22,12 +21,11 @@ std::shared_ptr<DeviceRegistry> MakeDefaultDevices(bool allow_unverified_cuda) {
   return registry;
 }
 
+#if !defined(BRAID_WITH_CUDA)
+// With CUDA: device/cuda/nccl_library.cc.
 absl::StatusOr<transport::NcclApi*> DefaultNccl() {
-#if defined(BRAID_WITH_CUDA)
-  return OpenNccl();
-#else
   return absl::FailedPreconditionError("this braid is built without CUDA, so without NCCL");
-#endif
 }
+#endif
 
 }  // namespace braid::device

@@ -5,13 +5,13 @@
 // symbol of it is linked.
 #include <cublas_api.h>
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 
 #include <map>
 #include <mutex>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/shared_library.h"
 #include "compression/cuda/lowrank_kernels.h"
 
 namespace braid::compression::cuda {
@@ -32,24 +32,20 @@ struct Cublas {
 // The library and its functions, opened once (every later call gets the first's result).
 absl::StatusOr<Cublas*> Open() {
   static absl::StatusOr<Cublas*>* const opened = [] {
+    auto* c = new Cublas;
     std::string errors;
-    for (const char* name : kLibraries) {
-      void* lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-      if (lib == nullptr) {
-        const char* err = dlerror();
-        absl::StrAppend(&errors, errors.empty() ? "" : "; ", err != nullptr ? err : name);
-        continue;
-      }
-      auto* c = new Cublas;
-      c->create = reinterpret_cast<decltype(c->create)>(dlsym(lib, "cublasCreate_v2"));
-      c->set_stream = reinterpret_cast<decltype(c->set_stream)>(dlsym(lib, "cublasSetStream_v2"));
-      c->set_math_mode = reinterpret_cast<decltype(c->set_math_mode)>(dlsym(lib, "cublasSetMathMode"));
-      c->sgemm = reinterpret_cast<decltype(c->sgemm)>(dlsym(lib, "cublasSgemm_v2"));
-      if (c->create && c->set_stream && c->set_math_mode && c->sgemm) {
-        return new absl::StatusOr<Cublas*>(c);
-      }
-      absl::StrAppend(&errors, errors.empty() ? "" : "; ", name, " lacks a cuBLAS function");
-    }
+    const void* lib = OpenFirstLibrary(
+        kLibraries,
+        [c](void* lib) {
+          const bool bound = BindSymbol(lib, "cublasCreate_v2", &c->create) &&
+                             BindSymbol(lib, "cublasSetStream_v2", &c->set_stream) &&
+                             BindSymbol(lib, "cublasSetMathMode", &c->set_math_mode) &&
+                             BindSymbol(lib, "cublasSgemm_v2", &c->sgemm);
+          return bound ? absl::OkStatus() : absl::NotFoundError("lacks a cuBLAS function");
+        },
+        &errors);
+    if (lib != nullptr) return new absl::StatusOr<Cublas*>(c);
+    delete c;
     return new absl::StatusOr<Cublas*>(absl::FailedPreconditionError(absl::StrCat(
         "PowerSGD on a GPU needs cuBLAS (", kLibraries[0], ", from the CUDA toolkit or the "
         "nvidia-cublas Python package, on the library path): ", errors)));

@@ -3,16 +3,16 @@
 // NCCL is not installed, and only a job that runs the NCCL data plane needs it. The types come
 // from the toolkit's nccl.h; no symbol of NCCL is linked. Events are the CUDA runtime's,
 // recorded on the stream's own GPU.
-#include "device/cuda/nccl_library.h"
+#include "device/nccl.h"
 
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/shared_library.h"
 
 namespace braid::device {
 namespace {
@@ -39,12 +39,6 @@ struct Nccl {
   decltype(&ncclGetLastError) last_error = nullptr;
   int version = 0;
 };
-
-template <typename T>
-bool Bind(void* lib, const char* name, T* fn) {
-  *fn = reinterpret_cast<T>(dlsym(lib, name));
-  return *fn != nullptr;
-}
 
 ncclDataType_t NcclType(DataType dtype) {
   switch (dtype) {
@@ -229,43 +223,40 @@ class NcclLibrary final : public transport::NcclApi {
 
 }  // namespace
 
-absl::StatusOr<transport::NcclApi*> OpenNccl() {
+absl::StatusOr<transport::NcclApi*> DefaultNccl() {
   static absl::StatusOr<transport::NcclApi*>* const opened = [] {
+    Nccl n;
     std::string errors;
-    for (const char* name : kLibraries) {
-      void* lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-      if (lib == nullptr) {
-        const char* err = dlerror();
-        absl::StrAppend(&errors, errors.empty() ? "" : "; ", err != nullptr ? err : name);
-        continue;
-      }
-      Nccl n;
-      const bool bound =
-          Bind(lib, "ncclGetVersion", &n.get_version) &&
-          Bind(lib, "ncclGetUniqueId", &n.get_unique_id) &&
-          Bind(lib, "ncclCommInitRankConfig", &n.init_rank_config) &&
-          Bind(lib, "ncclCommGetAsyncError", &n.get_async_error) &&
-          Bind(lib, "ncclCommAbort", &n.abort) && Bind(lib, "ncclAllReduce", &n.all_reduce) &&
-          Bind(lib, "ncclReduceScatter", &n.reduce_scatter) &&
-          Bind(lib, "ncclAllGather", &n.all_gather) && Bind(lib, "ncclBroadcast", &n.broadcast) &&
-          Bind(lib, "ncclReduce", &n.reduce) && Bind(lib, "ncclSend", &n.send) &&
-          Bind(lib, "ncclRecv", &n.recv) && Bind(lib, "ncclGroupStart", &n.group_start) &&
-          Bind(lib, "ncclGroupEnd", &n.group_end) &&
-          Bind(lib, "ncclGetErrorString", &n.error_string) &&
-          Bind(lib, "ncclGetLastError", &n.last_error);
-      if (!bound) {
-        absl::StrAppend(&errors, errors.empty() ? "" : "; ", name, " lacks an NCCL function");
-        continue;
-      }
-      n.get_version(&n.version);
-      // ncclAvg and the nonblocking config (blocking = 0) need 2.14; Send/Recv groups 2.7.
-      if (n.version < 21400) {
-        absl::StrAppend(&errors, errors.empty() ? "" : "; ", name, " is NCCL ", n.version,
-                        ", older than 2.14");
-        continue;
-      }
-      return new absl::StatusOr<transport::NcclApi*>(new NcclLibrary(n));
-    }
+    const void* lib = OpenFirstLibrary(
+        kLibraries,
+        [&n](void* lib) {
+          const bool bound =
+              BindSymbol(lib, "ncclGetVersion", &n.get_version) &&
+              BindSymbol(lib, "ncclGetUniqueId", &n.get_unique_id) &&
+              BindSymbol(lib, "ncclCommInitRankConfig", &n.init_rank_config) &&
+              BindSymbol(lib, "ncclCommGetAsyncError", &n.get_async_error) &&
+              BindSymbol(lib, "ncclCommAbort", &n.abort) &&
+              BindSymbol(lib, "ncclAllReduce", &n.all_reduce) &&
+              BindSymbol(lib, "ncclReduceScatter", &n.reduce_scatter) &&
+              BindSymbol(lib, "ncclAllGather", &n.all_gather) &&
+              BindSymbol(lib, "ncclBroadcast", &n.broadcast) &&
+              BindSymbol(lib, "ncclReduce", &n.reduce) && BindSymbol(lib, "ncclSend", &n.send) &&
+              BindSymbol(lib, "ncclRecv", &n.recv) &&
+              BindSymbol(lib, "ncclGroupStart", &n.group_start) &&
+              BindSymbol(lib, "ncclGroupEnd", &n.group_end) &&
+              BindSymbol(lib, "ncclGetErrorString", &n.error_string) &&
+              BindSymbol(lib, "ncclGetLastError", &n.last_error);
+          if (!bound) return absl::NotFoundError("lacks an NCCL function");
+          n.get_version(&n.version);
+          // ncclAvg and the nonblocking config (blocking = 0) need 2.14.
+          if (n.version < 21400) {
+            return absl::FailedPreconditionError(
+                absl::StrCat("is NCCL ", n.version, ", older than 2.14"));
+          }
+          return absl::OkStatus();
+        },
+        &errors);
+    if (lib != nullptr) return new absl::StatusOr<transport::NcclApi*>(new NcclLibrary(n));
     return new absl::StatusOr<transport::NcclApi*>(absl::FailedPreconditionError(absl::StrCat(
         "the NCCL data plane needs NCCL 2.14 or newer (", kLibraries[0],
         ", from the CUDA toolkit or the nvidia-nccl-cu13 Python package, on the library "
