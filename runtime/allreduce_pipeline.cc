@@ -202,19 +202,9 @@ absl::Status AllReducePipeline::Pack(BucketRun& run, absl::Span<const TensorPlan
     v.dtype = plans[i].work_dtype;
   }
   // A staged bucket is always packed: the copy to the host is then one span.
-  if (run.tensors.size() == 1 && plans[0].work_dtype == run.dtype && !run.tensors[0].joined &&
-      !run.staging) {
-    // A lone tensor is reduced in its output (Note [One pipeline]).
-    const AllReduceTensor& t = run.tensors[0];
-    views_[0].data = t.output;
-    if (t.input != t.output) {
-      if (plans[0].separate_input) {
-        views_[0].input = t.input;
-      } else if (views_[0].count > 0) {
-        return run.device->Copy(t.output, t.input, views_[0].bytes(), run.stream);
-      }
-    }
-    return absl::OkStatus();
+  if (!run.staging && run.tensors.size() == 1 && plans[0].work_dtype == run.dtype &&
+      !run.tensors[0].joined) {
+    return ViewLone(run, plans[0]);
   }
   if (!run.staging && ViewInPlace(run, plans)) return absl::OkStatus();
   // Each view starts at a multiple of its element size, so tensors of one work dtype lie
@@ -251,6 +241,19 @@ absl::Status AllReducePipeline::Pack(BucketRun& run, absl::Span<const TensorPlan
   }
   Phase(run, "MEMCPY_IN_FUSION_BUFFER", false);
   return s;
+}
+
+absl::Status AllReducePipeline::ViewLone(BucketRun& run, const TensorPlan& plan) {
+  const AllReduceTensor& t = run.tensors[0];
+  views_[0].data = t.output;
+  if (t.input != t.output) {
+    if (plan.separate_input) {
+      views_[0].input = t.input;
+    } else if (views_[0].count > 0) {
+      return run.device->Copy(t.output, t.input, views_[0].bytes(), run.stream);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status AllReducePipeline::CannotPack(const BucketRun& run, size_t bytes,

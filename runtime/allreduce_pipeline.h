@@ -187,6 +187,9 @@ class AllReducePipeline {
   absl::Status Reduce(BucketRun& run, transport::Communicator& comm);
   // Lays out the views as planned: in place, or packed into the fusion buffer.
   absl::Status Pack(BucketRun& run, absl::Span<const compression::TensorPlan> plans);
+  // A lone tensor whose dtype stays is reduced in its output (Note [One pipeline]): its view
+  // set up there, its input copied in first unless the compressor reads it out of place.
+  absl::Status ViewLone(BucketRun& run, const compression::TensorPlan& plan);
   // Note [In place]: true when the bucket lies contiguously, its views then set up over it.
   bool ViewInPlace(BucketRun& run, absl::Span<const compression::TensorPlan> plans);
   // Note [Pipelined copy]: true when the bucket may be gathered rather than packed, its

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
 #include "transport/nccl_communicator.h"
 
@@ -80,23 +81,54 @@ DevicePlanes::Plane DevicePlanes::Decide(device::Device& device) {
     p.why = absl::StrCat(where, ": host-staged (BRAID_GPU_DATA_PLANE=host)");
     return p;
   }
-  const int rank = control_->rank();
-  const int size = control_->size();
+  absl::StatusOr<transport::NcclApi*> api =
+      nccl_ ? nccl_() : absl::FailedPreconditionError("no NCCL");
+  std::vector<std::string> reasons;
+  transport::NcclUniqueId id;
+  absl::Status s = Exchange(device, api, &reasons);
+  if (s.ok() && reasons.empty()) s = ShareId(api, &id, &reasons);
+  if (!s.ok()) {
+    p.error = absl::Status(s.code(), absl::StrCat(where, " tensors: choosing their data plane: ",
+                                                  s.message()));
+    return p;
+  }
+  if (!reasons.empty()) {
+    const std::string reason = absl::StrJoin(reasons, "; ");
+    if (setting_ == GpuDataPlane::kNccl) {
+      p.error = absl::FailedPreconditionError(
+          absl::StrCat(where, " tensors: BRAID_GPU_DATA_PLANE=nccl, but ", reason));
+      return p;
+    }
+    p.why = absl::StrCat(where, ": host-staged (", reason, ")");
+    LOG(INFO) << "rank " << control_->rank() << ": " << where
+              << " buckets without compression go through the host: " << reason;
+    return p;
+  }
+  transport::NcclOptions options;
+  options.timeout = timeout_;
+  absl::StatusOr<std::unique_ptr<transport::Communicator>> comm = transport::ConnectNccl(
+      **api, id, control_->rank(), control_->size(), device.work_stream(), device, options);
+  if (!comm.ok()) {
+    p.error = absl::Status(comm.status().code(),
+                           absl::StrCat(where, " tensors: ", comm.status().message()));
+    return p;
+  }
+  p.nccl = *std::move(comm);
+  p.why = absl::StrCat(where, ": ", p.nccl->Describe());
+  return p;
+}
 
-  // This rank's facts, then every rank's.
-  absl::StatusOr<transport::NcclApi*> api = nccl_ ? nccl_() : absl::FailedPreconditionError("no NCCL");
+absl::Status DevicePlanes::Exchange(device::Device& device,
+                                    const absl::StatusOr<transport::NcclApi*>& api,
+                                    std::vector<std::string>* reasons) {
+  const int size = control_->size();
   Facts mine;
   mine.can_run = api.ok() ? 1 : 0;
   CopyText(mine.identity, Facts::kIdentity, device.identity());
   if (!api.ok()) CopyText(mine.reason, Facts::kReason, std::string(api.status().message()));
   std::vector<Facts> all(size);
   const std::vector<size_t> blocks(size, sizeof(Facts));
-  absl::Status s = control_->AllGather(&mine, sizeof(Facts), all.data(), blocks);
-  if (!s.ok()) {
-    p.error = absl::Status(s.code(), absl::StrCat(where, " tensors: choosing their data plane: ",
-                                                  s.message()));
-    return p;
-  }
+  BRAID_RETURN_IF_ERROR(control_->AllGather(&mine, sizeof(Facts), all.data(), blocks));
   std::vector<int> lacking;
   std::string first_reason;
   std::map<std::string, std::vector<int>> by_gpu;
@@ -109,67 +141,39 @@ DevicePlanes::Plane DevicePlanes::Decide(device::Device& device) {
     }
     by_gpu[Text(all[r].identity, Facts::kIdentity)].push_back(r);
   }
-  std::vector<std::string> reasons;
   if (!lacking.empty()) {
-    reasons.push_back(absl::StrCat(Ranks(lacking), " cannot run NCCL", first_reason));
+    reasons->push_back(absl::StrCat(Ranks(lacking), " cannot run NCCL", first_reason));
   }
   for (const auto& [gpu, ranks] : by_gpu) {
     if (ranks.size() > 1) {
-      reasons.push_back(absl::StrCat(Ranks(ranks), " share one GPU (", gpu,
-                                     "), which NCCL cannot run"));
+      reasons->push_back(absl::StrCat(Ranks(ranks), " share one GPU (", gpu,
+                                      "), which NCCL cannot run"));
     }
   }
+  return absl::OkStatus();
+}
 
-  // Rank 0's unique id, or why it has none, to every rank.
-  IdMessage id_message;
-  if (reasons.empty()) {
-    if (rank == 0) {
-      absl::StatusOr<transport::NcclUniqueId> id = (*api)->GetUniqueId();
-      if (id.ok()) {
-        id_message.ok = 1;
-        std::memcpy(id_message.id, id->bytes.data(), sizeof(id_message.id));
-      } else {
-        CopyText(id_message.reason, IdMessage::kReason, std::string(id.status().message()));
-      }
-    }
-    s = control_->Broadcast(&id_message, sizeof(id_message), 0);
-    if (!s.ok()) {
-      p.error = absl::Status(s.code(), absl::StrCat(where, " tensors: rank 0's NCCL id: ",
-                                                    s.message()));
-      return p;
-    }
-    if (id_message.ok == 0) {
-      reasons.push_back(absl::StrCat("rank 0 could not make the NCCL communicator's id (",
-                                     Text(id_message.reason, IdMessage::kReason), ")"));
+absl::Status DevicePlanes::ShareId(const absl::StatusOr<transport::NcclApi*>& api,
+                                   transport::NcclUniqueId* id,
+                                   std::vector<std::string>* reasons) {
+  IdMessage message;
+  if (control_->rank() == 0) {
+    absl::StatusOr<transport::NcclUniqueId> made = (*api)->GetUniqueId();
+    if (made.ok()) {
+      message.ok = 1;
+      std::memcpy(message.id, made->bytes.data(), sizeof(message.id));
+    } else {
+      CopyText(message.reason, IdMessage::kReason, std::string(made.status().message()));
     }
   }
-  if (!reasons.empty()) {
-    const std::string reason = absl::StrJoin(reasons, "; ");
-    if (setting_ == GpuDataPlane::kNccl) {
-      p.error = absl::FailedPreconditionError(
-          absl::StrCat(where, " tensors: BRAID_GPU_DATA_PLANE=nccl, but ", reason));
-      return p;
-    }
-    p.why = absl::StrCat(where, ": host-staged (", reason, ")");
-    LOG(INFO) << "rank " << rank << ": " << where
-              << " buckets without compression go through the host: " << reason;
-    return p;
+  BRAID_RETURN_IF_ERROR(control_->Broadcast(&message, sizeof(message), 0));
+  if (message.ok == 0) {
+    reasons->push_back(absl::StrCat("rank 0 could not make the NCCL communicator's id (",
+                                    Text(message.reason, IdMessage::kReason), ")"));
+    return absl::OkStatus();
   }
-
-  transport::NcclUniqueId id;
-  std::memcpy(id.bytes.data(), id_message.id, sizeof(id_message.id));
-  transport::NcclOptions options;
-  options.timeout = timeout_;
-  absl::StatusOr<std::unique_ptr<transport::Communicator>> comm =
-      transport::ConnectNccl(**api, id, rank, size, device.work_stream(), device, options);
-  if (!comm.ok()) {
-    p.error = absl::Status(comm.status().code(),
-                           absl::StrCat(where, " tensors: ", comm.status().message()));
-    return p;
-  }
-  p.nccl = *std::move(comm);
-  p.why = absl::StrCat(where, ": ", p.nccl->Describe());
-  return p;
+  std::memcpy(id->bytes.data(), message.id, sizeof(message.id));
+  return absl::OkStatus();
 }
 
 void DevicePlanes::Abort(const absl::Status& s) {

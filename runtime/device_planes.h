@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -78,6 +79,13 @@ class DevicePlanes {
   };
   // Runs the exchange and makes the plane of `device` (Note [GPU data planes]).
   Plane Decide(device::Device& device);
+  // Every rank's facts over the control channel: `reasons` gets why NCCL cannot run (ranks
+  // without it, ranks sharing a GPU); empty when it can. Errors: the control channel's.
+  absl::Status Exchange(device::Device& device, const absl::StatusOr<transport::NcclApi*>& api,
+                        std::vector<std::string>* reasons);
+  // Rank 0's unique id to every rank into `id`, or why it has none into `reasons`.
+  absl::Status ShareId(const absl::StatusOr<transport::NcclApi*>& api,
+                       transport::NcclUniqueId* id, std::vector<std::string>* reasons);
 
   const GpuDataPlane setting_;
   NcclProvider nccl_;

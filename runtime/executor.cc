@@ -306,21 +306,24 @@ absl::Status Executor::RunAllReduce(const Bucket& bucket,
       if (!s.ok()) return NotRun(s);
     }
   }
+  BRAID_ASSIGN_OR_RETURN(transport::Communicator* comm, PlaneOf(bucket, *method, &place));
+  return pipeline_.Run(bucket.id, *method, dtype, op, tensors, *comm, timeline, place);
+}
+
+absl::StatusOr<transport::Communicator*> Executor::PlaneOf(
+    const Bucket& bucket, const compression::CompressionMethod& method, BucketPlace* place) {
   // Note [GPU data planes]: an uncompressed bucket of the whole world on a GPU may travel
   // NCCL; everything else the host data plane (a GPU's staged through the host).
-  transport::Communicator* comm = &HostPlane();
-  if (parts_.device_planes != nullptr && !place.device->host_accessible() &&
-      method->is_none() && bucket.process_set_id == 0) {
-    // Every rank calls this for the same bucket, and decides alike: an error here is every
-    // rank's, before any collective of the bucket, so the host plane is not aborted.
-    absl::StatusOr<transport::Communicator*> nccl = parts_.device_planes->For(*place.device);
-    if (!nccl.ok()) return nccl.status();
-    if (*nccl != nullptr) {
-      comm = *nccl;
-      place.device_plane = true;
-    }
+  if (parts_.device_planes == nullptr || place->device->host_accessible() ||
+      !method.is_none() || bucket.process_set_id != 0) {
+    return &HostPlane();
   }
-  return pipeline_.Run(bucket.id, *method, dtype, op, tensors, *comm, timeline, place);
+  // Every rank calls this for the same bucket, and decides alike: an error here is every
+  // rank's, before any collective of the bucket, so the host plane is not aborted.
+  BRAID_ASSIGN_OR_RETURN(transport::Communicator* nccl, parts_.device_planes->For(*place->device));
+  if (nccl == nullptr) return &HostPlane();
+  place->device_plane = true;
+  return nccl;
 }
 
 absl::Status Executor::RunJoined(const Bucket& bucket) {

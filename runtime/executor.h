@@ -103,6 +103,12 @@ class Executor {
   absl::StatusOr<BucketPlace> PlaceOf(const Bucket& bucket, const TensorEntry* own);
   absl::Status RunAllReduce(const Bucket& bucket, const std::vector<TensorEntry*>& entries,
                             Timeline* timeline);
+  // The data plane of an all-reduce bucket at `place` under `method`: the host's, or the
+  // NCCL plane's (Note [GPU data planes], runtime/device_planes.h; place->device_plane then
+  // set). Errors: DevicePlanes::For's, every rank's alike.
+  absl::StatusOr<transport::Communicator*> PlaneOf(const Bucket& bucket,
+                                                   const compression::CompressionMethod& method,
+                                                   BucketPlace* place);
   absl::Status RunCollective(TensorEntry& e, const Bucket& bucket);
   absl::Status RunAllGather(TensorEntry& e, const Bucket& bucket);
   absl::Status RunReduceScatter(TensorEntry& e);

@@ -278,31 +278,33 @@ absl::Status Runtime::Impl::StopTimeline() {
   return OpenTimeline("");
 }
 
+void Runtime::Impl::MakeExecutor(const proto::JobSettings& job) {
+  absl::MutexLock lock(&parts_mu_);
+  transport_description_ = channels_.data->Describe();
+  planes_ = DataPlaneRegistry();
+  planes_.Add(MemoryKind::kHost, channels_.data.get());
+  // Note [GPU data planes]: job-wide, so every rank decides alike.
+  device_planes_ = std::make_unique<DevicePlanes>(static_cast<GpuDataPlane>(job.gpu_data_plane()),
+                                                  nccl_, channels_.control.get(), config_.timeout);
+  Executor::Parts ep;
+  ep.planes = &planes_;
+  ep.control = channels_.control.get();
+  ep.stage = stage_.get();
+  ep.ledger = ledger_.get();
+  ep.in_flight = &controller_;
+  ep.pipelined_copy = config_.pipelined_copy;
+  ep.devices = devices_;
+  ep.device_timeout = config_.timeout;
+  ep.device_planes = device_planes_.get();
+  ep.timeline = [this] { return timeline(); };
+  ep.process_set_ranks = [this](int32_t id) { return SetRanksOf(id); };
+  ep.set_channels = channels_.subset;
+  ep.apply_process_set_change = [this](const Bucket& b) { ApplyProcessSetChange(b); };
+  executor_ = std::make_unique<Executor>(ep);
+}
+
 absl::Status Runtime::Impl::StartLoop(const proto::JobSettings& job) {
-  {
-    absl::MutexLock lock(&parts_mu_);
-    transport_description_ = channels_.data->Describe();
-    planes_ = DataPlaneRegistry();
-    planes_.Add(MemoryKind::kHost, channels_.data.get());
-    Executor::Parts ep;
-    ep.planes = &planes_;
-    ep.control = channels_.control.get();
-    ep.stage = stage_.get();
-    ep.ledger = ledger_.get();
-    ep.in_flight = &controller_;
-    ep.pipelined_copy = config_.pipelined_copy;
-    ep.devices = devices_;
-    ep.device_timeout = config_.timeout;
-    device_planes_ = std::make_unique<DevicePlanes>(
-        static_cast<GpuDataPlane>(job.gpu_data_plane()), nccl_, channels_.control.get(),
-        config_.timeout);
-    ep.device_planes = device_planes_.get();
-    ep.timeline = [this] { return timeline(); };
-    ep.process_set_ranks = [this](int32_t id) { return SetRanksOf(id); };
-    ep.set_channels = channels_.subset;
-    ep.apply_process_set_change = [this](const Bucket& b) { ApplyProcessSetChange(b); };
-    executor_ = std::make_unique<Executor>(ep);
-  }
+  MakeExecutor(job);
   ResetProcessSets();
   Executor* executor = executor_.get();  // braid-loop's; replaced only by the next Init
   NegotiationController::Parts cp;

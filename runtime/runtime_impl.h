@@ -131,6 +131,8 @@ class Runtime::Impl {
   std::shared_ptr<Timeline> timeline() const;
   // Wires the executor and the controller to the job's parts and starts braid-loop.
   absl::Status StartLoop(const proto::JobSettings& job);
+  // The executor over the job's channels, devices and GPU data planes (StartLoop's first step).
+  void MakeExecutor(const proto::JobSettings& job);
   // braid-loop: the controller's buckets, run by the executor, cycle after cycle.
   void Loop(Executor& executor);
   void ReleaseParts();  // after a failed Init or at the end of Shutdown

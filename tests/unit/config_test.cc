@@ -236,6 +236,7 @@ TEST(ConfigTest, BadValuesAreNamedErrors) {
       {{"BRAID_LOOP_CPU", "+1"}, "BRAID_LOOP_CPU must be 'auto', 'none' or a CPU number from 0 to 1023, got '+1'"},
       {{"BRAID_LOOP_CPU", " 1"}, "BRAID_LOOP_CPU must be 'auto', 'none' or a CPU number from 0 to 1023, got ' 1'"},
       {{"BRAID_TEST_COMPRESSORS", "2"}, "BRAID_TEST_COMPRESSORS must be 0 or 1, got '2'"},
+      {{"BRAID_GPU_DATA_PLANE", "NCCL"}, "BRAID_GPU_DATA_PLANE must be auto, nccl or host, got 'NCCL'"},
       {{"BRAID_SEED", "-3"}, "BRAID_SEED must be in [0, 9223372036854775807], got -3"},
       {{"RANK", "1.0"}, "RANK must be an integer, got '1.0'"},
       {{"WORLD_SIZE", "0"}, "WORLD_SIZE must be in [1, 65536], got 0"},

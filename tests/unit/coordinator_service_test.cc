@@ -258,6 +258,13 @@ TEST(JobSettingsTest, CoordinatorsValueBindsRanksAgreeOrTakeTheJobs) {
             "coordinator; 2048 on rank 0");
   reqs[0].mutable_settings()->set_fusion_threshold_bytes(1024);  // agreeing is fine
   EXPECT_TRUE(ResolveJobSettings(coordinator, reqs, *assigned).ok());
+  EXPECT_EQ(s->gpu_data_plane(), 0);  // auto, the default
+  // A setting of names shows them: every rank must choose the same GPU data plane.
+  reqs[0].mutable_settings()->set_gpu_data_plane(1);
+  reqs[1].mutable_settings()->set_gpu_data_plane(2);
+  EXPECT_EQ(ResolveJobSettings(coordinator, reqs, *assigned).status().message(),
+            "BRAID_GPU_DATA_PLANE must be the same for the whole job, got nccl on rank 0; host "
+            "on rank 1");
 }
 
 // ---- Streams ----
