@@ -54,6 +54,7 @@ class NcclCommunicator final : public Communicator {
         options_(options) {}
 
   ~NcclCommunicator() override {
+    absl::MutexLock lock(&mu_);
     if (comm_ != nullptr) api_.CommAbort(comm_);
   }
 
@@ -123,16 +124,10 @@ class NcclCommunicator final : public Communicator {
       }, sent, received, size_ - 1);
     }
     // Unequal blocks: one reduce to each block's owner, grouped (what NCCL offers).
-    return Run(what, [&]() -> absl::StatusOr<NcclProgress> {
-      BRAID_RETURN_IF_ERROR(api_.GroupStart());
-      const char* in = static_cast<const char*>(send);
-      for (int p = 0; p < size_; ++p) {
-        absl::StatusOr<NcclProgress> q =
-            api_.Reduce(in, recv, recv_counts[p], dtype, op, p, comm_, stream_);
-        if (!q.ok()) return q.status();
-        in += recv_counts[p] * element;
-      }
-      return api_.GroupEnd();
+    return Run(what, [&] {
+      return Grouped([&](int p, const char* in) {
+        return api_.Reduce(in, recv, recv_counts[p], dtype, op, p, comm_, stream_);
+      }, static_cast<const char*>(send), [&](int p) { return recv_counts[p] * element; });
     }, sent, received, size_ - 1);
   }
 
@@ -159,16 +154,12 @@ class NcclCommunicator final : public Communicator {
       }, sent, received, size_ - 1);
     }
     // Unequal blocks: one broadcast from each rank, grouped.
-    return Run(what, [&]() -> absl::StatusOr<NcclProgress> {
-      BRAID_RETURN_IF_ERROR(api_.GroupStart());
-      char* out = static_cast<char*>(recv);
-      for (int p = 0; p < size_; ++p) {
-        absl::StatusOr<NcclProgress> q =
-            api_.Broadcast(p == rank_ ? send : out, out, recv_bytes[p], p, comm_, stream_);
-        if (!q.ok()) return q.status();
-        out += recv_bytes[p];
-      }
-      return api_.GroupEnd();
+    return Run(what, [&] {
+      return Grouped([&](int p, const char* out) {
+        char* block = const_cast<char*>(out);
+        return api_.Broadcast(p == rank_ ? send : block, block, recv_bytes[p], p, comm_,
+                              stream_);
+      }, static_cast<const char*>(recv), [&](int p) { return recv_bytes[p]; });
     }, sent, received, size_ - 1);
   }
 
@@ -185,24 +176,19 @@ class NcclCommunicator final : public Communicator {
     }
     uint64_t total = 0;
     for (size_t b : send_bytes) total += b;
-    return Run(Describe("all-to-all", total, std::nullopt), [&]() -> absl::StatusOr<NcclProgress> {
-      BRAID_RETURN_IF_ERROR(api_.GroupStart());
-      const char* in = static_cast<const char*>(send);
+    return Run(Describe("all-to-all", total, std::nullopt), [&] {
       char* out = static_cast<char*>(recv);
-      for (int p = 0; p < size_; ++p) {
+      return Grouped([&](int p, const char* in) -> absl::StatusOr<NcclProgress> {
         // Zero-byte messages are not sent: both sides know the sizes (the caller's contract).
         if (send_bytes[p] > 0) {
           absl::StatusOr<NcclProgress> q = api_.Send(in, send_bytes[p], p, comm_, stream_);
-          if (!q.ok()) return q.status();
+          if (!q.ok()) return q;
         }
-        if (recv_bytes[p] > 0) {
-          absl::StatusOr<NcclProgress> q = api_.Recv(out, recv_bytes[p], p, comm_, stream_);
-          if (!q.ok()) return q.status();
-        }
-        in += send_bytes[p];
+        char* block = out;
         out += recv_bytes[p];
-      }
-      return api_.GroupEnd();
+        if (recv_bytes[p] == 0) return NcclProgress::kDone;
+        return api_.Recv(block, recv_bytes[p], p, comm_, stream_);
+      }, static_cast<const char*>(send), [&](int p) { return send_bytes[p]; });
     }, sent, received, messages);
   }
 
@@ -236,6 +222,13 @@ class NcclCommunicator final : public Communicator {
     absl::MutexLock lock(&mu_);
     if (abort_reason_.ok()) abort_reason_ = std::move(reason);
     aborted_.store(true, std::memory_order_release);
+    // Idle (no call of the owner's in flight, which would see the reason and abort): abort
+    // now, so the peers' calls waiting for this rank fail at once (NCCL's remote error)
+    // rather than at their timeout.
+    if (!in_call_ && comm_ != nullptr) {
+      api_.CommAbort(comm_);
+      comm_ = nullptr;
+    }
   }
 
   TransportStats stats() const override { return stats_; }
@@ -266,6 +259,24 @@ class NcclCommunicator final : public Communicator {
                                                    " blocks for ", size_, " ranks"));
   }
 
+  // One NCCL group: call(p, at) for every rank p in order, `at` advancing by step(p) bytes
+  // from `base`. GroupEnd follows a successful GroupStart whatever the calls return (NCCL's
+  // group depth is the thread's: a group left open would defer every later NCCL call of
+  // this thread, ncclCommAbort included); the first error wins.
+  template <typename Call, typename Step>
+  absl::StatusOr<NcclProgress> Grouped(Call call, const char* base, Step step) {
+    BRAID_RETURN_IF_ERROR(api_.GroupStart());
+    absl::Status first;
+    for (int p = 0; p < size_ && first.ok(); ++p) {
+      absl::StatusOr<NcclProgress> q = call(p, base);
+      if (!q.ok()) first = q.status();
+      base += step(p);
+    }
+    absl::StatusOr<NcclProgress> ended = api_.GroupEnd();
+    if (!first.ok()) return first;
+    return ended;
+  }
+
   // Abort's reason, once another thread gave one.
   absl::Status Reason() const {
     if (!aborted_.load(std::memory_order_acquire)) return absl::OkStatus();
@@ -276,11 +287,26 @@ class NcclCommunicator final : public Communicator {
   // Poisons the communicator with `s` and aborts it (Note [NCCL watchdog]).
   absl::Status Fail(absl::Status s) {
     if (sticky_.ok()) sticky_ = std::move(s);
+    absl::MutexLock lock(&mu_);
+    in_call_ = false;
     if (comm_ != nullptr) {
       api_.CommAbort(comm_);
       comm_ = nullptr;
     }
     return sticky_;
+  }
+
+  // Marks the owner's call in flight (Abort then leaves the communicator to it); false, and
+  // the communicator failed with Abort's reason, when Abort came first.
+  bool Enter() {
+    absl::MutexLock lock(&mu_);
+    if (comm_ == nullptr) return false;
+    in_call_ = true;
+    return true;
+  }
+  void Leave() {
+    absl::MutexLock lock(&mu_);
+    in_call_ = false;
   }
 
   // Whether the communicator reports an asynchronous error (Note [Nonblocking NCCL]).
@@ -295,7 +321,9 @@ class NcclCommunicator final : public Communicator {
   absl::Status Run(const std::string& what, absl::FunctionRef<absl::StatusOr<NcclProgress>()> queue,
                    uint64_t sent, uint64_t received, uint64_t messages) {
     if (!sticky_.ok()) return sticky_;
-    if (absl::Status r = Reason(); !r.ok()) return Fail(r);
+    if (absl::Status r = Reason(); !r.ok() || !Enter()) {
+      return Fail(r.ok() ? absl::InternalError("NCCL communicator gone") : r);
+    }
     const absl::Time deadline = absl::Now() + options_.timeout;
     auto watch = [&](absl::FunctionRef<absl::StatusOr<bool>()> poll) {
       return Watch(what, deadline, options_.timeout, options_.poll_interval, poll,
@@ -320,6 +348,7 @@ class NcclCommunicator final : public Communicator {
     });
     api_.DestroyEvent(*event);
     if (!s.ok()) return Fail(s);
+    Leave();
     stats_.bytes_sent += sent;
     stats_.bytes_received += received;
     stats_.messages_sent += messages;
@@ -329,7 +358,9 @@ class NcclCommunicator final : public Communicator {
   }
 
   NcclApi& api_;
-  NcclApi::Comm comm_;  // null once aborted
+  // Null once aborted. Used by the owner's call without the lock while in_call_; changed
+  // only under mu_.
+  NcclApi::Comm comm_;
   const int rank_;
   const int size_;
   const NcclApi::Stream stream_;
@@ -341,6 +372,7 @@ class NcclCommunicator final : public Communicator {
   std::atomic<bool> aborted_{false};
   mutable absl::Mutex mu_;
   absl::Status abort_reason_ ABSL_GUARDED_BY(mu_);
+  bool in_call_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
@@ -370,7 +402,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(NcclApi& api, const Nc
           if (!state.ok()) return state.status();
           return *state == NcclProgress::kDone;
         },
-        [] { return absl::OkStatus(); });
+        [&] { return options.abort_reason ? options.abort_reason() : absl::OkStatus(); });
     if (!s.ok()) {
       api.CommAbort(comm);
       return s;

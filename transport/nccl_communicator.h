@@ -26,6 +26,7 @@
 #ifndef BRAID_TRANSPORT_NCCL_COMMUNICATOR_H_
 #define BRAID_TRANSPORT_NCCL_COMMUNICATOR_H_
 
+#include <functional>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -42,14 +43,17 @@ struct NcclOptions {
   absl::Duration timeout = absl::Seconds(60);
   // How often the waiting thread polls (Note [NCCL watchdog]).
   absl::Duration poll_interval = absl::Microseconds(100);
+  // Polled while the communicator is created: a non-OK status (the caller aborting, e.g. at
+  // shutdown) ends the creation with it, the communicator aborted. Unset: never.
+  std::function<absl::Status()> abort_reason;
 };
 
 // Rank `rank` of `size` of the NCCL communicator `id` (made by rank 0's GetUniqueId), its
 // work queued on `stream` of `device` (which allocates Barrier's one word and copies
-// AllReduceGathered's pieces). Waits at most options.timeout for every rank to join, polling
-// Abort's reason through the returned communicator only after it exists. Errors: the
-// library's (transport/nccl_api.h), DeadlineExceeded naming the ranks' count when the
-// creation does not finish in time (the communicator then aborted). `api` and `device`
+// AllReduceGathered's pieces). Waits at most options.timeout for every rank to join, or until
+// options.abort_reason says stop. Errors: the library's (transport/nccl_api.h),
+// DeadlineExceeded naming the ranks' count when the creation does not finish in time,
+// abort_reason's; the communicator is aborted in each case. `api` and `device`
 // outlive the communicator.
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(NcclApi& api, const NcclUniqueId& id,
                                                           int rank, int size,

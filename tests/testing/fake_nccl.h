@@ -13,8 +13,9 @@
 //   - CommAbort ends this rank's work at once and destroys its endpoint, so its peers'
 //     pending collectives fail (they see a remote error), as a process's closed sockets do;
 //   - injected: an asynchronous error (CommState reports it, the stream stalls), a hang (the
-//     stream stops before its next collective until the communicator is aborted), and a
-//     rank that never joins (the test simply does not create it).
+//     stream stops before its next collective until the communicator is aborted), a call
+//     that fails (FailNextCall), and a rank that never joins (the test simply does not
+//     create it).
 // A unit-test seam only: the real NCCL plane is what scripts/gpu_check.sh runs. Header-only.
 #ifndef BRAID_TESTS_TESTING_FAKE_NCCL_H_
 #define BRAID_TESTS_TESTING_FAKE_NCCL_H_
@@ -87,7 +88,23 @@ class FakeNccl final : public transport::NcclApi {
     c->hang = true;
   }
   // How many times `rank`'s communicator was aborted (0 or 1).
-  int aborts(int rank) { return Find(rank)->aborted ? 1 : 0; }
+  int aborts(int rank) {
+    FakeComm* c = Find(rank);
+    std::lock_guard<std::mutex> lock(c->mu);
+    return c->aborted ? 1 : 0;
+  }
+  // The next call of `kind` ("Send", "Reduce", ...) on any rank fails with `error`.
+  void FailNextCall(const std::string& kind, absl::Status error) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_next_[kind] = std::move(error);
+  }
+  // Groups started and not ended, over every thread (NCCL's group depth is the thread's).
+  int open_groups() {
+    std::lock_guard<std::mutex> lock(mu_);
+    int open = 0;
+    for (const auto& [thread, g] : groups_) open += g.depth;
+    return open;
+  }
   // Collectives `rank`'s stream has run to their end.
   int64_t completed(int rank) { return Find(rank)->completed; }
   // Calls of each kind (by name: "AllReduce", "Send", ...), over every rank.
@@ -199,7 +216,7 @@ class FakeNccl final : public transport::NcclApi {
   }
   absl::StatusOr<NcclProgress> Send(const void* send, size_t bytes, int peer, Comm comm,
                                     Stream stream) override {
-    Count("Send");
+    if (absl::Status e = Count("Send"); !e.ok()) return e;
     Group& g = ThisGroup();
     if (g.depth == 0) return absl::InvalidArgumentError("fake nccl: Send outside a group");
     g.Bind(comm, stream);
@@ -208,7 +225,7 @@ class FakeNccl final : public transport::NcclApi {
   }
   absl::StatusOr<NcclProgress> Recv(void* recv, size_t bytes, int peer, Comm comm,
                                     Stream stream) override {
-    Count("Recv");
+    if (absl::Status e = Count("Recv"); !e.ok()) return e;
     Group& g = ThisGroup();
     if (g.depth == 0) return absl::InvalidArgumentError("fake nccl: Recv outside a group");
     g.Bind(comm, stream);
@@ -216,12 +233,12 @@ class FakeNccl final : public transport::NcclApi {
     return NcclProgress::kDone;
   }
   absl::Status GroupStart() override {
-    Count("GroupStart");
+    if (absl::Status e = Count("GroupStart"); !e.ok()) return e;
     ++ThisGroup().depth;
     return absl::OkStatus();
   }
   absl::StatusOr<NcclProgress> GroupEnd() override {
-    Count("GroupEnd");
+    Count("GroupEnd").IgnoreError();
     Group& g = ThisGroup();
     if (g.depth == 0) return absl::InvalidArgumentError("fake nccl: GroupEnd without a start");
     if (--g.depth > 0) return NcclProgress::kDone;
@@ -348,9 +365,15 @@ class FakeNccl final : public transport::NcclApi {
     std::lock_guard<std::mutex> lock(mu_);
     return groups_[std::this_thread::get_id()];
   }
-  void Count(const std::string& kind) {
+  // Counts a call of `kind`; the error FailNextCall set for it, once.
+  absl::Status Count(const std::string& kind) {
     std::lock_guard<std::mutex> lock(mu_);
     ++calls_[kind];
+    auto it = fail_next_.find(kind);
+    if (it == fail_next_.end()) return absl::OkStatus();
+    absl::Status error = std::move(it->second);
+    fail_next_.erase(it);
+    return error;
   }
   // A stream's worker; the null stream (a device's default) is the calling thread's own, as
   // each rank of a job is a process with its own default stream.
@@ -370,7 +393,7 @@ class FakeNccl final : public transport::NcclApi {
   // kDone; its outcome goes to CommState).
   absl::StatusOr<NcclProgress> Queue(const std::string& kind, Comm comm, Stream stream,
                                      std::function<absl::Status(transport::Communicator&)> op) {
-    Count(kind);
+    if (absl::Status e = Count(kind); !e.ok()) return e;
     FakeComm* c = static_cast<FakeComm*>(comm);
     StreamOf(stream)->Push([c, op = std::move(op)] {
       transport::Communicator* local;
@@ -408,6 +431,7 @@ class FakeNccl final : public transport::NcclApi {
   std::map<std::thread::id, std::unique_ptr<FakeStream>> default_streams_;
   std::map<std::thread::id, Group> groups_;
   std::map<std::string, int64_t> calls_;
+  std::map<std::string, absl::Status> fail_next_;
 };
 
 }  // namespace braid::testing
