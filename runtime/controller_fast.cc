@@ -262,6 +262,7 @@ Bucket NegotiationController::FastBucket(const std::vector<int32_t>& ids) {
   b.collective = static_cast<Collective>(first.collective());
   b.root_rank = first.root_rank();
   b.process_set_id = first.process_set_id();  // only its members run it
+  b.device_type = static_cast<DeviceType>(first.device());  // every rank's, as agreed
   for (int32_t id : ids) b.names.push_back(fast_cache_.Find(id)->name);
   {
     // Handed to the executor: no longer held for a vote, so a slot evicted before the

@@ -58,28 +58,47 @@ DevicePlanes::DevicePlanes(GpuDataPlane setting, NcclProvider nccl,
 
 DevicePlanes::~DevicePlanes() = default;
 
-absl::StatusOr<transport::Communicator*> DevicePlanes::For(device::Device& device) {
+absl::StatusOr<transport::Communicator*> DevicePlanes::For(device::Device& device,
+                                                          bool* this_rank_only) {
+  *this_rank_only = false;
   {
     absl::MutexLock lock(&mu_);
-    if (auto it = planes_.find(&device); it != planes_.end()) {
-      if (!it->second.error.ok()) return it->second.error;
-      return it->second.nccl.get();
-    }
+    if (decided_) return Use(device, this_rank_only);
   }
   Plane plane = Decide(device);
+  if (plane.nccl != nullptr || !plane.why.empty()) LOG(INFO) << "braid: " << plane.why;
   absl::MutexLock lock(&mu_);
   if (plane.nccl != nullptr && !aborted_.ok()) plane.nccl->Abort(aborted_);
-  Plane& kept = planes_[&device] = std::move(plane);
-  if (!kept.error.ok()) return kept.error;
-  return kept.nccl.get();
+  plane_ = std::move(plane);
+  plane_device_ = &device;
+  decided_ = true;
+  return Use(device, this_rank_only);
+}
+
+absl::StatusOr<transport::Communicator*> DevicePlanes::Use(device::Device& device,
+                                                          bool* this_rank_only) {
+  if (!plane_.error.ok()) return plane_.error;
+  if (plane_.nccl == nullptr) return nullptr;
+  if (&device == plane_device_) return plane_.nccl.get();
+  // The peers run this bucket on their NCCL communicators: this rank cannot join them.
+  *this_rank_only = true;
+  return absl::FailedPreconditionError(absl::StrCat(
+      DeviceName(device.ref()), " tensors: this rank's NCCL communicator is on ",
+      DeviceName(plane_device_->ref()),
+      " (made at the job's first uncompressed GPU all-reduce), and NCCL runs one GPU per rank: "
+      "keep each process's GPU tensors on one GPU, or set BRAID_GPU_DATA_PLANE=host"));
+}
+
+device::Device* DevicePlanes::nccl_device() const {
+  absl::MutexLock lock(&mu_);
+  return decided_ && plane_.nccl != nullptr ? plane_device_ : nullptr;
 }
 
 DevicePlanes::Plane DevicePlanes::Decide(device::Device& device) {
   Plane p;
   const std::string where = DeviceName(device.ref());
   if (setting_ == GpuDataPlane::kHost) {
-    p.why = absl::StrCat(where, ": host-staged (BRAID_GPU_DATA_PLANE=host)");
-    return p;
+    return p;  // BRAID_GPU_DATA_PLANE=host: nothing to say
   }
   absl::StatusOr<transport::NcclApi*> api =
       nccl_ ? nccl_() : absl::FailedPreconditionError("no NCCL");
@@ -99,13 +118,16 @@ DevicePlanes::Plane DevicePlanes::Decide(device::Device& device) {
           absl::StrCat(where, " tensors: BRAID_GPU_DATA_PLANE=nccl, but ", reason));
       return p;
     }
-    p.why = absl::StrCat(where, ": host-staged (", reason, ")");
-    LOG(INFO) << "rank " << control_->rank() << ": " << where
-              << " buckets without compression go through the host: " << reason;
+    p.why = absl::StrCat("rank ", control_->rank(), ": GPU all-reduces without compression go "
+                         "through the host: ", reason);
     return p;
   }
   transport::NcclOptions options;
   options.timeout = timeout_;
+  options.abort_reason = [this] {
+    absl::MutexLock lock(&mu_);
+    return aborted_;
+  };
   absl::StatusOr<std::unique_ptr<transport::Communicator>> comm = transport::ConnectNccl(
       **api, id, control_->rank(), control_->size(), device.work_stream(), device, options);
   if (!comm.ok()) {
@@ -114,7 +136,8 @@ DevicePlanes::Plane DevicePlanes::Decide(device::Device& device) {
     return p;
   }
   p.nccl = *std::move(comm);
-  p.why = absl::StrCat(where, ": ", p.nccl->Describe());
+  p.why = absl::StrCat("rank ", control_->rank(), ": GPU all-reduces without compression go "
+                       "over ", p.nccl->Describe(), " on ", where);
   return p;
 }
 
@@ -179,27 +202,12 @@ absl::Status DevicePlanes::ShareId(const absl::StatusOr<transport::NcclApi*>& ap
 void DevicePlanes::Abort(const absl::Status& s) {
   absl::MutexLock lock(&mu_);
   if (aborted_.ok()) aborted_ = s;
-  for (auto& [device, plane] : planes_) {
-    if (plane.nccl != nullptr) plane.nccl->Abort(s);
-  }
+  if (plane_.nccl != nullptr) plane_.nccl->Abort(s);
 }
 
 transport::TransportStats DevicePlanes::stats() const {
   absl::MutexLock lock(&mu_);
-  transport::TransportStats total;
-  for (const auto& [device, plane] : planes_) {
-    if (plane.nccl != nullptr) total += plane.nccl->stats();
-  }
-  return total;
-}
-
-std::string DevicePlanes::Describe() const {
-  absl::MutexLock lock(&mu_);
-  std::vector<std::string> parts;
-  for (const auto& [device, plane] : planes_) {
-    parts.push_back(plane.error.ok() ? plane.why : std::string(plane.error.message()));
-  }
-  return absl::StrJoin(parts, "; ");
+  return plane_.nccl != nullptr ? plane_.nccl->stats() : transport::TransportStats{};
 }
 
 }  // namespace braid

@@ -11,17 +11,22 @@
 //   runs them on NCCL where every rank can, and stages them otherwise.
 //
 //   Nothing of NCCL starts in a job that never reduces an uncompressed GPU bucket. At the
-//   first such bucket of a device, which every rank reaches at the same point of the agreed
-//   order, the ranks exchange over the control channel whether each can run NCCL (the
-//   library loads) and which physical GPU it is on (Device::identity); NCCL cannot run two
-//   ranks on one GPU. If all can, rank 0 makes the communicator's unique id and broadcasts
-//   it over the control channel, and every rank creates its communicator (within
-//   BRAID_TIMEOUT_S, Note [NCCL watchdog]). Otherwise `auto` stages that device's buckets
-//   from then on, saying why once in the log, and `nccl` fails the bucket on every rank
-//   with FailedPrecondition naming the ranks and the reason. Every rank decides from the
-//   same exchanged facts, so all decide alike. The unique id thus travels over braid's own
-//   control channel, not the registration reply: the GPU is known only at that first bucket,
-//   and rank 0 is known to itself only once registered.
+//   job's first such bucket, which every rank reaches at the same point of the agreed order,
+//   the ranks exchange over the control channel whether each can run NCCL (the library
+//   loads) and which physical GPU it is on (Device::identity); NCCL cannot run two ranks on
+//   one GPU. If all can, rank 0 makes the communicator's unique id and broadcasts it over the
+//   control channel, and every rank creates its communicator on the GPU of its tensors of
+//   that bucket (within BRAID_TIMEOUT_S, Note [NCCL watchdog]). Otherwise `auto` stages the
+//   job's GPU buckets from then on, saying why once in the log, and `nccl` fails them on
+//   every rank with FailedPrecondition naming the ranks and the reason. Every rank decides
+//   from the same exchanged facts, so all decide alike. One decision per job, not per GPU:
+//   which GPU a rank's bucket is on is the rank's own, and a second exchange that some
+//   ranks start and others do not would pair with their other control messages. So NCCL
+//   runs one GPU per rank (as Horovod's and DDP's one process per GPU): a later bucket on
+//   another GPU of this rank fails, ending the job (its peers wait for it in NCCL), with an
+//   error that says so; a joined rank reduces on the communicator's GPU. The unique id thus
+//   travels over braid's own control channel, not the registration reply: the GPU is known
+//   only at that first bucket, and rank 0 is known to itself only once registered.
 #ifndef BRAID_RUNTIME_DEVICE_PLANES_H_
 #define BRAID_RUNTIME_DEVICE_PLANES_H_
 
@@ -54,28 +59,30 @@ class DevicePlanes {
                absl::Duration timeout);
   ~DevicePlanes();
 
-  // The NCCL communicator that carries `device`'s uncompressed buckets, or null when they
-  // are staged through the host (Note [GPU data planes]). The first call for a device runs
-  // the ranks' exchange and, where NCCL runs, creates the communicator: every rank must make
-  // it for the same bucket (braid-loop, in the agreed order). Errors: FailedPrecondition
-  // under `nccl` when a rank cannot run it (every rank alike); the control channel's; the
-  // communicator's creation's. An error is the device's from then on (every later call
-  // returns it).
-  absl::StatusOr<transport::Communicator*> For(device::Device& device);
+  // The NCCL communicator that carries the uncompressed GPU bucket on `device`, or null when
+  // it is staged through the host (Note [GPU data planes]). The first call runs the ranks'
+  // exchange and, where NCCL runs, creates the communicator on `device`: every rank makes it
+  // for the same bucket (braid-loop, the job's first uncompressed GPU all-reduce, in the
+  // agreed order), whatever GPU each uses. Errors: FailedPrecondition under `nccl` when a
+  // rank cannot run it (every rank alike); the control channel's; the communicator's
+  // creation's (a decision's error is returned by every later call too); and, with
+  // *this_rank_only set, FailedPrecondition for a bucket on another GPU than the
+  // communicator's (NCCL runs one GPU per rank), which the peers' NCCL calls wait on.
+  absl::StatusOr<transport::Communicator*> For(device::Device& device, bool* this_rank_only);
+  // The GPU of the NCCL communicator, once made (a joined rank reduces there); else null.
+  device::Device* nccl_device() const;
 
-  // Thread-safe: aborts every NCCL communicator (transport::Communicator::Abort).
+  // Thread-safe: aborts the NCCL communicator (transport::Communicator::Abort), and its
+  // creation if under way.
   void Abort(const absl::Status& s);
-  // The NCCL communicators' counters together (braid-loop, where they count).
+  // The NCCL communicator's counters (braid-loop, where they count).
   transport::TransportStats stats() const;
-  // Thread-safe: how each device's buckets travel, for the log and status ("cuda:0: nccl
-  // 2.28.9", "cuda:0: host-staged (ranks 0, 1 share GPU-...)").
-  std::string Describe() const;
 
  private:
   struct Plane {
     std::unique_ptr<transport::Communicator> nccl;  // null: staged
     absl::Status error;                             // the decision's, repeated
-    std::string why;                                // how it travels, and why
+    std::string why;                                // how it travels, and why (logged)
   };
   // Runs the exchange and makes the plane of `device` (Note [GPU data planes]).
   Plane Decide(device::Device& device);
@@ -91,9 +98,15 @@ class DevicePlanes {
   NcclProvider nccl_;
   transport::Communicator* const control_;
   const absl::Duration timeout_;
-  mutable absl::Mutex mu_;  // guards planes_ against Abort and stats from other threads
-  std::map<device::Device*, Plane> planes_ ABSL_GUARDED_BY(mu_);
-  absl::Status aborted_ ABSL_GUARDED_BY(mu_);  // Abort's reason, for planes made after it
+  // The decision for `device` once made.
+  absl::StatusOr<transport::Communicator*> Use(device::Device& device, bool* this_rank_only)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;  // guards the decision against Abort from other threads
+  bool decided_ ABSL_GUARDED_BY(mu_) = false;
+  Plane plane_ ABSL_GUARDED_BY(mu_);
+  device::Device* plane_device_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::Status aborted_ ABSL_GUARDED_BY(mu_);  // Abort's reason, for a plane made after it
 };
 
 }  // namespace braid

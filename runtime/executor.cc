@@ -2,9 +2,10 @@
 #include "runtime/executor.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cstring>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "control/process_sets.h"
@@ -33,12 +34,6 @@ void SetScalarOutput(TensorEntry& e, int32_t value) {
   e.handle->set_output_shape({});
   e.handle->mutable_output().resize(sizeof(value));
   std::memcpy(e.handle->mutable_output().data(), &value, sizeof(value));
-}
-
-std::string Upper(absl::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return out;
 }
 
 }  // namespace
@@ -172,12 +167,14 @@ void Executor::Run(const Bucket& bucket) {
     }
   }
   absl::Status s;
+  gpu_bucket_ = bucket.device_type != DeviceType::kCPU;
+  gpu_not_run_ = false;
   if (bucket.collective == Collective::kAllReduce) {
     s = RunAllReduce(bucket, entries, timeline.get());
   } else if (entries[0] == nullptr) {
     s = RunJoined(bucket);
   } else {
-    const std::string phase = Upper(CollectiveName(bucket.collective));
+    const std::string phase = absl::AsciiStrToUpper(CollectiveName(bucket.collective));
     const CollectiveRequest& r = entries[0]->req;
     if (timeline) {
       timeline->Begin(r.name, phase,
@@ -189,10 +186,10 @@ void Executor::Run(const Bucket& bucket) {
     s = RunCollective(*entries[0], bucket);
     if (timeline) timeline->End(r.name, phase);
   }
-  if (s.code() == absl::StatusCode::kDeadlineExceeded) s = DataPlaneTimeout(bucket, s);
+  s = Named(bucket, s);
   Finish(bucket.names, s);
   if (s.code() == absl::StatusCode::kDeadlineExceeded ||
-      s.code() == absl::StatusCode::kResourceExhausted) {
+      s.code() == absl::StatusCode::kResourceExhausted || gpu_not_run_) {
     Poison(s);
   }
 }
@@ -210,13 +207,24 @@ void Executor::Poison(const absl::Status& s) {
   parts_.in_flight->Abort(s);  // outside mu_, a leaf: Abort calls back into Executor::Abort
 }
 
+absl::Status Executor::Named(const Bucket& bucket, const absl::Status& s) {
+  if (s.code() == absl::StatusCode::kDeadlineExceeded) return DataPlaneTimeout(bucket, s);
+  // The GPU planes' errors (NCCL's, the plane's choice) name no tensor: the bucket's do.
+  if (s.ok() || !gpu_bucket_ || bucket.names.empty() ||
+      absl::StrContains(s.message(), absl::StrCat("'", bucket.names[0], "'"))) {
+    return s;
+  }
+  return absl::Status(s.code(), absl::StrCat(BucketNamed(bucket), ": ", s.message()));
+}
+
 absl::Status Executor::DataPlaneTimeout(const Bucket& bucket, const absl::Status& s) {
   // The communicator is poisoned from here on and repeats its first error: every later
-  // bucket gets the error that names the tensors the data plane stopped at.
-  {
-    absl::MutexLock lock(&mu_);
-    if (!first_timeout_.ok()) return first_timeout_;
-  }
+  // bucket gets the error that names the tensors the data plane stopped at (FirstTimeout).
+  return FirstTimeout(absl::DeadlineExceededError(
+      absl::StrCat(BucketNamed(bucket), " timed out on the data plane: ", s.message())));
+}
+
+std::string Executor::BucketNamed(const Bucket& bucket) {
   constexpr size_t kNamed = 5;
   std::vector<std::string> quoted;
   for (size_t i = 0; i < bucket.names.size() && i < kNamed; ++i) {
@@ -226,9 +234,9 @@ absl::Status Executor::DataPlaneTimeout(const Bucket& bucket, const absl::Status
   if (bucket.names.size() > kNamed) {
     absl::StrAppend(&names, " and ", bucket.names.size() - kNamed, " more");
   }
-  return FirstTimeout(absl::DeadlineExceededError(absl::StrCat(
-      CollectiveName(bucket.collective), " of ", bucket.names.size() == 1 ? "tensor " : "tensors ",
-      names, " (bucket ", bucket.id, ") timed out on the data plane: ", s.message())));
+  return absl::StrCat(CollectiveName(bucket.collective), " of ",
+                      bucket.names.size() == 1 ? "tensor " : "tensors ", names, " (bucket ",
+                      bucket.id, ")");
 }
 
 bool Executor::JoinedIn(const Bucket& bucket) const {
@@ -238,6 +246,13 @@ bool Executor::JoinedIn(const Bucket& bucket) const {
 
 absl::Status Executor::NotRun(const absl::Status& s) {
   HostPlane().Abort(s);
+  if (gpu_bucket_) {
+    // The peers may be in the bucket's NCCL call or in the control channel's exchange that
+    // chooses its plane (Note [GPU data planes]): abort both, and end the job when the
+    // bucket is done (Run), since no later collective of this rank could pair with theirs.
+    Abort(s);
+    gpu_not_run_ = true;
+  }
   return s;
 }
 
@@ -246,8 +261,12 @@ absl::StatusOr<BucketPlace> Executor::PlaceOf(const Bucket& bucket, const Tensor
   // others); a rank that joined for all of them fills the identity on its last device of
   // the type (or device 0).
   DeviceRef where{bucket.device_type, 0};
+  device::Device* nccl_device =
+      parts_.device_planes != nullptr ? parts_.device_planes->nccl_device() : nullptr;
   if (own != nullptr) {
     where = own->req.device;
+  } else if (nccl_device != nullptr && nccl_device->ref().type == where.type) {
+    where = nccl_device->ref();  // the GPU of this rank's NCCL communicator
   } else if (auto last = last_device_.find(where.type); last != last_device_.end()) {
     where = last->second;
   }
@@ -319,11 +338,15 @@ absl::StatusOr<transport::Communicator*> Executor::PlaneOf(
     return &HostPlane();
   }
   // Every rank calls this for the same bucket, and decides alike: an error here is every
-  // rank's, before any collective of the bucket, so the host plane is not aborted.
-  BRAID_ASSIGN_OR_RETURN(transport::Communicator* nccl, parts_.device_planes->For(*place->device));
-  if (nccl == nullptr) return &HostPlane();
+  // rank's, before any collective of the bucket, so no plane is aborted; but not a bucket
+  // on a GPU this rank's communicator is not on, which its peers run on theirs.
+  bool this_rank_only = false;
+  absl::StatusOr<transport::Communicator*> nccl =
+      parts_.device_planes->For(*place->device, &this_rank_only);
+  if (!nccl.ok()) return this_rank_only ? NotRun(nccl.status()) : nccl.status();
+  if (*nccl == nullptr) return &HostPlane();
   place->device_plane = true;
-  return nccl;
+  return *nccl;
 }
 
 absl::Status Executor::RunJoined(const Bucket& bucket) {

@@ -96,7 +96,9 @@ class Executor {
  private:
   // `timeline`: where the pipeline records the bucket's phases, or null.
   // `s`, after aborting the data plane with it: a bucket that fails on this rank before its
-  // collectives started leaves the peers inside them (Note [Allocation failure]).
+  // collectives started leaves the peers inside them (Note [Allocation failure]). A GPU
+  // bucket's peers may be in NCCL or in the control channel: every plane is aborted then,
+  // and the job ends (Note [GPU data planes], runtime/device_planes.h).
   absl::Status NotRun(const absl::Status& s);
   // Where an all-reduce bucket's tensors are: `own` (this rank's first entry of it, null when
   // it joined for all of them) says, else this rank's last device of the bucket's type.
@@ -119,9 +121,14 @@ class Executor {
   // The entries of the bucket's tensors (null where this rank joined); false when it named
   // one this rank never submitted (the job is aborted then).
   bool Resolve(const Bucket& bucket, std::vector<TensorEntry*>* entries);
+  // A failed bucket's error naming its tensors: a timeout's (DataPlaneTimeout), a GPU
+  // bucket's that does not name them already; else `s`.
+  absl::Status Named(const Bucket& bucket, const absl::Status& s);
   // The error of a bucket whose collective timed out on the data plane (`s`, which names
   // the peers waited on, transport/context.h): the same, naming the bucket's tensors too.
   absl::Status DataPlaneTimeout(const Bucket& bucket, const absl::Status& s);
+  // "allreduce of tensors 'a', 'b' (bucket 7)": the bucket as errors name it.
+  static std::string BucketNamed(const Bucket& bucket);
   void Finish(const std::vector<std::string>& names, const absl::Status& s);
   // Note [Poisoned data plane]: the error that aborted the data plane, or OK.
   absl::Status Poisoned() const;
@@ -169,6 +176,10 @@ class Executor {
   std::shared_ptr<const device::DeviceRegistry> devices_;
   AllReducePipeline pipeline_;
   std::map<DeviceType, DeviceRef> last_device_;  // per type, the last a bucket of ours used
+  // braid-loop's: the bucket running is on a GPU; it failed here before its collectives
+  // (NotRun), which ends the job once it is done.
+  bool gpu_bucket_ = false;
+  bool gpu_not_run_ = false;
   mutable absl::Mutex mu_;  // a leaf
   absl::Status first_timeout_ ABSL_GUARDED_BY(mu_);
   absl::Status poisoned_ ABSL_GUARDED_BY(mu_);  // Note [Poisoned data plane]
