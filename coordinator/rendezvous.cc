@@ -196,6 +196,12 @@ absl::StatusOr<proto::JobSettings> ResolveJobSettings(
     if ((coordinator.*f.has)()) decided = f.get(coordinator);
     else if (!by_rank.empty()) decided = by_rank.begin()->second;
     if (!decided) continue;
+    if (f.name_count > 0 && (*decided < 0 || *decided >= f.name_count)) {
+      // A client of another version, or not braid's: its number names no value.
+      return absl::InvalidArgumentError(absl::StrCat(
+          f.variable, " = ", *decided, " names no value (", f.name_count, " values: ",
+          absl::StrJoin(f.names, f.names + f.name_count, ", "), ")"));
+    }
     // Group the ranks that disagree with the decision by their value.
     std::map<int64_t, std::vector<int>> others;
     for (const auto& [rank, v] : by_rank) {

@@ -265,6 +265,11 @@ TEST(JobSettingsTest, CoordinatorsValueBindsRanksAgreeOrTakeTheJobs) {
   EXPECT_EQ(ResolveJobSettings(coordinator, reqs, *assigned).status().message(),
             "BRAID_GPU_DATA_PLANE must be the same for the whole job, got nccl on rank 0; host "
             "on rank 1");
+  // A number that names no value (another version's client) is refused, not run as auto.
+  reqs[0].mutable_settings()->set_gpu_data_plane(3);
+  reqs[1].mutable_settings()->set_gpu_data_plane(3);
+  EXPECT_EQ(ResolveJobSettings(coordinator, reqs, *assigned).status().message(),
+            "BRAID_GPU_DATA_PLANE = 3 names no value (3 values: auto, nccl, host)");
 }
 
 // ---- Streams ----
