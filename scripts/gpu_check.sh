@@ -3,7 +3,8 @@
 # arithmetic is shared), the CUDA device interface, and the kernels' throughputs against a
 # device-to-device copy timed in the same run (tests/gpu/gpu_check.cc); then the data planes
 # of GPU tensors through the runtime, ranks as threads (tests/gpu/gpu_planes_check.cc): a
-# one-rank NCCL all-reduce of every dtype, 2 and 4 ranks on the one GPU over the host-staged
+# one-rank NCCL all-reduce of every dtype (and 2-4 ranks, one GPU each, where there are
+# several GPUs), 2 and 4 ranks on the one GPU over the host-staged
 # plane for every compressed method against the host pipeline, and their timings. Two steps:
 #
 #   scripts/gpu_check.sh --pack   on the build machine: builds the checks (CMake, CUDA on) and

@@ -25,8 +25,9 @@
 
 namespace braid::transport {
 
-// ncclUniqueId: 128 opaque bytes made by rank 0's GetUniqueId and handed to every rank (they
-// travel in the coordinator's registration reply: Note [NCCL unique id], runtime/registration.h).
+// ncclUniqueId: 128 opaque bytes made by rank 0's GetUniqueId and handed to every rank (the
+// runtime broadcasts them over its control channel: Note [GPU data planes],
+// runtime/device_planes.h).
 struct NcclUniqueId {
   static constexpr size_t kBytes = 128;
   std::array<char, kBytes> bytes{};

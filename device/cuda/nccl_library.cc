@@ -17,7 +17,8 @@
 namespace braid::device {
 namespace {
 
-// The nvidia-nccl-cu13 wheel's and the toolkit's soname, then the development link.
+// The runtime's soname (Debian's libnccl2, NVIDIA's packages, the nvidia-nccl-cu13 wheel),
+// then the development link.
 constexpr const char* kLibraries[] = {"libnccl.so.2", "libnccl.so"};
 
 struct Nccl {
@@ -259,8 +260,8 @@ absl::StatusOr<transport::NcclApi*> DefaultNccl() {
     if (lib != nullptr) return new absl::StatusOr<transport::NcclApi*>(new NcclLibrary(n));
     return new absl::StatusOr<transport::NcclApi*>(absl::FailedPreconditionError(absl::StrCat(
         "the NCCL data plane needs NCCL 2.14 or newer (", kLibraries[0],
-        ", from the CUDA toolkit or the nvidia-nccl-cu13 Python package, on the library "
-        "path): ", errors)));
+        ": NVIDIA's libnccl2 package, NCCL installed beside CUDA, or the nvidia-nccl-cu13 "
+        "Python package's lib folder on LD_LIBRARY_PATH): ", errors)));
   }();
   return *opened;
 }

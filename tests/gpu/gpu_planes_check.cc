@@ -3,7 +3,8 @@
 // (tests/testing/runtime_world.h: the in-process coordinator and host transport; the real
 // CUDA device and the real NCCL, opened at run time):
 //   - a one-rank NCCL all-reduce of every dtype (BRAID_GPU_DATA_PLANE=nccl, so a rank that
-//     cannot run NCCL fails the check), a lone tensor and a fused bucket;
+//     cannot run NCCL fails the check), a lone tensor and a fused bucket; the same at 2-4
+//     ranks, one GPU each, where the machine has several GPUs;
 //   - 2 and 4 ranks on the one GPU over the host-staged plane (`auto` must choose it: the
 //     ranks share the GPU) for every compressed method, equal across ranks and to the same
 //     job on host memory (PowerSGD within 1e-5 relative, the rest bit for bit);
@@ -16,6 +17,7 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -38,29 +40,36 @@ namespace {
 using testing::RuntimeWorld;
 using testing::RuntimeWorldOptions;
 
-// Every rank's devices: the GPUs of this process (rank r uses cuda:0, the only one needed).
+// Every rank's devices: the GPUs of this process (rank r uses cuda:0, or cuda:r for NCCL at
+// several ranks).
 std::shared_ptr<const device::DeviceRegistry> Gpus(int) {
   return device::MakeDefaultDevices(/*allow_unverified_cuda=*/true);
 }
 
-// Bytes of `n` elements of `dtype` holding small integers (exact in every dtype and sum).
-std::vector<char> SmallIntegers(DataType dtype, size_t n, int seed) {
+// `f` (small integers, exact in every dtype) as bytes of `dtype`.
+std::vector<char> Encode(DataType dtype, const std::vector<float>& f) {
+  const size_t n = f.size();
   std::vector<char> out(n * DataTypeSize(dtype));
-  std::vector<float> f(n);
-  for (size_t i = 0; i < n; ++i) f[i] = static_cast<float>((i * 7 + seed * 13) % 31);
   if (dtype == DataType::kFloat32) {
     std::memcpy(out.data(), f.data(), out.size());
+  } else if (dtype == DataType::kInt32 || dtype == DataType::kInt64 ||
+             dtype == DataType::kUInt8) {
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t v = static_cast<int64_t>(f[i]);  // little-endian: the low bytes
+      std::memcpy(out.data() + i * DataTypeSize(dtype), &v, DataTypeSize(dtype));
+    }
   } else {
     device::HostDevice().Convert(out.data(), dtype, f.data(), DataType::kFloat32, n, nullptr)
         .IgnoreError();
-    if (dtype == DataType::kInt32 || dtype == DataType::kInt64 || dtype == DataType::kUInt8) {
-      for (size_t i = 0; i < n; ++i) {
-        const int64_t v = static_cast<int64_t>(f[i]);
-        std::memcpy(out.data() + i * DataTypeSize(dtype), &v, DataTypeSize(dtype));
-      }
-    }
   }
   return out;
+}
+
+// `n` small integers (0..30) of seed `seed`.
+std::vector<float> SmallIntegers(size_t n, int seed) {
+  std::vector<float> f(n);
+  for (size_t i = 0; i < n; ++i) f[i] = static_cast<float>((i * 7 + seed * 13) % 31);
+  return f;
 }
 
 void* DeviceCopy(const std::vector<char>& host) {
@@ -76,39 +85,50 @@ std::vector<char> HostCopy(const void* d, size_t bytes) {
   return host;
 }
 
-// One rank, BRAID_GPU_DATA_PLANE=nccl: every dtype, alone and as a fused bucket of three.
-void CheckOneRankNccl() {
+// `size` ranks, rank r on cuda:r, BRAID_GPU_DATA_PLANE=nccl (a rank that cannot run NCCL
+// fails the check): every dtype's sum, alone and as a fused bucket of three. One GPU runs
+// one rank; a machine with several GPUs runs up to 4.
+void CheckNccl(int size) {
   RuntimeWorldOptions o;
-  o.size = 1;
+  o.size = size;
   o.devices = Gpus;
   o.settings.set_gpu_data_plane(1);
   RuntimeWorld world(o);
+  const std::string job = absl::StrCat("nccl at ", size, size == 1 ? " rank" : " ranks");
   if (!world.InitOk()) {
-    Report(false, "nccl one rank: init");
+    Report(false, absl::StrCat(job, ": init"));
     return;
   }
   const DataType dtypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
                              DataType::kBFloat16, DataType::kInt32, DataType::kInt64,
                              DataType::kUInt8};
-  world.Run([&](int, Runtime& rt) {
+  world.Run([&](int rank, Runtime& rt) {
+    CUDA_OK(cudaSetDevice(rank));
     for (DataType dtype : dtypes) {
       for (int tensors : {1, 3}) {
-        std::vector<std::vector<char>> in;
+        std::vector<std::vector<char>> expected;
         std::vector<void*> dev_in, dev_out;
         std::vector<std::shared_ptr<Handle>> handles;
         rt.BeginGroup();
         for (int t = 0; t < tensors; ++t) {
-          in.push_back(SmallIntegers(dtype, 1000 + 17 * t, t));
-          dev_in.push_back(DeviceCopy(in.back()));
-          dev_out.push_back(DeviceCopy(std::vector<char>(in.back().size(), 0)));
+          const size_t n = 1000 + 17 * t;
+          std::vector<float> sum(n, 0.0f);  // at most 4 * 30: exact in every dtype
+          for (int p = 0; p < size; ++p) {
+            const std::vector<float> x = SmallIntegers(n, t + 5 * p);
+            for (size_t i = 0; i < n; ++i) sum[i] += x[i];
+          }
+          expected.push_back(Encode(dtype, sum));
+          const std::vector<char> in = Encode(dtype, SmallIntegers(n, t + 5 * rank));
+          dev_in.push_back(DeviceCopy(in));
+          dev_out.push_back(DeviceCopy(std::vector<char>(in.size(), 0)));
           CollectiveRequest r;
           r.name = absl::StrCat("nccl.", DataTypeName(dtype), ".", tensors, ".", t);
           r.dtype = dtype;
-          r.shape = {static_cast<int64_t>(1000 + 17 * t)};
+          r.shape = {static_cast<int64_t>(n)};
           r.input = dev_in.back();
           r.output = dev_out.back();
           r.op = ReduceOp::kSum;
-          r.device = DeviceRef{DeviceType::kCUDA, 0};
+          r.device = DeviceRef{DeviceType::kCUDA, rank};
           auto h = rt.Enqueue(r);
           if (!h.ok()) {
             Report(false, r.name, std::string(h.status().message()));
@@ -126,14 +146,14 @@ void CheckOneRankNccl() {
             detail = std::string(s.message());
             continue;
           }
-          // One rank: the sum is the input itself.
-          if (HostCopy(dev_out[t], in[t].size()) != in[t]) {
+          if (HostCopy(dev_out[t], expected[t].size()) != expected[t]) {
             ok = false;
-            detail = absl::StrCat("tensor ", t, " differs from its input");
+            detail = absl::StrCat("tensor ", t, " differs from the ranks' sum");
           }
         }
         Report(ok && handles.size() == static_cast<size_t>(tensors),
-               absl::StrCat("nccl one rank ", DataTypeName(dtype), tensors == 1 ? " alone" : " fused"),
+               absl::StrCat(job, ", rank ", rank, ": ", DataTypeName(dtype),
+                            tensors == 1 ? " alone" : " fused"),
                detail);
         for (void* p : dev_in) cudaFree(p);
         for (void* p : dev_out) cudaFree(p);
@@ -328,7 +348,8 @@ int main() {
     std::printf("SKIP: no GPU here\n");
     return 77;
   }
-  braid::CheckOneRankNccl();
+  braid::CheckNccl(1);
+  if (count >= 2) braid::CheckNccl(std::min(count, 4));
   braid::CheckStaged();
   braid::TimeNccl();
   braid::TimeStaged();
