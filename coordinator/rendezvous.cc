@@ -199,7 +199,10 @@ absl::StatusOr<proto::JobSettings> ResolveJobSettings(
     if (f.name_count > 0 && (*decided < 0 || *decided >= f.name_count)) {
       // A client of another version, or not braid's: its number names no value.
       return absl::InvalidArgumentError(absl::StrCat(
-          f.variable, " = ", *decided, " names no value (", f.name_count, " values: ",
+          f.variable, " = ", *decided,
+          (coordinator.*f.has)() ? " at the coordinator"
+                                 : absl::StrCat(" on rank ", by_rank.begin()->first),
+          " names no value (", f.name_count, " values: ",
           absl::StrJoin(f.names, f.names + f.name_count, ", "), ")"));
     }
     // Group the ranks that disagree with the decision by their value.

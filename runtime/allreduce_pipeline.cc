@@ -50,9 +50,6 @@ struct AllReducePipeline::BucketRun {
   // Note [Host staging]: the device's memory is not the host's; the packed bucket is
   // reduced in a copy in the host's fusion buffer, `staged` there.
   bool staging = false;
-  // The data plane queues its collectives on `stream` after the packing (the NCCL plane,
-  // Note [GPU data planes]): no host wait between them.
-  bool on_stream = false;
   char* staged = nullptr;
   char* packed_base = nullptr;  // the fusion buffer the bucket was packed into
 };
@@ -95,7 +92,6 @@ absl::Status AllReducePipeline::Run(int64_t bucket_id,
   run.stream = place.stream;
   run.timeout = place.timeout;
   run.staging = !run.device->host_accessible() && !place.device_plane;
-  run.on_stream = place.device_plane;
   run.id = bucket_id;
   run.method = &method;
   run.dtype = dtype;
@@ -155,9 +151,10 @@ absl::Status AllReducePipeline::Reduce(BucketRun& run, transport::Communicator& 
                    run.staging ? &device::HostDevice() : run.device));
   absl::Status packed = Pack(run, planned.plans());
   if (packed.ok() && run.staging) packed = StageToHost(run);
-  // The compressor reads the views from the host: the device's copies must be done (not
-  // for a plane on the same stream, which runs after them in stream order).
-  if (packed.ok() && !run.on_stream) packed = run.device->Synchronize(run.stream, run.timeout);
+  // The compressor reads the views from the host: the device's copies must be done. (The
+  // NCCL plane's collectives would follow them on the same stream; it is waited for all the
+  // same, so that a stall of this rank's own stream is not reported as NCCL's.)
+  if (packed.ok()) packed = run.device->Synchronize(run.stream, run.timeout);
   if (!packed.ok()) {
     comm.Abort(packed);  // Note [Allocation failure]
     return packed;

@@ -144,8 +144,7 @@ struct BucketPlace {
   // The longest wait for the device's work to finish before the compressor reads it.
   absl::Duration timeout = absl::Seconds(60);
   // The bucket's communicator carries the device's memory itself (the NCCL plane, Note [GPU
-  // data planes], runtime/device_planes.h), its collectives queued on `stream`: a bucket the
-  // host cannot read is not staged, and the packing is not waited for on the host.
+  // data planes], runtime/device_planes.h): a bucket the host cannot read is not staged.
   bool device_plane = false;
 };
 

@@ -77,7 +77,10 @@ absl::StatusOr<transport::Communicator*> DevicePlanes::For(device::Device& devic
 
 absl::StatusOr<transport::Communicator*> DevicePlanes::Use(device::Device& device,
                                                           bool* this_rank_only) {
-  if (!plane_.error.ok()) return plane_.error;
+  if (!plane_.error.ok()) {
+    *this_rank_only = plane_.error_is_own;
+    return plane_.error;
+  }
   if (plane_.nccl == nullptr) return nullptr;
   if (&device == plane_device_) return plane_.nccl.get();
   // The peers run this bucket on their NCCL communicators: this rank cannot join them.
@@ -87,6 +90,11 @@ absl::StatusOr<transport::Communicator*> DevicePlanes::Use(device::Device& devic
       DeviceName(plane_device_->ref()),
       " (made at the job's first uncompressed GPU all-reduce), and NCCL runs one GPU per rank: "
       "keep each process's GPU tensors on one GPU, or set BRAID_GPU_DATA_PLANE=host"));
+}
+
+bool DevicePlanes::staged() const {
+  absl::MutexLock lock(&mu_);
+  return decided_ && plane_.nccl == nullptr && plane_.error.ok();
 }
 
 device::Device* DevicePlanes::nccl_device() const {
@@ -131,8 +139,10 @@ DevicePlanes::Plane DevicePlanes::Decide(device::Device& device) {
   absl::StatusOr<std::unique_ptr<transport::Communicator>> comm = transport::ConnectNccl(
       **api, id, control_->rank(), control_->size(), device.work_stream(), device, options);
   if (!comm.ok()) {
+    // This rank's own (its peers may have made theirs and wait in their first call).
     p.error = absl::Status(comm.status().code(),
                            absl::StrCat(where, " tensors: ", comm.status().message()));
+    p.error_is_own = true;
     return p;
   }
   p.nccl = *std::move(comm);

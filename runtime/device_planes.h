@@ -65,9 +65,12 @@ class DevicePlanes {
   // for the same bucket (braid-loop, the job's first uncompressed GPU all-reduce, in the
   // agreed order), whatever GPU each uses. Errors: FailedPrecondition under `nccl` when a
   // rank cannot run it (every rank alike); the control channel's; the communicator's
-  // creation's (a decision's error is returned by every later call too); and, with
-  // *this_rank_only set, FailedPrecondition for a bucket on another GPU than the
-  // communicator's (NCCL runs one GPU per rank), which the peers' NCCL calls wait on.
+  // creation's (a decision's error is returned by every later call too). *this_rank_only
+  // is set for the errors that are this rank's alone, which its peers' NCCL calls wait on:
+  // its communicator's creation failed, or FailedPrecondition for a bucket on another GPU
+  // than the communicator's (NCCL runs one GPU per rank).
+  // Whether the job's GPU buckets are staged through the host (decided so, without error).
+  bool staged() const;
   absl::StatusOr<transport::Communicator*> For(device::Device& device, bool* this_rank_only);
   // The GPU of the NCCL communicator, once made (a joined rank reduces there); else null.
   device::Device* nccl_device() const;
@@ -82,6 +85,7 @@ class DevicePlanes {
   struct Plane {
     std::unique_ptr<transport::Communicator> nccl;  // null: staged
     absl::Status error;                             // the decision's, repeated
+    bool error_is_own = false;  // the communicator's creation failed here, not everywhere
     std::string why;                                // how it travels, and why (logged)
   };
   // Runs the exchange and makes the plane of `device` (Note [GPU data planes]).

@@ -168,6 +168,7 @@ void Executor::Run(const Bucket& bucket) {
   }
   absl::Status s;
   gpu_bucket_ = bucket.device_type != DeviceType::kCPU;
+  nccl_candidate_ = false;
   gpu_not_run_ = false;
   if (bucket.collective == Collective::kAllReduce) {
     s = RunAllReduce(bucket, entries, timeline.get());
@@ -246,7 +247,7 @@ bool Executor::JoinedIn(const Bucket& bucket) const {
 
 absl::Status Executor::NotRun(const absl::Status& s) {
   HostPlane().Abort(s);
-  if (gpu_bucket_) {
+  if (nccl_candidate_) {
     // The peers may be in the bucket's NCCL call or in the control channel's exchange that
     // chooses its plane (Note [GPU data planes]): abort both, and end the job when the
     // bucket is done (Run), since no later collective of this rank could pair with theirs.
@@ -295,6 +296,9 @@ absl::Status Executor::RunAllReduce(const Bucket& bucket,
     if (!resolved.ok()) return resolved.status();
     method = *resolved;
   }
+  // Where its peers may be when this rank fails before the collectives (NotRun).
+  nccl_candidate_ = gpu_bucket_ && method->is_none() && bucket.process_set_id == 0 &&
+                    parts_.device_planes != nullptr && !parts_.device_planes->staged();
   BRAID_ASSIGN_OR_RETURN(BucketPlace place, PlaceOf(bucket, own));
   std::vector<AllReduceTensor> tensors;
   tensors.reserve(entries.size());
@@ -337,9 +341,10 @@ absl::StatusOr<transport::Communicator*> Executor::PlaneOf(
       !method.is_none() || bucket.process_set_id != 0) {
     return &HostPlane();
   }
-  // Every rank calls this for the same bucket, and decides alike: an error here is every
-  // rank's, before any collective of the bucket, so no plane is aborted; but not a bucket
-  // on a GPU this rank's communicator is not on, which its peers run on theirs.
+  // Every rank calls this for the same bucket, and decides alike: an error of the decision
+  // is every rank's, before any collective of the bucket, so no plane is aborted; but not
+  // one of this rank's alone (its communicator's creation, a bucket on a GPU its
+  // communicator is not on), whose peers wait in NCCL.
   bool this_rank_only = false;
   absl::StatusOr<transport::Communicator*> nccl =
       parts_.device_planes->For(*place->device, &this_rank_only);

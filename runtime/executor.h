@@ -179,6 +179,7 @@ class Executor {
   // braid-loop's: the bucket running is on a GPU; it failed here before its collectives
   // (NotRun), which ends the job once it is done.
   bool gpu_bucket_ = false;
+  bool nccl_candidate_ = false;  // ... and may run on NCCL (uncompressed, the whole world)
   bool gpu_not_run_ = false;
   mutable absl::Mutex mu_;  // a leaf
   absl::Status first_timeout_ ABSL_GUARDED_BY(mu_);

@@ -304,9 +304,15 @@ class NcclCommunicator final : public Communicator {
     in_call_ = true;
     return true;
   }
+  // An Abort that came as the call ended, after its last poll, aborts now (as for an idle
+  // communicator), so the peers do not wait for this rank's next call.
   void Leave() {
     absl::MutexLock lock(&mu_);
     in_call_ = false;
+    if (!abort_reason_.ok() && comm_ != nullptr) {
+      api_.CommAbort(comm_);
+      comm_ = nullptr;
+    }
   }
 
   // Whether the communicator reports an asynchronous error (Note [Nonblocking NCCL]).
@@ -322,6 +328,8 @@ class NcclCommunicator final : public Communicator {
                    uint64_t sent, uint64_t received, uint64_t messages) {
     if (!sticky_.ok()) return sticky_;
     if (absl::Status r = Reason(); !r.ok() || !Enter()) {
+      // Not entered: Abort came first (perhaps after the check), its reason set before.
+      r = Reason();
       return Fail(r.ok() ? absl::InternalError("NCCL communicator gone") : r);
     }
     const absl::Time deadline = absl::Now() + options_.timeout;

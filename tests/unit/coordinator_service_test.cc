@@ -269,7 +269,7 @@ TEST(JobSettingsTest, CoordinatorsValueBindsRanksAgreeOrTakeTheJobs) {
   reqs[0].mutable_settings()->set_gpu_data_plane(3);
   reqs[1].mutable_settings()->set_gpu_data_plane(3);
   EXPECT_EQ(ResolveJobSettings(coordinator, reqs, *assigned).status().message(),
-            "BRAID_GPU_DATA_PLANE = 3 names no value (3 values: auto, nccl, host)");
+            "BRAID_GPU_DATA_PLANE = 3 on rank 0 names no value (3 values: auto, nccl, host)");
 }
 
 // ---- Streams ----

@@ -664,6 +664,45 @@ TEST(GpuDataPlaneTest, ABucketOnAnotherGpuOfARankEndsTheJob) {
   world.Shutdown();
 }
 
+// A rank whose communicator fails to be created (its own error: the others made theirs and
+// wait for it) fails the bucket with that error and ends the job; the peers' creation ends
+// at the timeout. Every rank's bucket fails within the timeout and a margin, none hangs.
+TEST(GpuDataPlaneTest, ACreationThatFailsOnOneRankFailsEveryRankWithinTheTimeout) {
+  NcclWorldSetup w(3);
+  w.options.timeout = absl::Seconds(2);
+  w.fake.FailNextCall("CommInitRank",
+                      absl::InternalError("ncclCommInitRankConfig: unhandled cuda error (injected)"));
+  RuntimeWorld world(w.options);
+  ASSERT_TRUE(world.InitOk());
+  const absl::Time start = absl::Now();
+  std::vector<absl::Status> first(3);
+  world.Run([&](int rank, Runtime& rt) {
+    first[rank] = GpuStep(rt, rank, 3, "none")[0];
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2 + 8)) << "rank " << rank;
+  });
+  int failed_here = 0;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(first[r].ok()) << "rank " << r;
+    EXPECT_TRUE(absl::StartsWith(first[r].message(), "allreduce of tensors 'g0', 'g1', 'g2'"))
+        << first[r];
+    if (absl::StrContains(first[r].message(), "(injected)")) {
+      ++failed_here;
+      EXPECT_EQ(first[r].code(), absl::StatusCode::kInternal) << first[r];
+    }
+  }
+  EXPECT_EQ(failed_here, 1) << "one rank's creation failed; the others' timed out";
+  // The job has ended on every rank, the failed one too: the next step fails at once, never
+  // a wait for peers that stopped.
+  world.Run([&](int rank, Runtime& rt) {
+    const absl::Time again = absl::Now();
+    for (const absl::Status& s : GpuStep(rt, rank, 3, "none")) {
+      EXPECT_FALSE(s.ok()) << "rank " << rank;
+    }
+    EXPECT_LT(absl::Now() - again, absl::Seconds(1)) << "rank " << rank;
+  });
+  world.Shutdown();
+}
+
 CollectiveRequest Compressed(const std::string& name, std::vector<float>& in,
                              std::vector<float>& out, int rank) {
   CollectiveRequest r = AllReduce(name, in, out, Cuda(rank));

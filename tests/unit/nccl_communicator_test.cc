@@ -131,7 +131,7 @@ TEST_P(NcclCollectivesTest, EveryCollectiveGivesItsResult) {
     stats[rank] = c.stats();
   });
   // Counted once per collective: 3 all-reduces, 2 reduce-scatters, 2 all-gathers, an
-  // all-to-all, a broadcast, a barrier and the gathered all-reduce; sent equals received.
+  // all-to-all, a broadcast, a barrier and the gathered all-reduce.
   for (const TransportStats& s : stats) {
     EXPECT_EQ(s.collectives, 11u);
     EXPECT_GT(s.bytes_sent, 0u);
@@ -296,6 +296,23 @@ TEST(NcclCommunicatorTest, AFailedCallInAGroupStillEndsIt) {
   EXPECT_EQ(fake.calls("GroupEnd"), 1);
   EXPECT_EQ(fake.open_groups(), 0);
   EXPECT_EQ(fake.aborts(0), 1);
+}
+
+// NCCL's GroupEnd failing ends the group all the same (the fake drops its work), and the
+// communicator is aborted with the error.
+TEST(NcclCommunicatorTest, AFailedGroupEndFailsTheCall) {
+  FakeNccl fake;
+  NcclWorld world(fake, 2);
+  fake.FailNextCall("GroupEnd", absl::InternalError("ncclGroupEnd: system error (injected)"));
+  Communicator& c = *world.comms[0];
+  std::vector<char> send(4, 'x'), recv(4);
+  const size_t blocks[] = {2, 2};
+  absl::Status s = c.AllToAll(send.data(), blocks, recv.data(), blocks);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "ncclGroupEnd: system error (injected)")) << s;
+  EXPECT_EQ(fake.open_groups(), 0);
+  EXPECT_EQ(fake.aborts(0), 1);
+  EXPECT_EQ(c.Barrier(), s) << "poisoned: the first error, at once";
 }
 
 // Abort of a communicator with no call in flight aborts it at once, so a peer waiting for
