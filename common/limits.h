@@ -29,6 +29,9 @@ inline constexpr int kMaxDims = 64;
 inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 48;
 // A compression spec ("fp4:chunk=64,ef=1").
 inline constexpr size_t kMaxCompressionSpecBytes = 256;
+// A compression plan (compression/compression_plan.h), resolved on its rank into one spec per
+// tensor: only the spec travels.
+inline constexpr size_t kMaxCompressionPlanBytes = 64 * 1024;
 // The message of a failure report (FailureReport.message): longer ones are cut to this.
 inline constexpr size_t kMaxErrorMessageBytes = 4096;
 // Largest gRPC message either side accepts. A RequestList is split well below it (a request

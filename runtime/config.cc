@@ -13,6 +13,7 @@
 #include "absl/strings/strip.h"
 #include "common/secret.h"
 #include "common/status_macros.h"
+#include "compression/compression_plan.h"
 #include "compression/registry.h"
 
 namespace braid {
@@ -239,6 +240,14 @@ const Variable kVariables[] = {
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        compression::RegistryOptions ro;
        ro.test_methods = c->test_compressors;
+       if (compression::CompressionPlan::IsPlan(t)) {  // Note [Compression plans]
+         auto plan = compression::CompressionPlan::Parse(t, ro);
+         if (!plan.ok()) {
+           return absl::InvalidArgumentError(absl::StrCat(w, ": ", plan.status().message()));
+         }
+         c->compression = plan->canonical();
+         return absl::OkStatus();
+       }
        auto spec = compression::ParseCompressionSpec(t, ro);
        if (!spec.ok()) {
          return absl::InvalidArgumentError(absl::StrCat(w, ": ", spec.status().message()));
@@ -439,7 +448,8 @@ const std::vector<SettingFlag>& SettingFlags() {
        "1 (default): ranks agree on cached tensors over the data plane, 0: always ask the "
        "coordinator"},
       {"--compression", "BRAID_COMPRESSION",
-       "default compression of float all-reduces, e.g. fp16, fp4:ef=1"},
+       "default compression of float all-reduces, e.g. fp16, fp4:ef=1, or a plan of name "
+       "patterns to specs, e.g. '{\"*.bias\": \"none\", \"*\": \"fp4\"}'"},
       {"--gpu-data-plane", "BRAID_GPU_DATA_PLANE",
        "auto (default): uncompressed GPU all-reduces over NCCL where every rank can run it, "
        "else through the host; nccl: NCCL or fail; host: always through the host"},

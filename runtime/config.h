@@ -121,7 +121,8 @@ struct RuntimeConfig {
   // 0: no limit.
   int64_t timeline_max_bytes = int64_t{1} << 30;
   // BRAID_COMPRESSION: the default for floating-point sum/average all-reduces that do not
-  // name one (see compression/registry.h); validated, kept in canonical form.
+  // name one: a spec (compression/registry.h) or a plan of name patterns to specs (Note
+  // [Compression plans], compression/compression_plan.h); validated, kept in canonical form.
   std::string compression = "none";
   uint64_t seed = 0;                     // BRAID_SEED: stochastic-rounding streams
   bool test_compressors = false;         // BRAID_TEST_COMPRESSORS: enables test-only methods

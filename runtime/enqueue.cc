@@ -45,9 +45,24 @@ std::vector<std::string> CompressionMethods(bool test_methods) {
 absl::StatusOr<std::string> CanonicalCompression(absl::string_view spec, bool test_methods) {
   compression::RegistryOptions o;
   o.test_methods = test_methods;
+  if (compression::CompressionPlan::IsPlan(spec)) {
+    BRAID_ASSIGN_OR_RETURN(compression::CompressionPlan plan,
+                           compression::CompressionPlan::Parse(spec, o));
+    return plan.canonical();
+  }
   BRAID_ASSIGN_OR_RETURN(compression::CompressionSpec parsed,
                          compression::ParseCompressionSpec(spec, o));
   return parsed.canonical;
+}
+
+absl::StatusOr<std::string> CompressionPlanSpec(absl::string_view plan, absl::string_view name,
+                                                absl::Span<const int64_t> shape, DataType dtype,
+                                                ReduceOp op, bool test_methods) {
+  compression::RegistryOptions o;
+  o.test_methods = test_methods;
+  BRAID_ASSIGN_OR_RETURN(compression::CompressionPlan parsed,
+                         compression::CompressionPlan::Parse(plan, o));
+  return parsed.For(name, shape, dtype, op).spec;
 }
 
 absl::Status Runtime::Impl::CheckNoCompressionInFlight(absl::string_view what) const {
@@ -83,9 +98,12 @@ absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r, int set_siz
   const int64_t n = *elements;
   auto bytes = TensorBytes("shape", n, DataTypeSize(r.dtype));
   if (!bytes.ok()) return bad(std::string(bytes.status().message()));
-  if (r.compression.size() > kMaxCompressionSpecBytes) {
+  const size_t limit = compression::CompressionPlan::IsPlan(r.compression)
+                           ? kMaxCompressionPlanBytes
+                           : kMaxCompressionSpecBytes;
+  if (r.compression.size() > limit) {
     return bad(absl::StrCat("compression is ", r.compression.size(),
-                            " bytes long, more than the limit of ", kMaxCompressionSpecBytes));
+                            " bytes long, more than the limit of ", limit));
   }
   if (r.collective == Collective::kBarrier || r.collective == Collective::kJoin) {
     return absl::OkStatus();  // no buffers
@@ -117,10 +135,22 @@ absl::StatusOr<const compression::CompressionMethod*> Runtime::Impl::ResolveComp
   // Compression applies to floating-point sum / average all-reduces (MethodApplies). The
   // job's default (BRAID_COMPRESSION) silently skips other tensors, as Horovod's compressors
   // do; a method asked for explicitly on one of them is an error.
+  // A plan (Note [Compression plans]) resolves per tensor by its rule, as a default does.
   const bool allreduce = r.collective == Collective::kAllReduce;
   if (r.compression.empty()) {
     if (!allreduce) return nullptr;
+    if (default_plan_ != nullptr) return FromPlan(*default_plan_, r);
     return default_method_->Applies(r.dtype, r.op) ? default_method_ : &stage_->none();
+  }
+  if (compression::CompressionPlan::IsPlan(r.compression)) {
+    absl::StatusOr<std::shared_ptr<const compression::CompressionPlan>> plan =
+        PlanOf(r.compression);
+    if (!plan.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(CollectiveName(r.collective), " '", r.name,
+                                                     "' on rank ", rank_, ": ",
+                                                     plan.status().message()));
+    }
+    return allreduce ? FromPlan(**plan, r) : nullptr;
   }
   auto method = stage_->Resolve(r.compression);
   if (!method.ok()) {
@@ -134,6 +164,37 @@ absl::StatusOr<const compression::CompressionMethod*> Runtime::Impl::ResolveComp
         CollectiveName(r.collective), " '", r.name, "' on rank ", rank_, ": compression '",
         (*method)->spec(), "' applies only to allreduce of floating-point tensors with op sum or ",
         "average, got ", DataTypeName(r.dtype), " / ", ReduceOpName(r.op)));
+  }
+  return *method;
+}
+
+absl::StatusOr<std::shared_ptr<const compression::CompressionPlan>> Runtime::Impl::PlanOf(
+    const std::string& text) const {
+  constexpr size_t kMaxPlans = 64;  // a program names a few; more are parsed again
+  {
+    absl::MutexLock lock(&plans_mu_);
+    if (auto it = plans_.find(text); it != plans_.end()) return it->second;
+  }
+  compression::RegistryOptions options;
+  options.test_methods = test_compressors_;
+  BRAID_ASSIGN_OR_RETURN(compression::CompressionPlan plan,
+                         compression::CompressionPlan::Parse(text, options));
+  auto shared = std::make_shared<const compression::CompressionPlan>(std::move(plan));
+  absl::MutexLock lock(&plans_mu_);
+  if (plans_.size() >= kMaxPlans) plans_.clear();
+  plans_.emplace(text, shared);
+  return shared;
+}
+
+absl::StatusOr<const compression::CompressionMethod*> Runtime::Impl::FromPlan(
+    const compression::CompressionPlan& plan, const CollectiveRequest& r) const {
+  const compression::PlanChoice choice = plan.For(r.name, r.shape, r.dtype, r.op);
+  // Checked by the plan's parse: a failure here is the stage's (a missing library).
+  absl::StatusOr<const compression::CompressionMethod*> method = stage_->Resolve(choice.spec);
+  if (!method.ok()) {
+    return absl::Status(method.status().code(),
+                        absl::StrCat(CollectiveName(r.collective), " '", r.name, "' on rank ",
+                                     rank_, ": ", method.status().message()));
   }
   return *method;
 }

@@ -156,6 +156,19 @@ absl::Status Runtime::Impl::MakeCompression(const RuntimeConfig& config) {
   stage_options.seed = config.seed;
   stage_options.registry.test_methods = config.test_compressors;
   stage_ = std::make_unique<compression::CompressionStage>(stage_options);
+  test_compressors_ = config.test_compressors;
+  default_plan_ = nullptr;
+  if (compression::CompressionPlan::IsPlan(config.compression)) {
+    absl::StatusOr<std::shared_ptr<const compression::CompressionPlan>> plan =
+        PlanOf(config.compression);
+    if (!plan.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("BRAID_COMPRESSION: ", plan.status().message()));
+    }
+    default_plan_ = *plan;
+    default_method_ = &stage_->none();
+    return absl::OkStatus();
+  }
   auto default_method = stage_->Resolve(config.compression);
   if (!default_method.ok()) {
     return absl::InvalidArgumentError(

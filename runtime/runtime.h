@@ -92,10 +92,19 @@ struct RuntimeDeps;
 // The compression methods braid knows (compression/registry.h), in a stable order, with the
 // test-only ones when `test_methods`.
 std::vector<std::string> CompressionMethods(bool test_methods = false);
-// The canonical form of a compression spec ("fp4:chunk=128" is "fp4"); InvalidArgument
-// naming what is wrong (an unknown method or option lists the valid ones).
+// The canonical form of a compression spec ("fp4:chunk=128" is "fp4") or plan (Note
+// [Compression plans], compression/compression_plan.h: compact JSON, its specs canonical,
+// its options explicit); InvalidArgument naming what is wrong (an unknown method or option
+// lists the valid ones; a plan's error names its key).
 absl::StatusOr<std::string> CanonicalCompression(absl::string_view spec,
                                                  bool test_methods = false);
+// The canonical spec the plan `plan` gives the tensor `name` (Note [Compression plans]), as
+// the runtime would: for a framework that names its tensors otherwise than the plan's
+// patterns (braid.torch's DistributedOptimizer matches parameter names). InvalidArgument
+// for a bad plan.
+absl::StatusOr<std::string> CompressionPlanSpec(absl::string_view plan, absl::string_view name,
+                                                absl::Span<const int64_t> shape, DataType dtype,
+                                                ReduceOp op, bool test_methods = false);
 
 class Runtime {
  public:

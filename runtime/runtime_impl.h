@@ -58,9 +58,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "compression/compression_plan.h"
 #include "compression/stage.h"
 #include "control/process_sets.h"
 #include "runtime/controller.h"
@@ -159,6 +161,11 @@ class Runtime::Impl {
   // The all-reduce's compression: its own spec, or the job's default where it applies.
   absl::StatusOr<const compression::CompressionMethod*> ResolveCompression(
       const CollectiveRequest& r) const;
+  // The plan of the text `plan` (parsed once); the spec it gives `r`'s tensor, resolved.
+  absl::StatusOr<std::shared_ptr<const compression::CompressionPlan>> PlanOf(
+      const std::string& plan) const;
+  absl::StatusOr<const compression::CompressionMethod*> FromPlan(
+      const compression::CompressionPlan& plan, const CollectiveRequest& r) const;
   // FailedPrecondition when not running or while a compressed all-reduce is in flight.
   absl::Status CheckNoCompressionInFlight(absl::string_view what) const;
 
@@ -202,6 +209,14 @@ class Runtime::Impl {
   NcclProvider nccl_;
   std::unique_ptr<DevicePlanes> device_planes_;
   const compression::CompressionMethod* default_method_ = nullptr;  // BRAID_COMPRESSION
+  // BRAID_COMPRESSION when it is a plan (Note [Compression plans]); then default_method_ is
+  // unused. Set by Init, read-only after.
+  std::shared_ptr<const compression::CompressionPlan> default_plan_;
+  bool test_compressors_ = false;  // BRAID_TEST_COMPRESSORS, for the plans' specs
+  // The plans requests named, parsed once each (by their text; at most kMaxPlans).
+  mutable absl::Mutex plans_mu_;  // a leaf
+  mutable absl::flat_hash_map<std::string, std::shared_ptr<const compression::CompressionPlan>>
+      plans_ ABSL_GUARDED_BY(plans_mu_);
   // Null when not recording (BRAID_TIMELINE unset and no StartTimeline). Swapped by
   // StartTimeline / StopTimeline from any thread: users copy it (timeline()) and write to
   // their copy, so a timeline being replaced closes once its last writer is done.

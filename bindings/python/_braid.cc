@@ -336,6 +336,18 @@ std::string CanonicalCompression(const std::string& spec, bool test_methods) {
   return Value(braid::CanonicalCompression(spec, test_methods));
 }
 
+// The spec a compression plan gives one tensor (runtime.h's CompressionPlanSpec).
+std::string CompressionPlanSpec(const std::string& plan, const std::string& name,
+                                const std::vector<int64_t>& shape, int dtype, int op,
+                                bool test_methods) {
+  if (!braid::IsValidDataType(dtype) || !braid::IsValidReduceOp(op)) {
+    Raise(absl::InvalidArgumentError("compression_plan_spec: unknown dtype " +
+                                     std::to_string(dtype) + " or op " + std::to_string(op)));
+  }
+  return Value(braid::CompressionPlanSpec(plan, name, shape, static_cast<braid::DataType>(dtype),
+                                          static_cast<braid::ReduceOp>(op), test_methods));
+}
+
 // One counter set as a dict of ints (bytes, except `reductions`); see runtime/statistics.h.
 py::dict ByteStatsDict(const braid::ByteStats& b) {
   py::dict d;
@@ -696,6 +708,10 @@ PYBIND11_MODULE(_braid, m) {
         py::arg("test_methods") = false,
         "The canonical form of a compression spec; InvalidArgumentError when it is invalid.");
 
+  m.def("compression_plan_spec", &CompressionPlanSpec, py::arg("plan"), py::arg("name"),
+        py::arg("shape"), py::arg("dtype"), py::arg("op"), py::arg("test_methods") = false,
+        "The canonical spec a compression plan gives a tensor; InvalidArgumentError for a "
+        "bad plan.");
   m.def("compression_report", &CompressionReport,
         "This rank's compression byte counters: (per-method dicts, per-tensor dicts).");
   m.def("fusion_report", &FusionReport,

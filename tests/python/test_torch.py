@@ -37,11 +37,13 @@ def test_collectives(np_):
     run("torch_collectives.py", np_)
 
 
-def test_job_default_compression_applies_to_the_optimizer_only():
-    """BRAID_COMPRESSION=fp4 for the job: a metric all-reduced directly stays exact, the
-    DistributedOptimizer's gradients travel in 4 bits (with every other collective check)."""
+@pytest.mark.parametrize("default", ["fp4", '{"weight": "fp4", "*": "fp16"}'])
+def test_job_default_compression_applies_to_the_optimizer_only(default):
+    """BRAID_COMPRESSION=fp4 (or a plan, matched against parameter names) for the job: a
+    metric all-reduced directly stays exact, the DistributedOptimizer's gradients travel in 4
+    bits (with every other collective check)."""
     res = braid_launch.run_worker("torch_collectives.py", 2, timeout=240,
-                                  env={"BRAID_COMPRESSION": "fp4"})
+                                  env={"BRAID_COMPRESSION": default})
     assert res.returncode == 0, res.output
     for r in range(2):
         assert f"rank {r}: all checks passed" in res.output, res.output

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "compression/registry.h"
@@ -427,6 +428,16 @@ TEST(SettingFlagsTest, FlagsMapOntoVariablesAndErrorsNameTheFlag) {
   EXPECT_EQ(SettingsFromEnv(comp.fn()).status().message(),
             absl::StrCat("BRAID_COMPRESSION: compression 'fp5': unknown method 'fp5'; valid methods: ",
                          absl::StrJoin(compression::CompressionMethods(), ", ")));
+  // A plan (Note [Compression plans]) is kept canonical; a bad one names its key.
+  Env plan{{{"BRAID_COMPRESSION", R"({"*.bias": "none", "*": "fp4:chunk=128"})"}}};
+  auto p = SettingsFromEnv(plan.fn());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->compression,
+            R"({"*.bias":"none","*":"fp4","$min_elements":1024,"$min_compression_rate":2.0})");
+  Env bad_plan{{{"BRAID_COMPRESSION", R"({"*": "fp5"})"}}};
+  EXPECT_TRUE(absl::StartsWith(SettingsFromEnv(bad_plan.fn()).status().message(),
+                               "BRAID_COMPRESSION: compression plan, key '*': compression 'fp5'"))
+      << SettingsFromEnv(bad_plan.fn()).status();
   // SettingsFromEnv leaves the launch info alone: a bad RANK is not the tools' business.
   Env rank{{{"RANK", "x"}}};
   EXPECT_TRUE(SettingsFromEnv(rank.fn()).ok());

@@ -411,6 +411,66 @@ TEST(RuntimePipelineTest, TheLedgerCountsEveryTensorUnderItsMethod) {
   EXPECT_EQ(status->bytes_negotiated(), (64 * 32 + 32) * 4 + 2 * 2000 + 400 + 1000);
 }
 
+// Note [Compression plans]: a plan as the job's default (BRAID_COMPRESSION) and one named by
+// a request give each tensor the method of its first matching pattern, or none where the
+// rule says it would not pay; the ledger books each under the method it got, on every rank.
+TEST(RuntimePipelineTest, APlanGivesEachTensorTheMethodOfItsPattern) {
+  RuntimeWorldOptions o = World(2, int64_t{64} << 20);
+  o.configure = [](int, RuntimeConfig* c) {
+    c->compression = R"({"*.bias": "none", "emb.*": "fp16", "*": "powersgd:rank=2"})";
+  };
+  RuntimeWorld world(o);
+  ASSERT_TRUE(world.InitOk());
+  world.Run([](int rank, Runtime& rt) {
+    struct T {
+      const char* name;
+      std::vector<int64_t> shape;
+      std::string compression;
+    };
+    const std::vector<T> tensors = {{"fc.weight", {64, 64}, ""},  // rate 64*64/(128*2) = 16
+                                    {"fc.bias", {2048}, ""},
+                                    {"emb.weight", {2048}, ""},
+                                    {"small.weight", {8, 8}, ""},  // 64 elements: too small
+                                    {"norm.weight", {2048}, ""},   // a vector: rate 1
+                                    {"x", {4096}, R"({"y": "fp16", "*": "fp4"})"}};
+    std::vector<std::vector<float>> data;
+    for (const T& t : tensors) {
+      int64_t n = 1;
+      for (int64_t d : t.shape) n *= d;
+      data.emplace_back(n, 1.0f + rank);
+      CollectiveRequest r;
+      r.name = t.name;
+      r.shape = t.shape;
+      r.input = r.output = data.back().data();
+      r.op = ReduceOp::kAverage;
+      r.compression = t.compression;
+      ASSERT_TRUE(WaitFor(rt.Enqueue(r)).ok()) << t.name;
+    }
+    EXPECT_EQ(data[1][7], 1.5f) << "fc.bias: uncompressed, the exact average";
+    const CompressionReport report = rt.compression_report().value();
+    std::map<std::string, std::string> method;
+    for (const auto& t : report.tensors) method[t.name] = t.method;
+    EXPECT_EQ(method, (std::map<std::string, std::string>{{"emb.weight", "fp16"},
+                                                          {"fc.bias", "none"},
+                                                          {"fc.weight", "powersgd:rank=2"},
+                                                          {"norm.weight", "none"},
+                                                          {"small.weight", "none"},
+                                                          {"x", "fp4"}}));
+    // A bad plan is refused at the call, naming the tensor and the key.
+    CollectiveRequest bad;
+    bad.name = "bad";
+    bad.shape = {4};
+    bad.input = bad.output = data[0].data();
+    bad.compression = R"({"*": "fp5"})";
+    auto h = rt.Enqueue(bad);
+    const absl::Status s = h.ok() ? WaitFor(h) : h.status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "allreduce 'bad' on rank ")) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "compression plan, key '*'")) << s;
+  });
+  world.Shutdown();
+}
+
 TEST(StatisticsLedgerTest, TotalsAreTheSumsOfTheTensorRows) {
   EXPECT_EQ(ReferenceTransportBytes(1000, 4), 1500u);
   EXPECT_EQ(ReferenceTransportBytes(1000, 1), 0u);

@@ -332,11 +332,17 @@ def check_negative_views(size, rank):
     check_tensor(inplace, vals[size - 1], "neg-view in-place broadcast")
 
 
+# A plan for BRAID_COMPRESSION (test_torch.py sets it): parameter-name patterns.
+JOB_PLAN = '{"weight": "fp4", "*": "fp16"}'
+
+
 def check_job_default_skips_direct_calls(size, rank):
-    """Under a job default (BRAID_COMPRESSION=fp4, set by the test), a direct allreduce with
-    compression=None is exact (Horovod's Compression.none) while DistributedOptimizer's
-    gradients take the default."""
-    if os.environ.get("BRAID_COMPRESSION") != "fp4":
+    """Under a job default (BRAID_COMPRESSION=fp4, or the plan JOB_PLAN, set by the test), a
+    direct allreduce with compression=None is exact (Horovod's Compression.none) while
+    DistributedOptimizer's gradients take the default: under the plan, by parameter name
+    (the gradients' names carry a prefix), the bias too small for its method."""
+    default = os.environ.get("BRAID_COMPRESSION")
+    if default not in ("fp4", JOB_PLAN):
         return
     got = [hvd.allreduce(torch.tensor(0.3), name=f"metric.{i}").item() for i in range(4)]
     check(got == [torch.tensor(0.3).item()] * 4, f"a metric under a 4-bit job default: {got}")
@@ -349,6 +355,9 @@ def check_job_default_skips_direct_calls(size, rank):
     check(tensors["metric.0"]["method"] == "none", f"metric counted as {tensors['metric.0']}")
     check(tensors["grad.weight"]["method"] == "fp4",
           f"the optimizer's gradient did not take the job default: {tensors['grad.weight']}")
+    bias = "none" if default == JOB_PLAN else "fp4"  # the plan's rule: 64 < 1024 elements
+    check(tensors["grad.bias"]["method"] == bias,
+          f"the bias under {default}: {tensors['grad.bias']}, expected {bias}")
 
 
 def check_errors(size, rank):

@@ -103,6 +103,19 @@ def check_equivalence(size, rank):
     check_same(model, train_reference(4, 1, "sgd", size), "fp16", tol=(1e-2, 1e-3))
     methods = hvd.compression_stats()["tensors"]["grad.fc1.weight"]["method"].split(" + ")
     check("fp16" in methods, f"fp16 gradients not counted under fp16: {methods}")
+    # Compression per layer (a dict: pattern -> spec, first match wins): fc1.weight (1024
+    # elements) gets bf16 by its pattern; fc1.bias matches "*.bias" but has fewer than
+    # $min_elements (20) elements, so it goes uncompressed, as everything "*" maps to none.
+    plan = {"fc1.weight": "bf16", "*.bias": hvd.Compression.bf16, "*": "none",
+            "$min_elements": 20}
+    model = train_distributed(4, 1, "sgd", size, rank, compression=plan)
+    check_same(model, train_reference(4, 1, "sgd", size), "per-layer plan", tol=(1e-2, 1e-3))
+    tensors = hvd.compression_stats()["tensors"]
+    check("bf16" in tensors["grad.fc1.weight"]["method"].split(" + "),
+          f"fc1.weight not under bf16: {tensors['grad.fc1.weight']['method']}")
+    for name in ("grad.fc1.bias", "grad.fc2.weight", "grad.conv.bias"):
+        check("bf16" not in tensors[name]["method"].split(" + "),
+              f"{name} compressed against the plan: {tensors[name]['method']}")
     # A Horovod-style compressor object, gradient_predivide_factor, op=Sum.
     model = train_distributed(4, 1, "sgd", size, rank, compression=_HalfCompressor,
                               gradient_predivide_factor=2.0)
@@ -225,6 +238,10 @@ def check_misuse(size, rank):
                   "duplicate names", contains=("unique", "conv.weight"))
     expect_raises(E, lambda: hvd.DistributedOptimizer(sgd, named_parameters=named[:2]),
                   "unnamed parameters", contains=("not in named_parameters",))
+    expect_raises(E, lambda: hvd.DistributedOptimizer(sgd, compression={"fc*": "fp5"}),
+                  "a plan with a bad spec", contains=("key 'fc*'", "unknown method 'fp5'"))
+    expect_raises(E, lambda: hvd.DistributedOptimizer(sgd, compression={"*": 4}),
+                  "a plan with a number for a spec", contains=("key '*'", "must be a string"))
     expect_raises(E, lambda: hvd.DistributedOptimizer(sgd, op=hvd.Adasum), "Adasum",
                   contains=("Adasum", "not implemented"))
     expect_raises(E, lambda: hvd.DistributedOptimizer(sgd, backward_passes_per_step=0),

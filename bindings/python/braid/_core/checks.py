@@ -21,6 +21,8 @@ MAX_TENSOR_BYTES = 1 << 48
 INT32 = (-(1 << 31), (1 << 31) - 1)
 #: Bytes of a compression spec in UTF-8, at most.
 MAX_COMPRESSION_SPEC_BYTES = 256
+#: Bytes of a compression plan (a JSON object of name patterns to specs) in UTF-8, at most.
+MAX_COMPRESSION_PLAN_BYTES = 64 * 1024
 
 
 def is_int(value):
@@ -101,17 +103,20 @@ def check_splits(what, splits, rows, size):
 
 def check_compression(what, compression):
     """A compression spec: None (the job's default) or a str of at most
-    MAX_COMPRESSION_SPEC_BYTES bytes in UTF-8; else InvalidArgumentError naming ``what``.
-    The method and its options are checked by the runtime."""
+    MAX_COMPRESSION_SPEC_BYTES bytes in UTF-8 (MAX_COMPRESSION_PLAN_BYTES for a plan, a JSON
+    object); else InvalidArgumentError naming ``what``. The method and its options are
+    checked by the runtime."""
     if compression is None:
         return
     if not isinstance(compression, str):
         raise InvalidArgumentError(f"{what}: compression must be a string such as 'fp16' or "
                                    f"'fp4:ef=1', got {type(compression).__name__} "
                                    f"{compression!r:.64}")
-    if len(utf8(what, "compression", compression)) > MAX_COMPRESSION_SPEC_BYTES:
+    limit = (MAX_COMPRESSION_PLAN_BYTES if compression.lstrip().startswith("{")
+             else MAX_COMPRESSION_SPEC_BYTES)
+    if len(utf8(what, "compression", compression)) > limit:
         raise InvalidArgumentError(f"{what}: compression is {len(compression)} characters "
-                                   f"long, more than the limit of {MAX_COMPRESSION_SPEC_BYTES}")
+                                   f"long, more than the limit of {limit}")
 
 
 def check_timeout(timeout):

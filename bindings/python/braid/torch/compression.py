@@ -18,6 +18,7 @@ Horovod-style compressor classes (objects with ``compress(tensor) -> (tensor, ct
 uncompressed all-reduce, as Horovod does.
 """
 
+import json
 import os
 
 from .._core import checks as _checks, compression as _core_compression, errors as _errors
@@ -97,7 +98,14 @@ def resolve(compression, what):
     """``(spec for the runtime or None, Horovod-style compressor or None)``.
 
     None: the job's default (BRAID_COMPRESSION). A string or a Compressor: that method,
-    validated here so that a typo fails at once on the calling rank. Another object with
+    validated here so that a typo fails at once on the calling rank. A dict: a plan of
+    parameter-name patterns to specs (each a string or a Compressor), e.g.
+    ``{"*.bias": "none", "embedding.*": "scalecomp:ratio=100", "*": "powersgd:rank=4"}``:
+    each tensor gets the spec of the first pattern (fnmatch glob, in the dict's order) that
+    matches its whole name, ``none`` when none does or when the tensor is too small (fewer
+    than ``"$min_elements"``, default 1024) or too flat for its method to pay (an estimated
+    compression rate below ``"$min_compression_rate"``, default 2, as PowerSGD's); the rule is
+    docs/compression.md's. Another object with
     ``compress``/``decompress``: a framework-side compressor run around an uncompressed
     all-reduce. Anything else raises InvalidArgumentError naming ``what``.
     """
@@ -108,10 +116,30 @@ def resolve(compression, what):
     if isinstance(compression, str):
         _checks.utf8(what, "compression", compression)
         return _core_compression.canonical_compression(compression, _test_methods()), None
+    if isinstance(compression, dict):
+        return _plan_text(compression, what), None
     if callable(getattr(compression, "compress", None)) and \
             callable(getattr(compression, "decompress", None)):
         return "none", compression
     raise _errors.InvalidArgumentError(
         f"{what}: compression must be None, a spec string such as 'fp16' or 'fp4:ef=1', "
-        f"a braid.torch.Compression member or an object with compress/decompress, got "
-        f"{compression!r}")
+        f"a braid.torch.Compression member, a dict of name patterns to specs or an object "
+        f"with compress/decompress, got {compression!r}")
+
+
+def _plan_text(plan, what):
+    """The canonical text of a plan given as a dict (checked by the runtime's parser)."""
+    rules = {}
+    for key, value in plan.items():
+        if not isinstance(key, str):
+            raise _errors.InvalidArgumentError(
+                f"{what}: a compression plan's keys are name patterns (str), got {key!r}")
+        if isinstance(value, Compressor):
+            value = value.spec
+        _checks.utf8(what, "compression", key)
+        rules[key] = value
+    try:
+        text = json.dumps(rules)
+    except (TypeError, ValueError) as e:
+        raise _errors.InvalidArgumentError(f"{what}: compression plan: {e}") from None
+    return _core_compression.canonical_compression(text, _test_methods())

@@ -10,6 +10,7 @@ the wrapped optimizer's update on the averaged gradients.
 import contextlib
 import functools
 import math
+import json
 import numbers
 import os
 import warnings
@@ -21,9 +22,9 @@ from .._core import checks as _checks, compression as _core_compression, runtime
 from .._core.errors import Average, BraidError as _BraidError, FailedPreconditionError, \
     InvalidArgumentError
 from . import _agreement, _naming, mpi_ops
-from ._handles import JOB_DEFAULT as _JOB_DEFAULT, check_op as _check_op, \
-    check_process_set as _check_process_set
-from .compression import Compressor, resolve
+from ._handles import CODES as _DTYPE_CODES, JOB_DEFAULT as _JOB_DEFAULT, \
+    check_op as _check_op, check_process_set as _check_process_set
+from .compression import Compressor, _test_methods, resolve
 
 
 class _DistributedMixin:
@@ -44,6 +45,14 @@ class _DistributedMixin:
         spec, self._framework_compressor = resolve(compression, "DistributedOptimizer")
         self._spec = spec
         self._compression = None if spec is None else Compressor(spec)
+        # Compression per layer: a plan (given here, or the job's BRAID_COMPRESSION) matches
+        # parameter names, so it is resolved here per parameter, not by the runtime on the
+        # gradient's name (which carries this optimizer's prefix).
+        plan = spec
+        if spec is None and self._framework_compressor is None:
+            plan = _job_default_compression()
+        self._plan = plan if plan and plan.startswith("{") else None
+        self._plan_specs = {}  # (parameter name, shape, dtype) -> its Compressor
         self._op = op
         self._predivide = float(gradient_predivide_factor)
         self._sparse_as_dense = bool(sparse_as_dense)
@@ -294,13 +303,25 @@ class _DistributedMixin:
             if not self._sparse_as_dense:
                 return self._start_sparse(p, grad, name)
             grad = p.grad = grad.to_dense()
-        return self._start_dense(grad, name)
+        return self._start_dense(grad, name, self._names[p])
 
     def _reduction_name(self, p):
         return _naming.ALLREDUCE_PREFIX + self._prefix + self._names[p]
 
-    def _start_dense(self, grad, name):
-        """Starts the all-reduce of the dense ``grad`` under ``name``."""
+    def _plan_compression(self, grad, param_name):
+        """The Compressor the plan gives the parameter ``param_name``'s gradient."""
+        key = (param_name, tuple(grad.shape), grad.dtype)
+        c = self._plan_specs.get(key)
+        if c is None:
+            code = _DTYPE_CODES.get(grad.dtype)
+            spec = "none" if code is None else _core_compression.compression_plan_spec(
+                self._plan, param_name, grad.shape, code, int(self._op), _test_methods())
+            c = self._plan_specs[key] = Compressor(spec)
+        return c
+
+    def _start_dense(self, grad, name, param_name):
+        """Starts the all-reduce of the dense ``grad`` (of the parameter ``param_name``)
+        under ``name``."""
         pre, post = 1.0, 1.0
         if self._op == Average and self._predivide != 1.0:
             pre, post = 1.0 / self._predivide, self._predivide
@@ -311,7 +332,10 @@ class _DistributedMixin:
                                          postscale_factor=post, compression="none",
                                          process_set=self._process_set)
             return ("framework", h, ctx)
-        compression = _JOB_DEFAULT if self._compression is None else self._compression
+        if self._plan is not None:
+            compression = self._plan_compression(grad, param_name)
+        else:
+            compression = _JOB_DEFAULT if self._compression is None else self._compression
         h = mpi_ops.allreduce_async_(grad, name=name, op=self._op, prescale_factor=pre,
                                      postscale_factor=post, compression=compression,
                                      process_set=self._process_set)
@@ -507,7 +531,7 @@ class _DistributedMixin:
                 continue
             if kind == "dense":
                 zeros = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                self._scratch.append(self._start_dense(zeros, name))
+                self._scratch.append(self._start_dense(zeros, name, self._names[p]))
             else:
                 self._scratch.append(self._start_sparse(p, _empty_sparse(p, d.sparse_dim),
                                                         name))
@@ -679,8 +703,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         named by ``model.named_parameters()`` can be added later), or from the group's
         ``"named_parameters"`` entry; without names, ``"param.<group>.<i>"``.
       compression: a spec string ("fp16", "fp4:ef=1", ...), a ``Compression`` member, a
-        Horovod-style compressor object (compress/decompress, run around an uncompressed
-        all-reduce), or None for the job's default (BRAID_COMPRESSION; ``none`` unless set).
+        dict of parameter-name patterns to specs (compression per layer, e.g.
+        ``{"*.bias": "none", "embedding.*": "scalecomp:ratio=100", "*": "powersgd:rank=4"}``:
+        the first matching pattern in the dict's order wins; tensors too small or too flat
+        for their method go uncompressed, docs/compression.md), a Horovod-style compressor
+        object (compress/decompress, run around an uncompressed all-reduce), or None for the
+        job's default (BRAID_COMPRESSION; ``none`` unless set).
       backward_passes_per_step: k backward passes accumulate (sum) into ``p.grad`` locally,
         as PyTorch accumulates them, then the sum is all-reduced (averaged over ranks, not
         over passes), as Horovod does. More than k passes before ``step()`` raise
@@ -819,7 +847,11 @@ def _job_default_compression():
 
 
 def _selects_over_buckets(spec):
-    """True for a canonical spec of a sparsifier with granularity=bucket (its default)."""
+    """True for a canonical spec of a sparsifier with granularity=bucket (its default), or
+    a plan (canonical JSON) that gives one to some pattern."""
     spec = spec or ""
+    if spec.startswith("{"):
+        return any(isinstance(v, str) and _selects_over_buckets(v)
+                   for v in json.loads(spec).values())
     method = spec.split(":", 1)[0].strip()
     return method in ("scalecomp", "topk", "randomk") and "granularity=tensor" not in spec

@@ -1,0 +1,94 @@
+// Compression per layer: a plan maps parameter-name patterns to compression specs.
+//
+// Note [Compression plans]
+//   A plan is a JSON object whose keys are patterns of tensor names and whose values are
+//   compression specs (compression/registry.h), in the order written:
+//
+//     {"*.bias": "none", "embedding.*": "scalecomp:ratio=100", "*": "powersgd:rank=4"}
+//
+//   A tensor gets the spec of the first pattern that matches its whole name (fnmatch(3)
+//   globs without FNM_PATHNAME: `*` matches any run of characters, dots included; `?` one;
+//   `[...]` a set), and `none` when no pattern matches: end a plan with "*" to compress the
+//   rest. Two keys that start with `$` are the plan's options, not patterns (no tensor name
+//   a framework makes starts with `$`):
+//     "$min_elements": N          (default 1024) a tensor of fewer elements is sent
+//                                 uncompressed: its all-reduce costs latency, not bytes;
+//     "$min_compression_rate": X  (default 2, >= 1, PowerSGD's min_compression_rate) a
+//                                 tensor whose estimated rate (EstimatedRate) under its
+//                                 method is below X is sent uncompressed: the method cannot
+//                                 pay for its error and its work there.
+//   A method that does not apply to the tensor (an integer dtype, an op other than sum or
+//   average: MethodApplies) sends it uncompressed too, as a job default does. The rule is the
+//   plan's only: a single spec ("fp4") keeps compressing every tensor it applies to.
+//
+//   Every rank resolves the same plan for the same name, shape, dtype and op alike, so the
+//   resolved spec, which is what travels to the coordinator, agrees across ranks; a plan
+//   itself never leaves the rank.
+#ifndef BRAID_COMPRESSION_COMPRESSION_PLAN_H_
+#define BRAID_COMPRESSION_COMPRESSION_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/dtype.h"
+#include "compression/registry.h"
+
+namespace braid::compression {
+
+// What a plan gives one tensor.
+struct PlanChoice {
+  std::string spec;     // the canonical spec the tensor is reduced with ("none" included)
+  std::string pattern;  // the pattern that matched; empty when none did
+  // Why the matched rule's method was not used ("fewer than 1024 elements (bias: 64)",
+  // "estimated rate 1.3 below 2", "int32 / min: not compressible"); empty when it was.
+  std::string skipped;
+};
+
+class CompressionPlan {
+ public:
+  // Whether `text` is a plan (a JSON object) rather than a single spec.
+  static bool IsPlan(absl::string_view text);
+  // Parses and checks a plan (Note [Compression plans]). InvalidArgument naming the key for:
+  // text that is not a JSON object, a value that is not a string, an empty pattern, a spec
+  // the registry refuses, an unknown `$` option or a bad option value.
+  static absl::StatusOr<CompressionPlan> Parse(absl::string_view text,
+                                               const RegistryOptions& options = {});
+
+  // The spec for the tensor `name` of `shape`, `dtype`, reduced with `op`.
+  PlanChoice For(absl::string_view name, absl::Span<const int64_t> shape, DataType dtype,
+                 ReduceOp op) const;
+
+  // The plan as compact JSON, each spec canonical and the options explicit, in the order
+  // written: two plans that mean the same have the same text.
+  const std::string& canonical() const { return canonical_; }
+  int64_t min_elements() const { return min_elements_; }
+  double min_compression_rate() const { return min_rate_; }
+
+ private:
+  struct Rule {
+    std::string pattern;
+    CompressionSpec spec;
+  };
+  std::vector<Rule> rules_;
+  int64_t min_elements_ = 1024;
+  double min_rate_ = 2.0;
+  std::string canonical_;
+};
+
+// The compression rate (dense bytes / bytes sent) `spec` is estimated to reach on one tensor
+// of `shape` and `dtype`, for the plans' rule: none 1; fp16/bf16 dtype bits / 16; fp4/int4
+// dtype bits / (4 + 32 / chunk) (a float32 scale per chunk); powersgd rank R on a tensor of
+// two or more dimensions seen as rows x cols (the first dimension by the rest) rows·cols /
+// ((rows + cols)·R), else 1 (PowerSGD sends it as it is); the sparsifiers ratio·bits/64 (a
+// float32 value and an int32 index per kept element). A method not listed: ratio-free, so
+// taken to pay (infinity).
+double EstimatedRate(const CompressionSpec& spec, absl::Span<const int64_t> shape,
+                     DataType dtype);
+
+}  // namespace braid::compression
+
+#endif  // BRAID_COMPRESSION_COMPRESSION_PLAN_H_
