@@ -1,10 +1,9 @@
 // Compression plans (Note [Compression plans], compression_plan.h).
 #include "compression/compression_plan.h"
 
-#include <fnmatch.h>
-
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -20,6 +19,109 @@ constexpr absl::string_view kMinRate = "$min_compression_rate";
 // "2", "1.5": the shortest text of a rate.
 std::string RateText(double x) { return absl::StrFormat("%g", x); }
 
+// Note [Plan globs]
+// Patterns are matched by this file's own glob, not fnmatch(3): glibc's depends on the
+// process's environment (LC_CTYPE decides what `?` and a set match on non-ASCII names;
+// POSIXLY_CORRECT whether `[^...]` negates), and ranks must resolve a name alike whatever
+// their environment. The syntax is Python's fnmatch, which a Python user knows: `*` any run
+// of characters (dots included), `?` one character, `[seq]` one of a set (ranges `a-z`; a
+// `]` first is literal), `[!seq]` none of it; no escapes. Characters are UTF-8 code points
+// (a byte that is not valid UTF-8 counts as one).
+
+// Bytes of the character at `i` (1 for a byte that does not start valid UTF-8).
+size_t CharLen(absl::string_view s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+  if (i + n > s.size()) return 1;
+  for (size_t k = 1; k < n; ++k) {
+    if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return 1;
+  }
+  return n;
+}
+
+// The code point of the `n`-byte character at `i`.
+uint32_t CodePoint(absl::string_view s, size_t i, size_t n) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (n == 1) return c;
+  uint32_t v = c & (0x7F >> n);
+  for (size_t k = 1; k < n; ++k) v = (v << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  return v;
+}
+
+// The end of the set that starts with the `[` at `p` (one past its `]`), or npos when it is
+// not closed.
+size_t SetEnd(absl::string_view pattern, size_t p) {
+  size_t i = p + 1;
+  if (i < pattern.size() && pattern[i] == '!') ++i;
+  if (i < pattern.size() && pattern[i] == ']') ++i;  // literal
+  const size_t close = pattern.find(']', i);
+  return close == absl::string_view::npos ? close : close + 1;
+}
+
+// Whether the code point `ch` is in the set `pattern[p, end)`.
+bool InSet(absl::string_view pattern, size_t p, size_t end, uint32_t ch) {
+  size_t i = p + 1;
+  const bool negate = pattern[i] == '!';
+  if (negate) ++i;
+  bool in = false;
+  for (bool first = true; i < end - 1; first = false) {
+    if (!first && pattern[i] == ']') break;
+    const size_t n = CharLen(pattern, i);
+    const uint32_t lo = CodePoint(pattern, i, n);
+    i += n;
+    if (i + 1 < end - 1 && pattern[i] == '-') {
+      const size_t m = CharLen(pattern, i + 1);
+      const uint32_t hi = CodePoint(pattern, i + 1, m);
+      i += 1 + m;
+      in = in || (lo <= ch && ch <= hi);
+    } else {
+      in = in || ch == lo;
+    }
+  }
+  return in != negate;
+}
+
+// Whether `name` matches `pattern` whole (Note [Plan globs]). Greedy with backtracking to
+// the last `*`: linear in practice, at worst |pattern|·|name|.
+bool GlobMatch(absl::string_view pattern, absl::string_view name) {
+  size_t p = 0, n = 0;
+  size_t star_p = absl::string_view::npos, star_n = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && pattern[p] == '*') {
+      star_p = ++p;
+      star_n = n;
+      continue;
+    }
+    const size_t len = CharLen(name, n);
+    if (p < pattern.size()) {
+      const size_t plen = CharLen(pattern, p);
+      size_t end = 0;
+      if (pattern[p] == '?') {
+        p += plen;
+        n += len;
+        continue;
+      }
+      if (pattern[p] == '[' && (end = SetEnd(pattern, p)) != absl::string_view::npos) {
+        if (InSet(pattern, p, end, CodePoint(name, n, len))) {
+          p = end;
+          n += len;
+          continue;
+        }
+      } else if (pattern.substr(p, plen) == name.substr(n, len)) {
+        p += plen;
+        n += len;
+        continue;
+      }
+    }
+    if (star_p == absl::string_view::npos) return false;
+    star_n += CharLen(name, star_n);
+    n = star_n;
+    p = star_p;
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
 }  // namespace
 
 bool CompressionPlan::IsPlan(absl::string_view text) {
@@ -30,13 +132,32 @@ bool CompressionPlan::IsPlan(absl::string_view text) {
 absl::StatusOr<CompressionPlan> CompressionPlan::Parse(absl::string_view text,
                                                        const RegistryOptions& options) {
   // nlohmann's ordered_json keeps the keys in the order written, which is the plan's order
-  // of precedence; a hand-written parser would only repeat it.
-  const nlohmann::ordered_json json =
-      nlohmann::ordered_json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object()) {
+  // of precedence; a hand-written parser would only repeat it. It keeps a repeated key at
+  // its first place with its last value, which would reorder the plan silently: refused.
+  std::set<std::string> keys;
+  std::string repeated;
+  const auto track = [&](int depth, nlohmann::ordered_json::parse_event_t event,
+                         nlohmann::ordered_json& parsed) {
+    if (event == nlohmann::ordered_json::parse_event_t::key && depth == 1 &&
+        !keys.insert(parsed.get<std::string>()).second && repeated.empty()) {
+      repeated = parsed.get<std::string>();
+    }
+    return true;
+  };
+  nlohmann::ordered_json json;
+  try {
+    json = nlohmann::ordered_json::parse(text.begin(), text.end(), track);
+  } catch (const nlohmann::ordered_json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("compression plan: not JSON: ", e.what()));
+  }
+  if (!json.is_object()) {
     return absl::InvalidArgumentError(
         "a compression plan must be a JSON object of name patterns to specs, e.g. "
         "{\"*.bias\": \"none\", \"*\": \"fp4\"}");
+  }
+  if (!repeated.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compression plan, key '", repeated, "': given twice (the first match wins: keep one)"));
   }
   CompressionPlan plan;
   nlohmann::ordered_json canonical = nlohmann::ordered_json::object();
@@ -62,6 +183,14 @@ absl::StatusOr<CompressionPlan> CompressionPlan::Parse(absl::string_view text,
       continue;
     }
     if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(where, ": empty pattern"));
+    for (size_t i = key.find('['); i != std::string::npos; i = key.find('[', i + 1)) {
+      const size_t end = SetEnd(key, i);
+      if (end == std::string::npos) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": the set at character ", i + 1, " has no closing ']'"));
+      }
+      i = end - 1;
+    }
     if (!value.is_string()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": its spec must be a string"));
     }
@@ -82,10 +211,9 @@ PlanChoice CompressionPlan::For(absl::string_view name, absl::Span<const int64_t
                                 DataType dtype, ReduceOp op) const {
   PlanChoice choice;
   choice.spec = "none";
-  const std::string text(name);  // fnmatch wants a terminated string
   const Rule* rule = nullptr;
   for (const Rule& r : rules_) {
-    if (fnmatch(r.pattern.c_str(), text.c_str(), 0) == 0) {
+    if (GlobMatch(r.pattern, name)) {
       rule = &r;
       break;
     }
@@ -124,11 +252,12 @@ double EstimatedRate(const CompressionSpec& spec, absl::Span<const int64_t> shap
     const double rows = static_cast<double>(shape[0]);
     double cols = 1;
     for (size_t i = 1; i < shape.size(); ++i) cols *= static_cast<double>(shape[i]);
-    return rows * cols / ((rows + cols) * static_cast<double>(spec.IntOption("rank")));
+    // P and Q travel as float32 whatever the dtype.
+    return rows * cols * bits /
+           ((rows + cols) * static_cast<double>(spec.IntOption("rank")) * 32.0);
   }
-  if (m == "scalecomp" || m == "topk" || m == "randomk") {
-    return spec.FloatOption("ratio") * bits / 64.0;
-  }
+  if (m == "randomk") return spec.FloatOption("ratio") * bits / 32.0;  // no indices
+  if (m == "scalecomp" || m == "topk") return spec.FloatOption("ratio") * bits / 64.0;
   return std::numeric_limits<double>::infinity();
 }
 

@@ -6,11 +6,12 @@
 //
 //     {"*.bias": "none", "embedding.*": "scalecomp:ratio=100", "*": "powersgd:rank=4"}
 //
-//   A tensor gets the spec of the first pattern that matches its whole name (fnmatch(3)
-//   globs without FNM_PATHNAME: `*` matches any run of characters, dots included; `?` one;
-//   `[...]` a set), and `none` when no pattern matches: end a plan with "*" to compress the
-//   rest. Two keys that start with `$` are the plan's options, not patterns (no tensor name
-//   a framework makes starts with `$`):
+//   A tensor gets the spec of the first pattern that matches its whole name (Python's
+//   fnmatch globs, matched alike on every rank: Note [Plan globs], compression_plan.cc:
+//   `*` any run of characters, dots included; `?` one; `[seq]`, `[!seq]` a set), and `none`
+//   when no pattern matches: end a plan with "*" to compress the rest. A key given twice, or
+//   a set without its `]`, is refused. Two keys that start with `$` are the plan's options,
+//   not patterns (no tensor name a framework makes starts with `$`):
 //     "$min_elements": N          (default 1024) a tensor of fewer elements is sent
 //                                 uncompressed: its all-reduce costs latency, not bytes;
 //     "$min_compression_rate": X  (default 2, >= 1, PowerSGD's min_compression_rate) a
@@ -43,8 +44,9 @@ namespace braid::compression {
 struct PlanChoice {
   std::string spec;     // the canonical spec the tensor is reduced with ("none" included)
   std::string pattern;  // the pattern that matched; empty when none did
-  // Why the matched rule's method was not used ("fewer than 1024 elements (bias: 64)",
-  // "estimated rate 1.3 below 2", "int32 / min: not compressible"); empty when it was.
+  // Why the matched rule's method was not used ("64 elements, fewer than $min_elements
+  // 1024", "powersgd:rank=4's estimated rate 1 is below $min_compression_rate 2", "fp16 does
+  // not apply to int32 / average"); empty when it was.
   std::string skipped;
 };
 
@@ -79,12 +81,14 @@ class CompressionPlan {
   std::string canonical_;
 };
 
-// The compression rate (dense bytes / bytes sent) `spec` is estimated to reach on one tensor
-// of `shape` and `dtype`, for the plans' rule: none 1; fp16/bf16 dtype bits / 16; fp4/int4
-// dtype bits / (4 + 32 / chunk) (a float32 scale per chunk); powersgd rank R on a tensor of
-// two or more dimensions seen as rows x cols (the first dimension by the rest) rows·cols /
-// ((rows + cols)·R), else 1 (PowerSGD sends it as it is); the sparsifiers ratio·bits/64 (a
-// float32 value and an int32 index per kept element). A method not listed: ratio-free, so
+// The compression rate (dense bytes / bytes a rank sends) `spec` is estimated to reach on
+// one tensor of `shape` and `dtype`, for the plans' rule: none 1; fp16/bf16 dtype bits / 16;
+// fp4/int4 dtype bits / (4 + 32 / chunk) (a float32 scale per chunk); powersgd rank R on a
+// tensor of two or more dimensions seen as rows x cols (the first dimension by the rest)
+// rows·cols·bits / ((rows + cols)·R·32) (P and Q in float32), else 1 (PowerSGD sends it as
+// it is); randomk ratio·bits / 32 (float32 values, indices from a shared seed); scalecomp
+// and topk ratio·bits / 64 (a float32 value and an int32 index per kept element; topk
+// receives n - 1 times what it sends, which this does not count). A method not listed:
 // taken to pay (infinity).
 double EstimatedRate(const CompressionSpec& spec, absl::Span<const int64_t> shape,
                      DataType dtype);

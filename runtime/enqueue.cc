@@ -62,6 +62,7 @@ absl::StatusOr<std::string> CompressionPlanSpec(absl::string_view plan, absl::st
   o.test_methods = test_methods;
   BRAID_ASSIGN_OR_RETURN(compression::CompressionPlan parsed,
                          compression::CompressionPlan::Parse(plan, o));
+  BRAID_RETURN_IF_ERROR(ShapeElements("shape", shape).status());  // For multiplies it out
   return parsed.For(name, shape, dtype, op).spec;
 }
 
@@ -131,7 +132,7 @@ absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r, int set_siz
 }
 
 absl::StatusOr<const compression::CompressionMethod*> Runtime::Impl::ResolveCompression(
-    const CollectiveRequest& r) const {
+    const CollectiveRequest& r, absl::string_view plan_name) const {
   // Compression applies to floating-point sum / average all-reduces (MethodApplies). The
   // job's default (BRAID_COMPRESSION) silently skips other tensors, as Horovod's compressors
   // do; a method asked for explicitly on one of them is an error.
@@ -139,7 +140,7 @@ absl::StatusOr<const compression::CompressionMethod*> Runtime::Impl::ResolveComp
   const bool allreduce = r.collective == Collective::kAllReduce;
   if (r.compression.empty()) {
     if (!allreduce) return nullptr;
-    if (default_plan_ != nullptr) return FromPlan(*default_plan_, r);
+    if (default_plan_ != nullptr) return FromPlan(*default_plan_, r, plan_name);
     return default_method_->Applies(r.dtype, r.op) ? default_method_ : &stage_->none();
   }
   if (compression::CompressionPlan::IsPlan(r.compression)) {
@@ -150,7 +151,7 @@ absl::StatusOr<const compression::CompressionMethod*> Runtime::Impl::ResolveComp
                                                      "' on rank ", rank_, ": ",
                                                      plan.status().message()));
     }
-    return allreduce ? FromPlan(**plan, r) : nullptr;
+    return allreduce ? FromPlan(**plan, r, plan_name) : nullptr;
   }
   auto method = stage_->Resolve(r.compression);
   if (!method.ok()) {
@@ -187,8 +188,9 @@ absl::StatusOr<std::shared_ptr<const compression::CompressionPlan>> Runtime::Imp
 }
 
 absl::StatusOr<const compression::CompressionMethod*> Runtime::Impl::FromPlan(
-    const compression::CompressionPlan& plan, const CollectiveRequest& r) const {
-  const compression::PlanChoice choice = plan.For(r.name, r.shape, r.dtype, r.op);
+    const compression::CompressionPlan& plan, const CollectiveRequest& r,
+    absl::string_view plan_name) const {
+  const compression::PlanChoice choice = plan.For(plan_name, r.shape, r.dtype, r.op);
   // Checked by the plan's parse: a failure here is the stage's (a missing library).
   absl::StatusOr<const compression::CompressionMethod*> method = stage_->Resolve(choice.spec);
   if (!method.ok()) {
@@ -269,15 +271,17 @@ absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest
   if (controller_.running()) {  // else Submit says FailedPrecondition
     BRAID_ASSIGN_OR_RETURN(set_size, CheckProcessSet(req));
   }
-  // Note [Process sets]: the job knows a set's tensors by their qualified names.
+  // Note [Process sets]: the job knows a set's tensors by their qualified names; a plan's
+  // patterns match the name the caller gave.
+  std::string plan_name = req.name;
   req.name = QualifiedName(req.process_set_id, req.name);
   // Checked under the controller's lock: no Shutdown or Init replaces the stage meanwhile.
   return controller_.Submit(
       std::move(req),
-      [this, set_size](const CollectiveRequest& r) -> absl::StatusOr<Accepted> {
+      [this, set_size, &plan_name](const CollectiveRequest& r) -> absl::StatusOr<Accepted> {
         BRAID_RETURN_IF_ERROR(CheckRequest(r, set_size));
         BRAID_ASSIGN_OR_RETURN(const compression::CompressionMethod* method,
-                               ResolveCompression(r));
+                               ResolveCompression(r, plan_name));
         return AcceptDevice(r, method);
       });
 }

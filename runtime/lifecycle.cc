@@ -158,6 +158,10 @@ absl::Status Runtime::Impl::MakeCompression(const RuntimeConfig& config) {
   stage_ = std::make_unique<compression::CompressionStage>(stage_options);
   test_compressors_ = config.test_compressors;
   default_plan_ = nullptr;
+  {
+    absl::MutexLock lock(&plans_mu_);  // parsed under another job's test methods
+    plans_.clear();
+  }
   if (compression::CompressionPlan::IsPlan(config.compression)) {
     absl::StatusOr<std::shared_ptr<const compression::CompressionPlan>> plan =
         PlanOf(config.compression);

@@ -159,13 +159,16 @@ class Runtime::Impl {
   std::optional<std::vector<int>> SetRanksOf(int32_t id) const;
   void ResetProcessSets();  // a new job's: the whole world's set only
   // The all-reduce's compression: its own spec, or the job's default where it applies.
+  // `plan_name`: the name a plan's patterns match (the caller's, not the process set's
+  // qualified one, Note [Process sets]).
   absl::StatusOr<const compression::CompressionMethod*> ResolveCompression(
-      const CollectiveRequest& r) const;
+      const CollectiveRequest& r, absl::string_view plan_name) const;
   // The plan of the text `plan` (parsed once); the spec it gives `r`'s tensor, resolved.
   absl::StatusOr<std::shared_ptr<const compression::CompressionPlan>> PlanOf(
       const std::string& plan) const;
   absl::StatusOr<const compression::CompressionMethod*> FromPlan(
-      const compression::CompressionPlan& plan, const CollectiveRequest& r) const;
+      const compression::CompressionPlan& plan, const CollectiveRequest& r,
+      absl::string_view plan_name) const;
   // FailedPrecondition when not running or while a compressed all-reduce is in flight.
   absl::Status CheckNoCompressionInFlight(absl::string_view what) const;
 

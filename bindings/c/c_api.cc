@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/limits.h"
+#include "compression/compression_plan.h"
 #include "control/process_sets.h"
 #include "runtime/config.h"
 #include "runtime/handle.h"
@@ -427,10 +428,14 @@ absl::Status AllReduceRequest(const char* fn, const std::string& name, const voi
   r->output = output;
   r->op = static_cast<braid::ReduceOp>(op);
   r->compression = o.compression != nullptr ? o.compression : "";
-  if (r->compression.size() > braid::kMaxCompressionSpecBytes) {
+  // A plan (a JSON object of name patterns to specs) is resolved on this rank: longer.
+  const size_t limit = braid::compression::CompressionPlan::IsPlan(r->compression)
+                           ? braid::kMaxCompressionPlanBytes
+                           : braid::kMaxCompressionSpecBytes;
+  if (r->compression.size() > limit) {
     return absl::InvalidArgumentError(absl::StrCat(
         fn, " '", braid::Truncated(name, 64), "': compression is ", r->compression.size(),
-        " bytes long, more than the limit of ", braid::kMaxCompressionSpecBytes));
+        " bytes long, more than the limit of ", limit));
   }
   r->process_set_id = o.process_set_id;
   SetDevice(opts, r);

@@ -410,6 +410,24 @@ TEST_F(CApiTest, OverflowingSizesAndOverlongStringsAreInvalidArgument) {
               braid_allreduce("spec", in, out, kShape3, 1, BRAID_FLOAT32, &o));
   EXPECT_STREQ(braid_last_error(),
                "allreduce 'spec': compression is 1004 bytes long, more than the limit of 256");
+  // A plan (a JSON object of name patterns to specs) may be longer: it is resolved here, and
+  // only the tensor's spec travels. Too long, or naming a bad spec, it is refused alike.
+  std::string plan = "{";
+  for (int i = 0; i < 40; ++i) plan += "\"layer" + std::to_string(i) + ".*\": \"fp16\", ";
+  plan += "\"*\": \"none\"}";
+  ASSERT_GT(plan.size(), 256u);
+  o.compression = plan.c_str();
+  EXPECT_CODE(BRAID_OK, braid_allreduce("plan.ok", in, out, kShape3, 1, BRAID_FLOAT32, &o));
+  const std::string bad_plan = "{\"*\": \"fp5\"}";
+  o.compression = bad_plan.c_str();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("plan.bad", in, out, kShape3, 1, BRAID_FLOAT32, &o));
+  EXPECT_TRUE(Contains(braid_last_error(), "compression plan, key '*'")) << braid_last_error();
+  const std::string huge_plan = "{\"*\": \"none\"" + std::string(70000, ' ') + "}";
+  o.compression = huge_plan.c_str();
+  EXPECT_CODE(BRAID_INVALID_ARGUMENT,
+              braid_allreduce("plan.huge", in, out, kShape3, 1, BRAID_FLOAT32, &o));
+  EXPECT_TRUE(Contains(braid_last_error(), "more than the limit of 65536")) << braid_last_error();
   // Nothing is left behind: the same names work now.
   EXPECT_CODE(BRAID_OK, braid_allreduce("big", in, out, kShape3, 1, BRAID_FLOAT32, nullptr));
   EXPECT_EQ(out[2], 3.0f);

@@ -206,3 +206,32 @@ def test_killed_rank_raises_everywhere():
     assert "rank 2: killing itself" in res.output, res.output
     for r in (0, 1):
         assert f"rank {r}: all checks passed" in res.output, res.output
+
+
+def test_backend_compression_and_plans():
+    """The backend's method: BRAID_C10D_COMPRESSION, else BRAID_COMPRESSION; a plan there
+    (compression per layer, matched by name) is the framework's: the backend, whose
+    collectives have a new name every call, runs none for it and refuses one of its own."""
+    program = """
+import braid.torch.distributed as bd
+try:
+    print(bd.backend_compression())
+except bd.InvalidArgumentError as e:
+    print("refused:", e)
+"""
+
+    def answer(**env):
+        base = braid_launch.rank_env(braid_launch.build_dir())
+        base.pop("BRAID_C10D_COMPRESSION", None)
+        base.pop("BRAID_COMPRESSION", None)
+        base.update(env)
+        out = subprocess.run(["/usr/bin/python3", "-c", program], env=base, text=True,
+                             capture_output=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    assert answer(BRAID_COMPRESSION="fp16") == "fp16"
+    assert answer(BRAID_COMPRESSION='{"*.bias": "none", "*": "powersgd"}') == "none"
+    assert answer(BRAID_COMPRESSION="fp16", BRAID_C10D_COMPRESSION='{"*": "fp16"}').startswith(
+        "refused: the braid torch.distributed backend cannot all-reduce with a compression plan")
+    assert "keeps state per tensor" in answer(BRAID_C10D_COMPRESSION="powersgd")

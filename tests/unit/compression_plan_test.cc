@@ -32,9 +32,10 @@ TEST(CompressionPlanTest, TheFirstMatchingPatternInTheOrderWrittenWins) {
   EXPECT_EQ(plan.For("layer1.bias", std::vector<int64_t>{4096}, kF32, kAvg).pattern, "*.bias");
   EXPECT_EQ(SpecFor(plan, "embedding.weight", {1000, 64}), "scalecomp:ratio=50");
   EXPECT_EQ(SpecFor(plan, "fc.weight", {512, 512}), "powersgd:rank=4");
-  // The order is the text's, not the keys' sorted order: "*" first takes everything.
-  const CompressionPlan star_first = Plan(R"({"*": "fp16", "*.bias": "fp4"})");
-  EXPECT_EQ(SpecFor(star_first, "layer1.bias", {4096}), "fp16");
+  // The order is the text's, not the keys' sorted order ("*" sorts before "z*").
+  const CompressionPlan written = Plan(R"({"z*": "fp16", "*": "fp4"})");
+  EXPECT_EQ(SpecFor(written, "zeta.weight", {4096}), "fp16");
+  EXPECT_EQ(SpecFor(written, "alpha.weight", {4096}), "fp4");
   // `*` crosses dots; `?` is one character; sets work; the whole name must match.
   const CompressionPlan globs = Plan(R"({"layer?.w*": "fp16", "head.[ab]": "fp4"})");
   EXPECT_EQ(SpecFor(globs, "layer1.weight.grad", {4096}), "fp16");
@@ -42,6 +43,26 @@ TEST(CompressionPlanTest, TheFirstMatchingPatternInTheOrderWrittenWins) {
   EXPECT_EQ(SpecFor(globs, "head.b", {4096}), "fp4");
   EXPECT_EQ(SpecFor(globs, "head.c", {4096}), "none");
   EXPECT_EQ(SpecFor(globs, "xlayer1.w", {4096}), "none");
+}
+
+// Note [Plan globs]: Python's fnmatch syntax, the same on every rank whatever its locale.
+TEST(CompressionPlanTest, GlobsArePythonsFnmatchOnCodePoints) {
+  const CompressionPlan plan = Plan(
+      R"({"a[!0-9]": "fp16", "b[]x]": "bf16", "c\\d": "fp4", "é?": "int4", "*": "none"})");
+  EXPECT_EQ(SpecFor(plan, "ax", {4096}), "fp16");
+  EXPECT_EQ(SpecFor(plan, "a7", {4096}), "none");
+  EXPECT_EQ(SpecFor(plan, "b]", {4096}), "bf16");  // a ']' first in a set is literal
+  EXPECT_EQ(SpecFor(plan, "bx", {4096}), "bf16");
+  EXPECT_EQ(SpecFor(plan, "c\\d", {4096}), "fp4");  // no escapes: the backslash is literal
+  EXPECT_EQ(SpecFor(plan, "cd", {4096}), "none");
+  // `?` is one character, however many bytes: "é" and "ü" are two bytes each in UTF-8.
+  EXPECT_EQ(SpecFor(plan, "\xc3\xa9\xc3\xbc", {4096}), "int4");
+  EXPECT_EQ(SpecFor(plan, "\xc3\xa9x", {4096}), "int4");
+  EXPECT_EQ(SpecFor(plan, "\xc3\xa9xy", {4096}), "none");
+  // Backtracking to the last `*`.
+  const CompressionPlan stars = Plan(R"({"*.w*.b": "fp16"})");
+  EXPECT_EQ(SpecFor(stars, "l1.wx.wy.b", {4096}), "fp16");
+  EXPECT_EQ(SpecFor(stars, "l1.wx.wy.c", {4096}), "none");
 }
 
 TEST(CompressionPlanTest, ATensorNoPatternMatchesIsNotCompressed) {
@@ -76,6 +97,8 @@ TEST(CompressionPlanTest, TensorsTooSmallOrTooFlatForTheirMethodGoUncompressed) 
   // 16 x 256: 4096 / (272 * 4) = 3.76 pays; 8 x 512 with rank 4: 4096 / 2080 = 1.97 does not.
   EXPECT_EQ(SpecFor(plan, "w", {16, 256}), "powersgd:rank=4");
   EXPECT_EQ(SpecFor(plan, "w", {8, 512}), "none");
+  // P and Q travel in float32: a bfloat16 16 x 256 gains half as much, 1.88.
+  EXPECT_EQ(SpecFor(plan, "w", {16, 256}, DataType::kBFloat16), "none");
   // fp16 of a float16 tensor saves nothing; of a float32 tensor, half.
   const CompressionPlan half = Plan(R"({"*": "fp16"})");
   EXPECT_EQ(SpecFor(half, "w", {4096}, DataType::kFloat16), "none");
@@ -107,8 +130,11 @@ TEST(CompressionPlanTest, EstimatedRates) {
   EXPECT_DOUBLE_EQ(EstimatedRate(spec("fp4"), vec, kF32), 32.0 / 4.25);
   EXPECT_DOUBLE_EQ(EstimatedRate(spec("int4:chunk=32"), vec, kF32), 32.0 / 5.0);
   EXPECT_DOUBLE_EQ(EstimatedRate(spec("powersgd:rank=2"), mat, kF32), 30000.0 / 800.0);
+  EXPECT_DOUBLE_EQ(EstimatedRate(spec("powersgd:rank=2"), mat, DataType::kFloat16),
+                   15000.0 / 800.0);
   EXPECT_DOUBLE_EQ(EstimatedRate(spec("powersgd:rank=2"), vec, kF32), 1.0);
   EXPECT_DOUBLE_EQ(EstimatedRate(spec("topk:ratio=100"), vec, kF32), 50.0);
+  EXPECT_DOUBLE_EQ(EstimatedRate(spec("randomk:ratio=100"), vec, kF32), 100.0);
   EXPECT_DOUBLE_EQ(EstimatedRate(spec("scalecomp:ratio=10"), vec, kF32), 5.0);
 }
 
@@ -119,7 +145,13 @@ TEST(CompressionPlanTest, BadPlansAreRefusedNamingTheKey) {
     EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << text;
     return std::string(plan.status().message());
   };
-  EXPECT_TRUE(absl::StartsWith(error("{\"*\": "), "a compression plan must be a JSON object"));
+  EXPECT_TRUE(absl::StartsWith(error("{\"*\": "), "compression plan: not JSON: "))
+      << error("{\"*\": ");
+  EXPECT_TRUE(absl::StrContains(error("{\"*\": "), "column 7")) << "where: " << error("{\"*\": ");
+  EXPECT_EQ(error(R"({"*": "fp4", "*.bias": "none", "*": "powersgd"})"),
+            "compression plan, key '*': given twice (the first match wins: keep one)");
+  EXPECT_EQ(error(R"({"layer[12.w": "fp4"})"),
+            "compression plan, key 'layer[12.w': the set at character 6 has no closing ']'");
   EXPECT_TRUE(absl::StartsWith(error("[\"fp4\"]"), "a compression plan must be a JSON object"));
   EXPECT_EQ(error(R"({"*": 4})"), "compression plan, key '*': its spec must be a string");
   EXPECT_EQ(error(R"({"": "fp4"})"), "compression plan, key '': empty pattern");

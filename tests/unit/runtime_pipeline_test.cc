@@ -417,7 +417,7 @@ TEST(RuntimePipelineTest, TheLedgerCountsEveryTensorUnderItsMethod) {
 TEST(RuntimePipelineTest, APlanGivesEachTensorTheMethodOfItsPattern) {
   RuntimeWorldOptions o = World(2, int64_t{64} << 20);
   o.configure = [](int, RuntimeConfig* c) {
-    c->compression = R"({"*.bias": "none", "emb.*": "fp16", "*": "powersgd:rank=2"})";
+    c->compression = R"({"*.bias": "none", "emb.*": "fp16", "*": "fp4"})";
   };
   RuntimeWorld world(o);
   ASSERT_TRUE(world.InitOk());
@@ -427,12 +427,12 @@ TEST(RuntimePipelineTest, APlanGivesEachTensorTheMethodOfItsPattern) {
       std::vector<int64_t> shape;
       std::string compression;
     };
-    const std::vector<T> tensors = {{"fc.weight", {64, 64}, ""},  // rate 64*64/(128*2) = 16
-                                    {"fc.bias", {2048}, ""},
+    const std::vector<T> tensors = {{"fc.weight", {64, 64}, ""},
+                                    {"fc.bias", {2048}, ""},       // "*" would give fp4
                                     {"emb.weight", {2048}, ""},
                                     {"small.weight", {8, 8}, ""},  // 64 elements: too small
-                                    {"norm.weight", {2048}, ""},   // a vector: rate 1
-                                    {"x", {4096}, R"({"y": "fp16", "*": "fp4"})"}};
+                                    {"w", {16, 256}, R"({"y": "fp16", "*": "powersgd:rank=4"})"},
+                                    {"v", {8, 512}, R"({"y": "fp16", "*": "powersgd:rank=4"})"}};
     std::vector<std::vector<float>> data;
     for (const T& t : tensors) {
       int64_t n = 1;
@@ -450,12 +450,13 @@ TEST(RuntimePipelineTest, APlanGivesEachTensorTheMethodOfItsPattern) {
     const CompressionReport report = rt.compression_report().value();
     std::map<std::string, std::string> method;
     for (const auto& t : report.tensors) method[t.name] = t.method;
+    // v: 8 x 512 at rank 4 is rate 1.97, below 2.
     EXPECT_EQ(method, (std::map<std::string, std::string>{{"emb.weight", "fp16"},
                                                           {"fc.bias", "none"},
-                                                          {"fc.weight", "powersgd:rank=2"},
-                                                          {"norm.weight", "none"},
+                                                          {"fc.weight", "fp4"},
                                                           {"small.weight", "none"},
-                                                          {"x", "fp4"}}));
+                                                          {"v", "none"},
+                                                          {"w", "powersgd:rank=4"}}));
     // A bad plan is refused at the call, naming the tensor and the key.
     CollectiveRequest bad;
     bad.name = "bad";
@@ -467,6 +468,32 @@ TEST(RuntimePipelineTest, APlanGivesEachTensorTheMethodOfItsPattern) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_TRUE(absl::StrContains(s.message(), "allreduce 'bad' on rank ")) << s;
     EXPECT_TRUE(absl::StrContains(s.message(), "compression plan, key '*'")) << s;
+  });
+  world.Shutdown();
+}
+
+// In a process set (Note [Process sets]) a plan matches the name as the caller gave it, not
+// the set's qualified name.
+TEST(RuntimePipelineTest, APlanMatchesTheNameGivenInAProcessSet) {
+  RuntimeWorldOptions o = World(3, int64_t{64} << 20);
+  o.configure = [](int, RuntimeConfig* c) { c->compression = R"({"emb.*": "fp16"})"; };
+  RuntimeWorld world(o);
+  ASSERT_TRUE(world.InitOk());
+  world.Run([](int rank, Runtime& rt) {
+    absl::StatusOr<int32_t> set = rt.AddProcessSet({0, 1});
+    ASSERT_TRUE(set.ok()) << set.status();
+    if (rank == 2) return;
+    std::vector<float> e(2048, 1.0f);
+    CollectiveRequest r;
+    r.name = "emb.weight";
+    r.shape = {2048};
+    r.input = r.output = e.data();
+    r.process_set_id = *set;
+    ASSERT_TRUE(WaitFor(rt.Enqueue(r)).ok());
+    const CompressionReport report = rt.compression_report().value();
+    ASSERT_EQ(report.tensors.size(), 1u);
+    EXPECT_NE(report.tensors[0].name, "emb.weight") << "qualified by its set";
+    EXPECT_EQ(report.tensors[0].method, "fp16") << report.tensors[0].name;
   });
   world.Shutdown();
 }

@@ -104,16 +104,19 @@ def check_equivalence(size, rank):
     methods = hvd.compression_stats()["tensors"]["grad.fc1.weight"]["method"].split(" + ")
     check("fp16" in methods, f"fp16 gradients not counted under fp16: {methods}")
     # Compression per layer (a dict: pattern -> spec, first match wins): fc1.weight (1024
-    # elements) gets bf16 by its pattern; fc1.bias matches "*.bias" but has fewer than
-    # $min_elements (20) elements, so it goes uncompressed, as everything "*" maps to none.
+    # elements) gets bf16 by its pattern, fc1.bias (16) by "*.bias"; conv.bias (4) and
+    # fc2.bias (3) match "*.bias" but have fewer than $min_elements (10) elements, so they
+    # go uncompressed, as everything "*" maps to none.
     plan = {"fc1.weight": "bf16", "*.bias": hvd.Compression.bf16, "*": "none",
-            "$min_elements": 20}
+            "$min_elements": 10}
     model = train_distributed(4, 1, "sgd", size, rank, compression=plan)
     check_same(model, train_reference(4, 1, "sgd", size), "per-layer plan", tol=(1e-2, 1e-3))
     tensors = hvd.compression_stats()["tensors"]
     check("bf16" in tensors["grad.fc1.weight"]["method"].split(" + "),
           f"fc1.weight not under bf16: {tensors['grad.fc1.weight']['method']}")
-    for name in ("grad.fc1.bias", "grad.fc2.weight", "grad.conv.bias"):
+    check("bf16" in tensors["grad.fc1.bias"]["method"].split(" + "),
+          f"fc1.bias not under bf16: {tensors['grad.fc1.bias']['method']}")
+    for name in ("grad.fc2.bias", "grad.fc2.weight", "grad.conv.bias"):
         check("bf16" not in tensors[name]["method"].split(" + "),
               f"{name} compressed against the plan: {tensors[name]['method']}")
     # A Horovod-style compressor object, gradient_predivide_factor, op=Sum.

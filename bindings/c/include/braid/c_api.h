@@ -164,8 +164,11 @@ typedef struct braid_allreduce_opts {
                                "none", "fp16", "bf16", "fp4", "int4", "powersgd",
                                "scalecomp", "topk", "randomk", with options such as
                                "fp4:chunk=128,ef=1", "powersgd:rank=2" or
-                               "scalecomp:ratio=100" (docs/compression.md). Unknown method or
-                               option, or a method on an integer tensor / other op:
+                               "scalecomp:ratio=100" (docs/compression.md); or a plan, a
+                               JSON object of name patterns to specs matched against the
+                               tensor's name, such as {"*.bias": "none", "*": "fp4"}
+                               (docs/compression.md, compression per layer). Unknown method
+                               or option, or a method on an integer tensor / other op:
                                BRAID_INVALID_ARGUMENT. Copied at enqueue time. */
   int32_t process_set_id;   /* the process set that runs it: 0 = the whole world (default),
                                else an id from braid_add_process_set (see "Process sets") */

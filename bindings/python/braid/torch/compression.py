@@ -127,6 +127,14 @@ def resolve(compression, what):
         f"with compress/decompress, got {compression!r}")
 
 
+def plan_spec(plan, name, shape, dtype_code, op):
+    """The canonical spec (str) the plan ``plan`` (its canonical JSON text) gives the tensor
+    ``name`` of ``shape``, braid dtype code ``dtype_code``, reduced with ``op`` (docs/
+    compression.md, compression per layer)."""
+    return _core_compression.compression_plan_spec(plan, name, shape, dtype_code, int(op),
+                                                   _test_methods())
+
+
 def _plan_text(plan, what):
     """The canonical text of a plan given as a dict (checked by the runtime's parser)."""
     rules = {}

@@ -78,12 +78,22 @@ _STATEFUL_METHODS = ("powersgd", "scalecomp", "topk", "randomk")
 def backend_compression():
     """The canonical compression spec (str) the ``braid`` backend's all-reduces use:
     ``BRAID_C10D_COMPRESSION`` if set, else the job's (``BRAID_COMPRESSION``, default
-    ``"none"``). InvalidArgumentError for a method that keeps state per tensor (see the
-    module's docstring) or an unknown one."""
+    ``"none"``; ``"none"`` when the job's is a plan of name patterns, which names the
+    framework's tensors, not the backend's). InvalidArgumentError for a method that keeps
+    state per tensor (see the module's docstring), a plan in BRAID_C10D_COMPRESSION, or an
+    unknown method."""
     var = "BRAID_C10D_COMPRESSION" if "BRAID_C10D_COMPRESSION" in os.environ else \
         "BRAID_COMPRESSION"
     spec = canonical_compression(os.environ.get(var, "none") or "none",
                                  bool(os.environ.get("BRAID_TEST_COMPRESSORS")))
+    if spec.startswith("{"):  # a plan (docs/compression.md, compression per layer)
+        if var == "BRAID_COMPRESSION":
+            return "none"
+        raise InvalidArgumentError(
+            "the braid torch.distributed backend cannot all-reduce with a compression plan "
+            "(BRAID_C10D_COMPRESSION): its collectives have a new name every call, which no "
+            "pattern can follow; set one method without state, such as fp16, and pass a plan "
+            "to DistributedOptimizer or braid.torch.ddp_comm_hook's model instead")
     method, _, params = spec.partition(":")
     if method in _STATEFUL_METHODS or "ef=1" in params.split(","):
         raise InvalidArgumentError(

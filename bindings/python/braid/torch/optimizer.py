@@ -24,7 +24,7 @@ from .._core.errors import Average, BraidError as _BraidError, FailedPreconditio
 from . import _agreement, _naming, mpi_ops
 from ._handles import CODES as _DTYPE_CODES, JOB_DEFAULT as _JOB_DEFAULT, \
     check_op as _check_op, check_process_set as _check_process_set
-from .compression import Compressor, _test_methods, resolve
+from .compression import Compressor, plan_spec, resolve
 
 
 class _DistributedMixin:
@@ -314,8 +314,8 @@ class _DistributedMixin:
         c = self._plan_specs.get(key)
         if c is None:
             code = _DTYPE_CODES.get(grad.dtype)
-            spec = "none" if code is None else _core_compression.compression_plan_spec(
-                self._plan, param_name, grad.shape, code, int(self._op), _test_methods())
+            spec = "none" if code is None else plan_spec(self._plan, param_name,
+                                                          list(grad.shape), code, self._op)
             c = self._plan_specs[key] = Compressor(spec)
         return c
 
