@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/limits.h"
 #include "nlohmann/json.hpp"
 
 namespace braid::compression {
@@ -236,6 +237,10 @@ PlanChoice CompressionPlan::For(absl::string_view name, absl::Span<const int64_t
     choice.spec = rule->spec.canonical;
   }
   return choice;
+}
+
+size_t MaxCompressionBytes(absl::string_view text) {
+  return CompressionPlan::IsPlan(text) ? kMaxCompressionPlanBytes : kMaxCompressionSpecBytes;
 }
 
 double EstimatedRate(const CompressionSpec& spec, absl::Span<const int64_t> shape,

@@ -81,6 +81,10 @@ class CompressionPlan {
   std::string canonical_;
 };
 
+// The longest compression text a call accepts: kMaxCompressionPlanBytes for a plan,
+// kMaxCompressionSpecBytes for a spec (common/limits.h).
+size_t MaxCompressionBytes(absl::string_view text);
+
 // The compression rate (dense bytes / bytes a rank sends) `spec` is estimated to reach on
 // one tensor of `shape` and `dtype`, for the plans' rule: none 1; fp16/bf16 dtype bits / 16;
 // fp4/int4 dtype bits / (4 + 32 / chunk) (a float32 scale per chunk); powersgd rank R on a

@@ -99,10 +99,8 @@ absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r, int set_siz
   const int64_t n = *elements;
   auto bytes = TensorBytes("shape", n, DataTypeSize(r.dtype));
   if (!bytes.ok()) return bad(std::string(bytes.status().message()));
-  const size_t limit = compression::CompressionPlan::IsPlan(r.compression)
-                           ? kMaxCompressionPlanBytes
-                           : kMaxCompressionSpecBytes;
-  if (r.compression.size() > limit) {
+  if (const size_t limit = compression::MaxCompressionBytes(r.compression);
+      r.compression.size() > limit) {
     return bad(absl::StrCat("compression is ", r.compression.size(),
                             " bytes long, more than the limit of ", limit));
   }

@@ -429,10 +429,8 @@ absl::Status AllReduceRequest(const char* fn, const std::string& name, const voi
   r->op = static_cast<braid::ReduceOp>(op);
   r->compression = o.compression != nullptr ? o.compression : "";
   // A plan (a JSON object of name patterns to specs) is resolved on this rank: longer.
-  const size_t limit = braid::compression::CompressionPlan::IsPlan(r->compression)
-                           ? braid::kMaxCompressionPlanBytes
-                           : braid::kMaxCompressionSpecBytes;
-  if (r->compression.size() > limit) {
+  if (const size_t limit = braid::compression::MaxCompressionBytes(r->compression);
+      r->compression.size() > limit) {
     return absl::InvalidArgumentError(absl::StrCat(
         fn, " '", braid::Truncated(name, 64), "': compression is ", r->compression.size(),
         " bytes long, more than the limit of ", limit));
