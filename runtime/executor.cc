@@ -297,8 +297,8 @@ absl::Status Executor::RunAllReduce(const Bucket& bucket,
     method = *resolved;
   }
   // Where its peers may be when this rank fails before the collectives (NotRun).
-  nccl_candidate_ = gpu_bucket_ && method->is_none() && bucket.process_set_id == 0 &&
-                    parts_.device_planes != nullptr && !parts_.device_planes->staged();
+  nccl_candidate_ = gpu_bucket_ && MayRunOnNccl(bucket, *method) &&
+                    !parts_.device_planes->staged();
   BRAID_ASSIGN_OR_RETURN(BucketPlace place, PlaceOf(bucket, own));
   std::vector<AllReduceTensor> tensors;
   tensors.reserve(entries.size());
@@ -337,10 +337,7 @@ absl::StatusOr<transport::Communicator*> Executor::PlaneOf(
     const Bucket& bucket, const compression::CompressionMethod& method, BucketPlace* place) {
   // Note [GPU data planes]: an uncompressed bucket of the whole world on a GPU may travel
   // NCCL; everything else the host data plane (a GPU's staged through the host).
-  if (parts_.device_planes == nullptr || place->device->host_accessible() ||
-      !method.is_none() || bucket.process_set_id != 0) {
-    return &HostPlane();
-  }
+  if (!MayRunOnNccl(bucket, method) || place->device->host_accessible()) return &HostPlane();
   // Every rank calls this for the same bucket, and decides alike: an error of the decision
   // is every rank's, before any collective of the bucket, so no plane is aborted; but not
   // one of this rank's alone (its communicator's creation, a bucket on a GPU its

@@ -127,6 +127,11 @@ class Executor {
   // The error of a bucket whose collective timed out on the data plane (`s`, which names
   // the peers waited on, transport/context.h): the same, naming the bucket's tensors too.
   absl::Status DataPlaneTimeout(const Bucket& bucket, const absl::Status& s);
+  // Whether the bucket may travel the NCCL plane if it is on a GPU (Note [GPU data planes]):
+  // uncompressed, of the whole world, in a runtime with GPU planes.
+  bool MayRunOnNccl(const Bucket& bucket, const compression::CompressionMethod& method) const {
+    return parts_.device_planes != nullptr && method.is_none() && bucket.process_set_id == 0;
+  }
   // "allreduce of tensors 'a', 'b' (bucket 7)": the bucket as errors name it.
   static std::string BucketNamed(const Bucket& bucket);
   void Finish(const std::vector<std::string>& names, const absl::Status& s);
