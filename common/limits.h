@@ -32,6 +32,13 @@ inline constexpr size_t kMaxCompressionSpecBytes = 256;
 // A compression plan (compression/compression_plan.h), resolved on its rank into one spec per
 // tensor: only the spec travels.
 inline constexpr size_t kMaxCompressionPlanBytes = 64 * 1024;
+// BRAID_RING_CHUNK_BYTES (0: by topology) and BRAID_RING_WINDOW: a window of pieces has a
+// slot of scratch each, so their product bounds a collective's scratch per peer.
+inline constexpr int64_t kMinRingChunkBytes = 1024;
+inline constexpr int64_t kMaxRingChunkBytes = int64_t{64} << 20;
+inline constexpr int kMaxRingWindow = 64;
+// BRAID_FUSION_THRESHOLD.
+inline constexpr int64_t kMaxFusionThresholdBytes = int64_t{1} << 40;
 // The message of a failure report (FailureReport.message): longer ones are cut to this.
 inline constexpr size_t kMaxErrorMessageBytes = 4096;
 // Largest gRPC message either side accepts. A RequestList is split well below it (a request

@@ -5,6 +5,12 @@
 
 namespace braid {
 
+Bucket SettingsBucket(const proto::ResponseList& msg) {
+  Bucket b;
+  b.settings_change = std::make_shared<const proto::SettingsChange>(msg.settings_change());
+  return b;
+}
+
 Bucket BucketFromResponse(const proto::Response& r) {
   Bucket b;
   b.id = r.bucket_id();

@@ -8,6 +8,7 @@
 #define BRAID_CONTROL_BUCKET_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,7 +43,13 @@ struct Bucket {
   // Where the tensors are (Note [Devices], device/device.h): the type is the same on every
   // rank; the device id is this rank's own and comes with its requests.
   DeviceType device_type = DeviceType::kCPU;
+  // Note [Settings changes] (runtime/step_settings.h): set, the bucket carries new settings
+  // only (no names), to apply from the next step boundary; the executor never sees it.
+  std::shared_ptr<const proto::SettingsChange> settings_change;
 };
+
+// The bucket that carries `msg`'s settings change, placed before its responses' buckets.
+Bucket SettingsBucket(const proto::ResponseList& msg);
 
 // The bucket a coordinator's Response describes.
 Bucket BucketFromResponse(const proto::Response& response);

@@ -124,6 +124,7 @@ void Job::Form(absl::Time now, Completions* out) {
                                               settings_.cache_capacity());
   table_->set_report_ages(false);  // until a rank asks for them (OpenStream)
   ranks_.assign(world_size_, Rank{});
+  autotuner_.reset();
   for (size_t i = 0; i < pending.size(); ++i) {
     Rank& r = ranks_[(*formed)[i].rank()];
     r.host = pending[i].request.host();
@@ -134,6 +135,9 @@ void Job::Form(absl::Time now, Completions* out) {
     out->push_back([done = std::move(pending[i].done), resp = std::move((*formed)[i])] {
       done(resp);
     });
+  }
+  if (settings_.autotune() != 0) {
+    autotuner_ = std::make_unique<Autotuner>(opts_.autotune, StartSettings(), world_size_);
   }
   phase_ = proto::JOB_RUNNING;
   VLOG(1) << "coordinator: job " << id() << " formed: " << world_size_ << " ranks";
@@ -267,6 +271,7 @@ void Job::OnRequests(int rank, const StreamSink* sink, const proto::RequestList&
   ranks_[rank].last_seen = now;
   ++cycles_;
   NoteApplied(rank, msg);
+  if (msg.samples_size() > 0) OnSamples(rank, msg);
   for (const proto::FailureReport& f : msg.failures()) {
     if (f.in_collective()) AbortForFailure(rank, f);
   }

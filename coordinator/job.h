@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "coordinator/autotune.h"
 #include "coordinator/negotiation.h"
 #include "proto/braid.pb.h"
 
@@ -87,6 +88,8 @@ class Job {
     // closed without a goodbye. braidrun ends such a rank when it still runs (Note [Lost
     // ranks] in tools/braidrun/launcher.h).
     std::function<void(int rank, const std::string& why)> on_rank_lost;
+    // Under BRAID_AUTOTUNE (Note [Autotuning] in autotune.h).
+    AutotuneOptions autotune;
   };
   Job(const Options& options, absl::Time now);
 
@@ -185,6 +188,13 @@ class Job {
   void Lose(int rank, const std::string& why);
   // Sends `rl` to every rank's stream, numbered (ResponseList.sequence).
   void Broadcast(proto::ResponseList rl);
+  // The autotuner's start: the job's settings, the ring chunk resolved by topology.
+  proto::TunedSettings StartSettings() const;
+  // Takes `rank`'s step samples; sends a settings change when the autotuner decides one.
+  void OnSamples(int rank, const proto::RequestList& msg);
+  // FillStatus's settings changed during the job, since when and why, and the autotuner's
+  // state.
+  void FillSettingsChange(proto::StatusResponse* out) const;
   // Sends the negotiation table's replies for single ranks, each to its rank alone.
   void SendReplies();
   // A failure report of a rank that failed inside a collective: the job is aborted.
@@ -222,6 +232,11 @@ class Job {
   absl::Time formed_at_ = absl::InfinitePast();
   absl::Time first_registration_ = absl::InfinitePast();
   std::unique_ptr<NegotiationTable> table_;
+  // Note [Settings changes] (runtime/step_settings.h): the autotuner (BRAID_AUTOTUNE only),
+  // the last change sent and the step from which the ranks reported it in force.
+  std::unique_ptr<Autotuner> autotuner_;
+  proto::SettingsChange settings_change_;
+  int64_t settings_since_step_ = 0;
   std::vector<Rank> ranks_;
   std::set<int> clean_;           // ranks that said goodbye
   absl::Status abort_;

@@ -123,6 +123,7 @@ void Job::FillStatus(absl::Time now, proto::StatusResponse* resp) const {
                                ? 0
                                : absl::ToInt64Milliseconds(now - first_registration_));
   if (phase_ != proto::JOB_FORMING && table_) *resp->mutable_settings() = settings_;
+  FillSettingsChange(resp);
   for (size_t r = 0; r < ranks_.size(); ++r) {
     proto::RankStatus* s = resp->add_ranks();
     s->set_rank(static_cast<int>(r));

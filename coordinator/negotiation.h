@@ -103,6 +103,8 @@ class NegotiationTable {
   // keeps them (a request can be sent several evictions late: a step's requests go out in
   // batches).
   NegotiationTable(int world_size, int64_t fusion_threshold_bytes = 0, int cache_capacity = 0);
+  // Note [Settings changes]: the threshold of the buckets fused from now on.
+  void set_fusion_threshold(int64_t bytes) { fusion_threshold_ = bytes; }
 
   // Records `rank`'s requests and failure reports (Note [Failure reports]) and returns the
   // responses that became ready because of them, in the order every rank must execute them.

@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
+#include "common/limits.h"
+#include "common/status_macros.h"
 
 namespace braid::coordinator {
 
@@ -155,6 +157,15 @@ const SettingField kSettingFields[] = {
      [](const proto::JobSettings& s) { return s.gpu_data_plane(); },
      [](proto::JobSettings* s, int64_t v) { s->set_gpu_data_plane(v); }, false,
      kGpuDataPlanes, 3},
+    {"BRAID_RING_CHUNK_BYTES", &proto::JobSettings::has_ring_chunk_bytes,
+     [](const proto::JobSettings& s) { return s.ring_chunk_bytes(); },
+     [](proto::JobSettings* s, int64_t v) { s->set_ring_chunk_bytes(v); }, false},
+    {"BRAID_RING_WINDOW", &proto::JobSettings::has_ring_window,
+     [](const proto::JobSettings& s) { return s.ring_window(); },
+     [](proto::JobSettings* s, int64_t v) { s->set_ring_window(v); }, false},
+    {"BRAID_AUTOTUNE", &proto::JobSettings::has_autotune,
+     [](const proto::JobSettings& s) { return s.autotune(); },
+     [](proto::JobSettings* s, int64_t v) { s->set_autotune(v); }, false},
 };
 
 // A value as its variable spells it: bytes and entries as integers, durations in seconds
@@ -165,6 +176,22 @@ std::string Show(const SettingField& f, int64_t v) {
   std::string frac = absl::StrFormat("%03d", v % 1000);
   while (!frac.empty() && frac.back() == '0') frac.pop_back();
   return absl::StrCat(v / 1000, frac.empty() ? "" : ".", frac);
+}
+
+// The ranks' own parsing refuses these (runtime/config.cc); a client of another version, or
+// not braid's, would reach the data plane with them.
+absl::Status CheckRanges(const proto::JobSettings& s) {
+  if (s.ring_window() < 1 || s.ring_window() > kMaxRingWindow ||
+      (s.ring_chunk_bytes() != 0 &&
+       (s.ring_chunk_bytes() < kMinRingChunkBytes || s.ring_chunk_bytes() > kMaxRingChunkBytes)) ||
+      s.autotune() < 0 || s.autotune() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BRAID_RING_WINDOW = ", s.ring_window(), ", BRAID_RING_CHUNK_BYTES = ",
+        s.ring_chunk_bytes(), ", BRAID_AUTOTUNE = ", s.autotune(),
+        ": out of range (window 1 to ", kMaxRingWindow, ", chunk 0 or ", kMinRingChunkBytes,
+        " to ", kMaxRingChunkBytes, " bytes, autotune 0 or 1)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -180,6 +207,9 @@ proto::JobSettings DefaultJobSettings() {
   s.set_negotiation_timeout_ms(1800 * 1000);
   s.set_fast_path(kDefaultFastPath);
   s.set_gpu_data_plane(0);  // auto
+  s.set_ring_chunk_bytes(0);  // by topology
+  s.set_ring_window(4);
+  s.set_autotune(0);
   return s;
 }
 
@@ -231,6 +261,7 @@ absl::StatusOr<proto::JobSettings> ResolveJobSettings(
     }
     f.set(&out, *decided);
   }
+  BRAID_RETURN_IF_ERROR(CheckRanges(out));
   return out;
 }
 

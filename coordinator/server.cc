@@ -162,11 +162,13 @@ class GrpcStream final : public StreamSink {
   // still sends each list at once. Concatenating is what applying the lists one by one does:
   // responses in order, then evictions (cache ids are never reused, so an eviction applied
   // after a later list's responses drops the same entries). A list that ends the stream
-  // (shutdown or abort) is never merged. Not in a job with the fast path (set_coalesce):
+  // (shutdown or abort) is never merged, nor one that changes settings (its place among the
+  // responses is where every rank applies it: Note [Settings changes] in
+  // runtime/step_settings.h), so lists merge only up to it. Not in a job with the fast path (set_coalesce):
   // there every rank must receive the same lists.
   void CoalesceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto plain = [](const proto::ResponseList& m) {
-      return !m.shutdown() && m.abort_message().empty();
+      return !m.shutdown() && m.abort_message().empty() && !m.has_settings_change();
     };
     size_t n = 0;
     while (n < queue_.size() && plain(*queue_[n])) ++n;
@@ -337,6 +339,7 @@ ServiceOptions ServiceOptionsFrom(const ServerOptions& o) {
   s.register_timeout = o.register_timeout;
   s.settings = o.settings;
   s.on_rank_lost = o.on_rank_lost;
+  s.autotune = o.autotune;
   return s;
 }
 

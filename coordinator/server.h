@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "coordinator/autotune.h"
 #include "proto/braid.pb.h"
 
 namespace braid::coordinator {
@@ -46,6 +47,8 @@ struct ServerOptions {
   // threads (the service's lock held: it must return at once and not call the server).
   // braidrun's: Note [Lost ranks] in tools/braidrun/launcher.h.
   std::function<void(int rank, const std::string& why)> on_rank_lost;
+  // Under BRAID_AUTOTUNE (Note [Autotuning] in autotune.h): the search's parameters.
+  AutotuneOptions autotune;
 };
 
 class CoordinatorServer {

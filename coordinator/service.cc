@@ -33,6 +33,7 @@ Job::Options CoordinatorService::JobOptions(int64_t id) const {
   o.kv_limits = opts_.kv_limits;
   o.one_job = opts_.single_job;
   o.on_rank_lost = opts_.on_rank_lost;
+  o.autotune = opts_.autotune;
   return o;
 }
 

@@ -51,6 +51,8 @@ struct ServiceOptions {
   std::function<absl::Time()> clock;
   // Told of every rank declared lost (Job::Options::on_rank_lost); may be null.
   std::function<void(int rank, const std::string& why)> on_rank_lost;
+  // Under BRAID_AUTOTUNE (Note [Autotuning] in autotune.h): the search's parameters.
+  AutotuneOptions autotune;
 };
 
 // Identifies one negotiation stream: its job, its rank and its sink.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/limits.h"
 #include "common/secret.h"
 #include "common/status_macros.h"
 #include "compression/compression_plan.h"
@@ -20,7 +21,7 @@ namespace braid {
 namespace {
 
 constexpr int64_t kMaxSeconds = 365 * 24 * 3600;  // one year
-constexpr int64_t kMaxFusionThreshold = int64_t{1} << 40;
+constexpr int64_t kMaxFusionThreshold = kMaxFusionThresholdBytes;
 const absl::Duration kMinHeartbeatTimeout = absl::Milliseconds(400);
 constexpr int64_t kMinTimelineBytes = 65536;
 
@@ -236,6 +237,32 @@ const Variable kVariables[] = {
        return absl::InvalidArgumentError(
            absl::StrCat(w, " must be auto, nccl or host, got '", t, "'"));
      }},
+    {"BRAID_RING_CHUNK_BYTES",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       auto v = ParseInteger(w, t, 0, kMaxRingChunkBytes);
+       if (v.ok() && *v != 0 && *v < kMinRingChunkBytes) {
+         return absl::InvalidArgumentError(absl::StrCat(
+             w, " must be 0 (by topology) or from ", kMinRingChunkBytes, " to ",
+             kMaxRingChunkBytes, " bytes, got '", t, "'"));
+       }
+       return AssignOptional(std::move(v), &c->job.ring_chunk_bytes);
+     }},
+    {"BRAID_RING_WINDOW",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       auto v = ParseInteger(w, t, 1, kMaxRingWindow);
+       if (!v.ok()) return v.status();
+       c->job.ring_window = static_cast<int>(*v);
+       return absl::OkStatus();
+     }},
+    {"BRAID_AUTOTUNE",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       return AssignOptional(ParseZeroOrOne(w, t), &c->job.autotune);
+     }},
+    {"BRAID_AUTOTUNE_LOG",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       c->autotune_log_path = std::string(t);
+       return absl::OkStatus();
+     }},
     {"BRAID_COMPRESSION",
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        compression::RegistryOptions ro;
@@ -384,6 +411,9 @@ proto::JobSettings ToProto(const JobSettings& s) {
   }
   if (s.fast_path) p.set_fast_path(*s.fast_path ? 1 : 0);
   if (s.gpu_data_plane) p.set_gpu_data_plane(*s.gpu_data_plane);
+  if (s.ring_chunk_bytes) p.set_ring_chunk_bytes(*s.ring_chunk_bytes);
+  if (s.ring_window) p.set_ring_window(*s.ring_window);
+  if (s.autotune) p.set_autotune(*s.autotune ? 1 : 0);
   return p;
 }
 
@@ -423,54 +453,6 @@ absl::StatusOr<RuntimeConfig> ConfigFromProcessEnv() {
   auto c = ConfigFromEnv([](const char* n) { return std::getenv(n); });
   if (c.ok()) c->environment_warnings = EnvironmentWarnings(ProcessEnvironmentNames());
   return c;
-}
-
-const std::vector<SettingFlag>& SettingFlags() {
-  static const std::vector<SettingFlag> kFlags = {
-      {"--timeout", "BRAID_TIMEOUT_S", "seconds a collective may make no progress"},
-      {"--register-timeout", "BRAID_REGISTER_TIMEOUT_S",
-       "seconds the whole world may take to register (default: braidrun's and rank 0's "
-       "coordinator --timeout, at least 60; braid-coordinator 120)"},
-      {"--fusion-threshold-mb", "BRAID_FUSION_THRESHOLD",
-       "fusion bucket size in MiB (the variable is in bytes; 0: no fusion)"},
-      {"--cycle-time-ms", "BRAID_CYCLE_TIME_MS", "batching window for new requests, in ms"},
-      {"--cache-capacity", "BRAID_CACHE_CAPACITY", "response cache entries (0: off)"},
-      {"--timeline-filename", "BRAID_TIMELINE", "write a Chrome-trace timeline to this file"},
-      {"--stall-check-seconds", "BRAID_STALL_CHECK_S",
-       "seconds before a tensor missing on some ranks is reported"},
-      {"--stall-shutdown-seconds", "BRAID_STALL_SHUTDOWN_S",
-       "seconds before such a stall aborts the job (0: never)"},
-      {"--heartbeat-timeout", "BRAID_HEARTBEAT_TIMEOUT_S",
-       "seconds of silence before a rank is declared lost"},
-      {"--negotiation-timeout", "BRAID_NEGOTIATION_TIMEOUT_S",
-       "seconds before a tensor some ranks submitted and others did not fails on every rank"},
-      {"--fast-path", "BRAID_FAST_PATH",
-       "1 (default): ranks agree on cached tensors over the data plane, 0: always ask the "
-       "coordinator"},
-      {"--compression", "BRAID_COMPRESSION",
-       "default compression of float all-reduces, e.g. fp16, fp4:ef=1, or a plan of name "
-       "patterns to specs, e.g. '{\"*.bias\": \"none\", \"*\": \"fp4\"}'"},
-      {"--gpu-data-plane", "BRAID_GPU_DATA_PLANE",
-       "auto (default): uncompressed GPU all-reduces over NCCL where every rank can run it, "
-       "else through the host; nccl: NCCL or fail; host: always through the host"},
-  };
-  return kFlags;
-}
-
-const SettingFlag* FindSettingFlag(absl::string_view flag) {
-  for (const SettingFlag& f : SettingFlags()) {
-    if (flag == f.flag) return &f;
-  }
-  return nullptr;
-}
-
-absl::StatusOr<std::string> SettingFlagValue(const SettingFlag& flag, absl::string_view text) {
-  if (absl::string_view(flag.flag) == "--fusion-threshold-mb") {
-    auto bytes = ParseMebibytes(flag.flag, text, kMaxFusionThreshold);
-    if (!bytes.ok()) return bytes.status();
-    return absl::StrCat(*bytes);
-  }
-  return std::string(text);
 }
 
 absl::Duration RegistrationTimeout(const RuntimeConfig& config) {

@@ -89,6 +89,11 @@ struct JobSettings {
   // BRAID_GPU_DATA_PLANE: auto (0), nccl (1), host (2) (Note [GPU data planes],
   // runtime/device_planes.h).
   std::optional<int> gpu_data_plane;
+  // The data plane's pipeline piece (0: by topology) and window (transport/context.h), and
+  // autotuning (Note [Autotuning] in coordinator/autotune.h).
+  std::optional<int64_t> ring_chunk_bytes;  // BRAID_RING_CHUNK_BYTES
+  std::optional<int> ring_window;           // BRAID_RING_WINDOW
+  std::optional<bool> autotune;             // BRAID_AUTOTUNE
 };
 // Its wire form: ToProto (runtime/config_proto.h).
 
@@ -117,6 +122,9 @@ struct RuntimeConfig {
   std::string tls_ca_file;
   absl::Duration cycle_time = absl::Milliseconds(1);  // BRAID_CYCLE_TIME_MS
   std::string timeline_path;             // BRAID_TIMELINE
+  // BRAID_AUTOTUNE_LOG: rank 0 writes a row per autotuning sample to this file (CSV; Note
+  // [Settings changes], runtime/step_settings.h); "" = none.
+  std::string autotune_log_path;
   // BRAID_TIMELINE_MAX_BYTES: the timeline file rotates beyond this (runtime/timeline.h);
   // 0: no limit.
   int64_t timeline_max_bytes = int64_t{1} << 30;
@@ -219,6 +227,8 @@ struct SettingFlag {
   const char* flag;      // "--timeout"
   const char* variable;  // "BRAID_TIMEOUT_S"
   const char* help;
+  // A flag without a value (--autotune, as Horovod's), which sets its variable to 1.
+  bool boolean = false;
 };
 // Every such flag, in a stable order (the order braidrun sets their variables in).
 const std::vector<SettingFlag>& SettingFlags();

@@ -26,6 +26,8 @@ const HorovodEquivalent kHorovodEquivalents[] = {
     {"HOROVOD_STALL_CHECK_TIME_SECONDS", "BRAID_STALL_CHECK_S", " (seconds, as Horovod's)"},
     {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "BRAID_STALL_SHUTDOWN_S",
      " (seconds, as Horovod's)"},
+    {"HOROVOD_AUTOTUNE", "BRAID_AUTOTUNE", " (0 or 1, as Horovod's)"},
+    {"HOROVOD_AUTOTUNE_LOG", "BRAID_AUTOTUNE_LOG", " (a file path, as Horovod's)"},
     {"HOROVOD_RANK", "BRAID_RANK", ""},
     {"HOROVOD_SIZE", "BRAID_SIZE", ""},
     {"HOROVOD_LOCAL_RANK", "BRAID_LOCAL_RANK", ""},

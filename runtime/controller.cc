@@ -45,6 +45,27 @@ void NegotiationController::Send(const proto::RequestList& list) {
   if (!s.ok()) Abort(s);
 }
 
+void NegotiationController::Retune(absl::Duration cycle_time, int64_t fusion_threshold) {
+  absl::MutexLock lock(&mu_);
+  parts_.cycle_time = cycle_time;
+  parts_.fusion_threshold = fusion_threshold;
+}
+
+void NegotiationController::SendSample(const proto::TuningSample& sample) {
+  proto::RequestList list;
+  list.set_rank(parts_.rank);
+  *list.add_samples() = sample;
+  Send(list);
+}
+
+int64_t NegotiationController::AllReduceBytes(const std::string& name) {
+  const TensorEntry* e = Find(name);
+  if (e == nullptr || e->req.collective != Collective::kAllReduce) return 0;
+  int64_t elements = 1;
+  for (int64_t d : e->req.shape) elements *= d;
+  return elements * static_cast<int64_t>(DataTypeSize(e->req.dtype));
+}
+
 void NegotiationController::CycleDone() {
   absl::MutexLock lock(&mu_);
   executing_ = false;
@@ -139,6 +160,8 @@ void NegotiationController::OnMessage(const proto::ResponseList& msg) {
   buckets.reserve(msg.responses_size());
   for (const auto& r : msg.responses()) buckets.push_back(BucketFromResponse(r));
   absl::MutexLock lock(&mu_);
+  // Note [Settings changes]: in its place among the buckets (such a list has no responses).
+  if (msg.has_settings_change()) ready_.push_back(SettingsBucket(msg));
   for (int k = 0; k < msg.responses_size(); ++k) {
     const proto::Response& r = msg.responses(k);
     for (const std::string& name : r.names()) {

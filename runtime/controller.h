@@ -99,6 +99,14 @@ class NegotiationController : public InFlight {
   // What this rank ran through the fast path, for its heartbeats.
   void AddFastPathTotals(proto::HeartbeatRequest* hb) const;
 
+  // ---- Note [Settings changes] (runtime/step_settings.h), braid-loop ----
+  // A change's cycle time and fast-path fusion threshold, for the cycles from now on.
+  void Retune(absl::Duration cycle_time, int64_t fusion_threshold);
+  // Sends the coordinator a step's sample (BRAID_AUTOTUNE), at once.
+  void SendSample(const proto::TuningSample& sample);
+  // Bytes of `name`'s tensor on this rank when it is an all-reduce in flight, else 0.
+  int64_t AllReduceBytes(const std::string& name);
+
   // ---- braid-loop ----
   // One cycle: waits for work, sends requests, and fills `buckets` with what the ranks
   // agreed, in order; false when the loop must stop.

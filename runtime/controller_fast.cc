@@ -144,6 +144,7 @@ void NegotiationController::StopFastPathLocked() {
   parts_.fast_path = false;
   fast_active_ = false;
   for (const proto::ResponseList& msg : received_) {
+    if (msg.has_settings_change()) ready_.push_back(SettingsBucket(msg));
     for (const proto::Response& r : msg.responses()) ready_.push_back(BucketFromResponse(r));
     // From here cache_ (empty: the fast path never fills it) is the only cache: no id from
     // before can be sent any more.
@@ -290,6 +291,9 @@ Bucket NegotiationController::FastBucket(const std::vector<int32_t>& ids) {
 void NegotiationController::ApplyCoordinatorMessage(const proto::ResponseList& msg,
                                                     proto::RequestList* resend,
                                                     std::deque<Bucket>* buckets) {
+  // Note [Settings changes]: in its place among the buckets, at the round every rank applies
+  // the list in.
+  if (msg.has_settings_change()) buckets->push_back(SettingsBucket(msg));
   for (const proto::Response& r : msg.responses()) {
     {
       absl::MutexLock lock(&mu_);

@@ -315,7 +315,16 @@ void Runtime::Impl::MakeExecutor(const proto::JobSettings& job) {
   ep.device_planes = device_planes_.get();
   ep.timeline = [this] { return timeline(); };
   ep.process_set_ranks = [this](int32_t id) { return SetRanksOf(id); };
-  ep.set_channels = channels_.subset;
+  // Note [Settings changes]: a process set's channels run with the job's pipeline settings.
+  if (channels_.subset) {
+    ep.set_channels = [subset = channels_.subset, chunk = job.ring_chunk_bytes(),
+                       window = static_cast<int>(job.ring_window())](
+                          uint32_t slot, const std::vector<int>& ranks) {
+      transport::Channels c = subset(slot, ranks);
+      if (c.data) c.data->SetPipeline(static_cast<size_t>(chunk), window);
+      return c;
+    };
+  }
   ep.apply_process_set_change = [this](const Bucket& b) { ApplyProcessSetChange(b); };
   executor_ = std::make_unique<Executor>(ep);
 }
@@ -346,7 +355,8 @@ absl::Status Runtime::Impl::StartLoop(const proto::JobSettings& job) {
         std::min(cp.fallback_after, absl::Milliseconds(job.negotiation_timeout_ms()) / 2);
   }
   BRAID_RETURN_IF_ERROR(controller_.Start(cp));
-  loop_ = std::thread([this, executor] { Loop(*executor); });
+  StepSettings* steps = MakeStepSettings(job);
+  loop_ = std::thread([this, executor, steps] { Loop(*executor, *steps); });
   // Named by its creator, so the name is there by the time Init returns.
   pthread_setname_np(loop_.native_handle(), "braid-loop");
   // Note [Loop thread affinity]: a rank that cannot bind its loop thread runs unbound.
@@ -360,11 +370,13 @@ absl::Status Runtime::Impl::StartLoop(const proto::JobSettings& job) {
   return absl::OkStatus();
 }
 
-void Runtime::Impl::Loop(Executor& executor) {
+void Runtime::Impl::Loop(Executor& executor, StepSettings& steps) {
   // The one queue between the two parts: what the controller's cycle agreed, in order.
   std::deque<Bucket> buckets;
   while (controller_.NextBuckets(&buckets)) {
-    for (const Bucket& b : buckets) executor.Run(b);
+    for (const Bucket& b : buckets) {
+      if (steps.Before(b)) executor.Run(b);
+    }
     buckets.clear();
     controller_.CycleDone();
   }

@@ -106,6 +106,18 @@ absl::StatusOr<std::string> CompressionPlanSpec(absl::string_view plan, absl::st
                                                 absl::Span<const int64_t> shape, DataType dtype,
                                                 ReduceOp op, bool test_methods = false);
 
+// One settings change as a rank applied it (Runtime::SettingsHistory).
+struct SettingsApplied {
+  int64_t epoch = 0;  // 1, 2, ...: the job's own settings are epoch 0
+  int64_t step = 0;   // the first step run under it (Note [Settings changes])
+  int64_t fusion_threshold_bytes = 0;
+  int64_t cycle_time_us = 0;
+  int64_t ring_chunk_bytes = 0;
+  int ring_window = 0;
+  std::string reason;
+  bool tuning_done = false;  // autotuning ended with these
+};
+
 class Runtime {
  public:
   Runtime();
@@ -193,6 +205,11 @@ class Runtime {
   // "ucx cma/memory sysv/memory" (shared memory on one host). FailedPrecondition when not
   // initialised.
   absl::StatusOr<std::string> transport_description() const;
+
+  // Note [Settings changes] (runtime/step_settings.h): the settings changes this rank applied
+  // in its current (or last) job, in order, with the step each applied from; empty when none
+  // happened. FailedPrecondition before the first Init.
+  absl::StatusOr<std::vector<SettingsApplied>> SettingsHistory() const;
 
   // Byte counters of every all-reduce since Init, per tensor and per compression method
   // (payload vs transport bytes against the uncompressed ones; see runtime/statistics.h),

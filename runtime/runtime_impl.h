@@ -72,6 +72,7 @@
 #include "runtime/job_identity.h"
 #include "runtime/runtime.h"
 #include "runtime/statistics.h"
+#include "runtime/step_settings.h"
 #include "runtime/timeline.h"
 
 namespace braid {
@@ -107,6 +108,7 @@ class Runtime::Impl {
   absl::StatusOr<int> ForgetCompressionState(absl::Span<const std::string> names);
   absl::Status StartTimeline(const std::string& path);
   absl::Status StopTimeline();
+  absl::StatusOr<std::vector<SettingsApplied>> SettingsHistory() const;
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   int homogeneous_ = 1;  // 1: every rank's local_size is the same
@@ -135,8 +137,13 @@ class Runtime::Impl {
   absl::Status StartLoop(const proto::JobSettings& job);
   // The executor over the job's channels, devices and GPU data planes (StartLoop's first step).
   void MakeExecutor(const proto::JobSettings& job);
-  // braid-loop: the controller's buckets, run by the executor, cycle after cycle.
-  void Loop(Executor& executor);
+  // braid-loop: the controller's buckets, run by the executor, cycle after cycle, each
+  // past the step boundaries that apply settings changes (Note [Settings changes]).
+  void Loop(Executor& executor, StepSettings& steps);
+  // ---- lifecycle_settings.cc ----
+  // The job's pipeline settings on the world's data channel and on the process sets' ones
+  // (BRAID_RING_CHUNK_BYTES, BRAID_RING_WINDOW), and the step boundaries' tracker.
+  StepSettings* MakeStepSettings(const proto::JobSettings& job);
   void ReleaseParts();  // after a failed Init or at the end of Shutdown
 
   // ---- enqueue.cc ----
@@ -196,6 +203,7 @@ class Runtime::Impl {
   // Replaced by Init only; read by the callers' threads (stats) under parts_mu_.
   mutable absl::Mutex parts_mu_;
   std::unique_ptr<Executor> executor_ ABSL_GUARDED_BY(parts_mu_);
+  std::unique_ptr<StepSettings> step_settings_ ABSL_GUARDED_BY(parts_mu_);
   // The host data plane's Describe(), taken in Init before braid-loop owns the planes.
   std::string transport_description_ ABSL_GUARDED_BY(parts_mu_);
   // Created by Init (per job: compressor state and counters start fresh) before the client

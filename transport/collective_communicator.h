@@ -50,6 +50,12 @@ class CollectiveCommunicator final : public Communicator {
   void Abort(absl::Status reason) override { ctx_.p2p().Abort(std::move(reason)); }
   void Interrupt(absl::Status reason) override { ctx_.p2p().Interrupt(std::move(reason)); }
   TransportStats stats() const override { return stats_; }
+  void SetPipeline(size_t chunk_bytes, int ring_window) override {
+    ctx_.SetPipeline(chunk_bytes, ring_window);
+  }
+  std::pair<size_t, int> pipeline() const override {
+    return {ctx_.options().chunk_bytes, ctx_.options().ring_window};
+  }
   std::string Describe() const override { return ctx_.p2p().Describe(); }
   absl::Status RunCollective(const std::function<absl::Status(Context&)>& body) override;
 

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -135,6 +136,15 @@ class Communicator {
 
   // Note [Transport statistics].
   virtual TransportStats stats() const = 0;
+
+  // The pipeline piece and window of later collectives (CollectiveOptions::chunk_bytes and
+  // ring_window, transport/context.h); chunk_bytes 0 keeps the current piece. Every rank must
+  // change them at the same point of its sequence of collectives (the runtime does it at a
+  // step boundary: Note [Settings changes] in runtime/step_settings.h), on the thread that
+  // runs them, between two of them. A communicator without a pipeline ignores it.
+  virtual void SetPipeline(size_t chunk_bytes, int ring_window) {}
+  // The pipeline piece and window in force: {0, 0} without a pipeline.
+  virtual std::pair<size_t, int> pipeline() const { return {0, 0}; }
 
   // Runs `body` as one collective on the point-to-point layer under this communicator, for
   // algorithms composed outside transport/ from those of transport/collectives.h (e.g. a

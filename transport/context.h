@@ -77,6 +77,11 @@ class Context {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const CollectiveOptions& options() const { return options_; }
+  // Communicator::SetPipeline: between collectives, on the thread that runs them.
+  void SetPipeline(size_t chunk_bytes, int ring_window) {
+    if (chunk_bytes > 0) options_.chunk_bytes = chunk_bytes;
+    if (ring_window > 0) options_.ring_window = ring_window;
+  }
   const Kernels& kernels() const { return *kernels_; }
   PointToPoint& p2p() { return *p2p_; }
   const PointToPoint& p2p() const { return *p2p_; }

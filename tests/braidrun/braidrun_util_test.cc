@@ -287,7 +287,9 @@ TEST(BuildRankEnv, FlagsBecomeVariables) {
       {"--timeline-filename", "/tmp/tl.json"}, {"--stall-check-seconds", "0.5"},
       {"--stall-shutdown-seconds", "0"},       {"--heartbeat-timeout", "4"},
       {"--negotiation-timeout", "90"},         {"--fast-path", "0"},
-      {"--compression", "powersgd:rank=2"},    {"--gpu-data-plane", "host"}};
+      {"--compression", "powersgd:rank=2"},    {"--autotune", "1"},
+      {"--autotune-log-file", "/tmp/tune.csv"}, {"--ring-chunk-bytes", "65536"},
+      {"--ring-window", "8"},                   {"--gpu-data-plane", "host"}};
   for (const auto& [flag, text] : given) {
     const braid::SettingFlag* f = braid::FindSettingFlag(flag);
     ASSERT_NE(f, nullptr) << flag;
@@ -306,6 +308,8 @@ TEST(BuildRankEnv, FlagsBecomeVariables) {
                           "BRAID_STALL_CHECK_S=0.5", "BRAID_STALL_SHUTDOWN_S=0",
                           "BRAID_HEARTBEAT_TIMEOUT_S=4", "BRAID_NEGOTIATION_TIMEOUT_S=90",
                           "BRAID_FAST_PATH=0", "BRAID_COMPRESSION=powersgd:rank=2",
+                          "BRAID_AUTOTUNE=1", "BRAID_AUTOTUNE_LOG=/tmp/tune.csv",
+                          "BRAID_RING_CHUNK_BYTES=65536", "BRAID_RING_WINDOW=8",
                           "BRAID_GPU_DATA_PLANE=host", "OMP_NUM_THREADS=1"));
   // The order braidrun sets them in is the table's.
   std::vector<std::string> flags;

@@ -58,6 +58,8 @@ struct RuntimeWorldOptions {
   // Settings the coordinator imposes on the job (Note [Job settings]), e.g.
   // fusion_threshold_bytes; unset ones take the ranks' values or the defaults.
   proto::JobSettings settings;
+  // The coordinator's autotuner (under settings.autotune(): Note [Autotuning]).
+  coordinator::AutotuneOptions autotune;
   // Each rank's collective timeout (BRAID_TIMEOUT_S) and its communicator's.
   absl::Duration timeout = absl::Seconds(30);
   // Per-rank changes to the configuration before Init (compression default, cycle time...).
@@ -87,6 +89,7 @@ class RuntimeWorld {
     coordinator::ServiceOptions so;
     so.world_size = o_.size;
     so.settings = o_.settings;
+    so.autotune = o_.autotune;
     so.register_timeout = absl::Seconds(30);
     coordinator_ = std::make_unique<coordinator::LocalCoordinator>(so);
     for (int r = 0; r < o_.size; ++r) runtimes_.push_back(std::make_unique<Runtime>());

@@ -170,7 +170,9 @@ TEST(ConfigTest, DefaultsAndOverrides) {
            {"BRAID_STALL_CHECK_S", "1.5"}, {"BRAID_STALL_SHUTDOWN_S", "0"},
            {"BRAID_CACHE_CAPACITY", "5"}, {"BRAID_HEARTBEAT_TIMEOUT_S", "2"},
            {"BRAID_CYCLE_TIME_MS", "3"}, {"BRAID_UCX_PEER_ERROR_HANDLING", "1"},
-           {"BRAID_PIPELINED_COPY", "0"}, {"BRAID_LOOP_CPU", "none"}}};
+           {"BRAID_PIPELINED_COPY", "0"}, {"BRAID_LOOP_CPU", "none"},
+           {"BRAID_RING_CHUNK_BYTES", "65536"}, {"BRAID_RING_WINDOW", "8"},
+           {"BRAID_AUTOTUNE", "1"}, {"BRAID_AUTOTUNE_LOG", "/tmp/tune.csv"}}};
   auto s = ConfigFromEnv(set.fn());
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->timeout, absl::Milliseconds(2500));
@@ -193,6 +195,10 @@ TEST(ConfigTest, DefaultsAndOverrides) {
   EXPECT_TRUE(p.has_stall_shutdown_ms());
   EXPECT_EQ(p.heartbeat_timeout_ms(), 2000);
   EXPECT_EQ(p.cache_capacity(), 5);
+  EXPECT_EQ(p.ring_chunk_bytes(), 65536);
+  EXPECT_EQ(p.ring_window(), 8);
+  EXPECT_EQ(p.autotune(), 1);
+  EXPECT_EQ(s->autotune_log_path, "/tmp/tune.csv");
   Env bad{{{"BRAID_TIMEOUT_S", "0"}}};
   EXPECT_EQ(ConfigFromEnv(bad.fn()).status().message(),
             "BRAID_TIMEOUT_S must be a positive number of seconds, got '0'");
@@ -238,6 +244,10 @@ TEST(ConfigTest, BadValuesAreNamedErrors) {
       {{"BRAID_LOOP_CPU", " 1"}, "BRAID_LOOP_CPU must be 'auto', 'none' or a CPU number from 0 to 1023, got ' 1'"},
       {{"BRAID_TEST_COMPRESSORS", "2"}, "BRAID_TEST_COMPRESSORS must be 0 or 1, got '2'"},
       {{"BRAID_GPU_DATA_PLANE", "NCCL"}, "BRAID_GPU_DATA_PLANE must be auto, nccl or host, got 'NCCL'"},
+      {{"BRAID_RING_WINDOW", "0"}, "BRAID_RING_WINDOW must be in [1, 64], got 0"},
+      {{"BRAID_RING_CHUNK_BYTES", "512"}, "BRAID_RING_CHUNK_BYTES must be 0 (by topology) or from 1024 to 67108864 bytes, got '512'"},
+      {{"BRAID_RING_CHUNK_BYTES", "67108865"}, "BRAID_RING_CHUNK_BYTES must be in [0, 67108864], got 67108865"},
+      {{"BRAID_AUTOTUNE", "yes"}, "BRAID_AUTOTUNE must be 0 or 1, got 'yes'"},
       {{"BRAID_SEED", "-3"}, "BRAID_SEED must be in [0, 9223372036854775807], got -3"},
       {{"RANK", "1.0"}, "RANK must be an integer, got '1.0'"},
       {{"WORLD_SIZE", "0"}, "WORLD_SIZE must be in [1, 65536], got 0"},

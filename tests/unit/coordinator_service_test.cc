@@ -270,6 +270,19 @@ TEST(JobSettingsTest, CoordinatorsValueBindsRanksAgreeOrTakeTheJobs) {
   reqs[1].mutable_settings()->set_gpu_data_plane(3);
   EXPECT_EQ(ResolveJobSettings(coordinator, reqs, *assigned).status().message(),
             "BRAID_GPU_DATA_PLANE = 3 on rank 0 names no value (3 values: auto, nccl, host)");
+  reqs[0].mutable_settings()->set_gpu_data_plane(0);
+  reqs[1].mutable_settings()->set_gpu_data_plane(0);
+  // The data plane's pipeline and autotuning: defaults, and out of range refused.
+  s = ResolveJobSettings(coordinator, reqs, *assigned);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->ring_chunk_bytes(), 0);  // by topology
+  EXPECT_EQ(s->ring_window(), 4);
+  EXPECT_EQ(s->autotune(), 0);
+  reqs[0].mutable_settings()->set_ring_window(0);
+  reqs[1].mutable_settings()->set_ring_window(0);
+  EXPECT_EQ(ResolveJobSettings(coordinator, reqs, *assigned).status().message(),
+            "BRAID_RING_WINDOW = 0, BRAID_RING_CHUNK_BYTES = 0, BRAID_AUTOTUNE = 0: out of "
+            "range (window 1 to 64, chunk 0 or 1024 to 67108864 bytes, autotune 0 or 1)");
 }
 
 // ---- Streams ----

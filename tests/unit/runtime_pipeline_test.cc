@@ -5,7 +5,9 @@
 // buffer's reuse.
 #include <cmath>
 #include <cstring>
+#include <cstdio>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "runtime/allreduce_pipeline.h"
 #include "runtime/runtime.h"
 #include "runtime/statistics.h"
+#include "runtime/step_settings.h"
 #include "tests/testing/local_world.h"
 #include "tests/testing/runtime_world.h"
 #include "tests/testing/typed_values.h"
@@ -496,6 +499,252 @@ TEST(RuntimePipelineTest, APlanMatchesTheNameGivenInAProcessSet) {
     EXPECT_EQ(report.tensors[0].method, "fp16") << report.tensors[0].name;
   });
   world.Shutdown();
+}
+
+// ---- Note [Settings changes] (runtime/step_settings.h) ----
+
+// The world's data channel, recording each pipeline change with the collectives run before
+// it (the same count on every rank when every rank changes at the same step).
+struct PipelineChange {
+  uint64_t collectives;
+  size_t chunk;
+  int window;
+  bool operator==(const PipelineChange& o) const {
+    return collectives == o.collectives && chunk == o.chunk && window == o.window;
+  }
+};
+class PipelineRecorder final : public transport::Communicator {
+ public:
+  PipelineRecorder(std::unique_ptr<transport::Communicator> inner,
+                   std::vector<PipelineChange>* changes)
+      : inner_(std::move(inner)), changes_(changes) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  absl::Status AllReduce(const void* s, void* r, size_t n, DataType d, ReduceOp op) override {
+    return inner_->AllReduce(s, r, n, d, op);
+  }
+  absl::Status AllReduceGathered(absl::Span<const transport::GatheredPiece> pieces,
+                                 void* scratch, size_t n, DataType d, ReduceOp op) override {
+    return inner_->AllReduceGathered(pieces, scratch, n, d, op);
+  }
+  absl::Status ReduceScatter(const void* s, void* r, absl::Span<const size_t> counts,
+                             DataType d, ReduceOp op) override {
+    return inner_->ReduceScatter(s, r, counts, d, op);
+  }
+  absl::Status AllGather(const void* s, size_t n, void* r,
+                         absl::Span<const size_t> recv_bytes) override {
+    return inner_->AllGather(s, n, r, recv_bytes);
+  }
+  absl::Status AllToAll(const void* s, absl::Span<const size_t> sb, void* r,
+                        absl::Span<const size_t> rb) override {
+    return inner_->AllToAll(s, sb, r, rb);
+  }
+  absl::Status Broadcast(void* buf, size_t bytes, int root) override {
+    return inner_->Broadcast(buf, bytes, root);
+  }
+  absl::Status Barrier() override { return inner_->Barrier(); }
+  void Abort(absl::Status reason) override { inner_->Abort(std::move(reason)); }
+  transport::TransportStats stats() const override { return inner_->stats(); }
+  std::string Describe() const override { return inner_->Describe(); }
+  absl::Status RunCollective(
+      const std::function<absl::Status(transport::Context&)>& body) override {
+    return inner_->RunCollective(body);
+  }
+  void SetPipeline(size_t chunk, int window) override {
+    inner_->SetPipeline(chunk, window);
+    changes_->push_back({inner_->stats().collectives, inner_->pipeline().first,
+                         inner_->pipeline().second});
+  }
+  std::pair<size_t, int> pipeline() const override { return inner_->pipeline(); }
+
+ private:
+  std::unique_ptr<transport::Communicator> inner_;
+  std::vector<PipelineChange>* changes_;
+};
+
+constexpr int64_t kKiB = 1024, kMiB = 1024 * 1024;
+
+// Autotuning with a score forced to peak at fusion 4 MiB, ring chunk 64 KiB and window 8
+// (each step away on a knob's grid costs 10%; the cycle time does not matter), so the
+// search's path is known; one pass, one warm-up and two measured steps per candidate.
+RuntimeWorldOptions Tuned(int size) {
+  RuntimeWorldOptions o = World(size, 64 * kMiB);
+  o.settings.set_autotune(1);
+  o.autotune.warmup_steps = 1;
+  o.autotune.measured_steps = 2;
+  o.autotune.max_passes = 1;
+  o.autotune.forced_score = [](const proto::TunedSettings& s) {
+    // Steps on the grids: fusion and chunk by 4x, the window by 2x (coordinator/autotune.cc).
+    auto steps = [](double v, double best, double factor) {
+      return v <= 0 ? 10.0 : std::abs(std::log(v / best) / std::log(factor));
+    };
+    return std::pow(0.9, steps(s.fusion_threshold_bytes(), 4 * kMiB, 4) +
+                             steps(s.ring_chunk_bytes(), 64 * kKiB, 4) +
+                             steps(s.ring_window(), 8, 2));
+  };
+  return o;
+}
+
+std::string Describe(const SettingsApplied& a) {
+  return absl::StrCat("epoch ", a.epoch, " step ", a.step, ": ", a.fusion_threshold_bytes, "/",
+                      a.cycle_time_us, "/", a.ring_chunk_bytes, "/", a.ring_window,
+                      a.tuning_done ? " done" : "");
+}
+
+// Every rank applies every change at the same step, the data channel's pipeline changes at
+// the same collective on every rank, the search ends at the forced peak, the coordinator's
+// status and rank 0's autotuning log say so; through the coordinator and the fast path.
+TEST(SettingsChangeTest, EveryRankAppliesEachChangeAtTheSameStep) {
+  const std::string log = ::testing::TempDir() + "/braid_autotune_log.csv";
+  for (int fast_path : {0, 1}) {
+    SCOPED_TRACE(fast_path ? "fast path" : "through the coordinator");
+    std::remove(log.c_str());
+    RuntimeWorldOptions o = Tuned(3);
+    o.settings.set_fast_path(fast_path);
+    std::vector<std::vector<PipelineChange>> changes(3);
+    o.wrap_communicator = [&](int rank, std::unique_ptr<transport::Communicator> comm)
+        -> std::unique_ptr<transport::Communicator> {
+      return std::make_unique<PipelineRecorder>(std::move(comm), &changes[rank]);
+    };
+    o.configure = [&](int rank, RuntimeConfig* c) {
+      c->autotune_log_path = log;  // rank 0 alone writes it
+    };
+    RuntimeWorld world(o);
+    ASSERT_TRUE(world.InitOk());
+    RunSteps(world, "none", DataType::kFloat32, 90);
+    std::vector<std::vector<SettingsApplied>> history(3);
+    for (int r = 0; r < 3; ++r) {
+      auto h = world[r].SettingsHistory();
+      ASSERT_TRUE(h.ok()) << h.status();
+      history[r] = *h;
+    }
+    ASSERT_GE(history[0].size(), 5u);
+    for (int r = 1; r < 3; ++r) {
+      ASSERT_EQ(history[r].size(), history[0].size()) << "rank " << r;
+      for (size_t i = 0; i < history[0].size(); ++i) {
+        EXPECT_EQ(Describe(history[r][i]), Describe(history[0][i])) << "rank " << r;
+      }
+    }
+    for (size_t i = 1; i < history[0].size(); ++i) {
+      EXPECT_GT(history[0][i].step, history[0][i - 1].step) << "one change per step at most";
+    }
+    const SettingsApplied& last = history[0].back();
+    EXPECT_TRUE(last.tuning_done) << Describe(last);
+    EXPECT_EQ(last.fusion_threshold_bytes, 4 * kMiB);
+    EXPECT_EQ(last.ring_chunk_bytes, 64 * kKiB);
+    EXPECT_EQ(last.ring_window, 8);
+    // The data plane's pipeline: the job's own at the start, then each change's, at the same
+    // collective on every rank.
+    ASSERT_EQ(changes[0].size(), history[0].size() + 1);
+    EXPECT_EQ(changes[0].back().chunk, 64u * 1024);
+    EXPECT_EQ(changes[0].back().window, 8);
+    for (int r = 1; r < 3; ++r) EXPECT_TRUE(changes[r] == changes[0]) << "rank " << r;
+    auto status = world.coordinator().Status();
+    ASSERT_TRUE(status.ok());
+    EXPECT_EQ(status->autotune(), "done");
+    EXPECT_EQ(status->settings_change().epoch(), last.epoch);
+    EXPECT_EQ(status->settings_since_step(), last.step);
+    EXPECT_TRUE(status->settings_change().tuning_done());
+    // One row per measured candidate: every change carried the measurement before it.
+    std::ifstream in(log);
+    std::vector<std::string> rows;
+    for (std::string line; std::getline(in, line);) rows.push_back(line);
+    ASSERT_EQ(rows.size(), history[0].size() + 1) << "a header and a row per sample";
+    EXPECT_TRUE(absl::StartsWith(rows[0], "epoch,step,fusion_threshold_bytes")) << rows[0];
+    EXPECT_TRUE(absl::StartsWith(rows[1], "0,")) << "the job's own settings first: " << rows[1];
+    world.Shutdown();
+  }
+}
+
+// With the same final settings, autotuning on and off give the same bits at every step, for
+// uncompressed and per-tensor methods: the settings decide how tensors are batched and
+// pipelined, never how an element is reduced.
+TEST(SettingsChangeTest, AutotuningChangesNoBitOfAnyResult) {
+  for (const char* spec : {"none", "fp4:ef=1", "powersgd:rank=2"}) {
+    SCOPED_TRACE(spec);
+    RuntimeWorld tuned(Tuned(3));
+    ASSERT_TRUE(tuned.InitOk());
+    const Results a = RunSteps(tuned, spec, DataType::kFloat32, 45);
+    auto h = tuned[0].SettingsHistory();
+    ASSERT_TRUE(h.ok());
+    ASSERT_FALSE(h->empty());
+    RuntimeWorldOptions fixed_options = World(3, h->back().fusion_threshold_bytes);
+    fixed_options.settings.set_ring_chunk_bytes(h->back().ring_chunk_bytes);
+    fixed_options.settings.set_ring_window(h->back().ring_window);
+    RuntimeWorld fixed(fixed_options);
+    ASSERT_TRUE(fixed.InitOk());
+    const Results b = RunSteps(fixed, spec, DataType::kFloat32, 45);
+    for (size_t step = 0; step < a.size(); ++step) {
+      for (int rank = 0; rank < 3; ++rank) {
+        for (size_t l = 0; l < Layers().size(); ++l) {
+          ASSERT_EQ(a[step][rank][l], b[step][rank][l])
+              << Layers()[l].name << " step " << step << " rank " << rank;
+        }
+      }
+    }
+    tuned.Shutdown();
+    fixed.Shutdown();
+  }
+}
+
+// A step ends where a bucket of the whole world names a tensor already reduced since the
+// last boundary; a change applies there, not where it arrived; samples go out per step with
+// the epoch in force, until one step after the search ends.
+TEST(SettingsChangeTest, StepBoundariesAreWhereANameComesBack) {
+  absl::Time now = absl::UnixEpoch();
+  std::vector<proto::TunedSettings> applied;
+  std::vector<proto::TuningSample> samples;
+  StepSettings::Hooks h;
+  h.sample = true;
+  h.apply = [&](const proto::TunedSettings& s) { applied.push_back(s); };
+  h.report = [&](const proto::TuningSample& s) { samples.push_back(s); };
+  h.all_reduce_bytes = [](const std::string& name) { return name == "a" ? 100 : 10; };
+  h.clock = [&] { return now; };
+  StepSettings steps(h);
+  auto bucket = [](std::vector<std::string> names, int set = 0) {
+    Bucket b;
+    b.names = std::move(names);
+    b.process_set_id = set;
+    return b;
+  };
+  auto change = [](int64_t epoch, int window, bool done) {
+    proto::ResponseList msg;
+    msg.mutable_settings_change()->set_epoch(epoch);
+    msg.mutable_settings_change()->mutable_settings()->set_ring_window(window);
+    msg.mutable_settings_change()->set_tuning_done(done);
+    return SettingsBucket(msg);
+  };
+  EXPECT_TRUE(steps.Before(bucket({"a", "b"})));
+  EXPECT_EQ(steps.step(), 1);
+  EXPECT_FALSE(steps.Before(change(1, 8, false))) << "a change is not run";
+  now += absl::Milliseconds(5);
+  EXPECT_TRUE(steps.Before(bucket({"c"})));
+  EXPECT_TRUE(steps.Before(bucket({"a"}, /*set=*/3))) << "a process set's bucket: no boundary";
+  EXPECT_TRUE(applied.empty()) << "not inside a step";
+  now += absl::Milliseconds(5);
+  EXPECT_TRUE(steps.Before(bucket({"b"})));  // b again: step 2 begins
+  EXPECT_EQ(steps.step(), 2);
+  ASSERT_EQ(applied.size(), 1u);
+  EXPECT_EQ(applied[0].ring_window(), 8);
+  ASSERT_EQ(samples.size(), 1u);
+  EXPECT_EQ(samples[0].epoch(), 0);
+  EXPECT_EQ(samples[0].step(), 1);
+  EXPECT_EQ(samples[0].bytes(), 100 + 10 + 10) << "a, b and c, not the process set's";
+  EXPECT_EQ(samples[0].micros(), 10000);
+  // The search ends: one more sample (its first step), then none.
+  EXPECT_FALSE(steps.Before(change(2, 4, true)));
+  EXPECT_TRUE(steps.Before(bucket({"b"})));  // step 3, under epoch 2
+  EXPECT_TRUE(steps.Before(bucket({"b"})));  // step 4
+  EXPECT_TRUE(steps.Before(bucket({"b"})));  // step 5
+  ASSERT_EQ(samples.size(), 3u);
+  EXPECT_EQ(samples[1].epoch(), 1);
+  EXPECT_EQ(samples[2].epoch(), 2);
+  EXPECT_EQ(samples[2].step(), 3);
+  const std::vector<SettingsApplied> history = steps.history();
+  ASSERT_EQ(history.size(), 2u);
+  EXPECT_EQ(history[0].step, 2);
+  EXPECT_EQ(history[1].step, 3);
+  EXPECT_TRUE(history[1].tuning_done);
 }
 
 TEST(StatisticsLedgerTest, TotalsAreTheSumsOfTheTensorRows) {

@@ -42,6 +42,7 @@
 #include "absl/time/clock.h"
 #include "google/protobuf/util/json_util.h"
 #include "common/secret.h"
+#include "control/tuned_settings.h"
 #include "coordinator/credentials.h"
 #include "proto/braid.grpc.pb.h"
 #include "runtime/config.h"
@@ -96,6 +97,24 @@ void PrintTable(const braid::proto::StatusResponse& s, const std::string& addres
                 Duration(j.heartbeat_timeout_ms()).c_str(),
                 Duration(j.negotiation_timeout_ms()).c_str(), j.fast_path() != 0 ? "on" : "off",
                 j.gpu_data_plane() == 1 ? "nccl" : j.gpu_data_plane() == 2 ? "host" : "auto");
+    std::printf("data plane: ring chunk %s, ring window %lld; autotune %s\n",
+                j.ring_chunk_bytes() == 0
+                    ? "by topology"
+                    : absl::StrCat(j.ring_chunk_bytes(), " B").c_str(),
+                static_cast<long long>(j.ring_window()),
+                s.autotune().empty() ? "off" : s.autotune().c_str());
+  }
+  // Note [Settings changes]: the settings in force when the job changed them, since when
+  // and why.
+  if (s.has_settings_change()) {
+    const auto& c = s.settings_change();
+    std::printf("settings in force: epoch %lld, %s: %s (%s)\n",
+                static_cast<long long>(c.epoch()),
+                s.settings_since_step() > 0
+                    ? absl::StrCat("since step ", s.settings_since_step()).c_str()
+                    : "sent, not yet in force",
+                braid::DescribeSettings(c.settings()).c_str(),
+                c.reason().c_str());
   }
   if (s.compression_size() > 0) PrintCompression(s);
   std::printf("\n%-5s %-20s %-8s %-12s %s\n", "RANK", "HOST", "PID", "STATE", "LAST SEEN");

@@ -254,7 +254,12 @@ std::optional<Args> ParseArgs(int argc, char** argv, int* exit_code) {
                  "an ssh option, as ssh -o takes it (repeatable): StrictHostKeyChecking=no")
       ->allow_extra_args(false);
   for (const braid::SettingFlag& f : braid::SettingFlags()) {
-    app.add_option(f.flag, flag_text[f.flag], absl::StrCat(f.help, " (", f.variable, ")"));
+    if (f.boolean) {
+      app.add_flag(f.flag)->description(absl::StrCat(f.help, " (", f.variable, "=1)"));
+      flag_text[f.flag] = "1";  // kept only when given (below)
+    } else {
+      app.add_option(f.flag, flag_text[f.flag], absl::StrCat(f.help, " (", f.variable, ")"));
+    }
   }
   app.add_flag("-v,--verbose", args.verbose, "report every rank's pid and exit status");
   app.add_option("--secret-file", args.secret_file,

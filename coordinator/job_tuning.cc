@@ -1,0 +1,57 @@
+// A job's settings changed while it runs (Note [Settings changes] in runtime/step_settings.h):
+// the ranks' step samples in, the autotuner's decisions out (Note [Autotuning],
+// autotune.h).
+#include <utility>
+
+#include "coordinator/job.h"
+#include "glog/logging.h"
+
+namespace braid::coordinator {
+
+proto::TunedSettings Job::StartSettings() const {
+  proto::TunedSettings s;
+  s.set_fusion_threshold_bytes(settings_.fusion_threshold_bytes());
+  // BRAID_CYCLE_TIME_MS is each rank's own, which the coordinator does not know: the search
+  // starts from its default (docs/configuration.md says so).
+  s.set_cycle_time_us(1000);
+  int64_t chunk = settings_.ring_chunk_bytes();
+  if (chunk == 0) {
+    // By topology, as every rank resolves it (transport/ucx_communicator.h:
+    // PipelineChunkBytes): 256 KiB on one host, 16 KiB across hosts.
+    bool one_host = true;
+    for (const Rank& r : ranks_) one_host &= r.host == ranks_.front().host;
+    chunk = one_host ? 256 * 1024 : 16 * 1024;
+  }
+  s.set_ring_chunk_bytes(chunk);
+  s.set_ring_window(static_cast<int32_t>(settings_.ring_window()));
+  return s;
+}
+
+void Job::FillSettingsChange(proto::StatusResponse* out) const {
+  if (settings_change_.epoch() > 0) *out->mutable_settings_change() = settings_change_;
+  out->set_settings_since_step(settings_since_step_);
+  out->set_autotune(autotuner_ == nullptr ? "off" : autotuner_->done() ? "done" : "searching");
+}
+
+void Job::OnSamples(int rank, const proto::RequestList& msg) {
+  for (const proto::TuningSample& sample : msg.samples()) {
+    if (settings_since_step_ == 0 && settings_change_.epoch() > 0 &&
+        sample.epoch() == settings_change_.epoch()) {
+      settings_since_step_ = sample.step();
+    }
+    if (autotuner_ == nullptr) continue;
+    std::optional<proto::SettingsChange> change = autotuner_->OnSample(rank, sample);
+    if (!change) continue;
+    LOG(INFO) << "braid-coordinator: job " << id() << ": settings epoch " << change->epoch()
+              << ": " << DescribeSettings(change->settings()) << " (" << change->reason()
+              << ")";
+    table_->set_fusion_threshold(change->settings().fusion_threshold_bytes());
+    settings_change_ = *change;
+    settings_since_step_ = 0;
+    proto::ResponseList rl;
+    *rl.mutable_settings_change() = std::move(*change);
+    Broadcast(std::move(rl));
+  }
+}
+
+}  // namespace braid::coordinator
