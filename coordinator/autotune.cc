@@ -74,7 +74,9 @@ double Autotuner::Score(const proto::TunedSettings& s) const {
 std::optional<proto::SettingsChange> Autotuner::OnSample(int rank,
                                                          const proto::TuningSample& sample) {
   if (done_ || sample.epoch() != epoch_ || rank < 0 || rank >= world_size_) return std::nullopt;
-  if (++seen_[rank] <= opts_.warmup_steps) return std::nullopt;
+  if (++seen_[rank] <= (epoch_ == 0 ? opts_.first_warmup_steps : opts_.warmup_steps)) {
+    return std::nullopt;
+  }
   auto& mine = samples_[rank];
   if (static_cast<int>(mine.size()) < opts_.measured_steps) {
     mine.emplace_back(sample.bytes(), sample.micros());
@@ -95,13 +97,7 @@ std::optional<proto::SettingsChange> Autotuner::OnSample(int rank,
   } else if (score > best_score_ * (1 + opts_.min_gain)) {
     best_ = current_;
     best_score_ = score;
-    knob_moved_ = pass_moved_ = true;
-  } else if (direction_ == +1 && !knob_moved_) {
-    direction_ = -1;  // up did not pay: try down
-  } else {
-    ++knob_;  // this knob's line search is over
-    direction_ = +1;
-    knob_moved_ = false;
+    pass_moved_ = true;
   }
   m->set_best(Key(best_) == Key(current_));
   std::optional<proto::TunedSettings> next = Next();
@@ -128,18 +124,9 @@ std::optional<proto::SettingsChange> Autotuner::OnSample(int rank,
 std::optional<proto::TunedSettings> Autotuner::Step() {
   const Knob knob = kKnobs[knob_];
   const std::vector<int64_t>& grid = Grid(knob);
-  const int64_t v = KnobValue(best_, knob);
-  std::optional<int64_t> to;
-  if (direction_ > 0) {
-    auto it = std::upper_bound(grid.begin(), grid.end(), v);
-    if (it != grid.end()) to = *it;
-  } else {
-    auto it = std::lower_bound(grid.begin(), grid.end(), v);
-    if (it != grid.begin()) to = *std::prev(it);
-  }
-  if (!to) return std::nullopt;
+  if (value_ >= grid.size()) return std::nullopt;
   proto::TunedSettings s = best_;
-  SetKnob(&s, knob, *to);
+  SetKnob(&s, knob, grid[value_++]);
   return s;
 }
 
@@ -151,19 +138,15 @@ std::optional<proto::TunedSettings> Autotuner::Next() {
       ++pass_;  // the knobs may interact: another pass from the new best
       pass_moved_ = false;
       knob_ = 0;
-      direction_ = +1;
-      knob_moved_ = false;
+      value_ = 0;
     }
     std::optional<proto::TunedSettings> c = Step();
-    if (c && measured_.count(Key(*c)) == 0) return c;
-    // Off the grid, or measured already (and not better: the best only grows).
-    if (direction_ == +1 && !knob_moved_) {
-      direction_ = -1;
-    } else {
-      ++knob_;
-      direction_ = +1;
-      knob_moved_ = false;
+    if (!c) {
+      ++knob_;  // this knob's scan is over
+      value_ = 0;
+      continue;
     }
+    if (measured_.count(Key(*c)) == 0) return c;  // the best itself, or measured already
   }
 }
 

@@ -6,20 +6,24 @@
 // of step, from the ranks' samples (proto TuningSample: one per rank per step, step boundary
 // to step boundary, Note [Settings changes] in runtime/step_settings.h). For each candidate
 // the first `warmup_steps` of each rank are dropped (the step in which the change landed may
-// still have been fused under the old threshold), then `measured_steps` per rank are kept;
+// still have been fused under the old threshold; more for the job's first settings, whose
+// first steps pay one-time costs), then `measured_steps` per rank are kept;
 // the score is the median step's bytes over the slowest rank's median step time. A model
 // reduces the same bytes every step, so the score orders candidates as the step time does.
 //
-// The search is a coordinate descent over a small grid per knob (Grid), not Horovod's
-// Bayesian optimisation: these four knobs act nearly independently and each has one best
-// region on its grid, so a line search per knob (try the next value up; while the score
-// improves by more than `min_gain` keep going, else try down) finds the best point in about
-// 2-3 candidates per knob, ~10 in all, where Bayesian optimisation spends its first ~20
-// samples exploring (horovod#2206: tuning that never ends its warm-up in a short job). A
-// second pass over the knobs runs when the first moved any of them (knobs may interact);
-// candidates already measured are not measured again. Then the best settings stay, and the
-// coordinator says so once (SettingsChange.tuning_done). The search does not follow a job
-// whose behaviour changes later (a re-tune on a drift is issue work left, BENCHMARKS.md).
+// The search is a coordinate search over a small grid per knob (Grid), not Horovod's
+// Bayesian optimisation: these four knobs act nearly independently, so each in turn is set
+// to every value of its grid with the others at the best point so far, and a value replaces
+// the best when its score is higher by more than `min_gain`: 16 candidates from a start on
+// the grids (6 + 5 + 4 + 4 values, less the start's own), a fixed, known cost, where Bayesian
+// optimisation spends its first samples exploring (horovod#2206: tuning that never ends its
+// warm-up in a short job). Every value, not a line search that stops at the first value no
+// better: a knob often has plateaus (every fusion threshold above the step's bytes fuses the
+// same buckets), on which a line search stops short of a better value beyond. With
+// `max_passes` > 1, another pass runs when one moved a knob (knobs may interact); no
+// candidate is measured twice. Then the best settings stay, and the coordinator says so once
+// (SettingsChange.tuning_done). The search does not follow a job whose behaviour changes
+// later.
 //
 // Not thread-safe: the Job owns it, under the service's lock.
 #ifndef BRAID_COORDINATOR_AUTOTUNE_H_
@@ -39,11 +43,14 @@ namespace braid::coordinator {
 
 struct AutotuneOptions {
   int warmup_steps = 1;    // per candidate and rank, not measured
+  // The same for the job's own settings, measured first: the job's first steps also pay
+  // one-time costs (connections, buffers growing to their size, caches).
+  int first_warmup_steps = 5;
   int measured_steps = 5;  // per candidate and rank
   // A candidate replaces the best when its score is higher by more than this fraction
   // (below, step-to-step noise on a shared machine decides).
   double min_gain = 0.03;
-  int max_passes = 2;
+  int max_passes = 1;
   // Tests: the score of a candidate, instead of its measured one (the samples still decide
   // when it is done), so a search's path is known in advance.
   std::function<double(const proto::TunedSettings&)> forced_score;
@@ -71,7 +78,7 @@ class Autotuner {
  private:
   // The candidate after the one just measured; nullopt when the search is over.
   std::optional<proto::TunedSettings> Next();
-  // The next value of the current knob in the current direction, from the best point.
+  // The best point with the current knob at its next grid value; nullopt past the grid.
   std::optional<proto::TunedSettings> Step();
   double Score(const proto::TunedSettings& s) const;
   static std::string Key(const proto::TunedSettings& s);
@@ -85,9 +92,8 @@ class Autotuner {
   double start_score_ = -1;
   int64_t epoch_ = 0;
   bool done_ = false;
-  size_t knob_ = 0;         // index into kKnobs
-  int direction_ = +1;
-  bool knob_moved_ = false;  // the current knob's best changed in this line search
+  size_t knob_ = 0;   // index into kKnobs
+  size_t value_ = 0;  // the next index into the knob's Grid
   bool pass_moved_ = false;
   int pass_ = 1;
   std::map<std::string, double> measured_;  // Key -> score

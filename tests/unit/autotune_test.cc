@@ -64,6 +64,7 @@ proto::SettingsChange Measure(Autotuner& tuner, int ranks, int* steps_fed) {
 
 TEST(AutotuneTest, FindsEachKnobsPeakAndSaysOnceWhenDone) {
   AutotuneOptions o;
+  o.first_warmup_steps = 1;
   o.forced_score = Peaked;
   const proto::TunedSettings start = Settings(64 * kMiB, 1000, 256 * kKiB, 4);
   Autotuner tuner(o, start, 2);
@@ -89,9 +90,9 @@ TEST(AutotuneTest, FindsEachKnobsPeakAndSaysOnceWhenDone) {
     ASSERT_LT(changes, 40) << "the search does not end";
   }
   EXPECT_EQ(done, 1);
-  // A line search per knob, and a second pass that confirms: far fewer than the grid's
+  // One scan of each knob's grid: the start and 5 + 4 + 3 + 3 other values, of the grid's
   // 6 * 5 * 4 * 4 = 480 points.
-  EXPECT_LE(changes, 24);
+  EXPECT_EQ(changes, 16);
   // Every candidate: one warm-up and five measured steps per rank, nothing more.
   EXPECT_EQ(fed, changes * 2 * 6);
   // Done: samples change nothing.
@@ -104,6 +105,7 @@ TEST(AutotuneTest, AFlatScoreKeepsTheJobsSettings) {
   AutotuneOptions o;
   o.forced_score = [](const proto::TunedSettings&) { return 5.0; };
   o.max_passes = 2;
+  o.first_warmup_steps = 1;
   const proto::TunedSettings start = Settings(16 * kMiB, 1000, 256 * kKiB, 4);
   Autotuner tuner(o, start, 1);
   int fed = 0;
@@ -111,8 +113,8 @@ TEST(AutotuneTest, AFlatScoreKeepsTheJobsSettings) {
   while (!tuner.done()) c = Measure(tuner, 1, &fed);
   EXPECT_TRUE(c.tuning_done());
   EXPECT_EQ(DescribeSettings(c.settings()), DescribeSettings(start));
-  // No knob moved: one pass, each knob tried one step up and one down.
-  EXPECT_EQ(c.epoch(), 1 + 2 * 4);
+  // No knob moved: one pass, however many are allowed.
+  EXPECT_EQ(c.epoch(), 16);
 }
 
 // The score: the median step's bytes over the slowest rank's median step time; warm-up
@@ -120,6 +122,7 @@ TEST(AutotuneTest, AFlatScoreKeepsTheJobsSettings) {
 TEST(AutotuneTest, ScoresTheMedianStepOfTheSlowestRank) {
   AutotuneOptions o;
   o.warmup_steps = 1;
+  o.first_warmup_steps = 1;
   o.measured_steps = 3;
   Autotuner tuner(o, Settings(64 * kMiB, 1000, 256 * kKiB, 4), 2);
   auto sample = [](int64_t epoch, int64_t bytes, int64_t micros) {
@@ -145,25 +148,39 @@ TEST(AutotuneTest, ScoresTheMedianStepOfTheSlowestRank) {
   EXPECT_TRUE(c->measured().best());
   EXPECT_EQ(c->measured().steps(), 3);
   EXPECT_EQ(c->epoch(), 1);
-  // The first candidate: the fusion threshold one step up its grid.
-  EXPECT_EQ(c->settings().fusion_threshold_bytes(), 256 * kMiB);
+  // The first candidate: the fusion threshold at the first value of its grid.
+  EXPECT_EQ(c->settings().fusion_threshold_bytes(), 0);
   EXPECT_FALSE(tuner.OnSample(5, sample(1, 1, 1))) << "a rank outside the world";
 }
 
-// A start off the grid (BRAID_FUSION_THRESHOLD=10 MiB) steps to the grid's neighbours.
-TEST(AutotuneTest, AStartOffTheGridStepsToItsNeighbours) {
+// Every value of a knob's grid is tried, so a plateau (here every threshold of 16 MiB and
+// more, as when a step's tensors fit in one bucket) does not hide a better value beyond it,
+// and a start off the grid (BRAID_FUSION_THRESHOLD=10 MiB) is measured as it is.
+TEST(AutotuneTest, APlateauDoesNotHideTheBestValue) {
   AutotuneOptions o;
+  o.first_warmup_steps = 1;
   o.forced_score = [](const proto::TunedSettings& s) {
-    return s.fusion_threshold_bytes() == 4 * kMiB ? 2.0 : 1.0;
+    return s.fusion_threshold_bytes() == 4 * kMiB ? 2.0
+           : s.fusion_threshold_bytes() < 4 * kMiB ? 0.5
+                                                   : 1.0;
   };
-  Autotuner tuner(o, Settings(10 * kMiB, 1000, 256 * kKiB, 4), 1);
+  Autotuner tuner(o, Settings(64 * kMiB, 1000, 256 * kKiB, 4), 1);
   int fed = 0;
-  proto::SettingsChange c = Measure(tuner, 1, &fed);  // the start
-  EXPECT_EQ(c.settings().fusion_threshold_bytes(), 16 * kMiB);
-  c = Measure(tuner, 1, &fed);  // 16 MiB: no better, so down
+  std::vector<int64_t> tried;
+  proto::SettingsChange c;
+  while (!tuner.done()) {
+    c = Measure(tuner, 1, &fed);
+    if (c.settings().cycle_time_us() == 1000 && c.settings().ring_window() == 4 &&
+        c.settings().ring_chunk_bytes() == 256 * kKiB && !c.tuning_done()) {
+      tried.push_back(c.settings().fusion_threshold_bytes());
+    }
+  }
+  EXPECT_EQ(tried, (std::vector<int64_t>{0, 1 * kMiB, 4 * kMiB, 16 * kMiB, 256 * kMiB}));
   EXPECT_EQ(c.settings().fusion_threshold_bytes(), 4 * kMiB);
-  c = Measure(tuner, 1, &fed);  // 4 MiB: better, go on down
-  EXPECT_EQ(c.settings().fusion_threshold_bytes(), 1 * kMiB);
+  Autotuner off_grid(o, Settings(10 * kMiB, 1000, 256 * kKiB, 4), 1);
+  c = Measure(off_grid, 1, &fed);  // the start, measured as it is; then the grid from 0
+  EXPECT_EQ(c.measured().settings().fusion_threshold_bytes(), 10 * kMiB);
+  EXPECT_EQ(c.settings().fusion_threshold_bytes(), 0);
 }
 
 TEST(AutotuneTest, DescribesSettingsInTheirUnits) {

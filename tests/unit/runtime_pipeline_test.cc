@@ -571,6 +571,7 @@ RuntimeWorldOptions Tuned(int size) {
   RuntimeWorldOptions o = World(size, 64 * kMiB);
   o.settings.set_autotune(1);
   o.autotune.warmup_steps = 1;
+  o.autotune.first_warmup_steps = 1;
   o.autotune.measured_steps = 2;
   o.autotune.max_passes = 1;
   o.autotune.forced_score = [](const proto::TunedSettings& s) {

@@ -10,12 +10,13 @@ backward pass produces them, then waited for), --steps steps, on --ranks ranks o
 (braidrun, shared memory). No computation: the step is communication only, which is where
 the tuned knobs matter most.
 
-Each point of the grid (fusion threshold x ring chunk x ring window, the cycle time at its
-default) runs --repeats times with the settings fixed; then the same job runs --repeats times
-under BRAID_AUTOTUNE=1. A run's figure is the median step time of its last 20% of steps
-(after tuning has ended, under autotuning); the table gives the median over repeats, each
-point's ratio to the grid's best, and for autotuning the step at which tuning ended (the last
-row of BRAID_AUTOTUNE_LOG) as a fraction of the job. Rank 0 prints "RESULT {json}".
+--repeats rounds, each running every point of the grid (fusion threshold x ring chunk x
+ring window, the cycle time at its default) with the settings fixed, then the same job under
+BRAID_AUTOTUNE=1: peers side by side, since this machine's speed drifts over minutes. A
+run's figure is the median step time of its last 20% of steps (after tuning has ended, under
+autotuning). Printed: each round's best and worst point and the autotuned job's ratio to
+that round's best, the step at which tuning ended (the last row of BRAID_AUTOTUNE_LOG) as a
+fraction of the job, then each point's median over rounds. Rank 0 prints "RESULT {json}".
 
 As a rank (internal): autotune_bench.py --rank-program --steps N --tensors T --mib M.
 """
@@ -70,8 +71,8 @@ def run_job(args, env_extra):
            "--tensors", str(args.tensors), "--mib", str(args.mib)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+        if "RESULT " in line:  # braidrun prefixes each line with "[rank] "
+            return json.loads(line.split("RESULT ", 1)[1])
     sys.exit(f"autotune_bench: no result from {cmd}:\n{out.stdout}\n{out.stderr[-3000:]}")
 
 
@@ -98,16 +99,20 @@ def main():
     args.build_dir = os.path.abspath(args.build_dir)
     grid = [(f, c, w) for f in (0, 4 * MIB, 64 * MIB) for c in (16 * KIB, 256 * KIB, 1 * MIB)
             for w in (1, 4)]
+    # Rounds: every grid point and an autotuned job once each, so that peers run side by
+    # side (this machine's speed drifts by tens of percent over minutes); the figures are
+    # medians over rounds, the autotuned job's against the best point of its own round.
     results = {}
-    for f, c, w in grid:
-        key = f"fusion={f // MIB}MiB chunk={c // KIB}KiB window={w}"
-        runs = [run_job(args, {"BRAID_FUSION_THRESHOLD": str(f), "BRAID_RING_CHUNK_BYTES": str(c),
-                               "BRAID_RING_WINDOW": str(w)})["step_ms"]
-                for _ in range(args.repeats)]
-        results[key] = {"runs_ms": runs, "median_ms": statistics.median(runs)}
-        print(f"{key:44s} {statistics.median(runs):8.2f} ms  {runs}", flush=True)
-    tuned, ends = [], []
-    for _ in range(args.repeats):
+    tuned, ends, ratios = [], [], []
+    for round_ in range(args.repeats):
+        this_round = {}
+        for f, c, w in grid:
+            key = f"fusion={f // MIB}MiB chunk={c // KIB}KiB window={w}"
+            ms = run_job(args, {"BRAID_FUSION_THRESHOLD": str(f),
+                                "BRAID_RING_CHUNK_BYTES": str(c),
+                                "BRAID_RING_WINDOW": str(w)})["step_ms"]
+            results.setdefault(key, {"runs_ms": []})["runs_ms"].append(ms)
+            this_round[key] = ms
         with tempfile.NamedTemporaryFile(suffix=".csv", delete=False) as log:
             path = log.name
         r = run_job(args, {"BRAID_AUTOTUNE": "1", "BRAID_AUTOTUNE_LOG": path})
@@ -115,18 +120,27 @@ def main():
         os.unlink(path)
         tuned.append(r["step_ms"])
         ends.append(step / args.steps)
-        print(f"{'autotune':44s} {r['step_ms']:8.2f} ms  tuning ended at step {step} of "
-              f"{args.steps} ({candidates} candidates)", flush=True)
+        best_key = min(this_round, key=this_round.get)
+        ratios.append(r["step_ms"] / this_round[best_key])
+        print(f"round {round_}: best {best_key} {this_round[best_key]:.2f} ms, worst "
+              f"{max(this_round.values()):.2f} ms; autotuned {r['step_ms']:.2f} ms "
+              f"({ratios[-1]:.3f}x), tuning ended at step {step} of {args.steps} "
+              f"({candidates} candidates)", flush=True)
+    for key, v in results.items():
+        v["median_ms"] = statistics.median(v["runs_ms"])
+        print(f"{key:44s} {v['median_ms']:8.2f} ms  {[round(x, 2) for x in v['runs_ms']]}")
     best = min(v["median_ms"] for v in results.values())
     worst = max(v["median_ms"] for v in results.values())
     summary = {"grid_best_ms": best, "grid_worst_ms": worst, "worst_over_best": worst / best,
                "autotune_ms": statistics.median(tuned), "autotune_runs_ms": tuned,
-               "autotune_over_best": statistics.median(tuned) / best,
+               "autotune_over_round_best": statistics.median(ratios),
+               "autotune_over_round_best_runs": ratios,
                "tuning_end_fraction": statistics.median(ends), "tuning_end_fractions": ends,
                "grid": results, "args": vars(args), "load": os.getloadavg()[0]}
     print(f"grid best {best:.2f} ms, worst {worst:.2f} ms ({worst / best:.2f}x); autotuned "
-          f"{summary['autotune_ms']:.2f} ms ({summary['autotune_over_best']:.3f}x the best), "
-          f"tuning ended at {100 * summary['tuning_end_fraction']:.0f}% of the job")
+          f"{summary['autotune_ms']:.2f} ms, {summary['autotune_over_round_best']:.3f}x its "
+          f"round's best (median of {args.repeats}); tuning ended at "
+          f"{100 * summary['tuning_end_fraction']:.0f}% of the job")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)

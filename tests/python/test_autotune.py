@@ -1,0 +1,55 @@
+"""Autotuning through braidrun (docs/configuration.md, Autotuning): real processes, the real
+coordinator. Every rank applies the same settings changes at the same steps, the search ends
+once and says so, and rank 0's --autotune-log-file has a header and one row per measured
+candidate, whose best is the settings the job keeps."""
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from braid_launch import PYTHON, build_dir
+
+BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench" / "autotune_bench.py"
+CHANGE = re.compile(r"^\[(\d)\] .*braid: settings epoch (\d+) from step (\d+): (.*) \((.*)\)$")
+
+
+def test_every_rank_changes_settings_at_the_same_steps(tmp_path):
+    braidrun = build_dir() / "tools" / "braidrun" / "braidrun"
+    if not braidrun.exists():
+        pytest.skip("braidrun is not built")
+    log = tmp_path / "autotune.csv"
+    # GLOG_v=1: the ranks other than 0 log their changes too (rank 0 always does).
+    env = dict(os.environ, UCX_TLS="sm", UCX_NET_DEVICES="lo", GLOG_v="1",
+               PYTHONPATH=str(build_dir() / "python"))
+    out = subprocess.run(
+        [str(braidrun), "-np", "2", "--autotune", "--autotune-log-file", str(log), PYTHON,
+         str(BENCH), "--rank-program", "--steps", "250", "--tensors", "40", "--mib", "1"],
+        env=env, capture_output=True, text=True, timeout=120)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    changes = {0: [], 1: []}
+    for line in text.splitlines():
+        m = CHANGE.match(line)
+        if m:
+            changes[int(m.group(1))].append(m.groups()[1:])
+    assert len(changes[0]) >= 5, text[-4000:]
+    assert changes[1] == changes[0]
+    steps = [int(step) for _, step, _, _ in changes[0]]
+    assert steps == sorted(set(steps)), "one change per step at most, in order"
+    done = [c for c in changes[0] if c[3].startswith("autotuning done after")]
+    assert len(done) == 1 and done[0] == changes[0][-1], changes[0]
+    rows = log.read_text().splitlines()
+    assert rows[0] == ("epoch,step,fusion_threshold_bytes,cycle_time_ms,ring_chunk_bytes,"
+                       "ring_window,measured_steps,bytes_per_second,best")
+    rows = [r.split(",") for r in rows[1:]]
+    assert len(rows) == len(changes[0]), "one row per measured candidate"
+    assert [int(r[0]) for r in rows] == list(range(len(rows)))
+    # The settings kept are the last candidate marked best.
+    best = [r for r in rows if r[8] == "1"][-1]
+    kept = changes[0][-1][2]
+    mib = int(best[2]) // (1 << 20)
+    assert f"fusion_threshold={mib}MiB" in kept or best[2] == "0", (best, kept)
+    assert f"ring_window={best[5]}" in kept, (best, kept)
+    assert f"cycle_time={float(best[3]):g}ms" in kept, (best, kept)
