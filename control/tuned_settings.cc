@@ -43,7 +43,9 @@ void SetKnob(proto::TunedSettings* s, Knob knob, int64_t v) {
 std::string DescribeKnob(Knob knob, int64_t v) {
   switch (knob) {
     case Knob::kFusionThreshold: return absl::StrCat("fusion_threshold=", Bytes(v));
-    case Knob::kCycleTime: return absl::StrCat("cycle_time=", absl::StrFormat("%g", v / 1e3), "ms");
+    case Knob::kCycleTime:
+      if (v == 0) return "cycle_time=own";  // each rank's BRAID_CYCLE_TIME_MS
+      return absl::StrCat("cycle_time=", absl::StrFormat("%g", v / 1e3), "ms");
     case Knob::kRingChunk:
       return absl::StrCat("ring_chunk=", v == 0 ? "auto" : Bytes(v));
     case Knob::kRingWindow: return absl::StrCat("ring_window=", v);

@@ -19,8 +19,8 @@ constexpr Knob kKnobs[] = {Knob::kFusionThreshold, Knob::kCycleTime, Knob::kRing
 
 int64_t KnobValue(const proto::TunedSettings& s, Knob knob);
 void SetKnob(proto::TunedSettings* s, Knob knob, int64_t v);
-// "fusion_threshold=16MiB", "cycle_time=2.5ms", "ring_chunk=64KiB" ("auto" for 0: by
-// topology), "ring_window=8".
+// "fusion_threshold=16MiB", "cycle_time=2ms" ("own" for 0: each rank's), "ring_chunk=64KiB"
+// ("auto" for 0: by topology), "ring_window=8".
 std::string DescribeKnob(Knob knob, int64_t v);
 // Every knob, as DescribeKnob, comma-separated.
 std::string DescribeSettings(const proto::TunedSettings& s);

@@ -26,7 +26,9 @@ T Median(std::vector<T> v) {
 const std::vector<int64_t>& Grid(Knob knob) {
   static const std::vector<int64_t> kFusion = {0, 1 * kMiB, 4 * kMiB, 16 * kMiB, 64 * kMiB,
                                                256 * kMiB};
-  static const std::vector<int64_t> kCycle = {500, 1000, 2500, 5000, 10000};
+  // Whole milliseconds, as BRAID_CYCLE_TIME_MS takes them (so a result can be kept), and at
+  // least 1 ms, the fast path's shortest round.
+  static const std::vector<int64_t> kCycle = {1000, 2000, 5000, 10000};
   static const std::vector<int64_t> kChunk = {16 * kKiB, 64 * kKiB, 256 * kKiB, 1 * kMiB};
   static const std::vector<int64_t> kWindow = {1, 2, 4, 8};
   switch (knob) {

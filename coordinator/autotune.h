@@ -14,8 +14,9 @@
 // The search is a coordinate search over a small grid per knob (Grid), not Horovod's
 // Bayesian optimisation: these four knobs act nearly independently, so each in turn is set
 // to every value of its grid with the others at the best point so far, and a value replaces
-// the best when its score is higher by more than `min_gain`: 16 candidates from a start on
-// the grids (6 + 5 + 4 + 4 values, less the start's own), a fixed, known cost, where Bayesian
+// the best when its score is higher by more than `min_gain`: 16 candidates from the job's
+// settings (6 + 4 + 4 + 4 values, less the start's own on the grids; its cycle time, each
+// rank's own, is not on one), a fixed, known cost, where Bayesian
 // optimisation spends its first samples exploring (horovod#2206: tuning that never ends its
 // warm-up in a short job). Every value, not a line search that stops at the first value no
 // better: a knob often has plateaus (every fusion threshold above the step's bytes fuses the

@@ -269,9 +269,14 @@ void Job::OnRequests(int rank, const StreamSink* sink, const proto::RequestList&
   }
   if (msg.shutdown()) return Goodbye(rank, now);
   ranks_[rank].last_seen = now;
+  if (msg.samples_size() > 0) OnSamples(rank, msg);
+  // A list of samples alone (Note [Settings changes]) is no negotiation cycle.
+  if (msg.samples_size() > 0 && msg.requests_size() == 0 && msg.cached_ids_size() == 0 &&
+      msg.failures_size() == 0 && !msg.has_applied_sequence()) {
+    return;
+  }
   ++cycles_;
   NoteApplied(rank, msg);
-  if (msg.samples_size() > 0) OnSamples(rank, msg);
   for (const proto::FailureReport& f : msg.failures()) {
     if (f.in_collective()) AbortForFailure(rank, f);
   }

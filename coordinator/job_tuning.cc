@@ -11,9 +11,9 @@ namespace braid::coordinator {
 proto::TunedSettings Job::StartSettings() const {
   proto::TunedSettings s;
   s.set_fusion_threshold_bytes(settings_.fusion_threshold_bytes());
-  // BRAID_CYCLE_TIME_MS is each rank's own, which the coordinator does not know: the search
-  // starts from its default (docs/configuration.md says so).
-  s.set_cycle_time_us(1000);
+  // BRAID_CYCLE_TIME_MS is each rank's own, which the coordinator does not know: 0 keeps it
+  // (TunedSettings.cycle_time_us), so the job's own settings are measured as they are.
+  s.set_cycle_time_us(0);
   int64_t chunk = settings_.ring_chunk_bytes();
   if (chunk == 0) {
     // By topology, as every rank resolves it (transport/ucx_communicator.h:
@@ -34,6 +34,7 @@ void Job::FillSettingsChange(proto::StatusResponse* out) const {
 }
 
 void Job::OnSamples(int rank, const proto::RequestList& msg) {
+  if (!abort_.ok() || phase_ != proto::JOB_RUNNING) return;  // no change after an abort
   for (const proto::TuningSample& sample : msg.samples()) {
     if (settings_since_step_ == 0 && settings_change_.epoch() > 0 &&
         sample.epoch() == settings_change_.epoch()) {

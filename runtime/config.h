@@ -122,7 +122,7 @@ struct RuntimeConfig {
   std::string tls_ca_file;
   absl::Duration cycle_time = absl::Milliseconds(1);  // BRAID_CYCLE_TIME_MS
   std::string timeline_path;             // BRAID_TIMELINE
-  // BRAID_AUTOTUNE_LOG: rank 0 writes a row per autotuning sample to this file (CSV; Note
+  // BRAID_AUTOTUNE_LOG: rank 0 writes a row per measured autotuning candidate (CSV; Note
   // [Settings changes], runtime/step_settings.h); "" = none.
   std::string autotune_log_path;
   // BRAID_TIMELINE_MAX_BYTES: the timeline file rotates beyond this (runtime/timeline.h);

@@ -36,7 +36,7 @@ const std::vector<SettingFlag>& SettingFlags() {
        "measuring the job's steps (docs/configuration.md)",
        /*boolean=*/true},
       {"--autotune-log-file", "BRAID_AUTOTUNE_LOG",
-       "rank 0 writes one CSV row per autotuning sample to this file"},
+       "rank 0 writes one CSV row per measured autotuning candidate to this file"},
       {"--ring-chunk-bytes", "BRAID_RING_CHUNK_BYTES",
        "pipeline piece of the data plane's ring, in bytes (0, default: 256 KiB on one host, "
        "16 KiB across hosts)"},

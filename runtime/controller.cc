@@ -47,7 +47,7 @@ void NegotiationController::Send(const proto::RequestList& list) {
 
 void NegotiationController::Retune(absl::Duration cycle_time, int64_t fusion_threshold) {
   absl::MutexLock lock(&mu_);
-  parts_.cycle_time = cycle_time;
+  if (cycle_time > absl::ZeroDuration()) parts_.cycle_time = cycle_time;
   parts_.fusion_threshold = fusion_threshold;
 }
 

@@ -100,7 +100,8 @@ class NegotiationController : public InFlight {
   void AddFastPathTotals(proto::HeartbeatRequest* hb) const;
 
   // ---- Note [Settings changes] (runtime/step_settings.h), braid-loop ----
-  // A change's cycle time and fast-path fusion threshold, for the cycles from now on.
+  // A change's cycle time (zero: keep this rank's own) and fast-path fusion threshold, for
+  // the cycles from now on.
   void Retune(absl::Duration cycle_time, int64_t fusion_threshold);
   // Sends the coordinator a step's sample (BRAID_AUTOTUNE), at once.
   void SendSample(const proto::TuningSample& sample);

@@ -17,6 +17,7 @@ StepSettings* Runtime::Impl::MakeStepSettings(const proto::JobSettings& job) {
   h.log_path = config_.autotune_log_path;
   // braid-loop, between buckets: nothing else touches these meanwhile.
   h.apply = [this, data](const proto::TunedSettings& s) {
+    // Cycle time 0: each rank keeps its own (BRAID_CYCLE_TIME_MS).
     controller_.Retune(absl::Microseconds(s.cycle_time_us()), s.fusion_threshold_bytes());
     data->SetPipeline(static_cast<size_t>(s.ring_chunk_bytes()), s.ring_window());
   };

@@ -18,7 +18,9 @@ bool StepSettings::Before(const Bucket& bucket) {
     if (hooks_.rank == 0 && pending_->has_measured()) WriteLogRow(*pending_);
     return false;
   }
-  if (bucket.process_set_id != 0 || bucket.names.empty()) return true;
+  // An error bucket runs no collective, and some go to one rank alone (a local refusal's
+  // reply, Note [Failure reports]): counted, they would move that rank's boundaries.
+  if (bucket.process_set_id != 0 || bucket.names.empty() || !bucket.error.ok()) return true;
   const absl::Time now = Now();
   if (step_ == 0) {
     step_ = 1;

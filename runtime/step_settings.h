@@ -12,8 +12,8 @@
 // Where it applies: at the first step boundary after that place. braid has no step call, so
 // a rank finds steps in the buckets of the whole world (process set 0) it runs: a step ends
 // where a bucket names a tensor already reduced since the last boundary (a model reduces
-// each gradient once per step; the parameters' first broadcast is part of step 1). Every
-// rank runs the same buckets, so every rank counts the same steps and applies the change at
+// each gradient once per step; the parameters' first broadcast is part of step 1). Error
+// buckets do not count (some go to one rank alone). Every rank runs the same other buckets, so every rank counts the same steps and applies the change at
 // the same one. A step of more than kMaxStepNames tensors is cut there. A job that names its
 // tensors anew every step therefore changes settings only every kMaxStepNames tensors.
 //
@@ -22,8 +22,8 @@
 // job's, BRAID_RING_*). The coordinator fuses with the new threshold from the list on: the
 // rest of that step may already be fused under it. Fusion never changes the result of an
 // uncompressed or per-tensor method (every element is reduced alone, in the canonical
-// order); per-bucket methods (PowerSGD, ScaleComp over a bucket) do change their buckets
-// with the threshold (docs/configuration.md).
+// order); methods that select over a whole bucket (ScaleComp, top-k and random-k with
+// granularity=bucket) do change their selection with the threshold (docs/configuration.md).
 //
 // Measured: under BRAID_AUTOTUNE each rank sends the coordinator one TuningSample per step
 // (bytes of the world's all-reduces in it, its wall time boundary to boundary, the epoch in

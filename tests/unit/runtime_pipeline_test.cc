@@ -721,6 +721,9 @@ TEST(SettingsChangeTest, StepBoundariesAreWhereANameComesBack) {
   now += absl::Milliseconds(5);
   EXPECT_TRUE(steps.Before(bucket({"c"})));
   EXPECT_TRUE(steps.Before(bucket({"a"}, /*set=*/3))) << "a process set's bucket: no boundary";
+  Bucket refused = bucket({"a"});
+  refused.error = absl::InvalidArgumentError("refused here alone");
+  EXPECT_TRUE(steps.Before(refused)) << "an error bucket (perhaps this rank's alone): none";
   EXPECT_TRUE(applied.empty()) << "not inside a step";
   now += absl::Milliseconds(5);
   EXPECT_TRUE(steps.Before(bucket({"b"})));  // b again: step 2 begins

@@ -108,11 +108,11 @@ void PrintTable(const braid::proto::StatusResponse& s, const std::string& addres
   // and why.
   if (s.has_settings_change()) {
     const auto& c = s.settings_change();
-    std::printf("settings in force: epoch %lld, %s: %s (%s)\n",
+    std::printf("settings changed: epoch %lld, %s: %s (%s)\n",
                 static_cast<long long>(c.epoch()),
                 s.settings_since_step() > 0
-                    ? absl::StrCat("since step ", s.settings_since_step()).c_str()
-                    : "sent, not yet in force",
+                    ? absl::StrCat("in force since step ", s.settings_since_step()).c_str()
+                    : "sent, not in force yet",
                 braid::DescribeSettings(c.settings()).c_str(),
                 c.reason().c_str());
   }
