@@ -22,6 +22,7 @@
 #include "runtime/runtime.h"
 #include "runtime/statistics.h"
 #include "runtime/step_settings.h"
+#include "tests/testing/delegating_communicator.h"
 #include "tests/testing/local_world.h"
 #include "tests/testing/runtime_world.h"
 #include "tests/testing/typed_values.h"
@@ -513,52 +514,18 @@ struct PipelineChange {
     return collectives == o.collectives && chunk == o.chunk && window == o.window;
   }
 };
-class PipelineRecorder final : public transport::Communicator {
+class PipelineRecorder final : public testing::DelegatingCommunicator {
  public:
   PipelineRecorder(std::unique_ptr<transport::Communicator> inner,
                    std::vector<PipelineChange>* changes)
-      : inner_(std::move(inner)), changes_(changes) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  absl::Status AllReduce(const void* s, void* r, size_t n, DataType d, ReduceOp op) override {
-    return inner_->AllReduce(s, r, n, d, op);
-  }
-  absl::Status AllReduceGathered(absl::Span<const transport::GatheredPiece> pieces,
-                                 void* scratch, size_t n, DataType d, ReduceOp op) override {
-    return inner_->AllReduceGathered(pieces, scratch, n, d, op);
-  }
-  absl::Status ReduceScatter(const void* s, void* r, absl::Span<const size_t> counts,
-                             DataType d, ReduceOp op) override {
-    return inner_->ReduceScatter(s, r, counts, d, op);
-  }
-  absl::Status AllGather(const void* s, size_t n, void* r,
-                         absl::Span<const size_t> recv_bytes) override {
-    return inner_->AllGather(s, n, r, recv_bytes);
-  }
-  absl::Status AllToAll(const void* s, absl::Span<const size_t> sb, void* r,
-                        absl::Span<const size_t> rb) override {
-    return inner_->AllToAll(s, sb, r, rb);
-  }
-  absl::Status Broadcast(void* buf, size_t bytes, int root) override {
-    return inner_->Broadcast(buf, bytes, root);
-  }
-  absl::Status Barrier() override { return inner_->Barrier(); }
-  void Abort(absl::Status reason) override { inner_->Abort(std::move(reason)); }
-  transport::TransportStats stats() const override { return inner_->stats(); }
-  std::string Describe() const override { return inner_->Describe(); }
-  absl::Status RunCollective(
-      const std::function<absl::Status(transport::Context&)>& body) override {
-    return inner_->RunCollective(body);
-  }
+      : DelegatingCommunicator(std::move(inner)), changes_(changes) {}
   void SetPipeline(size_t chunk, int window) override {
-    inner_->SetPipeline(chunk, window);
-    changes_->push_back({inner_->stats().collectives, inner_->pipeline().first,
-                         inner_->pipeline().second});
+    inner().SetPipeline(chunk, window);
+    changes_->push_back(
+        {inner().stats().collectives, inner().pipeline().first, inner().pipeline().second});
   }
-  std::pair<size_t, int> pipeline() const override { return inner_->pipeline(); }
 
  private:
-  std::unique_ptr<transport::Communicator> inner_;
   std::vector<PipelineChange>* changes_;
 };
 

@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "runtime/loop_affinity.h"
 #include "runtime/runtime.h"
+#include "tests/testing/delegating_communicator.h"
 #include "tests/testing/runtime_world.h"
 #include "tests/testing/thread_count.h"
 
@@ -517,38 +518,21 @@ TEST(RuntimeTest, InitAgainStartsANewJob) {
 // A communicator that passes everything through, except that its all-reduces wait until
 // `release` is notified and then time out: a rank whose data plane stalls mid-collective,
 // and finds its peers gone when it resumes.
-class StalledAllReduce final : public transport::Communicator {
+class StalledAllReduce final : public testing::DelegatingCommunicator {
  public:
   StalledAllReduce(std::unique_ptr<transport::Communicator> inner, absl::Notification* release)
-      : inner_(std::move(inner)), release_(release) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
+      : DelegatingCommunicator(std::move(inner)), release_(release) {}
   absl::Status AllReduce(const void*, void*, size_t, DataType, ReduceOp) override {
     release_->WaitForNotification();
     return absl::DeadlineExceededError("stalled rank released, its peers gone");
   }
-  absl::Status ReduceScatter(const void* send, void* recv, absl::Span<const size_t> counts,
-                             DataType dtype, ReduceOp op) override {
-    return inner_->ReduceScatter(send, recv, counts, dtype, op);
+  absl::Status AllReduceGathered(absl::Span<const transport::GatheredPiece>, void*, size_t,
+                                 DataType, ReduceOp) override {
+    release_->WaitForNotification();
+    return absl::DeadlineExceededError("stalled rank released, its peers gone");
   }
-  absl::Status AllGather(const void* send, size_t send_bytes, void* recv,
-                         absl::Span<const size_t> recv_bytes) override {
-    return inner_->AllGather(send, send_bytes, recv, recv_bytes);
-  }
-  absl::Status AllToAll(const void* send, absl::Span<const size_t> send_bytes, void* recv,
-                        absl::Span<const size_t> recv_bytes) override {
-    return inner_->AllToAll(send, send_bytes, recv, recv_bytes);
-  }
-  absl::Status Broadcast(void* buf, size_t bytes, int root) override {
-    return inner_->Broadcast(buf, bytes, root);
-  }
-  absl::Status Barrier() override { return inner_->Barrier(); }
-  void Abort(absl::Status reason) override { inner_->Abort(std::move(reason)); }
-  transport::TransportStats stats() const override { return inner_->stats(); }
-  std::string Describe() const override { return inner_->Describe(); }
 
  private:
-  std::unique_ptr<transport::Communicator> inner_;
   absl::Notification* release_;
 };
 
