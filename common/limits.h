@@ -37,6 +37,12 @@ inline constexpr size_t kMaxCompressionPlanBytes = 64 * 1024;
 inline constexpr int64_t kMinRingChunkBytes = 1024;
 inline constexpr int64_t kMaxRingChunkBytes = int64_t{64} << 20;
 inline constexpr int kMaxRingWindow = 64;
+// The pipeline piece a job's data channel uses when BRAID_RING_CHUNK_BYTES is 0: one piece
+// size on one host, the smaller one when the ranks span hosts (Note [Pieces across hosts] in
+// transport/ucx_communicator.cc). The transport's defaults and the coordinator's view of a
+// job's settings both read these.
+inline constexpr int64_t kDefaultRingChunkBytes = 256 * 1024;
+inline constexpr int64_t kDefaultRingChunkBytesAcrossHosts = 16 * 1024;
 // BRAID_FUSION_THRESHOLD.
 inline constexpr int64_t kMaxFusionThresholdBytes = int64_t{1} << 40;
 // The message of a failure report (FailureReport.message): longer ones are cut to this.

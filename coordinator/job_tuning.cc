@@ -3,6 +3,7 @@
 // autotune.h).
 #include <utility>
 
+#include "common/limits.h"
 #include "coordinator/job.h"
 #include "glog/logging.h"
 
@@ -16,11 +17,11 @@ proto::TunedSettings Job::StartSettings() const {
   s.set_cycle_time_us(0);
   int64_t chunk = settings_.ring_chunk_bytes();
   if (chunk == 0) {
-    // By topology, as every rank resolves it (transport/ucx_communicator.h:
-    // PipelineChunkBytes): 256 KiB on one host, 16 KiB across hosts.
+    // By topology, as every rank resolves it with its transport's defaults
+    // (transport/ucx_communicator.h: PipelineChunkBytes).
     bool one_host = true;
     for (const Rank& r : ranks_) one_host &= r.host == ranks_.front().host;
-    chunk = one_host ? 256 * 1024 : 16 * 1024;
+    chunk = one_host ? kDefaultRingChunkBytes : kDefaultRingChunkBytesAcrossHosts;
   }
   s.set_ring_chunk_bytes(chunk);
   s.set_ring_window(static_cast<int32_t>(settings_.ring_window()));

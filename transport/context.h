@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
+#include "common/limits.h"
 #include "transport/communicator.h"
 #include "transport/p2p.h"
 
@@ -31,7 +32,7 @@ struct CollectiveOptions {
   // recursive doubling (ChooseAllReduceAlgorithm in transport/ring_schedule.h).
   size_t ring_threshold_bytes = 256 * 1024;
   // Pipeline piece of the reduce-scatter / all-gather, and how many pieces are in flight.
-  size_t chunk_bytes = 256 * 1024;
+  size_t chunk_bytes = kDefaultRingChunkBytes;
   int ring_window = 4;
   // Reduce-scatters (alone or in an all-reduce) are direct, in the canonical reduction order,
   // up to this many ranks, and ring (constant fan-in, order depends on the position) above

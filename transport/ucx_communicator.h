@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/limits.h"
 #include "common/store.h"
 #include "transport/channels.h"
 #include "transport/communicator.h"
@@ -51,7 +52,7 @@ struct UcxOptions : CollectiveOptions {
   // The pipeline piece (CollectiveOptions::chunk_bytes) of a job whose ranks are on more
   // than one host: chunk_bytes becomes the smaller of the two on every rank (Note [Pieces
   // across hosts] in ucx_communicator.cc). 0: chunk_bytes everywhere.
-  size_t chunk_bytes_across_hosts = 16 * 1024;
+  size_t chunk_bytes_across_hosts = kDefaultRingChunkBytesAcrossHosts;
   // Busy-poll at most this long before blocking on the event fd; the spin adapts below it to
   // how long waits take (Note [Adaptive spin] in ucx_p2p.cc). Negative: choose by
   // over-subscription (50 us when ranks on this host <= cores, else none).
