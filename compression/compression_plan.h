@@ -52,6 +52,10 @@ struct PlanChoice {
 
 class CompressionPlan {
  public:
+  // The options' defaults: $min_elements, $min_compression_rate.
+  static constexpr int64_t kDefaultMinElements = 1024;
+  static constexpr double kDefaultMinCompressionRate = 2.0;
+
   // Whether `text` is a plan (a JSON object) rather than a single spec.
   static bool IsPlan(absl::string_view text);
   // Parses and checks a plan (Note [Compression plans]). InvalidArgument naming the key for:
@@ -76,8 +80,8 @@ class CompressionPlan {
     CompressionSpec spec;
   };
   std::vector<Rule> rules_;
-  int64_t min_elements_ = 1024;
-  double min_rate_ = 2.0;
+  int64_t min_elements_ = kDefaultMinElements;
+  double min_rate_ = kDefaultMinCompressionRate;
   std::string canonical_;
 };
 

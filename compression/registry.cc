@@ -53,6 +53,9 @@ std::vector<OptionDef> SparseOptionDefs(bool leader) {
 const std::vector<MethodDef>& Methods() {
   static const auto* methods = new std::vector<MethodDef>{
       {"none", false, {}},
+      // A placeholder the runtime replaces per bucket (Note [Auto compression] in
+      // runtime/auto_compression.h); its compressor, never run there, is none's.
+      {"auto", false, {}},
       {"fp16", false, {{"start_step", Kind::kInt, "0", 0}}},
       {"bf16", false, {{"start_step", Kind::kInt, "0", 0}}},
       {"fp4", false,
@@ -236,7 +239,7 @@ bool MethodApplies(const CompressionSpec& spec, DataType dtype, ReduceOp op) {
 }
 
 absl::StatusOr<std::unique_ptr<Compressor>> CreateCompressor(const CompressionSpec& spec) {
-  if (spec.method == "none") return MakeNoneCompressor();
+  if (spec.method == "none" || spec.method == "auto") return MakeNoneCompressor();
   if (spec.method == "fp16") return MakeCastCompressor(DataType::kFloat16, spec.canonical);
   if (spec.method == "bf16") return MakeCastCompressor(DataType::kBFloat16, spec.canonical);
   if (spec.method == "fp4" || spec.method == "int4") {

@@ -15,7 +15,9 @@
 //                             default 100), beta=B (memory filter, default 1),
 //                             granularity=bucket|tensor (default bucket); scalecomp also
 //                             leader=cyclic|RANK (default cyclic)
-// Every method except none also takes start_step=N (default 0): the first N reductions of
+//   auto                      the runtime chooses per bucket from the link and the step it
+//                             measures (Note [Auto compression], runtime/auto_compression.h)
+// Every method except none and auto also takes start_step=N (default 0): the first N reductions of
 // each tensor run as a plain float32 all-reduce (warm-up).
 // With RegistryOptions::test_methods (BRAID_TEST_COMPRESSORS=1) the registry also knows
 // deliberately harmful methods that exist only to prove the convergence harness can fail:

@@ -56,7 +56,14 @@ std::string DescribeKnob(Knob knob, int64_t v) {
 std::string DescribeSettings(const proto::TunedSettings& s) {
   std::vector<std::string> parts;
   for (Knob k : kKnobs) parts.push_back(DescribeKnob(k, KnobValue(s, k)));
+  if (!s.compression().empty()) parts.push_back(absl::StrCat("auto compression=", s.compression()));
   return absl::StrJoin(parts, ", ");
+}
+
+const std::vector<std::string>& AutoLadder() {
+  static const auto* ladder = new std::vector<std::string>{
+      "none", "fp16", "fp4:ef=1", "powersgd:rank=4", "scalecomp"};
+  return *ladder;
 }
 
 }  // namespace braid

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "proto/braid.pb.h"
 
@@ -24,6 +25,11 @@ void SetKnob(proto::TunedSettings* s, Knob knob, int64_t v);
 std::string DescribeKnob(Knob knob, int64_t v);
 // Every knob, as DescribeKnob, comma-separated.
 std::string DescribeSettings(const proto::TunedSettings& s);
+
+// The methods compression `auto` chooses from, least lossy first, as canonical specs (Note
+// [Auto compression] in runtime/auto_compression.h): none, fp16, fp4:ef=1,
+// powersgd:rank=4, scalecomp (ratio 100). Samples name them by place.
+const std::vector<std::string>& AutoLadder();
 
 }  // namespace braid
 

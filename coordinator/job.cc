@@ -125,6 +125,7 @@ void Job::Form(absl::Time now, Completions* out) {
   table_->set_report_ages(false);  // until a rank asks for them (OpenStream)
   ranks_.assign(world_size_, Rank{});
   autotuner_.reset();
+  chooser_.reset();
   for (size_t i = 0; i < pending.size(); ++i) {
     Rank& r = ranks_[(*formed)[i].rank()];
     r.host = pending[i].request.host();

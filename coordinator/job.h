@@ -21,6 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "coordinator/autotune.h"
+#include "coordinator/compression_choice.h"
 #include "coordinator/negotiation.h"
 #include "proto/braid.pb.h"
 
@@ -90,6 +91,8 @@ class Job {
     std::function<void(int rank, const std::string& why)> on_rank_lost;
     // Under BRAID_AUTOTUNE (Note [Autotuning] in autotune.h).
     AutotuneOptions autotune;
+    // Under compression `auto` (compression_choice.h).
+    ChoiceOptions auto_compression;
   };
   Job(const Options& options, absl::Time now);
 
@@ -190,8 +193,12 @@ class Job {
   void Broadcast(proto::ResponseList rl);
   // The autotuner's start: the job's settings, the ring chunk resolved by topology.
   proto::TunedSettings StartSettings() const;
-  // Takes `rank`'s step samples; sends a settings change when the autotuner decides one.
+  // Takes `rank`'s step samples; sends a settings change when the autotuner or compression
+  // `auto`'s chooser decides one.
   void OnSamples(int rank, const proto::RequestList& msg);
+  void OnAutoSample(int rank, const proto::TuningSample& sample);
+  // Sends `change` to every rank (Note [Settings changes]).
+  void SendSettingsChange(proto::SettingsChange change);
   // FillStatus's settings changed during the job, since when and why, and the autotuner's
   // state.
   void FillSettingsChange(proto::StatusResponse* out) const;
@@ -235,6 +242,9 @@ class Job {
   // Note [Settings changes] (runtime/step_settings.h): the autotuner (BRAID_AUTOTUNE only),
   // the last change sent and the step from which the ranks reported it in force.
   std::unique_ptr<Autotuner> autotuner_;
+  // Compression `auto`'s chooser, from the first sample with `auto` figures; it decides
+  // once autotuning (if any) is done.
+  std::unique_ptr<CompressionChooser> chooser_;
   proto::SettingsChange settings_change_;
   int64_t settings_since_step_ = 0;
   std::vector<Rank> ranks_;

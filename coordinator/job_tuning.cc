@@ -32,6 +32,9 @@ void Job::FillSettingsChange(proto::StatusResponse* out) const {
   if (settings_change_.epoch() > 0) *out->mutable_settings_change() = settings_change_;
   out->set_settings_since_step(settings_since_step_);
   out->set_autotune(autotuner_ == nullptr ? "off" : autotuner_->done() ? "done" : "searching");
+  if (chooser_ != nullptr) {
+    out->set_auto_compression(chooser_->reason().empty() ? "measuring" : chooser_->reason());
+  }
 }
 
 void Job::OnSamples(int rank, const proto::RequestList& msg) {
@@ -41,19 +44,44 @@ void Job::OnSamples(int rank, const proto::RequestList& msg) {
         sample.epoch() == settings_change_.epoch()) {
       settings_since_step_ = sample.step();
     }
+    if (sample.auto_bytes() > 0) OnAutoSample(rank, sample);
     if (autotuner_ == nullptr) continue;
     std::optional<proto::SettingsChange> change = autotuner_->OnSample(rank, sample);
     if (!change) continue;
-    LOG(INFO) << "braid-coordinator: job " << id() << ": settings epoch " << change->epoch()
-              << ": " << DescribeSettings(change->settings()) << " (" << change->reason()
-              << ")";
     table_->set_fusion_threshold(change->settings().fusion_threshold_bytes());
-    settings_change_ = *change;
-    settings_since_step_ = 0;
-    proto::ResponseList rl;
-    *rl.mutable_settings_change() = std::move(*change);
-    Broadcast(std::move(rl));
+    // Autotuning leaves compression `auto`'s method as it is.
+    if (chooser_ != nullptr) change->mutable_settings()->set_compression(chooser_->method());
+    SendSettingsChange(*std::move(change));
   }
+}
+
+void Job::OnAutoSample(int rank, const proto::TuningSample& sample) {
+  if (chooser_ == nullptr) {
+    chooser_ = std::make_unique<CompressionChooser>(opts_.auto_compression, world_size_,
+                                                    settings_change_.epoch());
+  }
+  // Autotuning measures its candidates with the method in force: the choice waits for it.
+  if (autotuner_ != nullptr && !autotuner_->done()) return;
+  std::optional<CompressionChooser::Choice> choice = chooser_->OnSample(rank, sample);
+  if (!choice) return;
+  proto::SettingsChange change;
+  change.set_epoch(settings_change_.epoch() + 1);
+  *change.mutable_settings() =
+      settings_change_.epoch() > 0 ? settings_change_.settings() : StartSettings();
+  change.mutable_settings()->set_compression(choice->method);
+  change.set_reason(choice->reason);
+  SendSettingsChange(std::move(change));
+}
+
+void Job::SendSettingsChange(proto::SettingsChange change) {
+  LOG(INFO) << "braid-coordinator: job " << id() << ": settings epoch " << change.epoch()
+            << ": " << DescribeSettings(change.settings()) << " (" << change.reason() << ")";
+  if (chooser_ != nullptr) chooser_->Changed(change.epoch());
+  settings_change_ = change;
+  settings_since_step_ = 0;
+  proto::ResponseList rl;
+  *rl.mutable_settings_change() = std::move(change);
+  Broadcast(std::move(rl));
 }
 
 }  // namespace braid::coordinator

@@ -23,6 +23,7 @@
 #include "compression/stage.h"
 #include "control/bucket.h"
 #include "runtime/allreduce_pipeline.h"
+#include "runtime/auto_compression.h"
 #include "runtime/data_planes.h"
 #include "runtime/device_planes.h"
 #include "runtime/in_flight.h"
@@ -62,6 +63,8 @@ class Executor {
     std::function<std::optional<std::vector<int>>(int32_t)> process_set_ranks;
     std::function<transport::Channels(uint32_t, const std::vector<int>&)> set_channels;
     std::function<void(const Bucket&)> apply_process_set_change;
+    // Note [Auto compression]: the method `auto` buckets run with; null: as none.
+    AutoCompression* auto_compression = nullptr;
   };
   // Every part outlives the executor.
   explicit Executor(const Parts& parts);
@@ -108,6 +111,10 @@ class Executor {
   // The data plane of an all-reduce bucket at `place` under `method`: the host's, or the
   // NCCL plane's (Note [GPU data planes], runtime/device_planes.h; place->device_plane then
   // set). Errors: DevicePlanes::For's, every rank's alike.
+  // Note [Auto compression]: the method an `auto` bucket runs with, into `method`.
+  absl::Status ChooseAuto(const Bucket& bucket, const std::vector<AllReduceTensor>& tensors,
+                          DataType dtype, ReduceOp op,
+                          const compression::CompressionMethod** method);
   absl::StatusOr<transport::Communicator*> PlaneOf(const Bucket& bucket,
                                                    const compression::CompressionMethod& method,
                                                    BucketPlace* place);

@@ -307,6 +307,8 @@ void Runtime::Impl::MakeExecutor(const proto::JobSettings& job) {
   ep.planes = &planes_;
   ep.control = channels_.control.get();
   ep.stage = stage_.get();
+  auto_compression_ = std::make_unique<AutoCompression>(stage_.get());
+  ep.auto_compression = auto_compression_.get();
   ep.ledger = ledger_.get();
   ep.in_flight = &controller_;
   ep.pipelined_copy = config_.pipelined_copy;

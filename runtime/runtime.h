@@ -116,6 +116,8 @@ struct SettingsApplied {
   int ring_window = 0;
   std::string reason;
   bool tuning_done = false;  // autotuning ended with these
+  // The method of compression `auto` from this step on ("": unchanged, none until the first).
+  std::string compression;
 };
 
 class Runtime {

@@ -204,6 +204,7 @@ class Runtime::Impl {
   mutable absl::Mutex parts_mu_;
   std::unique_ptr<Executor> executor_ ABSL_GUARDED_BY(parts_mu_);
   std::unique_ptr<StepSettings> step_settings_ ABSL_GUARDED_BY(parts_mu_);
+  std::unique_ptr<AutoCompression> auto_compression_ ABSL_GUARDED_BY(parts_mu_);
   // The host data plane's Describe(), taken in Init before braid-loop owns the planes.
   std::string transport_description_ ABSL_GUARDED_BY(parts_mu_);
   // Created by Init (per job: compressor state and counters start fresh) before the client

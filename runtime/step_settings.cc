@@ -37,8 +37,10 @@ bool StepSettings::Before(const Bucket& bucket) {
 }
 
 void StepSettings::Boundary(absl::Time now) {
-  if (hooks_.sample && hooks_.report && (last_sampled_step_ < 0 || step_ <= last_sampled_step_)) {
-    proto::TuningSample s;
+  proto::TuningSample s;
+  const bool auto_ran = hooks_.auto_step && hooks_.auto_step(&s);
+  const bool tuning = hooks_.sample && (last_sampled_step_ < 0 || step_ <= last_sampled_step_);
+  if ((tuning || auto_ran) && hooks_.report) {
     s.set_epoch(epoch_);
     s.set_step(step_);
     s.set_bytes(step_bytes_);
@@ -73,7 +75,7 @@ void StepSettings::Apply(const proto::SettingsChange& change) {
   absl::MutexLock lock(&mu_);
   history_.push_back({epoch_, step_, s.fusion_threshold_bytes(), s.cycle_time_us(),
                       s.ring_chunk_bytes(), s.ring_window(), change.reason(),
-                      change.tuning_done()});
+                      change.tuning_done(), s.compression()});
 }
 
 void StepSettings::WriteLogRow(const proto::SettingsChange& change) {

@@ -1,9 +1,10 @@
 // Note [Settings changes]: settings that change while a job runs (proto TunedSettings: the
-// fusion threshold, the cycle time, the ring's pipeline piece and window), decided in one
+// fusion threshold, the cycle time, the ring's pipeline piece and window, the method of
+// compression `auto`), decided in one
 // place and applied by every rank at the same step boundary, never inside a step.
 //
-// Who decides: the coordinator (today its autotuner, Note [Autotuning] in
-// coordinator/autotune.h). It sends a ResponseList that carries only a SettingsChange, in the
+// Who decides: the coordinator (its autotuner, Note [Autotuning] in coordinator/autotune.h,
+// and compression `auto`'s chooser, Note [Auto compression] in auto_compression.h). It sends a ResponseList that carries only a SettingsChange, in the
 // one order every rank receives (never merged with another list: Note [Coalesced writes] in
 // coordinator/server.cc); under the fast path the ranks apply it at the round they agree on,
 // like any list (Note [Fast path]). So every rank meets the change at the same place in its
@@ -19,7 +20,7 @@
 //
 // What applies where: the cycle time and the fast path's fusion threshold (the controller),
 // the pipeline piece and window (the world's data channel; a process set's channels keep the
-// job's, BRAID_RING_*). The coordinator fuses with the new threshold from the list on: the
+// job's, BRAID_RING_*), the method `auto` buckets run with (AutoCompression). The coordinator fuses with the new threshold from the list on: the
 // rest of that step may already be fused under it. Fusion never changes the result of an
 // uncompressed or per-tensor method (every element is reduced alone, in the canonical
 // order); methods that select over a whole bucket (ScaleComp, top-k and random-k with
@@ -58,6 +59,9 @@ class StepSettings {
     std::string log_path;  // BRAID_AUTOTUNE_LOG (rank 0 writes it)
     std::function<void(const proto::TunedSettings&)> apply;
     std::function<void(const proto::TuningSample&)> report;
+    // Note [Auto compression]: the step's `auto` figures into the sample; false when no
+    // `auto` bucket ran in it (a step that ran one is sampled even after autotuning ends).
+    std::function<bool(proto::TuningSample*)> auto_step;
     // Bytes of `name`'s tensor on this rank when it is an all-reduce in flight, else 0.
     std::function<int64_t(const std::string&)> all_reduce_bytes;
     std::function<absl::Time()> clock;  // null: absl::Now

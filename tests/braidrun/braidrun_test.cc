@@ -655,7 +655,7 @@ TEST(Braidrun, BadCompressionSpecIsAUsageError) {
   EXPECT_EQ(r.exit_code(), 2);
   EXPECT_EQ(r.out, "") << "no rank started";
   EXPECT_THAT(r.err, HasSubstr("braidrun: --compression: compression 'fp5': unknown method 'fp5'; "
-                               "valid methods: none, fp16, bf16, fp4, int4"));
+                               "valid methods: none, auto, fp16, bf16, fp4, int4"));
   r = RunBraidrun({"-np", "2", "/bin/echo", "started"}, 30,
                   CleanEnv({"BRAID_COMPRESSION=fp4:chunk=1"}));
   EXPECT_EQ(r.exit_code(), 2);

@@ -54,3 +54,53 @@ def test_every_rank_changes_settings_at_the_same_steps(tmp_path):
     assert f"ring_window={best[5]}" in kept, (best, kept)
     cycle = "own" if float(best[3]) == 0 else f"{float(best[3]):g}ms"
     assert f"cycle_time={cycle}" in kept, (best, kept)
+
+
+AUTO_WORKER = """
+import torch
+import braid.torch as hvd
+
+hvd.init()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 10))
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                               named_parameters=model.named_parameters(), compression="auto")
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+x = torch.randn(32, 64)
+for step in range(20):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), torch.zeros(32, 10)).backward()
+    opt.step()
+print("rank", hvd.rank(), "weights", float(model[0].weight.sum()), flush=True)
+hvd.shutdown()
+"""
+
+
+def test_compression_auto_chooses_once_at_the_same_step(tmp_path):
+    """DistributedOptimizer(compression="auto") through braidrun: after the warm-up steps and
+    a window, both ranks apply the same choice at the same step, and its reason; over shared
+    memory with this small model, none (docs/compression.md, Chosen by braid)."""
+    braidrun = build_dir() / "tools" / "braidrun" / "braidrun"
+    if not braidrun.exists():
+        pytest.skip("braidrun is not built")
+    worker = tmp_path / "auto_worker.py"
+    worker.write_text(AUTO_WORKER)
+    env = dict(os.environ, UCX_TLS="sm", UCX_NET_DEVICES="lo", GLOG_v="1",
+               PYTHONPATH=str(build_dir() / "python"))
+    out = subprocess.run([str(braidrun), "-np", "2", PYTHON, str(worker)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    changes = {0: [], 1: []}
+    for line in text.splitlines():
+        m = CHANGE.match(line)
+        if m:
+            changes[int(m.group(1))].append(m.groups()[1:])
+    assert len(changes[0]) == 1, text[-4000:]
+    assert changes[1] == changes[0]
+    epoch, step, settings, reason = changes[0][0]
+    assert epoch == "1" and int(step) >= 11, changes[0]
+    assert settings.endswith("auto compression=none"), settings
+    assert reason.startswith("auto: none, link ") and "fits" in reason, reason
+    weights = re.findall(r"rank (\d) weights (\S+)", text)
+    assert len(weights) == 2 and weights[0][1] == weights[1][1], weights

@@ -331,8 +331,8 @@ TEST(RegistryTest, CanonicalFormsAndDefaults) {
 
 TEST(RegistryTest, ErrorsListWhatIsValid) {
   EXPECT_EQ(ParseCompressionSpec("fp5").status().message(),
-            "compression 'fp5': unknown method 'fp5'; valid methods: none, fp16, bf16, fp4, int4, "
-            "powersgd, scalecomp, topk, randomk");
+            "compression 'fp5': unknown method 'fp5'; valid methods: none, auto, fp16, bf16, fp4, "
+            "int4, powersgd, scalecomp, topk, randomk");
   EXPECT_EQ(ParseCompressionSpec("fp4:chnk=3").status().message(),
             "compression 'fp4:chnk=3': unknown option 'chnk' for fp4; valid options: chunk, ef, "
             "beta, start_step");
@@ -350,7 +350,7 @@ TEST(RegistryTest, ErrorsListWhatIsValid) {
             "compression 'fp4:chunk=64,': empty option; write method:option=value,option=value");
   EXPECT_EQ(ParseCompressionSpec("test_randomk").status().message(),
             "compression 'test_randomk': unknown method 'test_randomk'; valid methods: none, "
-            "fp16, bf16, fp4, int4, powersgd, scalecomp, topk, randomk (test-only methods need "
+            "auto, fp16, bf16, fp4, int4, powersgd, scalecomp, topk, randomk (test-only methods need "
             "BRAID_TEST_COMPRESSORS=1)");
   // Test-only methods exist only when asked for.
   EXPECT_FALSE(ParseCompressionSpec("test_randomk").ok());

@@ -116,6 +116,10 @@ void PrintTable(const braid::proto::StatusResponse& s, const std::string& addres
                 braid::DescribeSettings(c.settings()).c_str(),
                 c.reason().c_str());
   }
+  // Note [Auto compression]: the method `auto` tensors run with and why.
+  if (!s.auto_compression().empty()) {
+    std::printf("compression auto: %s\n", s.auto_compression().c_str());
+  }
   if (s.compression_size() > 0) PrintCompression(s);
   std::printf("\n%-5s %-20s %-8s %-12s %s\n", "RANK", "HOST", "PID", "STATE", "LAST SEEN");
   for (const auto& r : s.ranks()) {
