@@ -170,6 +170,18 @@ class HostSet:
                 rec = json.loads(line[len("[0] RESULT "):])
                 rec.update(method=method, label=label, rate=self.rate,
                            job_seconds=time.monotonic() - start, **started)
+                # What a job changed while it ran (compression auto's choices, autotuning's
+                # candidates): rank 0 logs each as it applies it.
+                rec["settings_changes"] = [
+                    ln.split("braid: settings ", 1)[1]
+                    for ln in (r.stdout + r.stderr).splitlines()
+                    if ln.startswith("[0] ") and "braid: settings epoch" in ln]
+                # Compression auto's choices in the label: "braid auto (fp4:ef=1 from step 12)".
+                chosen = [re.search(r"from step (\d+): .*auto compression=(\S+) ", c)
+                          for c in rec["settings_changes"]]
+                chosen = [f"{m.group(2)} from step {m.group(1)}" for m in chosen if m]
+                if chosen:
+                    rec["label"] = f"{label} ({', '.join(chosen)})"
                 return rec
         lines = (r.stdout + r.stderr).splitlines()
         # The first error lines of any rank first: the rank that failed first is often not the
