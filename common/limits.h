@@ -30,8 +30,13 @@ inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 48;
 // A compression spec ("fp4:chunk=64,ef=1").
 inline constexpr size_t kMaxCompressionSpecBytes = 256;
 // A compression plan (compression/compression_plan.h), resolved on its rank into one spec per
-// tensor: only the spec travels.
+// tensor: only the spec (and, for the statistics, the pattern that matched) travels.
 inline constexpr size_t kMaxCompressionPlanBytes = 64 * 1024;
+// The plan pattern a tensor's compression came from, as it travels with its request for the
+// statistics (Request.compression_pattern, Note [Compression groups] in
+// control/compression_groups.h): a longer one (a plan's key may be as long as the plan) is
+// cut to this on its rank (Truncated), and refused by the coordinator.
+inline constexpr size_t kMaxCompressionPatternBytes = 256;
 // BRAID_RING_CHUNK_BYTES (0: by topology) and BRAID_RING_WINDOW: a window of pieces has a
 // slot of scratch each, so their product bounds a collective's scratch per peer.
 inline constexpr int64_t kMinRingChunkBytes = 1024;

@@ -353,11 +353,21 @@ absl::Status Job::Heartbeat(const proto::HeartbeatRequest& req, absl::string_vie
     for (const proto::MethodBytes& m : reports) n += m.reductions();
     return n;
   };
-  if (total(req.compression()) >= total(r.compression)) {
-    r.compression.assign(req.compression().begin(), req.compression().end());
+  // Per group when the rank reports them (Note [Compression groups]), else per method: a
+  // rank that predates the groups, each method then one group with no pattern.
+  const auto& groups =
+      req.compression_groups_size() > 0 ? req.compression_groups() : req.compression();
+  if (total(groups) >= total(r.compression)) {
+    r.compression.assign(groups.begin(), groups.end());
   }
   if (req.fast_path_buckets() >= r.fast_path_buckets) {  // cumulative too: keep the newer
     r.fast_path.assign(req.fast_path().begin(), req.fast_path().end());
+    // Per group when the rank reports them, else its per-method counts (all-reduces only).
+    r.fast_path_groups.clear();
+    for (const proto::MethodNegotiated& m :
+         req.fast_path_groups_size() > 0 ? req.fast_path_groups() : req.fast_path()) {
+      if (!m.method().empty()) r.fast_path_groups.push_back(m);
+    }
     r.fast_path_buckets = req.fast_path_buckets();
     r.fast_path_sets.clear();
     r.fast_path_sets.insert(req.fast_path_sets().begin(), req.fast_path_sets().end());

@@ -14,6 +14,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -173,10 +174,13 @@ class Job {
     int64_t pid = 0;
     RankState state = RankState::kRegistered;
     absl::Time last_seen = absl::InfinitePast();
-    // The rank's latest per-method byte counters (from its heartbeats), cumulative.
+    // The rank's latest byte counters per group of tensors (from its heartbeats: Note
+    // [Compression groups]; per method from a rank that predates the groups), cumulative.
     std::vector<proto::MethodBytes> compression;
-    // What it ran that the ranks agreed without the coordinator (BRAID_FAST_PATH), cumulative.
+    // What it ran that the ranks agreed without the coordinator (BRAID_FAST_PATH), cumulative:
+    // per method (the job's totals), and per group of all-reduces (the compression rows).
     std::vector<proto::MethodNegotiated> fast_path;
+    std::vector<proto::MethodNegotiated> fast_path_groups;
     int64_t fast_path_buckets = 0;
     std::map<int32_t, int64_t> fast_path_sets;  // process set -> tensors
     std::shared_ptr<StreamSink> stream;  // null unless negotiating
@@ -223,9 +227,12 @@ class Job {
   absl::Status CheckToken(int rank, absl::string_view token, absl::string_view what) const;
   void InspectNegotiationDeadline(absl::Time now);
   void MaybeEnd(absl::Time now);
+  // One row per group (method, pattern), bounded (Note [Compression groups]).
   std::vector<proto::CompressionStat> CompressionStats() const;
   // Per method: the largest of the ranks' fast-path reports (every rank runs the same work).
   std::map<std::string, proto::MethodNegotiated> FastPathByMethod() const;
+  // The same per group of all-reduces, by (method, pattern).
+  std::map<std::pair<std::string, std::string>, proto::MethodNegotiated> FastPathByGroup() const;
   std::string JobState() const;
   absl::Duration heartbeat_timeout() const {
     return absl::Milliseconds(settings_.heartbeat_timeout_ms());

@@ -2,11 +2,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "control/compression_groups.h"
 #include "coordinator/job.h"
 
 namespace braid::coordinator {
@@ -30,52 +32,86 @@ std::map<std::string, proto::MethodNegotiated> Job::FastPathByMethod() const {
   return out;
 }
 
-// One row per method, by method: what was negotiated (one rank's share) merged with what the
-// ranks reported (summed over them). See CompressionStat in proto/braid.proto.
-std::vector<proto::CompressionStat> Job::CompressionStats() const {
-  std::map<std::string, proto::CompressionStat> by_method;
-  if (table_) {
-    for (const auto& [method, counts] : table_->by_compression()) {
-      proto::CompressionStat& c = by_method[method];
-      c.set_tensors(counts.first);
-      c.set_bytes_before(counts.second);
+std::map<std::pair<std::string, std::string>, proto::MethodNegotiated> Job::FastPathByGroup()
+    const {
+  std::map<std::pair<std::string, std::string>, proto::MethodNegotiated> out;
+  for (const Rank& r : ranks_) {
+    for (const proto::MethodNegotiated& m : r.fast_path_groups) {
+      proto::MethodNegotiated& best = out[{m.method(), m.pattern()}];
+      if (m.tensors() > best.tensors()) best = m;
     }
   }
-  for (const auto& [method, m] : FastPathByMethod()) {
-    if (method.empty()) continue;  // collectives other than all-reduce: totals only
-    proto::CompressionStat& c = by_method[method];
+  return out;
+}
+
+namespace {
+
+using StatGroups = control::CompressionGroups<proto::CompressionStat>;
+
+// Adds one rank's reported counters (MethodBytes, per group) to `groups`; the rank counts
+// once among a row's ranks_reporting, even where two of its groups fold into one row.
+void AddRankReport(const std::vector<proto::MethodBytes>& report, StatGroups* groups) {
+  std::set<const proto::CompressionStat*> reported;
+  for (const proto::MethodBytes& m : report) {
+    proto::CompressionStat& c = groups->At(m.method(), m.pattern()).second;
+    c.set_reductions(c.reductions() + m.reductions());
+    c.set_uncompressed_bytes(c.uncompressed_bytes() + m.uncompressed_bytes());
+    c.set_payload_bytes(c.payload_bytes() + m.payload_bytes());
+    c.set_transport_bytes(c.transport_bytes() + m.transport_bytes());
+    c.set_reference_transport_bytes(c.reference_transport_bytes() +
+                                    m.reference_transport_bytes());
+    if (reported.insert(&c).second) c.set_ranks_reporting(c.ranks_reporting() + 1);
+  }
+}
+
+// The row of `method` and `pattern`, its counts summed: bytes_after and the ratio.
+proto::CompressionStat Row(const std::string& method, const std::string& pattern,
+                           proto::CompressionStat c) {
+  c.set_method(method);
+  c.set_pattern(pattern);
+  if (c.ranks_reporting() > 0) {
+    c.set_bytes_after(c.payload_bytes() / c.ranks_reporting());
+    c.set_ratio(c.payload_bytes() == 0 ? 0.0
+                                       : static_cast<double>(c.uncompressed_bytes()) /
+                                             static_cast<double>(c.payload_bytes()));
+  } else {
+    // No rank reported yet (or a client that does not report): only "none" is known from
+    // negotiation alone, its payload being the tensor itself.
+    c.set_bytes_after(method == "none" ? c.bytes_before() : 0);
+    c.set_ratio(method == "none" ? 1.0 : 0.0);
+  }
+  return c;
+}
+
+}  // namespace
+
+// One row per group of tensors (method, plan pattern: Note [Compression groups]), by method
+// then pattern: what was negotiated (one rank's share) merged with what the ranks reported
+// (summed over them), in one table bounded as the ranks' own (negotiation first, then the
+// fast path, then the ranks in order). See CompressionStat in proto/braid.proto.
+std::vector<proto::CompressionStat> Job::CompressionStats() const {
+  StatGroups groups;
+  if (table_) {
+    table_->by_compression().ForEach([&groups](const std::string& method,
+                                               const std::string& pattern,
+                                               const std::pair<int64_t, int64_t>& counts) {
+      proto::CompressionStat& c = groups.At(method, pattern).second;
+      c.set_tensors(c.tensors() + counts.first);
+      c.set_bytes_before(c.bytes_before() + counts.second);
+    });
+  }
+  for (const auto& [group, m] : FastPathByGroup()) {
+    proto::CompressionStat& c = groups.At(group.first, group.second).second;
     c.set_tensors(c.tensors() + m.tensors());
     c.set_bytes_before(c.bytes_before() + m.bytes());
   }
-  for (const Rank& r : ranks_) {
-    for (const proto::MethodBytes& m : r.compression) {
-      proto::CompressionStat& c = by_method[m.method()];
-      c.set_reductions(c.reductions() + m.reductions());
-      c.set_uncompressed_bytes(c.uncompressed_bytes() + m.uncompressed_bytes());
-      c.set_payload_bytes(c.payload_bytes() + m.payload_bytes());
-      c.set_transport_bytes(c.transport_bytes() + m.transport_bytes());
-      c.set_reference_transport_bytes(c.reference_transport_bytes() +
-                                      m.reference_transport_bytes());
-      c.set_ranks_reporting(c.ranks_reporting() + 1);
-    }
-  }
+  for (const Rank& r : ranks_) AddRankReport(r.compression, &groups);
   std::vector<proto::CompressionStat> out;
-  out.reserve(by_method.size());
-  for (auto& [method, c] : by_method) {
-    c.set_method(method);
-    if (c.ranks_reporting() > 0) {
-      c.set_bytes_after(c.payload_bytes() / c.ranks_reporting());
-      c.set_ratio(c.payload_bytes() == 0 ? 0.0
-                                         : static_cast<double>(c.uncompressed_bytes()) /
-                                               static_cast<double>(c.payload_bytes()));
-    } else {
-      // No rank reported yet (or a client that does not report): only "none" is known from
-      // negotiation alone, its payload being the tensor itself.
-      c.set_bytes_after(method == "none" ? c.bytes_before() : 0);
-      c.set_ratio(method == "none" ? 1.0 : 0.0);
-    }
-    out.push_back(std::move(c));
-  }
+  out.reserve(groups.size());
+  groups.ForEach([&out](const std::string& method, const std::string& pattern,
+                        const proto::CompressionStat& c) {
+    out.push_back(Row(method, pattern, c));
+  });
   return out;
 }
 

@@ -396,7 +396,10 @@ void NegotiationTable::Respond(const std::string& name_ref, absl::Time now,
       // "none"'s bytes_before and bytes_after count the same tensors.
       if (first.collective() == proto::ALLREDUCE) {
         auto& [tensors, total] =
-            by_compression_[first.compression().empty() ? "none" : first.compression()];
+            by_compression_
+                .At(first.compression().empty() ? "none" : first.compression(),
+                    first.compression_pattern())
+                .second;
         ++tensors;
         total += bytes;
       }

@@ -78,6 +78,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "control/compression_groups.h"
 #include "control/process_sets.h"
 #include "coordinator/validation.h"
 #include "proto/braid.pb.h"
@@ -174,8 +175,9 @@ class NegotiationTable {
   int world_size() const { return world_size_; }
   int64_t tensors_negotiated() const { return negotiated_; }
   int64_t bytes_negotiated() const { return bytes_negotiated_; }
-  // Per compression method ("none" for uncompressed): tensors and bytes negotiated.
-  const std::map<std::string, std::pair<int64_t, int64_t>>& by_compression() const {
+  // Per group of all-reduces, compression method ("none" for uncompressed) and plan pattern
+  // (Note [Compression groups] in control/compression_groups.h): tensors and bytes negotiated.
+  const control::CompressionGroups<std::pair<int64_t, int64_t>>& by_compression() const {
     return by_compression_;
   }
 
@@ -298,7 +300,7 @@ class NegotiationTable {
   std::map<int32_t, int> last_joined_;  // per process set
   int64_t negotiated_ = 0;
   int64_t bytes_negotiated_ = 0;
-  std::map<std::string, std::pair<int64_t, int64_t>> by_compression_;
+  control::CompressionGroups<std::pair<int64_t, int64_t>> by_compression_;
 };
 
 }  // namespace braid::coordinator

@@ -234,6 +234,11 @@ absl::Status ValidateRequest(int rank, const proto::Request& req) {
         "the compression spec is ", req.compression().size(),
         " bytes long, more than the limit of ", kMaxCompressionSpecBytes)));
   }
+  if (req.compression_pattern().size() > kMaxCompressionPatternBytes) {
+    return bad(absl::InvalidArgumentError(absl::StrCat(
+        "the compression pattern is ", req.compression_pattern().size(),
+        " bytes long, more than the limit of ", kMaxCompressionPatternBytes)));
+  }
   return absl::OkStatus();
 }
 

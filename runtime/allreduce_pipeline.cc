@@ -371,7 +371,7 @@ void AllReducePipeline::Book(const BucketRun& run, int world_size) {
     s.payload_bytes = b.warm_up ? s.uncompressed_bytes : b.payload_bytes;
     s.transport_bytes = b.transport_bytes;
     s.reference_transport_bytes = ReferenceTransportBytes(s.uncompressed_bytes, world_size);
-    ledger_->Record(run.tensors[i].name, run.method->spec(), s);
+    ledger_->Record(run.tensors[i].name, run.method->spec(), run.tensors[i].pattern, s);
   }
 }
 

@@ -113,6 +113,9 @@ struct AllReduceTensor {
   // fills its place in the fusion buffer with the op's identity (zeros for sum and average)
   // and its result is dropped.
   bool joined = false;
+  // The plan pattern its compression came from, as its bytes are booked (Note [Compression
+  // groups], control/compression_groups.h); "" when none did, and for a joined tensor.
+  absl::string_view pattern = "";
 };
 
 // The fusion buffer of one device: 64-byte aligned, grown (at least doubling) when a bucket

@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "compression/stage.h"
 #include "control/bucket.h"
+#include "control/compression_groups.h"
 #include "control/coordinator_client.h"
 #include "proto/braid.pb.h"
 #include "runtime/fast_path.h"
@@ -240,6 +241,9 @@ class NegotiationController : public InFlight {
   mutable absl::Mutex fast_stats_mu_;  // a leaf
   std::map<std::string, std::pair<int64_t, int64_t>> fast_by_method_
       ABSL_GUARDED_BY(fast_stats_mu_);  // method -> (tensors, bytes)
+  // The same per method and plan pattern (Note [Compression groups]), all-reduces only.
+  control::CompressionGroups<std::pair<int64_t, int64_t>> fast_by_group_
+      ABSL_GUARDED_BY(fast_stats_mu_);
   int64_t fast_buckets_ ABSL_GUARDED_BY(fast_stats_mu_) = 0;
   std::map<int32_t, int64_t> fast_by_set_ ABSL_GUARDED_BY(fast_stats_mu_);  // process set -> tensors
 };

@@ -333,9 +333,14 @@ void NegotiationController::CountFastBucket(const std::vector<int32_t>& ids) {
                                : r.compression().empty()          ? "none"
                                                                   : r.compression();
     if (r.process_set_id() != 0) ++fast_by_set_[r.process_set_id()];
+    const int64_t request_bytes = RequestBytes(r);
     auto& [tensors, bytes] = fast_by_method_[method];
     ++tensors;
-    bytes += RequestBytes(r);
+    bytes += request_bytes;
+    if (method.empty()) continue;
+    auto& [group_tensors, group_bytes] = fast_by_group_.At(method, r.compression_pattern()).second;
+    ++group_tensors;
+    group_bytes += request_bytes;
   }
 }
 
@@ -347,6 +352,14 @@ void NegotiationController::AddFastPathTotals(proto::HeartbeatRequest* hb) const
     m->set_tensors(counts.first);
     m->set_bytes(counts.second);
   }
+  fast_by_group_.ForEach([hb](const std::string& method, const std::string& pattern,
+                              const std::pair<int64_t, int64_t>& counts) {
+    proto::MethodNegotiated* m = hb->add_fast_path_groups();
+    m->set_method(method);
+    m->set_pattern(pattern);
+    m->set_tensors(counts.first);
+    m->set_bytes(counts.second);
+  });
   hb->set_fast_path_buckets(fast_buckets_);
   for (const auto& [set, tensors] : fast_by_set_) (*hb->mutable_fast_path_sets())[set] = tensors;
 }

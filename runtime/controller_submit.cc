@@ -10,7 +10,8 @@
 namespace braid {
 namespace {
 
-proto::Request ToProto(const CollectiveRequest& req, const std::string& compression) {
+proto::Request ToProto(const CollectiveRequest& req, const std::string& compression,
+                       const std::string& pattern) {
   proto::Request p;
   p.set_name(req.name);
   p.set_collective(static_cast<proto::Collective>(req.collective));
@@ -22,6 +23,7 @@ proto::Request ToProto(const CollectiveRequest& req, const std::string& compress
   p.set_root_rank(req.root_rank);
   p.set_process_set_id(req.process_set_id);
   p.set_compression(compression);
+  p.set_compression_pattern(pattern);
   for (int r : req.process_set_ranks) p.add_process_set_ranks(r);
   p.set_target_process_set_id(req.target_process_set_id);
   p.set_members_only(req.members_only);
@@ -67,6 +69,7 @@ absl::Status NegotiationController::Start(const Parts& parts) {
   {
     absl::MutexLock lock(&fast_stats_mu_);
     fast_by_method_.clear();
+    fast_by_group_ = {};
     fast_buckets_ = 0;
   }
   absl::Status s = parts_.client->StartNegotiation(
@@ -179,13 +182,16 @@ absl::StatusOr<std::shared_ptr<Handle>> NegotiationController::Submit(Collective
     return accepted.status();
   }
   const compression::CompressionMethod* method = accepted->method;
+  // The pattern the runtime resolved replaces the caller's (Note [Compression groups]).
+  req.compression_pattern = method != nullptr ? std::move(accepted->pattern) : std::string();
   auto handle = std::make_shared<Handle>();
   if (!abort_.ok()) {
     handle->Complete(abort_);
     return handle;
   }
   // The canonical spec travels (the coordinator compares it across ranks as it is).
-  proto::Request p = ToProto(req, method != nullptr ? method->spec() : std::string());
+  proto::Request p = ToProto(req, method != nullptr ? method->spec() : std::string(),
+                             req.compression_pattern);
   std::string request_bytes = p.SerializeAsString();
   if (req.collective == Collective::kBarrier) ++barriers_outgoing_;
   outgoing_.push_back(std::move(p));

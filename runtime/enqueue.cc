@@ -34,6 +34,12 @@ absl::Status CheckSplits(const CollectiveRequest& r, int size,
   return absl::OkStatus();
 }
 
+// A plan pattern as it travels (Request.compression_pattern): at most
+// kMaxCompressionPatternBytes, "..." included.
+std::string BoundedPattern(absl::string_view pattern) {
+  return Truncated(pattern, kMaxCompressionPatternBytes - 3);
+}
+
 }  // namespace
 
 std::vector<std::string> CompressionMethods(bool test_methods) {
@@ -55,15 +61,18 @@ absl::StatusOr<std::string> CanonicalCompression(absl::string_view spec, bool te
   return parsed.canonical;
 }
 
-absl::StatusOr<std::string> CompressionPlanSpec(absl::string_view plan, absl::string_view name,
-                                                absl::Span<const int64_t> shape, DataType dtype,
-                                                ReduceOp op, bool test_methods) {
+absl::StatusOr<CompressionPlanChoice> CompressionPlanFor(absl::string_view plan,
+                                                         absl::string_view name,
+                                                         absl::Span<const int64_t> shape,
+                                                         DataType dtype, ReduceOp op,
+                                                         bool test_methods) {
   compression::RegistryOptions o;
   o.test_methods = test_methods;
   BRAID_ASSIGN_OR_RETURN(compression::CompressionPlan parsed,
                          compression::CompressionPlan::Parse(plan, o));
   BRAID_RETURN_IF_ERROR(ShapeElements("shape", shape).status());  // For multiplies it out
-  return parsed.For(name, shape, dtype, op).spec;
+  compression::PlanChoice choice = parsed.For(name, shape, dtype, op);
+  return CompressionPlanChoice{std::move(choice.spec), BoundedPattern(choice.pattern)};
 }
 
 absl::Status Runtime::Impl::CheckNoCompressionInFlight(absl::string_view what) const {
@@ -99,6 +108,9 @@ absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r, int set_siz
   const int64_t n = *elements;
   auto bytes = TensorBytes("shape", n, DataTypeSize(r.dtype));
   if (!bytes.ok()) return bad(std::string(bytes.status().message()));
+  if (InvalidUtf8Offset(r.compression_pattern) < r.compression_pattern.size()) {
+    return bad("compression_pattern is not valid UTF-8");
+  }
   if (const size_t limit = compression::MaxCompressionBytes(r.compression);
       r.compression.size() > limit) {
     return bad(absl::StrCat("compression is ", r.compression.size(),
@@ -129,8 +141,8 @@ absl::Status Runtime::Impl::CheckRequest(const CollectiveRequest& r, int set_siz
   return absl::OkStatus();
 }
 
-absl::StatusOr<const compression::CompressionMethod*> Runtime::Impl::ResolveCompression(
-    const CollectiveRequest& r, absl::string_view plan_name) const {
+absl::StatusOr<Accepted> Runtime::Impl::ResolveCompression(const CollectiveRequest& r,
+                                                           absl::string_view plan_name) const {
   // Compression applies to floating-point sum / average all-reduces (MethodApplies). The
   // job's default (BRAID_COMPRESSION) silently skips other tensors, as Horovod's compressors
   // do; a method asked for explicitly on one of them is an error.
@@ -157,14 +169,17 @@ absl::StatusOr<const compression::CompressionMethod*> Runtime::Impl::ResolveComp
                                                    "' on rank ", rank_, ": ",
                                                    method.status().message()));
   }
-  if ((*method)->is_none()) return allreduce ? *method : nullptr;
-  if (!allreduce || !(*method)->Applies(r.dtype, r.op)) {
+  if ((*method)->is_none() && !allreduce) return nullptr;
+  if (!(*method)->is_none() && (!allreduce || !(*method)->Applies(r.dtype, r.op))) {
     return absl::InvalidArgumentError(absl::StrCat(
         CollectiveName(r.collective), " '", r.name, "' on rank ", rank_, ": compression '",
         (*method)->spec(), "' applies only to allreduce of floating-point tensors with op sum or ",
         "average, got ", DataTypeName(r.dtype), " / ", ReduceOpName(r.op)));
   }
-  return *method;
+  // A caller that resolved a plan itself names the pattern it matched.
+  Accepted accepted(*method);
+  accepted.pattern = BoundedPattern(r.compression_pattern);
+  return accepted;
 }
 
 absl::StatusOr<std::shared_ptr<const compression::CompressionPlan>> Runtime::Impl::PlanOf(
@@ -185,9 +200,9 @@ absl::StatusOr<std::shared_ptr<const compression::CompressionPlan>> Runtime::Imp
   return shared;
 }
 
-absl::StatusOr<const compression::CompressionMethod*> Runtime::Impl::FromPlan(
-    const compression::CompressionPlan& plan, const CollectiveRequest& r,
-    absl::string_view plan_name) const {
+absl::StatusOr<Accepted> Runtime::Impl::FromPlan(const compression::CompressionPlan& plan,
+                                                 const CollectiveRequest& r,
+                                                 absl::string_view plan_name) const {
   const compression::PlanChoice choice = plan.For(plan_name, r.shape, r.dtype, r.op);
   // Checked by the plan's parse: a failure here is the stage's (a missing library).
   absl::StatusOr<const compression::CompressionMethod*> method = stage_->Resolve(choice.spec);
@@ -196,7 +211,9 @@ absl::StatusOr<const compression::CompressionMethod*> Runtime::Impl::FromPlan(
                         absl::StrCat(CollectiveName(r.collective), " '", r.name, "' on rank ",
                                      rank_, ": ", method.status().message()));
   }
-  return *method;
+  Accepted accepted(*method);
+  accepted.pattern = BoundedPattern(choice.pattern);
+  return accepted;
 }
 
 absl::Status Runtime::Impl::ReportFailure(const std::string& name, const absl::Status& cause) {
@@ -221,9 +238,8 @@ absl::StatusOr<int> Runtime::Impl::CheckProcessSet(const CollectiveRequest& r) c
   return static_cast<int>(ranks->size());
 }
 
-absl::StatusOr<Accepted> Runtime::Impl::AcceptDevice(
-    const CollectiveRequest& r, const compression::CompressionMethod* method) const {
-  Accepted accepted(method);
+absl::StatusOr<Accepted> Runtime::Impl::AcceptDevice(const CollectiveRequest& r,
+                                                     Accepted accepted) const {
   if (r.device.type == DeviceType::kCPU && r.device.id == 0) return accepted;
   const std::string what =
       absl::StrCat(CollectiveName(r.collective), " '", r.name, "' on rank ", rank_, ": ");
@@ -278,9 +294,8 @@ absl::StatusOr<std::shared_ptr<Handle>> Runtime::Impl::Enqueue(CollectiveRequest
       std::move(req),
       [this, set_size, &plan_name](const CollectiveRequest& r) -> absl::StatusOr<Accepted> {
         BRAID_RETURN_IF_ERROR(CheckRequest(r, set_size));
-        BRAID_ASSIGN_OR_RETURN(const compression::CompressionMethod* method,
-                               ResolveCompression(r, plan_name));
-        return AcceptDevice(r, method);
+        BRAID_ASSIGN_OR_RETURN(Accepted accepted, ResolveCompression(r, plan_name));
+        return AcceptDevice(r, std::move(accepted));
       });
 }
 

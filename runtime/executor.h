@@ -111,8 +111,10 @@ class Executor {
   // The data plane of an all-reduce bucket at `place` under `method`: the host's, or the
   // NCCL plane's (Note [GPU data planes], runtime/device_planes.h; place->device_plane then
   // set). Errors: DevicePlanes::For's, every rank's alike.
-  // Note [Auto compression]: the method an `auto` bucket runs with, into `method`.
-  absl::Status ChooseAuto(const Bucket& bucket, const std::vector<AllReduceTensor>& tensors,
+  // Note [Auto compression]: the method an `auto` bucket runs with, into `method`; the
+  // tensors' patterns become their AutoCompressionPattern (runtime/statistics.h), so their
+  // bytes count in groups that say auto chose the method.
+  absl::Status ChooseAuto(const Bucket& bucket, std::vector<AllReduceTensor>* tensors,
                           DataType dtype, ReduceOp op,
                           const compression::CompressionMethod** method);
   absl::StatusOr<transport::Communicator*> PlaneOf(const Bucket& bucket,
@@ -188,6 +190,7 @@ class Executor {
   std::shared_ptr<const device::DeviceRegistry> devices_;
   AllReducePipeline pipeline_;
   std::map<DeviceType, DeviceRef> last_device_;  // per type, the last a bucket of ours used
+  std::vector<std::string> auto_patterns_;  // braid-loop's: ChooseAuto's, viewed by tensors
   // braid-loop's: the bucket running is on a GPU; it failed here before its collectives
   // (NotRun), which ends the job once it is done.
   bool gpu_bucket_ = false;

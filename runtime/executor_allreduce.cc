@@ -90,7 +90,8 @@ absl::Status Executor::RunAllReduce(const Bucket& bucket,
           "bucket ", bucket.id, " mixes '", own->req.name, "' and '", e->req.name,
           "', which do not fuse")));
     }
-    tensors.push_back({e->req.name, e->req.shape, e->req.input, e->req.output});
+    tensors.push_back({e->req.name, e->req.shape, e->req.input, e->req.output, false,
+                       e->req.compression_pattern});
     // braid's work waits for the caller's stream to reach the point of the enqueue.
     if (e->ready != nullptr) {
       absl::Status s = place.device->WaitEvent(place.stream, *e->ready);
@@ -98,21 +99,29 @@ absl::Status Executor::RunAllReduce(const Bucket& bucket,
     }
   }
   const bool is_auto = method->parsed().method == "auto" && parts_.auto_compression != nullptr;
-  if (is_auto) BRAID_RETURN_IF_ERROR(ChooseAuto(bucket, tensors, dtype, op, &method));
+  if (is_auto) BRAID_RETURN_IF_ERROR(ChooseAuto(bucket, &tensors, dtype, op, &method));
   BRAID_ASSIGN_OR_RETURN(transport::Communicator* comm, PlaneOf(bucket, *method, &place));
   absl::Status s = pipeline_.Run(bucket.id, *method, dtype, op, tensors, *comm, timeline, place);
   if (is_auto) parts_.auto_compression->Ran();
   return s;
 }
 
-absl::Status Executor::ChooseAuto(const Bucket& bucket, const std::vector<AllReduceTensor>& tensors,
+absl::Status Executor::ChooseAuto(const Bucket& bucket, std::vector<AllReduceTensor>* tensors,
                                   DataType dtype, ReduceOp op,
                                   const compression::CompressionMethod** method) {
   // Note [Auto compression]: `auto` runs with the method in force, per bucket.
   absl::StatusOr<const compression::CompressionMethod*> chosen =
-      parts_.auto_compression->ForBucket(tensors, dtype, op);
+      parts_.auto_compression->ForBucket(*tensors, dtype, op);
   if (!chosen.ok()) return NotRun(chosen.status());
   *method = *chosen;
+  // Its bytes count under the method chosen, in a group that says auto chose it (Note
+  // [Compression groups]); the strings outlive the bucket's run.
+  auto_patterns_.clear();
+  auto_patterns_.reserve(tensors->size());
+  for (const AllReduceTensor& t : *tensors) {
+    auto_patterns_.push_back(AutoCompressionPattern(t.pattern));
+  }
+  for (size_t i = 0; i < tensors->size(); ++i) (*tensors)[i].pattern = auto_patterns_[i];
   nccl_candidate_ =
       gpu_bucket_ && MayRunOnNccl(bucket, **method) && !parts_.device_planes->staged();
   return absl::OkStatus();

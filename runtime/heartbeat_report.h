@@ -1,5 +1,6 @@
-// What a rank tells the coordinator in each heartbeat, besides being alive: its per-method
-// compression totals, which the coordinator sums over ranks for `braidctl status`.
+// What a rank tells the coordinator in each heartbeat, besides being alive: its compression
+// totals per method and per group (method and plan pattern: Note [Compression groups] in
+// control/compression_groups.h), which the coordinator sums over ranks for `braidctl status`.
 #ifndef BRAID_RUNTIME_HEARTBEAT_REPORT_H_
 #define BRAID_RUNTIME_HEARTBEAT_REPORT_H_
 
@@ -9,7 +10,8 @@
 namespace braid {
 
 // Appends one MethodBytes per method of `ledger` (cumulative since Init) to
-// `hb`. O(methods), not O(tensors): it runs on every heartbeat. Thread-safe.
+// `hb`'s compression, and one per group, with its pattern, to its compression_groups.
+// O(groups), not O(tensors): it runs on every heartbeat. Thread-safe.
 void AddCompressionTotals(const StatisticsLedger& ledger,
                           proto::HeartbeatRequest* hb);
 

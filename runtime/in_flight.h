@@ -22,6 +22,9 @@ struct Accepted {
   Accepted(const compression::CompressionMethod* m = nullptr) : method(m) {}  // NOLINT
   // All-reduce: its compression, resolved once (never null); else null.
   const compression::CompressionMethod* method = nullptr;
+  // All-reduce: the plan pattern its method came from (CollectiveRequest::
+  // compression_pattern, bounded), "" when none did.
+  std::string pattern;
   // Note [Devices] (device/device.h): for a device tensor, the point of the caller's stream
   // at which its input is ready (recorded at enqueue); braid's work on it waits for that.
   // Null for host memory.

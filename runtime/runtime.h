@@ -78,6 +78,14 @@ struct CollectiveRequest {
   // all-reduces only. Every rank must ask for the same one (else an error on every rank).
   // Enqueue resolves it once into its canonical method, which travels to the coordinator.
   std::string compression;
+  // allreduce only, statistics only: the plan pattern a caller that resolved a plan itself
+  // matched to choose `compression` (braid.torch's DistributedOptimizer: CompressionPlanFor),
+  // so the tensor counts in that group (Note [Compression groups] in
+  // control/compression_groups.h). Used with a single spec in `compression`; where the
+  // runtime resolves a plan (a plan in `compression` or the job's default) the plan's own
+  // pattern replaces it. Valid UTF-8 (else InvalidArgument); cut to
+  // kMaxCompressionPatternBytes.
+  std::string compression_pattern;
   // Set by AddProcessSet / RemoveProcessSet for their changes (Collective::kProcessSetAdd,
   // kProcessSetRemove) only.
   std::vector<int> process_set_ranks;
@@ -98,13 +106,22 @@ std::vector<std::string> CompressionMethods(bool test_methods = false);
 // lists the valid ones; a plan's error names its key).
 absl::StatusOr<std::string> CanonicalCompression(absl::string_view spec,
                                                  bool test_methods = false);
-// The canonical spec the plan `plan` gives the tensor `name` (Note [Compression plans]), as
-// the runtime would: for a framework that names its tensors otherwise than the plan's
-// patterns (braid.torch's DistributedOptimizer matches parameter names). InvalidArgument
-// for a bad plan.
-absl::StatusOr<std::string> CompressionPlanSpec(absl::string_view plan, absl::string_view name,
-                                                absl::Span<const int64_t> shape, DataType dtype,
-                                                ReduceOp op, bool test_methods = false);
+// What a plan gives one tensor: its canonical spec and the pattern that matched ("" when
+// none did).
+struct CompressionPlanChoice {
+  std::string spec;
+  std::string pattern;
+};
+// What the plan `plan` gives the tensor `name` (Note [Compression plans]), as the runtime
+// would: for a framework that names its tensors otherwise than the plan's patterns
+// (braid.torch's DistributedOptimizer matches parameter names), which passes the spec as
+// CollectiveRequest::compression and the pattern as its compression_pattern.
+// InvalidArgument for a bad plan.
+absl::StatusOr<CompressionPlanChoice> CompressionPlanFor(absl::string_view plan,
+                                                         absl::string_view name,
+                                                         absl::Span<const int64_t> shape,
+                                                         DataType dtype, ReduceOp op,
+                                                         bool test_methods = false);
 
 // One settings change as a rank applied it (Runtime::SettingsHistory).
 struct SettingsApplied {

@@ -155,9 +155,8 @@ class Runtime::Impl {
   // Note [Devices]: the request's device (null: host memory) and, for a device, the event
   // at which its input is ready on the caller's stream. InvalidArgument for a bad device
   // type or id, FailedPrecondition for a device this runtime cannot use or a collective its
-  // device path does not run yet.
-  absl::StatusOr<Accepted> AcceptDevice(const CollectiveRequest& r,
-                                        const compression::CompressionMethod* method) const;
+  // device path does not run yet. `accepted`: the request's compression, resolved.
+  absl::StatusOr<Accepted> AcceptDevice(const CollectiveRequest& r, Accepted accepted) const;
   // A change of the sets, enqueued and waited for; the handle's int32 output.
   absl::StatusOr<int32_t> ChangeProcessSets(CollectiveRequest req);
   // braid-loop, when a change's bucket runs: the mirror follows it and the collectives of a
@@ -167,15 +166,16 @@ class Runtime::Impl {
   void ResetProcessSets();  // a new job's: the whole world's set only
   // The all-reduce's compression: its own spec, or the job's default where it applies.
   // `plan_name`: the name a plan's patterns match (the caller's, not the process set's
-  // qualified one, Note [Process sets]).
-  absl::StatusOr<const compression::CompressionMethod*> ResolveCompression(
-      const CollectiveRequest& r, absl::string_view plan_name) const;
+  // qualified one, Note [Process sets]). Its method, and the plan pattern it came from
+  // (Note [Compression groups]: a plan's, or the caller's with a single spec).
+  absl::StatusOr<Accepted> ResolveCompression(const CollectiveRequest& r,
+                                              absl::string_view plan_name) const;
   // The plan of the text `plan` (parsed once); the spec it gives `r`'s tensor, resolved.
   absl::StatusOr<std::shared_ptr<const compression::CompressionPlan>> PlanOf(
       const std::string& plan) const;
-  absl::StatusOr<const compression::CompressionMethod*> FromPlan(
-      const compression::CompressionPlan& plan, const CollectiveRequest& r,
-      absl::string_view plan_name) const;
+  absl::StatusOr<Accepted> FromPlan(const compression::CompressionPlan& plan,
+                                    const CollectiveRequest& r,
+                                    absl::string_view plan_name) const;
   // FailedPrecondition when not running or while a compressed all-reduce is in flight.
   absl::Status CheckNoCompressionInFlight(absl::string_view what) const;
 

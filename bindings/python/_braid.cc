@@ -302,13 +302,17 @@ NativeHandle Enqueue(int collective, const std::string& name, int dtype, const p
 // the handle completes. Device memory (a CUDA tensor's) comes with `device_type` (1: cuda),
 // `device_id` and `stream`, the caller's cudaStream_t (0: the default stream): braid's work
 // on it waits for what that stream queued before the call (Note [Devices], device/device.h).
+// `compression_pattern`: the plan pattern that chose `compression`, for the statistics
+// (CollectiveRequest::compression_pattern).
 NativeHandle EnqueuePtr(int collective, const std::string& name, int dtype, uintptr_t input,
                         const std::vector<int64_t>& shape, uintptr_t output,
                         size_t output_capacity, int op, int root_rank,
                         const std::vector<int64_t>& splits, const std::string& compression,
-                        int process_set_id, int device_type, int device_id, uintptr_t stream) {
+                        int process_set_id, int device_type, int device_id, uintptr_t stream,
+                        const std::string& compression_pattern) {
   braid::CollectiveRequest r = NewRequest(collective, name, op, root_rank, splits, compression);
   r.process_set_id = process_set_id;
+  r.compression_pattern = compression_pattern;  // a plan's, matched by braid.torch
   if (!braid::IsValidDataType(dtype)) {
     Raise(absl::InvalidArgumentError("unknown braid dtype code " + std::to_string(dtype)));
   }
@@ -336,16 +340,19 @@ std::string CanonicalCompression(const std::string& spec, bool test_methods) {
   return Value(braid::CanonicalCompression(spec, test_methods));
 }
 
-// The spec a compression plan gives one tensor (runtime.h's CompressionPlanSpec).
-std::string CompressionPlanSpec(const std::string& plan, const std::string& name,
-                                const std::vector<int64_t>& shape, int dtype, int op,
-                                bool test_methods) {
+// What a compression plan gives one tensor (runtime.h's CompressionPlanFor): (spec, the
+// pattern that matched or "").
+py::tuple CompressionPlanSpec(const std::string& plan, const std::string& name,
+                              const std::vector<int64_t>& shape, int dtype, int op,
+                              bool test_methods) {
   if (!braid::IsValidDataType(dtype) || !braid::IsValidReduceOp(op)) {
     Raise(absl::InvalidArgumentError("compression_plan_spec: unknown dtype " +
                                      std::to_string(dtype) + " or op " + std::to_string(op)));
   }
-  return Value(braid::CompressionPlanSpec(plan, name, shape, static_cast<braid::DataType>(dtype),
-                                          static_cast<braid::ReduceOp>(op), test_methods));
+  braid::CompressionPlanChoice c =
+      Value(braid::CompressionPlanFor(plan, name, shape, static_cast<braid::DataType>(dtype),
+                                      static_cast<braid::ReduceOp>(op), test_methods));
+  return py::make_tuple(c.spec, c.pattern);
 }
 
 // One counter set as a dict of ints (bytes, except `reductions`); see runtime/statistics.h.
@@ -370,11 +377,12 @@ py::dict FusionReport() {
   return d;
 }
 
-// The runtime's CompressionReport as plain lists of dicts: (methods, tensors), sorted by
-// method and by (name, method). braid._ops.compression_stats shapes it for users.
+// The runtime's CompressionReport as plain lists of dicts: (methods, tensors, groups), sorted
+// by method, by (name, method, pattern) and by (method, pattern). braid's compression_stats
+// shapes it for users.
 py::tuple CompressionReport() {
   braid::CompressionReport r = Value(braid::GlobalRuntime().compression_report());
-  py::list methods, tensors;
+  py::list methods, tensors, groups;
   for (const auto& m : r.methods) {
     py::dict d = ByteStatsDict(m.bytes);
     d["method"] = m.method;
@@ -385,9 +393,17 @@ py::tuple CompressionReport() {
     py::dict d = ByteStatsDict(t.bytes);
     d["name"] = t.name;
     d["method"] = t.method;
+    d["pattern"] = t.pattern;
     tensors.append(d);
   }
-  return py::make_tuple(methods, tensors);
+  for (const auto& g : r.groups) {
+    py::dict d = ByteStatsDict(g.bytes);
+    d["method"] = g.method;
+    d["pattern"] = g.pattern;
+    d["tensors"] = g.tensors;
+    groups.append(d);
+  }
+  return py::make_tuple(methods, tensors, groups);
 }
 
 // Checkpointing of the compression state (Runtime::compression_state); may wait for a bucket
@@ -610,7 +626,7 @@ PYBIND11_MODULE(_braid, m) {
         py::arg("input"), py::arg("shape"), py::arg("output"), py::arg("output_capacity"),
         py::arg("op"), py::arg("root_rank"), py::arg("splits"), py::arg("compression") = "",
         py::arg("process_set_id") = 0, py::arg("device_type") = 0, py::arg("device_id") = 0,
-        py::arg("stream") = 0);
+        py::arg("stream") = 0, py::arg("compression_pattern") = "");
   // Whether this braid has a CUDA device path (built with CUDA: Note [Devices]); NCCL, opened
   // at run time, comes with it.
   m.def("cuda_built", [] {
@@ -710,10 +726,11 @@ PYBIND11_MODULE(_braid, m) {
 
   m.def("compression_plan_spec", &CompressionPlanSpec, py::arg("plan"), py::arg("name"),
         py::arg("shape"), py::arg("dtype"), py::arg("op"), py::arg("test_methods") = false,
-        "The canonical spec a compression plan gives a tensor; InvalidArgumentError for a "
+        "(spec, pattern) a compression plan gives a tensor; InvalidArgumentError for a "
         "bad plan.");
   m.def("compression_report", &CompressionReport,
-        "This rank's compression byte counters: (per-method dicts, per-tensor dicts).");
+        "This rank's compression byte counters: (per-method dicts, per-tensor dicts, "
+        "per-group dicts).");
   m.def("fusion_report", &FusionReport,
         "This rank's fusion counters: buckets, packed_buckets, packed_bytes, in_place_bytes.");
   m.def("compression_state", &CompressionState, "This rank's compression state (bytes).");

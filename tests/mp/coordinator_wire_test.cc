@@ -224,6 +224,8 @@ TEST(CoordinatorWireTest, MalformedRequestsAreNamedErrorsAndTheStreamStaysOpen) 
   coll.set_collective(static_cast<proto::Collective>(17));
   proto::Request spec = with("spec", {4});
   spec.set_compression(std::string(300, 's'));
+  proto::Request pattern = with("pattern", {4});
+  pattern.set_compression_pattern(std::string(300, 'p'));
   const std::vector<std::pair<proto::Request, std::string>> cases = {
       {with("neg", {-1}), "the shape[0] is negative: -1"},
       {with("prod", {int64_t{1} << 40, int64_t{1} << 40}), "the product of the shape overflows"},
@@ -234,6 +236,7 @@ TEST(CoordinatorWireTest, MalformedRequestsAreNamedErrorsAndTheStreamStaysOpen) 
       {dtype, "unknown dtype 42"},
       {coll, "unknown collective 17"},
       {spec, "the compression spec is 300 bytes long"},
+      {pattern, "the compression pattern is 300 bytes long"},
   };
   for (const auto& [request, want] : cases) {
     proto::RequestList out;

@@ -308,6 +308,12 @@ TEST(AutoCompressionTest, FastAndSlowLinksGetTheExpectedMethodBetweenSteps) {
       const uint64_t before = slow ? static_cast<uint64_t>(c.step - 1) : steps;
       EXPECT_EQ(none, 2 * before) << "rank " << r;
       EXPECT_EQ(fp4, 2 * (steps - before)) << "rank " << r;
+      // Note [Compression groups]: each method's bytes in the group that says auto chose it.
+      for (const CompressionGroupStats& g : report->groups) {
+        EXPECT_EQ(g.pattern, "(auto)") << g.method << " on rank " << r;
+        EXPECT_EQ(g.bytes.reductions, g.method == "none" ? none : fp4) << g.method;
+      }
+      EXPECT_EQ(report->groups.size(), slow ? 2u : 1u) << "rank " << r;
     }
     world.Shutdown();
   }

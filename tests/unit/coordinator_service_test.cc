@@ -7,8 +7,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "coordinator/monitor.h"
@@ -504,6 +506,141 @@ TEST_F(ServiceTest, StatusListsEverySetButTheWorldsWithItsCounts) {
   EXPECT_EQ(s.process_sets(0).id(), 1);
   EXPECT_EQ(s.process_sets(0).tensors_negotiated(), 3 + 11);
   EXPECT_EQ(s.process_sets(0).tensors_pending(), 1);
+}
+
+// ---- Compression per group (Note [Compression groups]) ----
+
+proto::RequestList PlanAllreduce(int rank, const std::string& name, const std::string& spec,
+                                 const std::string& pattern) {
+  proto::RequestList l = Allreduce(rank, name);
+  l.mutable_requests(0)->set_compression(spec);
+  l.mutable_requests(0)->set_compression_pattern(pattern);
+  return l;
+}
+
+proto::MethodBytes* Reported(google::protobuf::RepeatedPtrField<proto::MethodBytes>* to,
+                             const std::string& method, const std::string& pattern,
+                             int64_t reductions) {
+  proto::MethodBytes* m = to->Add();
+  m->set_method(method);
+  m->set_pattern(pattern);
+  m->set_reductions(reductions);
+  m->set_uncompressed_bytes(16 * reductions);
+  m->set_payload_bytes(method == "none" ? 16 * reductions : 8 * reductions);
+  return m;
+}
+
+std::map<std::pair<std::string, std::string>, proto::CompressionStat> Rows(
+    const proto::StatusResponse& s) {
+  std::map<std::pair<std::string, std::string>, proto::CompressionStat> out;
+  for (const proto::CompressionStat& c : s.compression()) out[{c.method(), c.pattern()}] = c;
+  return out;
+}
+
+// The status counts tensors and bytes per method and plan pattern: negotiated (the first
+// rank's pattern), agreed on the fast path, and reported by the ranks (summed over them), one
+// row per group sorted by method then pattern; a rank that predates the groups reports per
+// method, under no pattern.
+TEST_F(ServiceTest, StatusCountsCompressionPerMethodAndPlanPattern) {
+  std::vector<StreamKey> keys;
+  StartJob(2, &keys);
+  for (int step = 0; step < 2; ++step) {
+    for (int r = 0; r < 2; ++r) {
+      service_->OnRequests(keys[r], PlanAllreduce(r, "emb.w", "fp16", "emb.*"));
+      service_->OnRequests(keys[r], PlanAllreduce(r, "fc.w", "fp16", "*"));
+      service_->OnRequests(keys[r], PlanAllreduce(r, "fc.b", "none", "*.bias"));
+      service_->OnRequests(keys[r], PlanAllreduce(r, "loss", "none", ""));
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    proto::HeartbeatRequest hb;
+    hb.set_rank(r);
+    Reported(hb.mutable_compression(), "fp16", "", 4);  // per method, for old coordinators
+    Reported(hb.mutable_compression(), "none", "", 4);
+    Reported(hb.mutable_compression_groups(), "fp16", "*", 2);
+    Reported(hb.mutable_compression_groups(), "fp16", "emb.*", 2);
+    Reported(hb.mutable_compression_groups(), "none", "", 2);
+    Reported(hb.mutable_compression_groups(), "none", "*.bias", 2);
+    // The fast path agreed 3 more steps of fc.w (the largest report counts).
+    hb.set_fast_path_buckets(3);
+    proto::MethodNegotiated* f = hb.add_fast_path_groups();
+    f->set_method("fp16");
+    f->set_pattern("*");
+    f->set_tensors(1 + 2 * r);
+    f->set_bytes(16 * (1 + 2 * r));
+    ASSERT_TRUE(service_->Heartbeat(Job(r), hb).ok());
+  }
+  proto::StatusResponse s = Status();
+  std::vector<std::pair<std::string, std::string>> order;
+  for (const auto& c : s.compression()) order.emplace_back(c.method(), c.pattern());
+  EXPECT_EQ(order, (std::vector<std::pair<std::string, std::string>>{
+                       {"fp16", "*"}, {"fp16", "emb.*"}, {"none", ""}, {"none", "*.bias"}}));
+  auto rows = Rows(s);
+  auto at = [&rows](const char* method, const char* pattern) -> proto::CompressionStat& {
+    return rows[{method, pattern}];
+  };
+  EXPECT_EQ(at("fp16", "*").tensors(), 2 + 3);
+  EXPECT_EQ(at("fp16", "*").bytes_before(), (2 + 3) * 16);
+  EXPECT_EQ(at("fp16", "emb.*").tensors(), 2);
+  EXPECT_EQ(at("none", "*.bias").tensors(), 2);
+  EXPECT_EQ(at("none", "").tensors(), 2);
+  for (const auto& [group, c] : rows) {
+    SCOPED_TRACE(group.first + " " + group.second);
+    EXPECT_EQ(c.ranks_reporting(), 2);
+    EXPECT_EQ(c.reductions(), 2 * 2);
+    EXPECT_EQ(c.uncompressed_bytes(), 2 * 2 * 16);
+    EXPECT_EQ(c.ratio(), group.first == "none" ? 1.0 : 2.0);
+  }
+  // A rank that predates the groups: its per-method counts land under no pattern.
+  proto::HeartbeatRequest old;
+  old.set_rank(1);
+  old.set_fast_path_buckets(3);  // the same buckets, reported per method only (none here)
+  Reported(old.mutable_compression(), "fp16", "", 9);  // more reductions: the newer report
+  ASSERT_TRUE(service_->Heartbeat(Job(1), old).ok());
+  rows = Rows(Status());
+  EXPECT_EQ(at("fp16", "").reductions(), 9);
+  EXPECT_EQ(at("fp16", "").ranks_reporting(), 1);
+  EXPECT_EQ(at("fp16", "*").ranks_reporting(), 1);
+  EXPECT_EQ(at("fp16", "*").tensors(), 2 + 1) << "rank 0's fast path is left";
+}
+
+// Note [Compression groups]: a plan of many patterns leaves the status bounded: 64 groups of
+// their own, the rest of each method in one "(other patterns)" row, the totals exact.
+TEST_F(ServiceTest, StatusFoldsThePatternsBeyondTheBound) {
+  std::vector<StreamKey> keys;
+  StartJob(2, &keys);
+  for (int i = 0; i < 100; ++i) {
+    for (int r = 0; r < 2; ++r) {
+      service_->OnRequests(keys[r], PlanAllreduce(r, absl::StrCat("t", i), "fp16",
+                                                  absl::StrCat("t", i, "*")));
+    }
+  }
+  for (int r = 0; r < 2; ++r) service_->OnRequests(keys[r], Allreduce(r, "loss"));
+  proto::HeartbeatRequest hb;  // one rank reports 100 groups: folded the same way
+  hb.set_rank(0);
+  for (int i = 0; i < 100; ++i) {
+    Reported(hb.mutable_compression_groups(), "fp16", absl::StrCat("t", i, "*"), 1);
+  }
+  ASSERT_TRUE(service_->Heartbeat(Job(0), hb).ok());
+  const proto::StatusResponse s = Status();
+  ASSERT_EQ(s.compression_size(), 64 + 2) << "64 groups, fp16's other patterns, none's";
+  auto rows = Rows(s);
+  auto at = [&rows](const char* method, const char* pattern) -> proto::CompressionStat& {
+    return rows[{method, pattern}];
+  };
+  const proto::CompressionStat& other = at("fp16", "(other patterns)");
+  EXPECT_EQ(other.tensors(), 100 - 64);
+  EXPECT_EQ(other.reductions(), 100 - 64);
+  EXPECT_EQ(other.ranks_reporting(), 1) << "one rank, however many of its groups folded";
+  int64_t tensors = 0, reductions = 0;
+  for (const auto& c : s.compression()) {
+    if (c.method() != "fp16") continue;
+    tensors += c.tensors();
+    reductions += c.reductions();
+  }
+  EXPECT_EQ(tensors, 100);
+  EXPECT_EQ(reductions, 100);
+  EXPECT_EQ(at("none", "").tensors(), 1);
 }
 
 // ---- One job at a time (Note [One job at a time]) ----

@@ -461,6 +461,22 @@ TEST(RuntimePipelineTest, APlanGivesEachTensorTheMethodOfItsPattern) {
                                                           {"small.weight", "none"},
                                                           {"v", "none"},
                                                           {"w", "powersgd:rank=4"}}));
+    // Note [Compression groups]: each under the pattern that gave its method ("*" for v and
+    // small.weight too, which the rule sent uncompressed).
+    std::map<std::string, std::string> pattern;
+    for (const auto& t : report.tensors) pattern[t.name] = t.pattern;
+    EXPECT_EQ(pattern, (std::map<std::string, std::string>{{"emb.weight", "emb.*"},
+                                                           {"fc.bias", "*.bias"},
+                                                           {"fc.weight", "*"},
+                                                           {"small.weight", "*"},
+                                                           {"v", "*"},
+                                                           {"w", "*"}}));
+    std::vector<std::string> groups;
+    for (const auto& g : report.groups) {
+      groups.push_back(absl::StrCat(g.method, " ", g.pattern, " ", g.tensors));
+    }
+    EXPECT_EQ(groups, (std::vector<std::string>{"fp16 emb.* 1", "fp4 * 1", "none * 2",
+                                                "none *.bias 1", "powersgd:rank=4 * 1"}));
     // A bad plan is refused at the call, naming the tensor and the key.
     CollectiveRequest bad;
     bad.name = "bad";
@@ -472,8 +488,30 @@ TEST(RuntimePipelineTest, APlanGivesEachTensorTheMethodOfItsPattern) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_TRUE(absl::StrContains(s.message(), "allreduce 'bad' on rank ")) << s;
     EXPECT_TRUE(absl::StrContains(s.message(), "compression plan, key '*'")) << s;
+    // A caller that resolved a plan itself names its pattern with the spec.
+    CollectiveRequest given;
+    given.name = "given";
+    given.shape = {4};
+    given.input = given.output = data[0].data();
+    given.compression = "none";
+    given.compression_pattern = "given.*";
+    ASSERT_TRUE(WaitFor(rt.Enqueue(given)).ok());
+    given.name = "bad.pattern";
+    given.compression_pattern = "\xff";
+    EXPECT_EQ(rt.Enqueue(given).status().code(), absl::StatusCode::kInvalidArgument);
   });
-  world.Shutdown();
+  world.Shutdown();  // each rank's final report reaches the coordinator as it leaves
+  // braidctl status: a row per group, tensors negotiated and bytes of both ranks.
+  auto status = world.coordinator().Status();
+  ASSERT_TRUE(status.ok());
+  std::vector<std::string> rows;
+  for (const auto& c : status->compression()) {
+    rows.push_back(absl::StrCat(c.method(), " ", c.pattern(), " ", c.tensors(), " ",
+                                c.ranks_reporting()));
+  }
+  EXPECT_EQ(rows, (std::vector<std::string>{"fp16 emb.* 1 2", "fp4 * 1 2", "none * 2 2",
+                                            "none *.bias 1 2", "none given.* 1 2",
+                                            "powersgd:rank=4 * 1 2"}));
 }
 
 // In a process set (Note [Process sets]) a plan matches the name as the caller gave it, not

@@ -43,7 +43,7 @@ def body():
                   contains="not initialized")
     braid.init()
     rank, n = braid.rank(), braid.size()
-    check(braid.compression_stats() == {"methods": {}, "tensors": {}},
+    check(braid.compression_stats() == {"methods": {}, "groups": [], "tensors": {}},
           f"nothing counted before any all-reduce: {braid.compression_stats()}")
 
     x = (np.linspace(-1.0, 1.0, N, dtype=np.float32) * (rank + 1)).astype(np.float32)
@@ -58,7 +58,7 @@ def body():
 
     stats = braid.compression_stats()
     log(f"rank {rank}: {stats}")
-    check(set(stats) == {"methods", "tensors"}, f"keys {sorted(stats)}")
+    check(set(stats) == {"methods", "groups", "tensors"}, f"keys {sorted(stats)}")
     check(set(stats["methods"]) == {"fp16", "fp4", "none"}, f"methods {sorted(stats['methods'])}")
     check(set(stats["tensors"]) == {"grad.fp16", "grad.fp4", "grad.none"},
           f"tensors {sorted(stats['tensors'])}")
@@ -91,15 +91,34 @@ def body():
         if not (m and t):
             continue
         check(set(m) == {"tensors"} | set(BYTE_FIELDS), f"methods[{method!r}] keys {sorted(m)}")
-        check(set(t) == {"method"} | set(BYTE_FIELDS), f"tensors[{tensor!r}] keys {sorted(t)}")
+        check(set(t) == {"method", "pattern"} | set(BYTE_FIELDS),
+              f"tensors[{tensor!r}] keys {sorted(t)}")
         expect_entry(m, dict({k: t[k] for k in BYTE_FIELDS}, tensors=1), f"methods[{method!r}]")
+    # Per group (method, plan pattern): no plan here, so one group of pattern "" per method,
+    # in method order, with the method's numbers.
+    check([(g["method"], g["pattern"]) for g in stats["groups"]] ==
+          [("fp16", ""), ("fp4", ""), ("none", "")], f"groups {stats['groups']}")
+    for g in stats["groups"]:
+        expect_entry(g, {k: stats["methods"][g["method"]][k] for k in ("tensors",) + BYTE_FIELDS},
+                     f"group {g['method']!r}")
+
+    # A plan through braid.numpy: the runtime matches it, each tensor in its pattern's group.
+    plan = '{"emb.*": "fp16", "*": "none"}'
+    braid.allreduce(x, name="emb.w", op=braid.Sum, compression=plan)
+    braid.allreduce(x[:SMALL], name="fc.w", op=braid.Sum, compression=plan)
+    planned = braid.compression_stats()
+    got = {(g["method"], g["pattern"]): g["tensors"] for g in planned["groups"]}
+    check(got == {("fp16", ""): 1, ("fp4", ""): 1, ("none", ""): 1, ("fp16", "emb.*"): 1,
+                  ("none", "*"): 1}, f"groups with a plan {got}")
+    check(planned["tensors"]["emb.w"]["pattern"] == "emb.*" and
+          planned["tensors"]["grad.fp16"]["pattern"] == "", f"patterns {planned['tensors']}")
 
     # A second step adds up.
     braid.allreduce(x, name="grad.fp16", op=braid.Sum, compression="fp16")
     again = bnp.compression_stats()  # the same function, through braid.numpy
     expect_entry(again["methods"].get("fp16"),
-                 {"tensors": 1, "reductions": 2, "uncompressed_bytes": 8 * N,
-                  "payload_bytes": 4 * N}, "methods['fp16'] after a second step")
+                 {"tensors": 2, "reductions": 3, "uncompressed_bytes": 12 * N,
+                  "payload_bytes": 6 * N}, "methods['fp16'] after a second step")
 
     braid.shutdown()
     expect_raises(FP, braid.compression_stats, "compression_stats() after shutdown()",

@@ -119,6 +119,22 @@ def check_equivalence(size, rank):
     for name in ("grad.fc2.bias", "grad.fc2.weight", "grad.conv.bias"):
         check("bf16" not in tensors[name]["method"].split(" + "),
               f"{name} compressed against the plan: {tensors[name]['method']}")
+    # Each gradient counts in the group of the pattern that gave its method (4 steps each):
+    # what braidctl status shows summed over ranks. The runs before had no plan (pattern "").
+    groups = {(g["method"], g["pattern"]): g for g in hvd.compression_stats()["groups"]}
+    want = {("bf16", "fc1.weight"): ["fc1.weight"], ("bf16", "*.bias"): ["fc1.bias"],
+            ("none", "*.bias"): ["conv.bias", "fc2.bias"], ("none", "*"): ["conv.weight",
+                                                                       "fc2.weight"]}
+    for key, names in want.items():
+        g = groups.get(key, {})
+        check(g.get("tensors") == len(names) and g.get("reductions") == 4 * len(names),
+              f"group {key}: {g}, expected {names} 4 times each")
+    check(set(groups) - set(want) <= {("fp16", ""), ("none", "")},
+          f"groups besides the plan's and the runs without one: {sorted(groups)}")
+    for name in ("fc1.weight", "fc1.bias", "conv.weight"):
+        pattern = tensors[f"grad.{name}"]["pattern"].split(" + ")
+        check(next(k[1] for k, v in want.items() if name in v) in pattern,
+              f"{name}'s pattern {pattern}")
     # A Horovod-style compressor object, gradient_predivide_factor, op=Sum.
     model = train_distributed(4, 1, "sgd", size, rank, compression=_HalfCompressor,
                               gradient_predivide_factor=2.0)

@@ -98,14 +98,16 @@ def canonical_compression(spec, test_methods=False):
 
 
 def compression_plan_spec(plan, name, shape, dtype, op, test_methods=False):
-    """The canonical spec (str) the compression plan ``plan`` (its JSON text, as
-    ``canonical_compression`` returns it) gives the tensor ``name`` of ``shape`` (a sequence of
-    ints), braid dtype code ``dtype`` and op code ``op``: the spec of the first pattern that
-    matches the whole name, or ``"none"`` where none does, where the method does not apply, or
-    where the tensor is too small or too flat for it to pay (docs/compression.md).
+    """``(spec, pattern)``: the canonical spec (str) the compression plan ``plan`` (its JSON
+    text, as ``canonical_compression`` returns it) gives the tensor ``name`` of ``shape`` (a
+    sequence of ints), braid dtype code ``dtype`` and op code ``op`` -- the spec of the first
+    pattern that matches the whole name, or ``"none"`` where none does, where the method does
+    not apply, or where the tensor is too small or too flat for it to pay
+    (docs/compression.md) -- and that pattern (str, "" when none matched).
     InvalidArgumentError for a bad plan."""
-    return _braid.compression_plan_spec(plan, name, list(shape), int(dtype), int(op),
-                                        test_methods)
+    spec, pattern = _braid.compression_plan_spec(plan, name, list(shape), int(dtype), int(op),
+                                                 test_methods)
+    return spec, pattern
 
 
 def compression_methods(test_methods=False):

@@ -464,7 +464,7 @@ def enqueue_array(collective, name, arr, code, output=None, op=Average, root_ran
 
 def enqueue_pointer(collective, name, code, data, shape, out_data=0, out_bytes=0,
                     op=Average, root_rank=0, splits=(), compression=None, process_set_id=0,
-                    device_type=0, device_id=0, stream=0):
+                    device_type=0, device_id=0, stream=0, compression_pattern=""):
     """Hands a collective on memory given by address to the runtime (a framework's tensor,
     ``tensor.data_ptr()``); returns the native handle.
 
@@ -473,14 +473,17 @@ def enqueue_pointer(collective, name, code, data, shape, out_data=0, out_bytes=0
     output to write into (possibly ``data``), or 0, 0 for a result the runtime allocates.
     ``device_type`` (0: host memory, 1: a CUDA device's), ``device_id`` and ``stream`` (the
     caller's ``cudaStream_t`` as an int, 0: the default stream) say where the memory is;
-    braid's work waits for what that stream queued before the call. Everything else, the
-    lifetime rule and the errors are as for enqueue_array; a device this build or machine
-    cannot use is the runtime's FailedPreconditionError, naming it (docs/gpu.md).
+    braid's work waits for what that stream queued before the call.
+    ``compression_pattern``: the plan pattern a frontend that resolved a plan itself matched
+    to choose the spec ``compression`` (str, "" for none), so the tensor counts in that group
+    of ``compression_stats()`` and ``braidctl status``. Everything else, the lifetime rule
+    and the errors are as for enqueue_array; a device this build or machine cannot use is
+    the runtime's FailedPreconditionError, naming it (docs/gpu.md).
     """
     root_rank = _checked_root(collective, name, root_rank, compression)
     return _enqueued(_braid.enqueue_ptr, _COLL[collective], name, code, data, list(shape),
                      out_data, out_bytes, int(op), root_rank, list(splits), compression or "",
-                     process_set_id, device_type, device_id, stream)
+                     process_set_id, device_type, device_id, stream, compression_pattern)
 
 
 def cuda_built():

@@ -32,16 +32,19 @@ def _with_ratio(d):
 
 
 def compression_stats():
-    """This rank's all-reduce byte counters since ``init()``, per compression method and per
-    tensor.
+    """This rank's all-reduce byte counters since ``init()``, per compression method, per
+    group of tensors (method and plan pattern) and per tensor.
 
     Returns a dict::
 
         {"methods": {method: {"tensors", "reductions", "uncompressed_bytes",
                               "payload_bytes", "transport_bytes",
                               "reference_transport_bytes", "compression_ratio"}},
-         "tensors": {name: {"method", "reductions", "uncompressed_bytes", "payload_bytes",
-                            "transport_bytes", "reference_transport_bytes",
+         "groups": [{"method", "pattern", "tensors", "reductions", "uncompressed_bytes",
+                     "payload_bytes", "transport_bytes", "reference_transport_bytes",
+                     "compression_ratio"}, ...],
+         "tensors": {name: {"method", "pattern", "reductions", "uncompressed_bytes",
+                            "payload_bytes", "transport_bytes", "reference_transport_bytes",
                             "compression_ratio"}}}
 
     ``method`` is the canonical compression spec ("none", "fp16", "fp4", ...); uncompressed
@@ -61,8 +64,17 @@ def compression_stats():
     - ``compression_ratio``: uncompressed_bytes / payload_bytes, a float (0.0 when nothing
       was sent).
 
+    ``"groups"``, sorted by (method, pattern), splits each method's counts by the pattern of
+    the compression plan that gave it (docs/compression.md, compression per layer), e.g.
+    ``{"method": "fp16", "pattern": "emb.*", ...}``: ``pattern`` is "" when no plan did (a
+    single spec, the job's or the call's), the plan's pattern with " (auto)" after it, or
+    "(auto)" alone, for the method ``auto`` chose, and "(other patterns)" for the patterns
+    beyond the first 64 groups (each method's totals stay exact). A tensor's ``pattern`` is
+    its group's.
+
     A tensor all-reduced with several methods over time (rare) has one entry whose byte
-    fields are summed over them and whose ``method`` joins their specs with " + ".
+    fields are summed over them and whose ``method`` (and ``pattern``, where they differ)
+    joins their specs with " + ".
     ``"tensors"`` holds the 4096 names all-reduced most recently at most: a new name drops
     the least recently all-reduced one (so names made up anew every step do not grow it for
     ever), while ``"methods"`` counts every all-reduce.
@@ -71,26 +83,33 @@ def compression_stats():
     child of an initialized process.
     """
     check_process("compression_stats()")
-    methods, tensors = _braid.compression_report()
+    methods, tensors, groups = _braid.compression_report()
     out_methods = {}
     for m in methods:
         d = {"tensors": m["tensors"]}
         d.update((k, m[k]) for k in _BYTE_FIELDS)
         out_methods[m["method"]] = _with_ratio(d)
+    out_groups = []
+    for g in groups:  # sorted by (method, pattern)
+        d = {"method": g["method"], "pattern": g["pattern"], "tensors": g["tensors"]}
+        d.update((k, g[k]) for k in _BYTE_FIELDS)
+        out_groups.append(_with_ratio(d))
     out_tensors = {}
-    for t in tensors:  # sorted by (name, method): a name's entries are adjacent
+    for t in tensors:  # sorted by (name, method, pattern): a name's entries are adjacent
         d = out_tensors.get(t["name"])
         if d is None:
-            d = {"method": t["method"]}
-            d.update((k, t[k]) for k in _BYTE_FIELDS)
-            out_tensors[t["name"]] = d
-        else:
-            d["method"] += " + " + t["method"]
-            for k in _BYTE_FIELDS:
-                d[k] += t[k]
+            d = out_tensors[t["name"]] = {"method": [], "pattern": []}
+            d.update((k, 0) for k in _BYTE_FIELDS)
+        for k in ("method", "pattern"):
+            if t[k] not in d[k]:
+                d[k].append(t[k])
+        for k in _BYTE_FIELDS:
+            d[k] += t[k]
     for d in out_tensors.values():
+        d["method"] = " + ".join(d["method"])
+        d["pattern"] = " + ".join(d["pattern"])
         _with_ratio(d)
-    return {"methods": out_methods, "tensors": out_tensors}
+    return {"methods": out_methods, "groups": out_groups, "tensors": out_tensors}
 
 
 def fusion_stats():

@@ -267,12 +267,13 @@ class MultiHandle(_core_handles.MultiHandle):
 
 
 def enqueue(collective, name, inp, code, out=None, op=Average, root_rank=0, splits=(),
-            compression=None, finish=None, keep=()):
+            compression=None, finish=None, keep=(), compression_pattern=""):
     """Hands a collective on the tensor ``inp`` (contiguous, CPU or CUDA, of the dtype code ``code``)
     to the runtime by address; returns its Handle. ``out``: the contiguous tensor the result
     is written into (possibly ``inp``), or None for a result the runtime allocates;
     ``finish``: native handle -> the caller's result, run once after success; ``keep``: more
-    objects to keep alive until completion. Errors as braid._core.runtime.enqueue_pointer."""
+    objects to keep alive until completion; ``compression_pattern``: the plan pattern that
+    chose ``compression`` (str). Errors as braid._core.runtime.enqueue_pointer."""
     device_type = device_id = stream = 0
     if inp.device.type == "cuda":
         # Horovod's semantics: braid's work waits for what the current stream of the
@@ -283,7 +284,7 @@ def enqueue(collective, name, inp, code, out=None, op=Average, root_rank=0, spli
     native = _runtime.enqueue_pointer(
         collective, name, code, inp.data_ptr(), inp.shape, 0 if out is None else out.data_ptr(),
         0 if out is None else _nbytes(out), op, root_rank, splits, compression,
-        getattr(_call_set, "id", 0), device_type, device_id, stream)
+        getattr(_call_set, "id", 0), device_type, device_id, stream, compression_pattern)
     h = Handle(native, collective, (inp, out) + tuple(keep), finish)
     _core_handles.keep_alive(h)  # the tensors of a running collective outlive a dropped Handle
     return h

@@ -127,12 +127,30 @@ def resolve(compression, what):
         f"with compress/decompress, got {compression!r}")
 
 
+class PlanChoice(Compressor):
+    """The method a plan gave one tensor (a Compressor of its spec) and the pattern that
+    matched (``pattern``, str; "" when none did), which travels with the all-reduce so that
+    ``compression_stats()`` and ``braidctl status`` count the tensor in its group."""
+
+    __slots__ = ("pattern",)
+
+    def __init__(self, spec, pattern):
+        super().__init__(spec)
+        self.pattern = pattern
+
+
+def pattern_of(compression):
+    """The plan pattern (str) of a ``compression`` argument: a PlanChoice's, else ""."""
+    return compression.pattern if isinstance(compression, PlanChoice) else ""
+
+
 def plan_spec(plan, name, shape, dtype_code, op):
-    """The canonical spec (str) the plan ``plan`` (its canonical JSON text) gives the tensor
-    ``name`` of ``shape``, braid dtype code ``dtype_code``, reduced with ``op`` (docs/
-    compression.md, compression per layer)."""
-    return _core_compression.compression_plan_spec(plan, name, shape, dtype_code, int(op),
-                                                   _test_methods())
+    """What the plan ``plan`` (its canonical JSON text) gives the tensor ``name`` of
+    ``shape``, braid dtype code ``dtype_code``, reduced with ``op`` (docs/compression.md,
+    compression per layer): a PlanChoice of its canonical spec and the pattern that matched."""
+    spec, pattern = _core_compression.compression_plan_spec(plan, name, shape, dtype_code,
+                                                            int(op), _test_methods())
+    return PlanChoice(spec, pattern)
 
 
 def _plan_text(plan, what):

@@ -118,7 +118,8 @@ def _allreduce_async(fn, tensor, name, op, prescale_factor, postscale_factor, co
         return out.view(torch.bool) if tensor.dtype == torch.bool else out
 
     return _enqueue("allreduce", name, inp, code, out=out, op=wop, compression=spec,
-                    finish=finish, keep=(tensor,))
+                    finish=finish, keep=(tensor,),
+                    compression_pattern=_compression.pattern_of(compression))
 
 
 @_runtime.reports_failures

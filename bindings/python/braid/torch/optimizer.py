@@ -309,14 +309,15 @@ class _DistributedMixin:
         return _naming.ALLREDUCE_PREFIX + self._prefix + self._names[p]
 
     def _plan_compression(self, grad, param_name):
-        """The Compressor the plan gives the parameter ``param_name``'s gradient."""
+        """The Compressor the plan gives the parameter ``param_name``'s gradient (a
+        PlanChoice, whose pattern the all-reduce carries to the statistics)."""
         key = (param_name, tuple(grad.shape), grad.dtype)
         c = self._plan_specs.get(key)
         if c is None:
             code = _DTYPE_CODES.get(grad.dtype)
-            spec = "none" if code is None else plan_spec(self._plan, param_name,
-                                                          list(grad.shape), code, self._op)
-            c = self._plan_specs[key] = Compressor(spec)
+            c = Compressor("none") if code is None else plan_spec(
+                self._plan, param_name, list(grad.shape), code, self._op)
+            self._plan_specs[key] = c
         return c
 
     def _start_dense(self, grad, name, param_name):
