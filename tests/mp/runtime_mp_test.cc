@@ -1022,7 +1022,8 @@ TEST(StatusTest, BraidctlShowsCompressionBytesSummedOverRanks) {
   ASSERT_EQ(final_rc, 0) << final_json;
   expect_rows(final_json, "after every rank shut down");
 
-  // The table: per method, tensors, uncompressed, payload, transport, ratio, ranks.
+  // The table: per method and pattern ("-": no plan), tensors, uncompressed, payload,
+  // transport, ratio, ranks.
   ASSERT_EQ(table_rc, 0) << live_table;
   EXPECT_NE(live_table.find("UNCOMPRESSED"), std::string::npos) << live_table;
   bool found = false;
@@ -1030,12 +1031,13 @@ TEST(StatusTest, BraidctlShowsCompressionBytesSummedOverRanks) {
     if (!absl::StartsWith(line, "fp16 ")) continue;
     found = true;
     std::vector<std::string> cols = absl::StrSplit(line, ' ', absl::SkipEmpty());
-    ASSERT_EQ(cols.size(), 7u) << line;
-    EXPECT_EQ(cols[1], "1");
-    EXPECT_EQ(cols[2], std::to_string(2 * 4 * kN));
-    EXPECT_EQ(cols[3], std::to_string(2 * 2 * kN));
-    EXPECT_EQ(cols[5], "2.00");
-    EXPECT_EQ(cols[6], "2");
+    ASSERT_EQ(cols.size(), 8u) << line;
+    EXPECT_EQ(cols[1], "-");
+    EXPECT_EQ(cols[2], "1");
+    EXPECT_EQ(cols[3], std::to_string(2 * 4 * kN));
+    EXPECT_EQ(cols[4], std::to_string(2 * 2 * kN));
+    EXPECT_EQ(cols[6], "2.00");
+    EXPECT_EQ(cols[7], "2");
   }
   EXPECT_TRUE(found) << live_table;
 }

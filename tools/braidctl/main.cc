@@ -4,11 +4,12 @@
 //
 // Asks the coordinator (BRAID_COORDINATOR when --coordinator is not given; braidrun prints
 // its address at start) for one job's status: every rank's host, pid, state and last contact,
-// the job's counters and settings, per compression method the tensors negotiated and the
-// bytes the ranks measured (uncompressed, payload, transport: summed over ranks, reported
-// with heartbeats), its process sets (each one's ranks, tensors negotiated and pending; shown
-// only when the job has sets), and the tensors waiting for some ranks (stalled ones flagged,
-// with the ranks missing; a process set's under its qualified name, ps<id>/<name>). A status
+// the job's counters and settings, per group of tensors (compression method and the plan
+// pattern that gave it) the tensors negotiated and the bytes the ranks measured
+// (uncompressed, payload, transport: summed over ranks, reported with heartbeats), its
+// process sets (each one's ranks, tensors negotiated and pending; shown only when the job has
+// sets), and the tensors waiting for some ranks (stalled ones flagged, with the ranks
+// missing; a process set's under its qualified name, ps<id>/<name>). A status
 // is always one job's: a coordinator that runs several jobs one after the other starts every
 // counter afresh for each. --json prints the StatusResponse message as JSON with its proto
 // field names (stable: fields are only ever added).
@@ -35,6 +36,7 @@
 
 #include "CLI/CLI.hpp"
 #include "tools/cli.h"
+#include "tools/braidctl/compression_table.h"
 #include "runtime/resolve.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -56,23 +58,6 @@ std::string Duration(int64_t ms) {
   if (ms < 0) return "-";
   if (ms < 1000) return absl::StrCat(ms, "ms");
   return absl::StrFormat("%.1fs", ms / 1000.0);
-}
-
-void PrintCompression(const braid::proto::StatusResponse& s) {
-  // TENSORS as negotiated; the byte columns are what the ranks measured, summed over the
-  // RANKS that reported (proto CompressionStat); "-" until a rank has reported.
-  std::printf("\n%-24s %-10s %-16s %-16s %-16s %-8s %s\n", "COMPRESSION", "TENSORS",
-              "UNCOMPRESSED", "PAYLOAD", "TRANSPORT", "RATIO", "RANKS");
-  for (const auto& c : s.compression()) {
-    const bool reported = c.ranks_reporting() > 0;
-    auto bytes = [reported](int64_t v) { return reported ? absl::StrCat(v) : std::string("-"); };
-    const std::string ratio = c.ratio() > 0 ? absl::StrFormat("%.2f", c.ratio()) : "-";
-    std::printf("%-24s %-10lld %-16s %-16s %-16s %-8s %d\n", c.method().c_str(),
-                static_cast<long long>(c.tensors()), bytes(c.uncompressed_bytes()).c_str(),
-                bytes(c.payload_bytes()).c_str(), bytes(c.transport_bytes()).c_str(),
-                ratio.c_str(), c.ranks_reporting());
-  }
-  std::printf("(bytes summed over the RANKS that reported; RATIO = uncompressed / payload)\n");
 }
 
 void PrintTable(const braid::proto::StatusResponse& s, const std::string& address) {
@@ -120,7 +105,7 @@ void PrintTable(const braid::proto::StatusResponse& s, const std::string& addres
   if (!s.auto_compression().empty()) {
     std::printf("compression auto: %s\n", s.auto_compression().c_str());
   }
-  if (s.compression_size() > 0) PrintCompression(s);
+  if (s.compression_size() > 0) std::printf("\n%s", braid::tools::CompressionTable(s).c_str());
   std::printf("\n%-5s %-20s %-8s %-12s %s\n", "RANK", "HOST", "PID", "STATE", "LAST SEEN");
   for (const auto& r : s.ranks()) {
     // A rank of -1 registered without one; the coordinator assigns it when the job forms.
