@@ -70,7 +70,9 @@ TEST(CompressionChoiceTest, AWindowOfEveryRankDecides) {
     for (int step = 0; step < 10; ++step) {
       EXPECT_FALSE(chooser.OnSample(0, Step(0, 1e6, plane, 50000))) << step;
       EXPECT_FALSE(chooser.OnSample(0, Step(7, 1e6, plane, 50000))) << "another epoch";
-      if (step < 9) EXPECT_FALSE(chooser.OnSample(1, Step(0, 1e6, plane, 50000))) << step;
+      if (step < 9) {
+        EXPECT_FALSE(chooser.OnSample(1, Step(0, 1e6, plane, 50000))) << step;
+      }
     }
     EXPECT_EQ(chooser.method(), "none") << "not before every rank's window";
     auto choice = chooser.OnSample(1, Step(0, 1e6, plane, 50000));
