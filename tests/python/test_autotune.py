@@ -15,6 +15,16 @@ BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench" / "autotune_benc
 CHANGE = re.compile(r"^\[(\d)\] .*braid: settings epoch (\d+) from step (\d+): (.*) \((.*)\)$")
 
 
+def settings_changes(text):
+    """Per rank, the (epoch, step, settings, reason) of each change it logged."""
+    changes = {0: [], 1: []}
+    for line in text.splitlines():
+        m = CHANGE.match(line)
+        if m:
+            changes[int(m.group(1))].append(m.groups()[1:])
+    return changes
+
+
 def test_every_rank_changes_settings_at_the_same_steps(tmp_path):
     braidrun = build_dir() / "tools" / "braidrun" / "braidrun"
     if not braidrun.exists():
@@ -29,11 +39,7 @@ def test_every_rank_changes_settings_at_the_same_steps(tmp_path):
         env=env, capture_output=True, text=True, timeout=120)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
-    changes = {0: [], 1: []}
-    for line in text.splitlines():
-        m = CHANGE.match(line)
-        if m:
-            changes[int(m.group(1))].append(m.groups()[1:])
+    changes = settings_changes(text)
     assert len(changes[0]) >= 5, text[-4000:]
     assert changes[1] == changes[0]
     steps = [int(step) for _, step, _, _ in changes[0]]
@@ -91,11 +97,7 @@ def test_compression_auto_chooses_once_at_the_same_step(tmp_path):
                          capture_output=True, text=True, timeout=120)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
-    changes = {0: [], 1: []}
-    for line in text.splitlines():
-        m = CHANGE.match(line)
-        if m:
-            changes[int(m.group(1))].append(m.groups()[1:])
+    changes = settings_changes(text)
     assert len(changes[0]) == 1, text[-4000:]
     assert changes[1] == changes[0]
     epoch, step, settings, reason = changes[0][0]
