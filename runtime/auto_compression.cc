@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/limits.h"
@@ -26,9 +27,13 @@ absl::StatusOr<const compression::CompressionMethod*> AutoCompression::ForBucket
     absl::Span<const AllReduceTensor> tensors, DataType dtype, ReduceOp op) {
   const double bits = 8.0 * static_cast<double>(DataTypeSize(dtype));
   int64_t elements = 0;
+  // Each tensor's dense bytes, counted once for every ladder method below.
+  std::vector<double> tensor_bytes;
+  tensor_bytes.reserve(tensors.size());
   for (const AllReduceTensor& t : tensors) {
     BRAID_ASSIGN_OR_RETURN(int64_t n, ShapeElements(t.name, t.shape));
     elements += n;
+    tensor_bytes.push_back(static_cast<double>(n) * bits / 8.0);
   }
   const double dense = static_cast<double>(elements) * bits / 8.0;
   bytes_ += static_cast<int64_t>(dense);
@@ -40,10 +45,8 @@ absl::StatusOr<const compression::CompressionMethod*> AutoCompression::ForBucket
     if (spec.method != "none" && compression::MethodApplies(spec, dtype, op) &&
         elements >= compression::CompressionPlan::kDefaultMinElements) {
       double under = 0;
-      for (const AllReduceTensor& t : tensors) {
-        double n = 1;
-        for (int64_t d : t.shape) n *= static_cast<double>(d);
-        under += n * bits / 8.0 / compression::EstimatedRate(spec, t.shape, dtype);
+      for (size_t k = 0; k < tensors.size(); ++k) {
+        under += tensor_bytes[k] / compression::EstimatedRate(spec, tensors[k].shape, dtype);
       }
       if (under > 0 &&
           dense / under >= compression::CompressionPlan::kDefaultMinCompressionRate) {
