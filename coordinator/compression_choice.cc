@@ -60,14 +60,14 @@ std::optional<CompressionChooser::Choice> CompressionChooser::OnSample(
   const ChoiceFigures now = Measure();
   for (auto& w : window_) w.clear();
   if (chosen_ && !Moved(now)) return std::nullopt;
-  const size_t pick = Choose(now);
+  const size_t pick = Choose(now, opts_.tolerance);
   const bool first = !chosen_;
   const bool differs = AutoLadder()[pick] != method_;
   chosen_ = true;
   figures_ = now;
   if (!first && !differs) return std::nullopt;
   method_ = AutoLadder()[pick];
-  reason_ = Reason(now, pick);
+  reason_ = Reason(now, pick, opts_.tolerance);
   return Choice{method_, reason_};
 }
 
@@ -100,28 +100,36 @@ bool CompressionChooser::Moved(const ChoiceFigures& now) const {
          moved(now.computation_seconds, figures_.computation_seconds);
 }
 
-size_t CompressionChooser::Choose(const ChoiceFigures& f) {
+size_t CompressionChooser::Choose(const ChoiceFigures& f, double tolerance) {
+  const double shortest = f.computation_seconds + *std::min_element(f.seconds.begin(),
+                                                                     f.seconds.end());
   for (size_t i = 0; i < f.seconds.size(); ++i) {
-    if (f.seconds[i] <= f.computation_seconds) return i;
+    if (f.computation_seconds + f.seconds[i] <= (1 + tolerance) * shortest) return i;
   }
-  return static_cast<size_t>(std::min_element(f.seconds.begin(), f.seconds.end()) -
-                             f.seconds.begin());
+  return f.seconds.size() - 1;  // unreachable: the shortest itself qualifies
 }
 
-std::string CompressionChooser::Reason(const ChoiceFigures& f, size_t chosen) {
+std::string CompressionChooser::Reason(const ChoiceFigures& f, size_t chosen, double tolerance) {
   const std::vector<std::string>& ladder = AutoLadder();
-  std::string out = absl::StrFormat("auto: %s, link %.3g MB/s, computation %s: ", ladder[chosen],
-                                    f.link_bytes_per_second / 1e6,
-                                    Millis(f.computation_seconds));
-  if (f.seconds[chosen] <= f.computation_seconds) {
-    absl::StrAppend(&out, "its reduction ", Millis(f.seconds[chosen]), " fits");
+  const auto step = [&f](size_t i) { return Millis(f.computation_seconds + f.seconds[i]); };
+  const size_t shortest = static_cast<size_t>(
+      std::min_element(f.seconds.begin(), f.seconds.end()) - f.seconds.begin());
+  const std::string within = absl::StrFormat("within %.0f%% of", tolerance * 100);
+  std::string out = absl::StrFormat("auto: %s, link %.3g MB/s, computation %s: its step %s",
+                                    ladder[chosen], f.link_bytes_per_second / 1e6,
+                                    Millis(f.computation_seconds), step(chosen));
+  if (f.seconds[chosen] <= f.seconds[shortest]) {
+    absl::StrAppend(&out, " is the shortest");
     if (chosen > 0) {
-      absl::StrAppend(&out, ", ", ladder[chosen - 1], "'s ", Millis(f.seconds[chosen - 1]),
-                      " does not");
+      absl::StrAppend(&out, ", ", ladder[chosen - 1], "'s ", step(chosen - 1), " is not ",
+                      within, " it");
     }
-  } else {
-    absl::StrAppend(&out, "no method's reduction fits; its ", Millis(f.seconds[chosen]),
-                    " is the shortest");
+    return out;
+  }
+  absl::StrAppend(&out, " is ", within, " ", ladder[shortest], "'s ", step(shortest),
+                  ", the shortest");
+  if (chosen > 0) {
+    absl::StrAppend(&out, "; ", ladder[chosen - 1], "'s ", step(chosen - 1), " is not");
   }
   return out;
 }

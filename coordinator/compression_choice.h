@@ -9,9 +9,11 @@
 //   link rate   = bytes sent under the method in force / the data plane's time for them;
 //   computation = step time - the data plane's time for the step's `auto` buckets;
 //   estimate(m) = bytes m sends for the step / link rate, for each ladder method m.
-// The choice is the least lossy m whose estimate fits in the computation; when none fits,
-// the m with the smallest estimate. The first window always gives a choice (so the log and
-// braidctl say why, `none` included); a later window re-chooses only when its link rate or
+//   step(m)     = computation + estimate(m): the step under m, as if none of its reduction
+//                 overlapped the computation.
+// The choice is the least lossy m whose step(m) is within `tolerance` of the shortest step
+// of any m: a lossier method must buy a shorter step than that. The first window always
+// gives a choice (so the log and braidctl say why, `none` included); a later window re-chooses only when its link rate or
 // computation is more than `margin` away from the figures of the choice in force, and a
 // change goes out only when the method differs.
 #ifndef BRAID_COORDINATOR_COMPRESSION_CHOICE_H_
@@ -31,6 +33,7 @@ struct ChoiceOptions {
   int warmup_steps = 2;        // per rank, after each change of the job's settings
   int measured_steps = 5;      // per rank, a window
   double margin = 0.25;        // relative move of link rate or computation that re-chooses
+  double tolerance = 0.25;     // how much longer than the shortest a chosen step may be
 };
 
 // What one window measured.
@@ -64,8 +67,8 @@ class CompressionChooser {
   // The figures of the choice in force (zeros before it).
   const ChoiceFigures& figures() const { return figures_; }
   // Chooses for `figures` (exposed for tests): the ladder index.
-  static size_t Choose(const ChoiceFigures& figures);
-  static std::string Reason(const ChoiceFigures& figures, size_t chosen);
+  static size_t Choose(const ChoiceFigures& figures, double tolerance);
+  static std::string Reason(const ChoiceFigures& figures, size_t chosen, double tolerance);
 
  private:
   ChoiceFigures Measure() const;

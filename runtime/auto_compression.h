@@ -20,14 +20,19 @@
 // derives, over a window of steps:
 //   link rate   = bytes sent under the method in force / the data plane's time for them;
 //   computation = the step's wall time less that data-plane time: what the step costs
-//                 outside the reduction of its `auto` buckets (with no overlap, exactly the
-//                 computation; with overlap an underestimate, so the choice errs toward
-//                 compressing);
-// and chooses the least lossy method whose estimated reduction time (its bytes / link rate)
-// fits in the computation; when none fits, the one with the shortest. It re-chooses when
-// the link rate or the computation of a later window moves by more than 25% from the
-// figures of the choice in force. The estimate counts bytes on the wire, not the methods'
-// own encoding time (PowerSGD's products, the sparsifiers' selection).
+//                 outside the reduction of its `auto` buckets;
+//   step(m)     = computation + the bytes m would send / link rate;
+// and chooses the least lossy method whose step(m) is within 25% of the shortest step(m) of
+// the ladder: a lossier method has to shorten the step by more than that to be chosen. A
+// method whose reduction is small against the computation is thus kept (on a fast link,
+// none), and on a slow one the least lossy method that comes near the shortest step.
+// step(m) assumes that no reduction overlaps the computation, which is what a network whose
+// gradients come at the end of backward shows (BENCHMARKS.md, section 31). Where reductions
+// do overlap, the computation is underestimated by the overlap and the choice errs toward
+// compressing. It re-chooses when the link rate or the computation of a later window moves
+// by more than 25% from the figures of the choice in force. The estimate counts bytes on the
+// wire, not the methods' own encoding time (PowerSGD's products, the sparsifiers'
+// selection).
 //
 // Stateful methods keep their state per method: a tensor that leaves fp4:ef=1 leaves its
 // error-feedback residual behind, and finds it again (stale) if it comes back.

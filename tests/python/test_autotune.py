@@ -103,6 +103,7 @@ def test_compression_auto_chooses_once_at_the_same_step(tmp_path):
     epoch, step, settings, reason = changes[0][0]
     assert epoch == "1" and int(step) >= 11, changes[0]
     assert settings.endswith("auto compression=none"), settings
-    assert reason.startswith("auto: none, link ") and "fits" in reason, reason
+    # none's step is within 25% of the shortest: its reduction is small against the step.
+    assert reason.startswith("auto: none, link ") and "is within 25% of " in reason, reason
     weights = re.findall(r"rank (\d) weights (\S+)", text)
     assert len(weights) == 2 and weights[0][1] == weights[1][1], weights
