@@ -23,7 +23,12 @@ size_t LadderIndex(const std::string& method) {
   return static_cast<size_t>(std::find(ladder.begin(), ladder.end(), method) - ladder.begin());
 }
 
-std::string Millis(double seconds) { return absl::StrFormat("%.3g ms", seconds * 1e3); }
+// Three significant digits, without an exponent from 1000 on ("1234", not "1.23e+03").
+std::string Figure(double v) {
+  return v >= 1000 ? absl::StrFormat("%.0f", v) : absl::StrFormat("%.3g", v);
+}
+
+std::string Millis(double seconds) { return Figure(seconds * 1e3) + " ms"; }
 
 }  // namespace
 
@@ -115,8 +120,8 @@ std::string CompressionChooser::Reason(const ChoiceFigures& f, size_t chosen, do
   const size_t shortest = static_cast<size_t>(
       std::min_element(f.seconds.begin(), f.seconds.end()) - f.seconds.begin());
   const std::string within = absl::StrFormat("within %.0f%% of", tolerance * 100);
-  std::string out = absl::StrFormat("auto: %s, link %.3g MB/s, computation %s: its step %s",
-                                    ladder[chosen], f.link_bytes_per_second / 1e6,
+  std::string out = absl::StrFormat("auto: %s, link %s MB/s, computation %s: its step %s",
+                                    ladder[chosen], Figure(f.link_bytes_per_second / 1e6),
                                     Millis(f.computation_seconds), step(chosen));
   if (f.seconds[chosen] <= f.seconds[shortest]) {
     absl::StrAppend(&out, " is the shortest");

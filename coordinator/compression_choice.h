@@ -13,9 +13,9 @@
 //                 overlapped the computation.
 // The choice is the least lossy m whose step(m) is within `tolerance` of the shortest step
 // of any m: a lossier method must buy a shorter step than that. The first window always
-// gives a choice (so the log and braidctl say why, `none` included); a later window re-chooses only when its link rate or
-// computation is more than `margin` away from the figures of the choice in force, and a
-// change goes out only when the method differs.
+// gives a choice (so the log and braidctl say why, `none` included); a later window
+// re-chooses only when its link rate or computation is more than `margin` away from the
+// figures of the choice in force, and a change goes out only when the method differs.
 #ifndef BRAID_COORDINATOR_COMPRESSION_CHOICE_H_
 #define BRAID_COORDINATOR_COMPRESSION_CHOICE_H_
 

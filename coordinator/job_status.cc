@@ -90,7 +90,11 @@ proto::CompressionStat Row(const std::string& method, const std::string& pattern
 // (summed over them), in one table bounded as the ranks' own (negotiation first, then the
 // fast path, then the ranks in order). See CompressionStat in proto/braid.proto.
 std::vector<proto::CompressionStat> Job::CompressionStats() const {
+  // The ranks' byte rows first, so that they keep the bound's named rows: the coordinator's
+  // own counts add rows the ranks do not have (`auto`'s tensors, under the spec `auto`, whose
+  // bytes the ranks book under the chosen method), which fold before the bytes do.
   StatGroups groups;
+  for (const Rank& r : ranks_) AddRankReport(r.compression, &groups);
   if (table_) {
     table_->by_compression().ForEach([&groups](const std::string& method,
                                                const std::string& pattern,
@@ -105,7 +109,6 @@ std::vector<proto::CompressionStat> Job::CompressionStats() const {
     c.set_tensors(c.tensors() + m.tensors());
     c.set_bytes_before(c.bytes_before() + m.bytes());
   }
-  for (const Rank& r : ranks_) AddRankReport(r.compression, &groups);
   std::vector<proto::CompressionStat> out;
   out.reserve(groups.size());
   groups.ForEach([&out](const std::string& method, const std::string& pattern,

@@ -29,8 +29,9 @@ const std::vector<SettingFlag>& SettingFlags() {
        "1 (default): ranks agree on cached tensors over the data plane, 0: always ask the "
        "coordinator"},
       {"--compression", "BRAID_COMPRESSION",
-       "default compression of float all-reduces, e.g. fp16, fp4:ef=1, or a plan of name "
-       "patterns to specs, e.g. '{\"*.bias\": \"none\", \"*\": \"fp4\"}'"},
+       "default compression of float all-reduces, e.g. fp16, fp4:ef=1, auto (braid chooses "
+       "from the link and step it measures), or a plan of name patterns to specs, e.g. "
+       "'{\"*.bias\": \"none\", \"*\": \"fp4\"}'"},
       {"--autotune", "BRAID_AUTOTUNE",
        "the coordinator tunes the fusion threshold, cycle time and ring chunk and window by "
        "measuring the job's steps (docs/configuration.md)",

@@ -260,10 +260,11 @@ std::vector<double> RunAuto(testing::RuntimeWorld& world, int steps, absl::Durat
 }
 
 // Over a slow link (2 MB/s: a step's 384 KiB take ~200 ms uncompressed) behind 180 ms of
-// computation, `auto` chooses fp4:ef=1: its step (~207 ms) is within 25% of the shortest
-// (powersgd's ~187 ms), fp16's (~280 ms) is not. Over the in-process link it keeps none. Every rank switches at the same step boundary: the steps
-// before it are exact (none), the steps from it carry fp4's error, and every tensor of a
-// step ran under one method.
+// computation, `auto` chooses fp4:ef=1: its step (~210 ms) is within 25% of the shortest
+// (scalecomp's or powersgd's, ~190 ms), fp16's (~280 ms) is not. Over the in-process link
+// it keeps none. Every rank switches at the same step boundary: the steps before it are
+// exact (none), the steps from it carry fp4's error, and every tensor of a step ran under
+// one method.
 TEST(AutoCompressionTest, FastAndSlowLinksGetTheExpectedMethodBetweenSteps) {
   for (bool slow : {false, true}) {
     SCOPED_TRACE(slow ? "slow link" : "fast link");

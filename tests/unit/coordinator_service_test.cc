@@ -643,6 +643,53 @@ TEST_F(ServiceTest, StatusFoldsThePatternsBeyondTheBound) {
   EXPECT_EQ(at("none", "").tensors(), 1);
 }
 
+// `auto` tensors count at the coordinator under the spec `auto` and their pattern, while the
+// ranks book their bytes under the chosen method and "<pattern> (auto)": rows the ranks do
+// not have. With 34 `auto` patterns and 30 others (64 byte rows per rank, within the bound),
+// every byte row keeps its name, and only `auto`'s tensor counts fold.
+TEST_F(ServiceTest, StatusKeepsTheRanksByteRowsBeforeAutosTensorCounts) {
+  std::vector<StreamKey> keys;
+  StartJob(2, &keys);
+  for (int i = 0; i < 64; ++i) {
+    for (int r = 0; r < 2; ++r) {
+      service_->OnRequests(keys[r], PlanAllreduce(r, absl::StrCat("t", i),
+                                                  i < 34 ? "auto" : "fp16",
+                                                  absl::StrCat("t", i, "*")));
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    proto::HeartbeatRequest hb;
+    hb.set_rank(r);
+    for (int i = 0; i < 64; ++i) {
+      if (i < 34) {
+        Reported(hb.mutable_compression_groups(), "fp16", absl::StrCat("t", i, "* (auto)"), 1);
+      } else {
+        Reported(hb.mutable_compression_groups(), "fp16", absl::StrCat("t", i, "*"), 1);
+      }
+    }
+    ASSERT_TRUE(service_->Heartbeat(Job(r), hb).ok());
+  }
+  auto rows = Rows(Status());
+  auto at = [&rows](const std::string& method, const std::string& pattern) {
+    return rows.find(std::make_pair(method, pattern));
+  };
+  for (int i = 0; i < 64; ++i) {
+    const std::string pattern = absl::StrCat("t", i, i < 34 ? "* (auto)" : "*");
+    auto row = at("fp16", pattern);
+    ASSERT_NE(row, rows.end()) << pattern;
+    EXPECT_EQ(row->second.reductions(), 2) << pattern;
+    EXPECT_EQ(row->second.ranks_reporting(), 2) << pattern;
+    if (i >= 34) EXPECT_EQ(row->second.tensors(), 1) << pattern;
+  }
+  int64_t auto_tensors = 0;
+  for (const auto& [group, c] : rows) {
+    if (group.first == "auto") auto_tensors += c.tensors();
+  }
+  EXPECT_EQ(auto_tensors, 34) << "folded, but counted";
+  ASSERT_NE(at("auto", "(other patterns)"), rows.end());
+  EXPECT_EQ(at("auto", "(other patterns)")->second.tensors(), 34);
+}
+
 // ---- One job at a time (Note [One job at a time]) ----
 
 TEST_F(ServiceTest, TheNextJobStartsFromZeroAndTheEndedOneStaysReadable) {

@@ -69,12 +69,14 @@ def compression_stats():
     ``{"method": "fp16", "pattern": "emb.*", ...}``: ``pattern`` is "" when no plan did (a
     single spec, the job's or the call's), the plan's pattern with " (auto)" after it, or
     "(auto)" alone, for the method ``auto`` chose, and "(other patterns)" for the patterns
-    beyond the first 64 groups (each method's totals stay exact). A tensor's ``pattern`` is
+    beyond the bound: 64 groups of a pattern of their own, over all methods, in the order
+    their first all-reduce ran (each method's totals stay exact). A tensor's ``pattern`` is
     its group's.
 
-    A tensor all-reduced with several methods over time (rare) has one entry whose byte
-    fields are summed over them and whose ``method`` (and ``pattern``, where they differ)
-    joins their specs with " + ".
+    A tensor all-reduced with several methods over time (under ``auto`` whenever it changes
+    its choice, e.g. "none + powersgd:rank=4") has one entry whose byte fields are summed
+    over them and whose ``method`` (and ``pattern``, where they differ) joins their specs
+    with " + ", sorted.
     ``"tensors"`` holds the 4096 names all-reduced most recently at most: a new name drops
     the least recently all-reduced one (so names made up anew every step do not grow it for
     ever), while ``"methods"`` counts every all-reduce.
