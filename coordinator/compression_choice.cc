@@ -64,6 +64,16 @@ std::optional<CompressionChooser::Choice> CompressionChooser::OnSample(
   }
   const ChoiceFigures now = Measure();
   for (auto& w : window_) w.clear();
+  if (rebase_) {
+    // The first window under a method this chooser just chose: the link rate it measures
+    // is that method's (small messages ride a rate limiter's burst, or pay latency more than
+    // bandwidth), not comparable with the previous method's. It becomes the figures later
+    // windows are compared with; comparing it would switch back and forth between methods
+    // whose steps are close.
+    rebase_ = false;
+    figures_ = now;
+    return std::nullopt;
+  }
   if (chosen_ && !Moved(now)) return std::nullopt;
   const size_t pick = Choose(now, opts_.tolerance);
   const bool first = !chosen_;
@@ -73,6 +83,7 @@ std::optional<CompressionChooser::Choice> CompressionChooser::OnSample(
   if (!first && !differs) return std::nullopt;
   method_ = AutoLadder()[pick];
   reason_ = Reason(now, pick, opts_.tolerance);
+  rebase_ = true;
   return Choice{method_, reason_};
 }
 

@@ -15,7 +15,10 @@
 // of any m: a lossier method must buy a shorter step than that. The first window always
 // gives a choice (so the log and braidctl say why, `none` included); a later window
 // re-chooses only when its link rate or computation is more than `margin` away from the
-// figures of the choice in force, and a change goes out only when the method differs.
+// figures of the choice in force, and a change goes out only when the method differs. After
+// a change of method, the first window under the new one measures the figures later windows
+// are compared with, and re-chooses nothing: a link measured under another method is not
+// comparable (BENCHMARKS.md section 31 saw fp4:ef=1 and powersgd:rank=4 alternate without it).
 #ifndef BRAID_COORDINATOR_COMPRESSION_CHOICE_H_
 #define BRAID_COORDINATOR_COMPRESSION_CHOICE_H_
 
@@ -79,6 +82,7 @@ class CompressionChooser {
   int64_t epoch_;
   int warmup_;
   bool chosen_ = false;
+  bool rebase_ = false;  // the next window sets figures_ (a change of method went out)
   std::string method_ = "none";
   std::string reason_;
   ChoiceFigures figures_;

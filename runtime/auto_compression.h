@@ -30,9 +30,10 @@
 // gradients come at the end of backward shows (BENCHMARKS.md, section 31). Where reductions
 // do overlap, the computation is underestimated by the overlap and the choice errs toward
 // compressing. It re-chooses when the link rate or the computation of a later window moves
-// by more than 25% from the figures of the choice in force. The estimate counts bytes on the
-// wire, not the methods' own encoding time (PowerSGD's products, the sparsifiers'
-// selection).
+// by more than 25% from the figures of the choice in force, which the first window under a
+// newly chosen method gives (a link measured under another method is not comparable). The
+// estimate counts bytes on the wire, not the methods' own encoding time (PowerSGD's
+// products, the sparsifiers' selection).
 //
 // Stateful methods keep their state per method: a tensor that leaves fp4:ef=1 leaves its
 // error-feedback residual behind, and finds it again (stale) if it comes back.

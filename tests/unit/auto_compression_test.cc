@@ -92,8 +92,9 @@ TEST(CompressionChoiceTest, AWindowOfEveryRankDecides) {
   }
 }
 
-// After a choice, windows of the new epoch re-choose only when the link or the computation
-// moves by more than the margin, and a change goes out only when the method differs.
+// After a choice, the first window under the new method sets the figures; later windows
+// re-choose only when the link or the computation moves by more than the margin from them,
+// and a change goes out only when the method differs.
 TEST(CompressionChoiceTest, ItReChoosesWhenTheFiguresMove) {
   ChoiceOptions o;
   o.first_warmup_steps = 0;
@@ -119,13 +120,17 @@ TEST(CompressionChoiceTest, ItReChoosesWhenTheFiguresMove) {
   ASSERT_TRUE(first);
   EXPECT_EQ(first->method, "fp16");
   chooser.Changed(1);
-  EXPECT_FALSE(window(1, "fp16", 10e6, 300000)) << "the same figures";
+  EXPECT_FALSE(window(1, "fp16", 20e6, 300000))
+      << "the first window under fp16 sets the figures, however far it moved";
+  EXPECT_EQ(chooser.figures().link_bytes_per_second, 20e6);
+  EXPECT_FALSE(window(1, "fp16", 10e6, 300000)) << "50% off: re-chosen, fp16 again";
   EXPECT_FALSE(window(1, "fp16", 11e6, 330000)) << "within the margin";
   auto faster = window(1, "fp16", 20e6, 300000);  // none's 350 ms is now within 25% of 301
   ASSERT_TRUE(faster);
   EXPECT_EQ(faster->method, "none");
   chooser.Changed(2);
   EXPECT_FALSE(window(1, "none", 1e6, 300000)) << "a stale epoch's samples are dropped";
+  EXPECT_FALSE(window(2, "none", 20e6, 300000)) << "the first window under none";
   auto slower = window(2, "none", 1e6, 300000);  // 1 MB/s: powersgd's 320 ms, fp4's 433
   ASSERT_TRUE(slower);
   EXPECT_EQ(slower->method, "powersgd:rank=4");
