@@ -40,7 +40,10 @@ Contents:
   ``mpi_threads_supported``, ``mpi_built``, ``gloo_built``, ``nccl_built``, ``cuda_built``,
   ``rocm_built``;
 - ``broadcast_parameters``, ``broadcast_optimizer_state``, ``broadcast_object``,
-  ``allgather_object`` (functions.py).
+  ``allgather_object`` (functions.py);
+- ``elastic.ElasticSampler`` (elastic.py): shards an epoch's indices not yet processed over
+  the world as it is now. The rest of Horovod's elastic training (``elastic.run``,
+  ``TorchState``, jobs that survive a lost rank) is not built yet.
 
 CUDA tensors (a braid built with CUDA, cuda_built()): all-reduce (so DistributedOptimizer and
 the DDP hook), barrier and join; braid's work waits for the tensor's device's current stream
@@ -57,7 +60,7 @@ from .._core import compression as _compression, runtime as _runtime, stats as _
 from .._core.compression import *  # noqa: F401,F403  (compression_state, load_...)
 from .._core.runtime import *  # noqa: F401,F403  (init, shutdown, size, rank, ...)
 from .._core.stats import *  # noqa: F401,F403  (compression_stats, fusion_stats, timeline)
-from . import mpi_ops
+from . import elastic, mpi_ops  # noqa: F401
 from .compression import Compression, Compressor  # noqa: F401
 from .ddp_comm_hooks import ddp_comm_hook  # noqa: F401
 from .functions import (  # noqa: F401
