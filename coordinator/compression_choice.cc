@@ -30,6 +30,12 @@ std::string Figure(double v) {
 
 std::string Millis(double seconds) { return Figure(seconds * 1e3) + " ms"; }
 
+// The ladder index of the shortest reduction, so of the shortest step.
+size_t Shortest(const ChoiceFigures& f) {
+  return static_cast<size_t>(std::min_element(f.seconds.begin(), f.seconds.end()) -
+                             f.seconds.begin());
+}
+
 }  // namespace
 
 CompressionChooser::CompressionChooser(const ChoiceOptions& options, int world_size,
@@ -117,8 +123,7 @@ bool CompressionChooser::Moved(const ChoiceFigures& now) const {
 }
 
 size_t CompressionChooser::Choose(const ChoiceFigures& f, double tolerance) {
-  const double shortest = f.computation_seconds + *std::min_element(f.seconds.begin(),
-                                                                     f.seconds.end());
+  const double shortest = f.computation_seconds + f.seconds[Shortest(f)];
   for (size_t i = 0; i < f.seconds.size(); ++i) {
     if (f.computation_seconds + f.seconds[i] <= (1 + tolerance) * shortest) return i;
   }
@@ -128,8 +133,7 @@ size_t CompressionChooser::Choose(const ChoiceFigures& f, double tolerance) {
 std::string CompressionChooser::Reason(const ChoiceFigures& f, size_t chosen, double tolerance) {
   const std::vector<std::string>& ladder = AutoLadder();
   const auto step = [&f](size_t i) { return Millis(f.computation_seconds + f.seconds[i]); };
-  const size_t shortest = static_cast<size_t>(
-      std::min_element(f.seconds.begin(), f.seconds.end()) - f.seconds.begin());
+  const size_t shortest = Shortest(f);
   const std::string within = absl::StrFormat("within %.0f%% of", tolerance * 100);
   std::string out = absl::StrFormat("auto: %s, link %s MB/s, computation %s: its step %s",
                                     ladder[chosen], Figure(f.link_bytes_per_second / 1e6),

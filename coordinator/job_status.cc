@@ -87,8 +87,8 @@ proto::CompressionStat Row(const std::string& method, const std::string& pattern
 
 // One row per group of tensors (method, plan pattern: Note [Compression groups]), by method
 // then pattern: what was negotiated (one rank's share) merged with what the ranks reported
-// (summed over them), in one table bounded as the ranks' own (negotiation first, then the
-// fast path, then the ranks in order). See CompressionStat in proto/braid.proto.
+// (summed over them), in one table bounded as the ranks' own (the ranks in order first, then
+// negotiation, then the fast path). See CompressionStat in proto/braid.proto.
 std::vector<proto::CompressionStat> Job::CompressionStats() const {
   // The ranks' byte rows first, so that they keep the bound's named rows: the coordinator's
   // own counts add rows the ranks do not have (`auto`'s tensors, under the spec `auto`, whose

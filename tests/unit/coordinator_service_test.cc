@@ -648,6 +648,8 @@ TEST_F(ServiceTest, StatusFoldsThePatternsBeyondTheBound) {
 // not have. With 34 `auto` patterns and 30 others (64 byte rows per rank, within the bound),
 // every byte row keeps its name, and only `auto`'s tensor counts fold.
 TEST_F(ServiceTest, StatusKeepsTheRanksByteRowsBeforeAutosTensorCounts) {
+  // The group a rank books tensor `i`'s bytes in.
+  auto byte_pattern = [](int i) { return absl::StrCat("t", i, i < 34 ? "* (auto)" : "*"); };
   std::vector<StreamKey> keys;
   StartJob(2, &keys);
   for (int i = 0; i < 64; ++i) {
@@ -661,11 +663,7 @@ TEST_F(ServiceTest, StatusKeepsTheRanksByteRowsBeforeAutosTensorCounts) {
     proto::HeartbeatRequest hb;
     hb.set_rank(r);
     for (int i = 0; i < 64; ++i) {
-      if (i < 34) {
-        Reported(hb.mutable_compression_groups(), "fp16", absl::StrCat("t", i, "* (auto)"), 1);
-      } else {
-        Reported(hb.mutable_compression_groups(), "fp16", absl::StrCat("t", i, "*"), 1);
-      }
+      Reported(hb.mutable_compression_groups(), "fp16", byte_pattern(i), 1);
     }
     ASSERT_TRUE(service_->Heartbeat(Job(r), hb).ok());
   }
@@ -674,7 +672,7 @@ TEST_F(ServiceTest, StatusKeepsTheRanksByteRowsBeforeAutosTensorCounts) {
     return rows.find(std::make_pair(method, pattern));
   };
   for (int i = 0; i < 64; ++i) {
-    const std::string pattern = absl::StrCat("t", i, i < 34 ? "* (auto)" : "*");
+    const std::string pattern = byte_pattern(i);
     auto row = at("fp16", pattern);
     ASSERT_NE(row, rows.end()) << pattern;
     EXPECT_EQ(row->second.reductions(), 2) << pattern;
