@@ -54,6 +54,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.remaining_indices = []
         self.num_samples = 0
         self.total_size = 0
+        self.indices = []  # this rank's shard, made once per reset()
         self.reset()
 
     def set_epoch(self, epoch):
@@ -78,9 +79,8 @@ class ElasticSampler(torch.utils.data.Sampler):
         if batch_idx < 0 or batch_size < 0:
             raise ValueError(f"get_indices({batch_idx}, {batch_size}): expected a batch index "
                              "and size of at least 0")
-        shard = self._shard()
         start = batch_idx * batch_size
-        return shard[start:min(start + batch_size, len(shard))]
+        return self.indices[start:min(start + batch_size, len(self.indices))]
 
     def state_dict(self):
         """``{"epoch": int, "processed_indices": set of int}``."""
@@ -107,6 +107,7 @@ class ElasticSampler(torch.utils.data.Sampler):
                                   if i not in self.processed_indices]
         self.num_samples = math.ceil(len(self.remaining_indices) / self.num_replicas)
         self.total_size = self.num_samples * self.num_replicas
+        self.indices = self._shard()
 
     def _shard(self):
         indices = list(self.remaining_indices)
@@ -122,7 +123,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         return indices[self.rank:self.total_size:self.num_replicas]
 
     def __iter__(self):
-        return iter(self._shard())
+        return iter(self.indices)
 
     def __len__(self):
         return self.num_samples
