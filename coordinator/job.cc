@@ -57,6 +57,11 @@ void Job::AddRegistration(int64_t call_id, const proto::RegisterRequest& req,
         absl::StrCat("pid ", req.pid(), " on ", req.host(), " asks for a world of ", req.size(),
                      " ranks; braid's limit is ", kMaxWorldSize)));
   }
+  if (opts_.elastic_world_size) {
+    absl::StatusOr<int> n = opts_.elastic_world_size();
+    if (!n.ok()) return refuse(n.status());
+    world_size_ = std::max(*n, 0);
+  }
   if (world_size_ == 0) world_size_ = req.size();
   if (world_size_ <= 0) {
     world_size_ = opts_.world_size;
@@ -64,6 +69,18 @@ void Job::AddRegistration(int64_t call_id, const proto::RegisterRequest& req,
   }
   if (req.size() != 0 && req.size() != world_size_) return refuse(DisagreeOnWorldSize(req, out));
   pending_.push_back({call_id, req, now + opts_.register_timeout, std::move(done)});
+  if (static_cast<int>(pending_.size()) == world_size_) Form(now, out);
+}
+
+void Job::Resize(absl::Time now, Completions* out) {
+  if (!opts_.elastic_world_size || phase_ != proto::JOB_FORMING || pending_.empty()) return;
+  absl::StatusOr<int> size = opts_.elastic_world_size();
+  if (!size.ok()) return FailRegistrations(size.status(), out);
+  const int n = *size;
+  if (n <= 0) return;
+  // More registrations than ranks: one of them is a process braidrun already counts out (it
+  // died after registering); its call is cancelled when its connection closes.
+  world_size_ = n;
   if (static_cast<int>(pending_.size()) == world_size_) Form(now, out);
 }
 
@@ -130,6 +147,7 @@ void Job::Form(absl::Time now, Completions* out) {
     Rank& r = ranks_[(*formed)[i].rank()];
     r.host = pending[i].request.host();
     r.pid = pending[i].request.pid();
+    r.worker = pending[i].request.has_worker() ? pending[i].request.worker() : -1;
     r.last_seen = now;
     r.token = RandomSecret();
     (*formed)[i].set_rank_token(r.token);
@@ -333,7 +351,7 @@ void Job::Lose(int rank, const std::string& why) {
     r.stream.reset();
   }
   Abort(absl::UnavailableError(why));
-  if (opts_.on_rank_lost) opts_.on_rank_lost(rank, why);
+  if (opts_.on_rank_lost) opts_.on_rank_lost(rank, r.worker, why);
 }
 
 absl::Status Job::Heartbeat(const proto::HeartbeatRequest& req, absl::string_view token,

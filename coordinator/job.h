@@ -87,9 +87,14 @@ class Job {
     bool one_job = false;
     // Called (under the service's lock: it must not block or call the service) when a rank
     // is declared lost: silent past the heartbeat timeout, no stream in time, or its stream
-    // closed without a goodbye. braidrun ends such a rank when it still runs (Note [Lost
-    // ranks] in tools/braidrun/launcher.h).
-    std::function<void(int rank, const std::string& why)> on_rank_lost;
+    // closed without a goodbye; `worker` is its RegisterRequest.worker (-1: none). braidrun
+    // ends such a rank when it still runs (Note [Lost ranks] in tools/braidrun/launcher.h).
+    std::function<void(int rank, int worker, const std::string& why)> on_rank_lost;
+    // Set: the job is one membership of an elastic job (Note [Elastic membership] in
+    // service.h) and this says how many ranks it has, asked while it forms (Resize); an
+    // error (too few ranks left) fails the registrations with it. The ranks register without
+    // a world size of their own.
+    std::function<absl::StatusOr<int>()> elastic_world_size;
     // Under BRAID_AUTOTUNE (Note [Autotuning] in autotune.h).
     AutotuneOptions autotune;
     // Under compression `auto` (compression_choice.h).
@@ -117,6 +122,9 @@ class Job {
                        absl::Time now, Completions* out);
   // Completes registration `id` with `why` if it is still waiting; false if it is not.
   bool RemoveRegistration(int64_t id, const absl::Status& why, Completions* out);
+  // Elastic: re-asks Options::elastic_world_size while the job forms and forms it once that
+  // many ranks registered (a rank that died while the others registered lowers it).
+  void Resize(absl::Time now, Completions* out);
 
   // ---- Negotiation streams ----
   // Attaches `sink` as `rank`'s stream when `token` is the rank's (RegisterResponse's
@@ -172,6 +180,7 @@ class Job {
   struct Rank {
     std::string host;
     int64_t pid = 0;
+    int worker = -1;  // RegisterRequest.worker
     RankState state = RankState::kRegistered;
     absl::Time last_seen = absl::InfinitePast();
     // The rank's latest byte counters per group of tensors (from its heartbeats: Note

@@ -339,6 +339,7 @@ ServiceOptions ServiceOptionsFrom(const ServerOptions& o) {
   s.register_timeout = o.register_timeout;
   s.settings = o.settings;
   s.on_rank_lost = o.on_rank_lost;
+  s.elastic_world_size = o.elastic_world_size;
   s.autotune = o.autotune;
   return s;
 }

@@ -45,8 +45,12 @@ struct ServerOptions {
   absl::Duration monitor_period = absl::Milliseconds(100);
   // Told of every rank the coordinator declares lost, with the reason, from the server's
   // threads (the service's lock held: it must return at once and not call the server).
-  // braidrun's: Note [Lost ranks] in tools/braidrun/launcher.h.
-  std::function<void(int rank, const std::string& why)> on_rank_lost;
+  // braidrun's: Note [Lost ranks] in tools/braidrun/launcher.h. `worker`: the rank's
+  // RegisterRequest.worker, -1 without one.
+  std::function<void(int rank, int worker, const std::string& why)> on_rank_lost;
+  // Elastic (Note [Elastic membership] in service.h): each membership's world size, asked
+  // under the service's lock (it must return at once).
+  std::function<absl::StatusOr<int>()> elastic_world_size;
   // Under BRAID_AUTOTUNE (Note [Autotuning] in autotune.h): the search's parameters.
   AutotuneOptions autotune;
 };

@@ -31,8 +31,11 @@ Job::Options CoordinatorService::JobOptions(int64_t id) const {
   o.settings = opts_.settings;
   o.register_timeout = opts_.register_timeout;
   o.kv_limits = opts_.kv_limits;
-  o.one_job = opts_.single_job;
+  // An elastic job's memberships follow one another: a disagreement ends one membership,
+  // not the coordinator's service.
+  o.one_job = opts_.single_job && !opts_.elastic_world_size;
   o.on_rank_lost = opts_.on_rank_lost;
+  o.elastic_world_size = opts_.elastic_world_size;
   o.autotune = opts_.autotune;
   return o;
 }
@@ -59,7 +62,8 @@ void CoordinatorService::Register(int64_t call_id, const Caller& caller,
     };
     if (shutting_down_) {
       refuse(absl::UnavailableError("the coordinator is shutting down"));
-    } else if (opts_.single_job && job_->phase() == proto::JOB_RUNNING &&
+    } else if (opts_.single_job && !opts_.elastic_world_size &&
+               job_->phase() == proto::JOB_RUNNING &&
                !job_->HasRankProcess(req.host(), req.pid())) {
       // Note [One job at a time]: this coordinator's one job is running and the caller is
       // none of its processes (those may init again: they wait for the job to end), so it
@@ -340,6 +344,7 @@ void CoordinatorService::Inspect() {
     absl::MutexLock lock(&mu_);
     const absl::Time now = Now();
     job_->Inspect(now, &out);
+    job_->Resize(now, &out);
     for (auto it = queued_.begin(); it != queued_.end();) {
       if (now < it->deadline) {
         ++it;

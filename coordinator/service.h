@@ -13,6 +13,17 @@
 // once a registration that arrives while its job runs from a process that is none of the
 // job's ranks: it is another job's rank, pointed at the same port.
 //
+// Note [Elastic membership]: under braidrun --min-np/--max-np each job is one membership of
+// an elastic job, its id the membership number. A rank lost ends the membership: every
+// survivor's pending and later collectives fail (Unavailable, naming the lost rank), and
+// braid.torch.elastic restores the last commit, shuts down and registers again (without a
+// rank or a world size of its own). Those registrations wait for the membership to end (every
+// rank shut down or lost) and form the next one once as many ranks registered as braidrun
+// counts processes still running (asked again as each registers and at every Inspect, so a
+// process that dies during the change lowers the count instead of stalling it). A token of
+// an earlier membership is refused (Job::CheckToken), and each membership's ranks open new
+// data-plane endpoints, so nothing of the old membership reaches the new one.
+//
 // Every handler first admits its caller (Note [Who may join] in admission.h).
 #ifndef BRAID_COORDINATOR_SERVICE_H_
 #define BRAID_COORDINATOR_SERVICE_H_
@@ -50,7 +61,10 @@ struct ServiceOptions {
   // Time source; null: absl::Now. Tests step a fake clock and call Inspect().
   std::function<absl::Time()> clock;
   // Told of every rank declared lost (Job::Options::on_rank_lost); may be null.
-  std::function<void(int rank, const std::string& why)> on_rank_lost;
+  std::function<void(int rank, int worker, const std::string& why)> on_rank_lost;
+  // Set: the jobs are the memberships of one elastic job (Note [Elastic membership]), each
+  // as large as this says when it forms (braidrun: its ranks' processes that still run).
+  std::function<absl::StatusOr<int>()> elastic_world_size;
   // Under BRAID_AUTOTUNE (Note [Autotuning] in autotune.h): the search's parameters.
   AutotuneOptions autotune;
 };

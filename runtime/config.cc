@@ -433,6 +433,9 @@ const std::vector<std::string>& KnownBraidVariables() {
   static const std::vector<std::string>* const kKnown = [] {
     auto* known = new std::vector<std::string>{
         "BRAID_RANK", "BRAID_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_SIZE",
+        // braidrun's number for a process, and its elastic mode (braid.torch.elastic):
+        // docs/elastic.md.
+        "BRAID_WORKER", "BRAID_ELASTIC",
         // The torch.distributed backend's all-reduce method, read by braid.torch.distributed
         // (docs/torch.md), which checks it with the registry's canonical_compression.
         "BRAID_C10D_COMPRESSION",

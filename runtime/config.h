@@ -59,6 +59,8 @@ struct LaunchInfo {
   // runtime/job_identity.h): TORCHELASTIC_RUN_ID, SLURM_JOB_ID.SLURM_STEP_ID, Open MPI's
   // job id (OMPI_MCA_ess_base_jobid) or PMIx namespace; "" when none is set.
   std::string job_id;
+  // braidrun's number for this process (BRAID_WORKER, RegisterRequest.worker); -1: none.
+  int worker = -1;
 };
 
 using Getenv = std::function<const char*(const char*)>;

@@ -59,6 +59,18 @@ std::string LauncherJobId(const Getenv& env) {
   return "";
 }
 
+// braidrun's number for this process (BRAID_WORKER); -1 when unset.
+absl::StatusOr<int> LauncherWorker(const Getenv& env) {
+  int64_t worker = -1;
+  auto has_worker = ReadInt(env, "BRAID_WORKER", &worker);
+  if (!has_worker.ok()) return has_worker.status();
+  if (*has_worker && (worker < 0 || worker >= (1 << 16))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BRAID_WORKER must be in [0, 65536), got ", worker));
+  }
+  return static_cast<int>(worker);
+}
+
 }  // namespace
 
 absl::StatusOr<LaunchInfo> LaunchInfoFromEnv(const Getenv& env) {
@@ -114,6 +126,9 @@ absl::StatusOr<LaunchInfo> LaunchInfoFromEnv(const Getenv& env) {
     break;
   }
   info.job_id = LauncherJobId(env);
+  auto worker = LauncherWorker(env);
+  if (!worker.ok()) return worker.status();
+  info.worker = *worker;
   return info;
 }
 

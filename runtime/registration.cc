@@ -51,6 +51,7 @@ absl::StatusOr<Joined> JoinJob(const RuntimeConfig& config, const LaunchInfo& la
   reg.set_local_size(launch.local_size);
   reg.set_host(self.host.empty() ? HostName() : self.host);
   reg.set_pid(getpid());
+  if (launch.worker >= 0) reg.set_worker(launch.worker);
   reg.set_transport_address(self.address);
   *reg.mutable_settings() = ToProto(config.job);
   auto registered = client.Register(reg, RegistrationTimeout(config));

@@ -245,7 +245,19 @@ TEST(BuildRankEnv, MinimalJobAppendsLauncherVariables) {
       BuildRankEnv({"HOME=/root", "PATH=/usr/bin"}, MinimalJob(), 2, 2, 4);
   EXPECT_THAT(env, ElementsAre("HOME=/root", "PATH=/usr/bin", "BRAID_COORDINATOR=127.0.0.1:4242",
                                "BRAID_RANK=2", "BRAID_SIZE=4", "BRAID_LOCAL_RANK=2",
-                               "BRAID_LOCAL_SIZE=4", "BRAID_JOB_SECRET=s3cret",
+                               "BRAID_LOCAL_SIZE=4", "BRAID_WORKER=2", "BRAID_JOB_SECRET=s3cret",
+                               "PYTHONUNBUFFERED=1", "OMP_NUM_THREADS=1", "UCX_NET_DEVICES=lo"));
+}
+
+// Note [Elastic braidrun]: the coordinator places an elastic job's ranks at each membership,
+// so braidrun leaves the place empty (unset) and names the process by BRAID_WORKER alone.
+TEST(BuildRankEnv, ElasticRanksGetAWorkerNumberAndNoPlace) {
+  JobEnv job = MinimalJob();
+  job.elastic = true;
+  std::vector<std::string> env = BuildRankEnv({"BRAID_RANK=9"}, job, 2, 2, 4);
+  EXPECT_THAT(env, ElementsAre("BRAID_RANK=", "BRAID_COORDINATOR=127.0.0.1:4242", "BRAID_SIZE=",
+                               "BRAID_LOCAL_RANK=", "BRAID_LOCAL_SIZE=", "BRAID_WORKER=2",
+                               "BRAID_ELASTIC=1", "BRAID_JOB_SECRET=s3cret",
                                "PYTHONUNBUFFERED=1", "OMP_NUM_THREADS=1", "UCX_NET_DEVICES=lo"));
 }
 
@@ -259,7 +271,7 @@ TEST(BuildRankEnv, LauncherVariablesReplaceInheritedOnesInPlace) {
                                "UCX_NET_DEVICES=eth0", "B=x=y", "BRAID_JOB_SECRET_FILE=",
                                "BRAID_COORDINATOR=127.0.0.1:4242",
                                "BRAID_SIZE=4", "BRAID_LOCAL_RANK=0", "BRAID_LOCAL_SIZE=4",
-                               "BRAID_JOB_SECRET=s3cret"));
+                               "BRAID_WORKER=0", "BRAID_JOB_SECRET=s3cret"));
 }
 
 // Note [Ranks die with their launcher]: the pipe's variable for ranks on this host; an
@@ -301,8 +313,8 @@ TEST(BuildRankEnv, FlagsBecomeVariables) {
   std::vector<std::string> env = BuildRankEnv({}, job, 1, 0, 2);
   EXPECT_THAT(env,
               ElementsAre("BRAID_COORDINATOR=127.0.0.1:4242", "BRAID_RANK=1", "BRAID_SIZE=4",
-                          "BRAID_LOCAL_RANK=0", "BRAID_LOCAL_SIZE=2", "BRAID_JOB_SECRET=s3cret",
-                          "PYTHONUNBUFFERED=1", "BRAID_TIMEOUT_S=30", "BRAID_REGISTER_TIMEOUT_S=7.5",
+                          "BRAID_LOCAL_RANK=0", "BRAID_LOCAL_SIZE=2", "BRAID_WORKER=1",
+                          "BRAID_JOB_SECRET=s3cret", "PYTHONUNBUFFERED=1", "BRAID_TIMEOUT_S=30", "BRAID_REGISTER_TIMEOUT_S=7.5",
                           "BRAID_FUSION_THRESHOLD=2097152", "BRAID_CYCLE_TIME_MS=5",
                           "BRAID_CACHE_CAPACITY=0", "BRAID_TIMELINE=/tmp/tl.json",
                           "BRAID_STALL_CHECK_S=0.5", "BRAID_STALL_SHUTDOWN_S=0",

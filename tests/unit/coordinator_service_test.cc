@@ -338,7 +338,7 @@ TEST_F(ServiceTest, ASilentRankIsLostAfterTheHeartbeatTimeout) {
   // Whoever hosts the coordinator is told which rank was lost and why (braidrun ends it).
   std::vector<std::pair<int, std::string>> told;
   ServiceOptions o;
-  o.on_rank_lost = [&](int rank, const std::string& why) { told.emplace_back(rank, why); };
+  o.on_rank_lost = [&](int rank, int, const std::string& why) { told.emplace_back(rank, why); };
   Restart(o);
   std::vector<StreamKey> keys;
   auto sinks = StartJob(2, &keys);
@@ -843,6 +843,105 @@ TEST(MonitorTest, InspectsEveryPeriodUntilDestroyed) {
   const int at_stop = calls;
   auto more = [&]() { return calls > at_stop; };
   EXPECT_FALSE(mu.AwaitWithTimeout(absl::Condition(&more), absl::Milliseconds(60)));
+}
+
+// Note [Elastic membership]: each membership is sized by the provider (braidrun's count of
+// running processes) and the survivors of one form the next, renumbered.
+class ElasticTest : public ServiceTest {
+ protected:
+  ElasticTest() {
+    ServiceOptions o;
+    o.elastic_world_size = [this]() -> absl::StatusOr<int> {
+      if (!failed_.empty()) return absl::FailedPreconditionError(failed_);
+      return running_;
+    };
+    o.on_rank_lost = [this](int rank, int worker, const std::string&) {
+      lost_.emplace_back(rank, worker);
+    };
+    Restart(o);
+  }
+  // A process that registers without a rank or world size of its own, as braidrun's do.
+  static proto::RegisterRequest Worker(int worker) {
+    proto::RegisterRequest r = Reg(-1, 0);
+    r.set_pid(500 + worker);
+    r.set_worker(worker);
+    return r;
+  }
+  int running_ = 3;
+  std::string failed_;
+  std::vector<std::pair<int, int>> lost_;  // (rank, worker)
+};
+
+TEST_F(ElasticTest, TheSurvivorsOfALostRankFormTheNextMembershipRenumbered) {
+  std::vector<int64_t> ids;
+  for (int w = 0; w < 3; ++w) ids.push_back(Register(Worker(w)));
+  std::map<int, int> rank_of;  // worker -> rank
+  for (int w = 0; w < 3; ++w) {
+    ASSERT_TRUE(results_.at(ids[w]).ok()) << results_.at(ids[w]).status();
+    EXPECT_EQ(results_.at(ids[w])->size(), 3);
+    rank_of[w] = results_.at(ids[w])->rank();
+  }
+  std::vector<StreamKey> keys(3);
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (int r = 0; r < 3; ++r) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    keys[r] = *Open(r, sinks.back());
+  }
+  const std::string old_token = tokens_.at(0);
+  // Worker 1's connection closes: its rank is lost, braidrun is told which process it was,
+  // and every survivor's operations fail.
+  const int lost_rank = rank_of[1];
+  service_->OnStreamEnd(keys[lost_rank]);
+  ASSERT_EQ(lost_.size(), 1u);
+  EXPECT_EQ(lost_[0], std::make_pair(lost_rank, 1));
+  for (int r = 0; r < 3; ++r) {
+    if (r == lost_rank) continue;
+    ASSERT_FALSE(sinks[r]->sent.empty());
+    EXPECT_EQ(sinks[r]->sent.back().abort_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  }
+  running_ = 2;
+  // The survivors register again while the membership still runs: they wait for its end.
+  const int64_t again0 = Register(Worker(0)), again2 = Register(Worker(2));
+  EXPECT_EQ(results_.count(again0), 0u);
+  for (int r = 0; r < 3; ++r) {
+    if (r != lost_rank) Goodbye(keys[r]);
+  }
+  ASSERT_EQ(results_.count(again0), 1u);
+  ASSERT_TRUE(results_.at(again0).ok()) << results_.at(again0).status();
+  ASSERT_TRUE(results_.at(again2).ok()) << results_.at(again2).status();
+  EXPECT_EQ(results_.at(again0)->size(), 2);
+  EXPECT_EQ(results_.at(again2)->size(), 2);
+  EXPECT_NE(results_.at(again0)->rank(), results_.at(again2)->rank());
+  EXPECT_EQ(Status().job_id(), 2);
+  // A token of the ended membership speaks for no rank of this one.
+  Caller stale = Job();
+  stale.rank_token = old_token;
+  proto::HeartbeatRequest hb;
+  hb.set_rank(0);
+  EXPECT_EQ(service_->Heartbeat(stale, hb).code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(ElasticTest, AProcessThatDiesWhileTheOthersRegisterLowersTheSize) {
+  const int64_t a = Register(Worker(0)), b = Register(Worker(1));
+  service_->Inspect();
+  EXPECT_EQ(results_.count(a), 0u);  // 3 running, 2 registered: it waits
+  running_ = 2;                      // worker 2 died before registering
+  service_->Inspect();
+  ASSERT_EQ(results_.count(a), 1u);
+  ASSERT_TRUE(results_.at(a).ok()) << results_.at(a).status();
+  EXPECT_EQ(results_.at(a)->size(), 2);
+  EXPECT_TRUE(results_.at(b).ok());
+}
+
+TEST_F(ElasticTest, TooFewRanksLeftFailsEveryRegistrationWithBraidrunsReason) {
+  const int64_t a = Register(Worker(0));
+  failed_ = "braidrun: the elastic job fails: 1 rank left, fewer than --min-np 2";
+  service_->Inspect();
+  ASSERT_EQ(results_.count(a), 1u);
+  EXPECT_EQ(results_.at(a).status(), absl::FailedPreconditionError(failed_));
+  const int64_t late = Register(Worker(1));
+  ASSERT_EQ(results_.count(late), 1u);
+  EXPECT_EQ(results_.at(late).status(), absl::FailedPreconditionError(failed_));
 }
 
 }  // namespace

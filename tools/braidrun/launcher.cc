@@ -96,11 +96,15 @@ struct Rank {
   Stream out, err;
   Rank(int r, const RankSpec* s)
       : index(r), spec(s), out(r, STDOUT_FILENO), err(r, STDERR_FILENO) {}
+  // Elastic (Note [Elastic braidrun]): its rank changes with each membership, so braidrun
+  // names it by its BRAID_WORKER, "worker 3".
+  bool elastic = false;
   bool remote() const { return !spec->remote_host.empty(); }
   // "rank 3" or "rank 3 (on node7)", for messages.
   std::string Name() const {
-    return remote() ? absl::StrCat("rank ", index, " (on ", spec->remote_host, ")")
-                    : absl::StrCat("rank ", index);
+    const char* what = elastic ? "worker " : "rank ";
+    return remote() ? absl::StrCat(what, index, " (on ", spec->remote_host, ")")
+                    : absl::StrCat(what, index);
   }
 };
 
@@ -132,6 +136,7 @@ class Supervisor {
       : spec_(spec), signals_(signals) {
     for (size_t r = 0; r < spec.ranks.size(); ++r) {
       ranks_.emplace_back(static_cast<int>(r), &spec.ranks[r]);
+      ranks_.back().elastic = spec.min_np > 0;
     }
   }
 
@@ -305,6 +310,7 @@ class Supervisor {
 
   void OnExit(Rank& r) {
     const bool failed = Failed(r.status);
+    if (elastic() && !exit_code_) return OnElasticExit(r, failed);
     if (failed && !exit_code_) {
       // The first failure is the job's: report it and stop the others.
       exit_code_ = ExitCodeOf(r.status);
@@ -315,12 +321,70 @@ class Supervisor {
     }
   }
 
+  // ---- Note [Elastic braidrun] ----
+  bool elastic() const { return spec_.min_np > 0 && spec_.world != nullptr; }
+
+  // The ranks that count for the next membership: running and not declared lost.
+  int Members() const {
+    return static_cast<int>(std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& r) {
+      return r.running && !r.lost_deadline;
+    }));
+  }
+
+  void OnElasticExit(Rank& r, bool failed) {
+    spec_.world->SetRunning(Members());
+    if (!failed && !r.lost_deadline) {
+      if (spec_.verbose) Say(absl::StrCat(DescribeRankStatus(r), " (pid ", r.pid, ")"));
+      return;
+    }
+    if (r.lost_deadline) {
+      Say(absl::StrCat(r.Name(), " was declared lost (", r.lost_why, ") and ended"));
+    } else {
+      Say(DescribeRankStatus(r));
+    }
+    CheckMinNp(absl::StrCat(r.Name(), " ended"));
+  }
+
+  // Below --min-np the job fails: the survivors' registrations fail with the reason, and
+  // whoever still runs gets SIGTERM failure_grace later.
+  void CheckMinNp(const std::string& what) {
+    const int left = Members();
+    if (left >= spec_.min_np) {
+      if (left > 0) {
+        Say(absl::StrCat("elastic job: ", what, "; ", left, " rank", left == 1 ? "" : "s",
+                         " go on (--min-np ", spec_.min_np, ")"));
+      }
+      return;
+    }
+    const std::string why = absl::StrCat(what, ": ", left, " rank", left == 1 ? "" : "s",
+                                         " left, fewer than --min-np ", spec_.min_np);
+    exit_code_ = 1;
+    Say(absl::StrCat("the elastic job fails: ", why));
+    spec_.world->Fail(absl::StrCat("braidrun: the elastic job fails: ", why));
+    term_deadline_ = absl::Now() + spec_.failure_grace;
+  }
+
+  // Elastic: a rank declared lost is killed at once, before the next membership forms.
+  void EndLostMember(Rank& r, std::string why) {
+    r.lost_deadline = absl::Now();
+    r.lost_ended = true;
+    r.lost_why = std::move(why);
+    kill(-r.pid, SIGKILL);  // a remote rank's ssh: its end kills the remote side
+    spec_.world->SetRunning(Members());
+    Say(absl::StrCat("the coordinator declared ", r.Name(), " lost (", r.lost_why,
+                     "): sending it SIGKILL"));
+  }
+
   // Note [Lost ranks]: the coordinator's declarations, each given lost_grace to be news.
   void TakeLost() {
     for (auto& [rank, why] : spec_.lost_ranks->Take()) {
       if (rank < 0 || rank >= static_cast<int>(ranks_.size())) continue;
       Rank& r = ranks_[rank];
       if (!r.running || r.lost_deadline) continue;
+      if (elastic() && !exit_code_) {
+        EndLostMember(r, std::move(why));
+        continue;
+      }
       r.lost_deadline = absl::Now() + spec_.lost_grace;
       r.lost_why = std::move(why);
     }
@@ -424,6 +488,10 @@ class Supervisor {
       Reap();
       const absl::Time now = absl::Now();
       EndLostRanks(now);
+      if (term_deadline_ && now >= *term_deadline_) {
+        term_deadline_.reset();
+        Escalate(SIGTERM, spec_.failure_grace, "the elastic job failed");
+      }
       if (kill_deadline_ && now >= *kill_deadline_ && LiveCount() > 0) {
         Say(absl::StrCat("sending SIGKILL to ", LiveCount(), " rank",
                          LiveCount() == 1 ? "" : "s", " still running"));
@@ -463,7 +531,8 @@ class Supervisor {
       if (drain_deadline && (streams.empty() || now >= *drain_deadline)) return;
 
       std::optional<absl::Time> wake;
-      for (const auto& t : {kill_deadline_, drain_deadline, NextLostDeadline()}) {
+      for (const auto& t :
+           {kill_deadline_, drain_deadline, NextLostDeadline(), term_deadline_}) {
         if (t && (!wake || *t < *wake)) wake = *t;
       }
       if (killed_at_) {
@@ -498,6 +567,7 @@ class Supervisor {
   int exit_code_ = 0;  // 0 until the job's outcome is decided
   int user_signal_ = 0;
   std::optional<absl::Time> kill_deadline_;
+  std::optional<absl::Time> term_deadline_;  // elastic, below --min-np: SIGTERM then
   std::optional<absl::Time> killed_at_;
   bool stdout_ok_ = true;
   bool stderr_ok_ = true;
@@ -525,6 +595,22 @@ std::vector<std::pair<int, std::string>> LostRanks::Take() {
   if (fd_ >= 0) (void)!read(fd_, &count, sizeof(count));  // resets it: posts come under mu_
   absl::MutexLock lock(&mu_);
   return std::exchange(posted_, {});
+}
+
+absl::StatusOr<int> ElasticWorld::Size() const {
+  absl::MutexLock lock(&mu_);
+  if (!failed_.empty()) return absl::FailedPreconditionError(failed_);
+  return running_;
+}
+
+void ElasticWorld::SetRunning(int running) {
+  absl::MutexLock lock(&mu_);
+  running_ = running;
+}
+
+void ElasticWorld::Fail(const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  failed_ = why;
 }
 
 SignalSetup BlockSignals() {

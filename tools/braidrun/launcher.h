@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -60,6 +61,29 @@ class LostRanks {
   std::vector<std::pair<int, std::string>> posted_ ABSL_GUARDED_BY(mu_);
 };
 
+// Note [Elastic braidrun]
+// Under --min-np/--max-np braidrun runs an elastic job (Note [Elastic membership] in
+// coordinator/service.h): a rank that fails or is declared lost does not end the job while at
+// least min_np ranks still run. braidrun kills a rank declared lost at once (SIGKILL to its
+// process group; a remote rank's ssh), so that it is gone before the next membership forms,
+// and the coordinator sizes that membership by the ranks still running. Below min_np the job
+// fails: the survivors' registrations fail with the reason (they exit with it), and braidrun
+// sends SIGTERM to whoever still runs failure_grace later, then exits 1. A rank that exits 0
+// has finished training; the job's code is 0 once every rank ended, the failed ones aside.
+class ElasticWorld {
+ public:
+  explicit ElasticWorld(int running) : running_(running) {}
+  // The next membership's size; once below --min-np, the reason the job fails.
+  absl::StatusOr<int> Size() const;
+  void SetRunning(int running);
+  void Fail(const std::string& why);
+
+ private:
+  mutable absl::Mutex mu_;
+  int running_ ABSL_GUARDED_BY(mu_);
+  std::string failed_ ABSL_GUARDED_BY(mu_);
+};
+
 // Note [Ranks die with their launcher]: each local rank's descriptor kLauncherPipeFd is the
 // read end of a pipe whose only write end braidrun holds (runtime/launcher_watch.h).
 inline constexpr int kLauncherPipeFd = 3;
@@ -69,6 +93,11 @@ struct LaunchSpec {
   // Note [Lost ranks]: the coordinator's reports, and how long a lost rank may still run.
   LostRanks* lost_ranks = nullptr;
   absl::Duration lost_grace = absl::Seconds(1);
+  // Note [Elastic braidrun]: > 0 makes the job elastic, never below this many ranks; `world`
+  // is told how many run (and given the reason when too few do). Lost ranks are posted by
+  // braidrun's number for them (BRAID_WORKER), which is the index in `ranks`.
+  int min_np = 0;
+  ElasticWorld* world = nullptr;
   // The read end of the launcher pipe (Note [Ranks die with their launcher]), dup'ed to
   // kLauncherPipeFd in every local rank; -1: none.
   int launcher_pipe = -1;

@@ -132,6 +132,10 @@ std::vector<std::string> CurrentEnvironment() {
 // (runtime/config.h), so a bad one is refused here, naming its flag, before any rank starts.
 struct Args {
   int np = 0;
+  // Note [Elastic braidrun] (launcher.h): 0 unless --min-np or --max-np was given.
+  int min_np = 0;
+  int max_np = 0;
+  std::string min_np_text, max_np_text;
   int port = 0;
   std::string hosts_spec;
   std::string hostfile;
@@ -176,11 +180,36 @@ std::vector<std::string> OwnArgs(CLI::App& app, int argc, char** argv,
 // Checks every value and maps the setting flags onto their variables. The whole
 // environment the ranks will inherit is checked too (an inherited BRAID_CYCLE_TIME_MS=abc
 // fails here, once, not in every rank), except the variables braidrun sets itself.
+// --min-np and --max-np ("" when not given): 1 <= min <= np <= max, both np when not given.
+absl::Status CheckElastic(const std::string& min_np, const std::string& max_np, Args* args) {
+  if (min_np.empty() && max_np.empty()) return absl::OkStatus();
+  args->min_np = args->max_np = args->np;
+  if (!min_np.empty()) {
+    auto n = braid::ParseInteger("--min-np", min_np, 1, 65536);
+    if (!n.ok()) return n.status();
+    args->min_np = static_cast<int>(*n);
+  }
+  if (!max_np.empty()) {
+    auto n = braid::ParseInteger("--max-np", max_np, 1, 65536);
+    if (!n.ok()) return n.status();
+    args->max_np = static_cast<int>(*n);
+  }
+  if (args->min_np > args->np || args->np > args->max_np) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--min-np ", args->min_np, " <= -np ", args->np, " <= --max-np ", args->max_np,
+        " does not hold"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckArgs(const std::string& np, const std::string& port,
                        const std::map<std::string, std::string>& flag_text, Args* args) {
   auto n = braid::ParseInteger("-np", np, 1, 65536);
   if (!n.ok()) return n.status();
   args->np = static_cast<int>(*n);
+  if (absl::Status s = CheckElastic(args->min_np_text, args->max_np_text, args); !s.ok()) {
+    return s;
+  }
   auto p = braid::ParsePort("--coordinator-port", port, /*zero_allowed=*/true);
   if (!p.ok()) return p.status();
   args->port = *p;
@@ -238,6 +267,10 @@ std::optional<Args> ParseArgs(int argc, char** argv, int* exit_code) {
   // Values stay text for CLI11: the configuration parser reads them (one grammar).
   std::map<std::string, std::string> flag_text;
   app.add_option("-n,--np", np, "number of ranks (also -np)")->required();
+  app.add_option("--min-np", args.min_np_text,
+                 "elastic: the job goes on while at least this many ranks run (a lost or "
+                 "failed rank no longer ends it; braid.torch.elastic): docs/elastic.md");
+  app.add_option("--max-np", args.max_np_text, "elastic: at most this many ranks (default -np)");
   app.add_option("--coordinator-port", port, "coordinator port (0: any free port)")
       ->capture_default_str();
   app.add_option("-H,--hosts", args.hosts_spec,
@@ -530,9 +563,14 @@ int main(int argc, char** argv) {
   so.settings = braid::ToProto(args->config.job);
   // Note [Lost ranks]: declared by the coordinator, ended by the supervisor if still running.
   braid::braidrun::LostRanks lost_ranks;
-  so.on_rank_lost = [&lost_ranks](int rank, const std::string& why) {
-    lost_ranks.Post(rank, why);
+  so.on_rank_lost = [&lost_ranks](int rank, int worker, const std::string& why) {
+    lost_ranks.Post(worker >= 0 ? worker : rank, why);
   };
+  // Note [Elastic braidrun]: each membership as large as the ranks still running.
+  braid::braidrun::ElasticWorld world(args->np);
+  if (args->min_np > 0) {
+    so.elastic_world_size = [&world] { return world.Size(); };
+  }
   auto server = braid::coordinator::StartCoordinator(so);
   if (!server.ok()) {
     Fail(absl::StrCat("cannot start the coordinator: ", server.status().message()));
@@ -561,6 +599,7 @@ int main(int argc, char** argv) {
 
   JobEnv job;
   job.world_size = args->np;
+  job.elastic = args->min_np > 0;
   job.coordinator = address;
   job.job_secret = so.job_secret;
   job.settings = args->settings;
@@ -574,6 +613,8 @@ int main(int argc, char** argv) {
   job.launcher_pipe = launcher_pipe.variable;
   braid::braidrun::LaunchSpec spec = BuildLaunch(*args, job, *places, remote);
   spec.lost_ranks = &lost_ranks;
+  spec.min_np = args->min_np;
+  spec.world = &world;
   spec.launcher_pipe = launcher_pipe.read_end;
   if (watchdog.ok()) {
     spec.group_started = [&](pid_t group) { watchdog->Watch(group); };

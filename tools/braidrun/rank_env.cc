@@ -53,10 +53,13 @@ std::vector<std::string> BuildRankEnv(const std::vector<std::string>& base, cons
                                       int rank, int local_rank, int local_size) {
   EnvBuilder env(base);
   env.Set("BRAID_COORDINATOR", job.coordinator);
-  env.Set("BRAID_RANK", absl::StrCat(rank));
-  env.Set("BRAID_SIZE", absl::StrCat(job.world_size));
-  env.Set("BRAID_LOCAL_RANK", absl::StrCat(local_rank));
-  env.Set("BRAID_LOCAL_SIZE", absl::StrCat(local_size));
+  auto place = [&job](int value) { return job.elastic ? std::string() : absl::StrCat(value); };
+  env.Set("BRAID_RANK", place(rank));
+  env.Set("BRAID_SIZE", place(job.world_size));
+  env.Set("BRAID_LOCAL_RANK", place(local_rank));
+  env.Set("BRAID_LOCAL_SIZE", place(local_size));
+  env.Set("BRAID_WORKER", absl::StrCat(rank));
+  if (job.elastic) env.Set("BRAID_ELASTIC", "1");
   env.Set("BRAID_JOB_SECRET", job.job_secret);
   // An inherited secret file would contradict the secret above: empty is unset.
   if (env.Has("BRAID_JOB_SECRET_FILE")) env.Set("BRAID_JOB_SECRET_FILE", "");

@@ -30,12 +30,18 @@ struct JobEnv {
   // runtime/launcher_watch.h): for ranks on this host; "" empties an inherited one (a rank
   // on another host, or braidrun run by a rank of another braidrun).
   std::string launcher_pipe;
+  // Elastic (braidrun --min-np/--max-np): a rank's place changes from one membership to the
+  // next, so the coordinator assigns it at each registration: BRAID_RANK, BRAID_SIZE,
+  // BRAID_LOCAL_RANK and BRAID_LOCAL_SIZE are set empty (unset) and BRAID_ELASTIC=1.
+  bool elastic = false;
 };
 
 // Rank r's environment: `base` ("NAME=value" entries, in order) with
 //   - set (replacing inherited values): BRAID_COORDINATOR, BRAID_RANK, BRAID_SIZE,
 //     BRAID_LOCAL_RANK, BRAID_LOCAL_SIZE, BRAID_JOB_SECRET, PYTHONUNBUFFERED=1, and the
-//     variables of the flags that were given; BRAID_LAUNCHER_PIPE when given, or when
+//     variables of the flags that were given; BRAID_WORKER=r (braidrun's number for the
+//     process, which stays when an elastic job renumbers its ranks) and, elastic, the
+//     JobEnv::elastic variables; BRAID_LAUNCHER_PIPE when given, or when
 //     inherited (emptied);
 //   - set only when not inherited: OMP_NUM_THREADS=1, UCX_NET_DEVICES (when not empty);
 //   - PYTHONPATH=<python_path>[:<inherited PYTHONPATH>] when python_path is not empty and

@@ -41,9 +41,10 @@ Contents:
   ``rocm_built``;
 - ``broadcast_parameters``, ``broadcast_optimizer_state``, ``broadcast_object``,
   ``allgather_object`` (functions.py);
-- ``elastic.ElasticSampler`` (elastic.py): shards an epoch's indices not yet processed over
-  the world as it is now. The rest of Horovod's elastic training (``elastic.run``,
-  ``TorchState``, jobs that survive a lost rank) is not built yet.
+- ``elastic`` (elastic.py): Horovod's elastic training under ``braidrun --min-np``: ``run``,
+  ``TorchState``, ``ObjectState``, ``State``, ``HostsUpdatedInterrupt``, and
+  ``ElasticSampler``, which shards an epoch's indices not yet processed over the world as it
+  is now.
 
 CUDA tensors (a braid built with CUDA, cuda_built()): all-reduce (so DistributedOptimizer and
 the DDP hook), barrier and join; braid's work waits for the tensor's device's current stream

@@ -1,22 +1,44 @@
-"""Elastic training's data side: ``ElasticSampler``, as Horovod's ``hvd.elastic.ElasticSampler``.
+"""Elastic training, as Horovod's ``hvd.elastic``: a job that goes on when a rank is lost.
 
-A job whose world changes mid-epoch (ranks lost, ranks added) must neither repeat nor skip
-the samples of that epoch: the sampler remembers which indices the job has processed in the
-epoch and, at each ``reset()``, shards only the remaining ones over the world as it is then.
+Under ``braidrun --min-np M`` (docs/elastic.md) a lost rank (its process ended, its host
+lost, its heartbeat stopped) no longer ends the job: the coordinator ends the membership,
+every survivor's collectives fail with ``UnavailableError``, and ``run`` restores the last
+commit, leaves the job, joins the next membership (the survivors, renumbered), brings every
+rank to the state of the rank with the newest commit and calls the training function
+again::
 
-Only the sampler exists so far: braid does not yet change a job's membership (a lost rank
-still ends the job on every rank), and ``run``, ``TorchState`` and the recoverable error
-that would drive ``reset()`` are not built. The sampler is usable on its own, e.g. to resume
-an epoch from a checkpoint on another number of ranks (``state_dict()`` /
-``load_state_dict()``, with the processed indices of every rank merged: see
-``record_indices``).
+    import braid.torch as hvd
+
+    hvd.init()
+    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            for state.batch, (x, y) in enumerate(loader, start=state.batch):
+                ...
+                if state.batch % 10 == 0:
+                    state.commit()
+            state.batch = 0
+
+    train(state)
+
+Compression state (error feedback, PowerSGD's Q, ScaleComp's memories) lives in the
+runtime and starts afresh in each membership: PowerSGD's Q must agree across ranks and a
+joining rank has none, and a rank's error-feedback residual holds work of steps that the
+restore undid.
 """
 
+import copy
+import functools
 import math
 
 import torch.utils.data
 
-__all__ = ["ElasticSampler"]
+from braid._core.errors import UnavailableError
+
+__all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState",
+           "run"]
 
 
 class ElasticSampler(torch.utils.data.Sampler):
@@ -127,3 +149,190 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def __len__(self):
         return self.num_samples
+
+
+# --- run and the states -----------------------------------------------------------------
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Raised by ``State.commit()`` / ``check_host_updates()`` when the job's membership is
+    about to change without a failure (ranks joining); ``run`` then re-joins without
+    restoring. ``skip_sync``: whether the state needs no broadcast afterwards (Horovod's)."""
+
+    def __init__(self, skip_sync=False):
+        super().__init__("the job's hosts changed")
+        self.skip_sync = skip_sync
+
+
+def _reset():
+    """Leaves the ended membership and joins the next (the survivors, renumbered)."""
+    from braid.torch import init, shutdown
+    shutdown()
+    init()
+
+
+def run(func):
+    """Decorates ``func(state, *args, **kwargs)``, the training loop, to survive membership
+    changes: ``state.sync()`` first; on ``UnavailableError`` (a rank was lost: the
+    membership ended) ``state.restore()`` (the last commit), re-joining the job, the reset
+    callbacks, ``sync()`` and ``func`` again; on ``HostsUpdatedInterrupt`` the same without
+    the restore. Returns what ``func`` returns. Other errors propagate, as do a failed
+    re-join's (``FailedPreconditionError`` naming the reason when fewer than braidrun's
+    ``--min-np`` ranks are left; ``DeadlineExceededError`` when the next membership did not
+    form in time)."""
+
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        skip_sync = False
+        while True:
+            if not skip_sync:
+                state.sync()
+            try:
+                return func(state, *args, **kwargs)
+            except UnavailableError:
+                state.restore()
+                skip_sync = False
+            except HostsUpdatedInterrupt as e:
+                skip_sync = e.skip_sync
+            _reset()
+            state.on_reset()
+
+    return wrapper
+
+
+def _newest_commit(commits):
+    """The rank holding the newest commit (the lowest such rank): the state's source."""
+    from braid.torch import allgather_object
+    counts = allgather_object(commits, name="elastic.commits")
+    root = max(range(len(counts)), key=lambda r: (counts[r], -r))
+    return root, counts[root]
+
+
+class State:
+    """What a training loop must carry across a membership change (Horovod's
+    ``hvd.elastic.State``): ``commit()`` keeps a copy (``save()``) and checks for host
+    updates, ``restore()`` goes back to the last copy, ``sync()`` gives every rank the state
+    of the rank with the newest commit. Subclasses define ``save``, ``restore`` and
+    ``sync_from(root_rank)``."""
+
+    def __init__(self):
+        self._reset_callbacks = []
+        self._commits = 0
+
+    def register_reset_callbacks(self, callbacks):
+        """``callbacks``: callables run (in order, without arguments) after each re-join,
+        before ``sync()``: e.g. to scale the learning rate to the new ``size()``."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self):
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self):
+        """Keeps the current state as the one to restore; then ``check_host_updates()``."""
+        self.save()
+        self._commits += 1
+        self.check_host_updates()
+
+    def check_host_updates(self):
+        """Raises ``HostsUpdatedInterrupt`` when ranks wait to join the job. Ranks joining a
+        running job are not supported yet: it never raises."""
+
+    def sync(self):
+        """Collective: every rank takes the state of the rank with the newest commit (the
+        lowest such rank), which is saved as the one to restore."""
+        root, commits = _newest_commit(self._commits)
+        self.sync_from(root)
+        self._commits = commits
+        self.save()
+
+    def save(self):
+        raise NotImplementedError
+
+    def restore(self):
+        raise NotImplementedError
+
+    def sync_from(self, root_rank):
+        raise NotImplementedError
+
+
+class ObjectState(State):
+    """A ``State`` of picklable attributes given as keyword arguments (Horovod's
+    ``ObjectState``): ``state.epoch``, ``state.batch``, ... are plain attributes; ``save``
+    deep-copies them, ``sync`` broadcasts them (``broadcast_object``) from the source rank.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        self._names = list(kwargs)
+        self._saved = {}
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+        self.save()
+
+    def save(self):
+        self._saved = {n: copy.deepcopy(getattr(self, n)) for n in self._names}
+
+    def restore(self):
+        for name, value in copy.deepcopy(self._saved).items():
+            setattr(self, name, value)
+
+    def sync_from(self, root_rank):
+        from braid.torch import broadcast_object
+        values = broadcast_object({n: getattr(self, n) for n in self._names}, root_rank,
+                                  name="elastic.objects")
+        for name, value in values.items():
+            setattr(self, name, value)
+
+
+class TorchState(ObjectState):
+    """Horovod's ``hvd.elastic.TorchState(model, optimizer, **kwargs)``: the model's
+    parameters and buffers (``state_dict``), the optimizer's state (a
+    ``DistributedOptimizer`` or a plain one), every ``ElasticSampler`` among ``kwargs``
+    (synchronized by merging every rank's processed indices, then re-sharded over the new
+    world) and the other ``kwargs`` as ``ObjectState`` attributes. ``model`` and
+    ``optimizer`` may be None."""
+
+    def __init__(self, model=None, optimizer=None, **kwargs):
+        self.model = model
+        self.optimizer = optimizer
+        self._samplers = {n: v for n, v in kwargs.items() if isinstance(v, ElasticSampler)}
+        self._saved_model = self._saved_optimizer = None
+        self._saved_samplers = {}
+        objects = {n: v for n, v in kwargs.items() if n not in self._samplers}
+        for name, sampler in self._samplers.items():
+            setattr(self, name, sampler)
+        super().__init__(**objects)
+
+    def save(self):
+        if self.model is not None:
+            self._saved_model = copy.deepcopy(self.model.state_dict())
+        if self.optimizer is not None:
+            self._saved_optimizer = copy.deepcopy(self.optimizer.state_dict())
+        self._saved_samplers = {n: s.state_dict() for n, s in self._samplers.items()}
+        super().save()
+
+    def restore(self):
+        if self.model is not None:
+            self.model.load_state_dict(self._saved_model)
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(self._saved_optimizer)
+        for name, sampler in self._samplers.items():
+            sampler.load_state_dict(self._saved_samplers[name])
+        super().restore()
+
+    def sync_from(self, root_rank):
+        from braid.torch import allgather_object, broadcast_optimizer_state, \
+            broadcast_parameters
+        if self.model is not None:
+            broadcast_parameters(self.model.state_dict(), root_rank=root_rank)
+        if self.optimizer is not None:
+            broadcast_optimizer_state(self.optimizer, root_rank=root_rank)
+        for name, sampler in self._samplers.items():
+            gathered = allgather_object(sampler.state_dict(), name=f"elastic.sampler.{name}")
+            merged = {"epoch": gathered[root_rank]["epoch"], "processed_indices": set()}
+            for s in gathered:
+                if s["epoch"] == merged["epoch"]:
+                    merged["processed_indices"] |= s["processed_indices"]
+            sampler.load_state_dict(merged)
+        super().sync_from(root_rank)

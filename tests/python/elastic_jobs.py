@@ -1,0 +1,88 @@
+"""Runs examples/elastic_fashion_mnist.py under braidrun --min-np and disturbs it: the
+elastic tests' shared harness (test_elastic.py in CI, test_elastic_long.py under the `long`
+label).
+
+A disturbance is (worker, after_commits, signal): once braidrun's process `worker` (its
+BRAID_WORKER) has reported that many commits, the test sends it the signal (SIGKILL: a
+process lost; SIGSTOP: a process that only the heartbeat reveals). The example writes its
+events (start, commit, end: JSON lines) per worker into the job's report directory.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import braid_launch
+
+EXAMPLE = braid_launch.REPO / "examples" / "elastic_fashion_mnist.py"
+
+
+class ElasticRun:
+    def __init__(self, returncode, output, events, disturbed_at):
+        self.returncode = returncode
+        self.output = output
+        self.events = events              # worker -> [event dicts]
+        self.disturbed_at = disturbed_at  # worker -> time.time() of its signal
+
+    def starts(self, worker):
+        return [e for e in self.events.get(worker, []) if e["event"] == "start"]
+
+    def end(self, worker):
+        ends = [e for e in self.events.get(worker, []) if e["event"] == "end"]
+        return ends[-1] if ends else None
+
+
+def _read_events(report):
+    events = {}
+    for f in Path(report).glob("worker*.jsonl"):
+        worker = int(f.stem[len("worker"):])
+        events[worker] = [json.loads(line) for line in f.read_text().splitlines() if line]
+    return events
+
+
+def _commits(report, worker):
+    f = Path(report) / f"worker{worker}.jsonl"
+    if not f.exists():
+        return 0, None
+    lines = [json.loads(line) for line in f.read_text().splitlines() if line]
+    commits = [e for e in lines if e["event"] == "commit"]
+    return len(commits), (lines[-1]["pid"] if lines else None)
+
+
+def run(tmp_path, np, min_np, disturb=(), args=(), env=None, timeout=240):
+    """Runs the example on `np` ranks (--min-np `min_np`) with `disturb` as above; returns
+    an ElasticRun once braidrun exits (returncode 124 after `timeout` seconds)."""
+    build = braid_launch.build_dir()
+    braidrun = braid_launch.find_braidrun(build)
+    assert braidrun, "the elastic tests need braidrun"
+    report = tmp_path / "report"
+    report.mkdir()
+    cmd = [braidrun, "-np", str(np), "--min-np", str(min_np), braid_launch.PYTHON,
+           str(EXAMPLE), "--report", str(report), *args]
+    out_path = tmp_path / "braidrun.log"
+    with open(out_path, "w") as out:
+        p = subprocess.Popen(cmd, env=braid_launch.rank_env(build, env), stdout=out,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
+    pending = list(disturb)
+    disturbed_at = {}
+    deadline = time.monotonic() + timeout
+    rc = None
+    while rc is None and time.monotonic() < deadline:
+        for d in list(pending):
+            worker, after, sig = d
+            n, pid = _commits(report, worker)
+            if n >= after and pid is not None:
+                os.kill(pid, sig)
+                disturbed_at[worker] = time.time()
+                pending.remove(d)
+        rc = p.poll()
+        time.sleep(0.05)
+    if rc is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+        rc = 124
+    return ElasticRun(rc, out_path.read_text(), _read_events(report), disturbed_at)
