@@ -231,7 +231,10 @@ class GrpcClient final : public CoordinatorClient {
     if (opts_.fill_heartbeat) opts_.fill_heartbeat(&req);
     req.set_rank(rank_);
     proto::HeartbeatResponse resp;
-    stub_->Heartbeat(&ctx, req, &resp);  // a lost coordinator shows on the stream
+    // A lost coordinator shows on the stream, not here.
+    if (stub_->Heartbeat(&ctx, req, &resp).ok() && opts_.on_heartbeat_response) {
+      opts_.on_heartbeat_response(resp);
+    }
   }
 
   ClientOptions opts_;

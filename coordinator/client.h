@@ -39,6 +39,8 @@ struct ClientOptions {
   // goodbye, so the coordinator keeps the rank's final totals. Must be thread-safe and
   // cheap (it runs on every heartbeat); null: plain heartbeats.
   std::function<void(proto::HeartbeatRequest*)> fill_heartbeat;
+  // Told each heartbeat's answer (its ranks_waiting), from the heartbeat thread; may be null.
+  std::function<void(const proto::HeartbeatResponse&)> on_heartbeat_response;
 };
 
 // How often a rank beats for a job whose heartbeat timeout is `heartbeat_timeout`: four

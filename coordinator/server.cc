@@ -298,8 +298,8 @@ class GrpcService final : public proto::Coordinator::CallbackService {
 
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
                                       const proto::HeartbeatRequest* req,
-                                      proto::HeartbeatResponse*) override {
-    return Done(ctx, service_->Heartbeat(CallerOf(ctx), *req));
+                                      proto::HeartbeatResponse* resp) override {
+    return Done(ctx, service_->Heartbeat(CallerOf(ctx), *req, resp));
   }
 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx,

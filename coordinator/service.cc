@@ -260,7 +260,8 @@ void CoordinatorService::OnStreamEnd(const StreamKey& key) {
 }
 
 absl::Status CoordinatorService::Heartbeat(const Caller& caller,
-                                           const proto::HeartbeatRequest& req) {
+                                           const proto::HeartbeatRequest& req,
+                                           proto::HeartbeatResponse* resp) {
   bool holds_token;
   {
     absl::MutexLock lock(&mu_);
@@ -273,6 +274,7 @@ absl::Status CoordinatorService::Heartbeat(const Caller& caller,
   {
     absl::MutexLock lock(&mu_);
     s = job_->Heartbeat(req, caller.rank_token, Now());
+    if (s.ok() && resp != nullptr) resp->set_ranks_waiting(static_cast<int>(queued_.size()));
   }
   if (s.code() == absl::StatusCode::kPermissionDenied) {
     admission_.LogRefusal(caller, "Heartbeat", s.message());

@@ -120,8 +120,10 @@ class CoordinatorService {
   // The stream's read side ended (a goodbye was processed already, or the rank is lost).
   void OnStreamEnd(const StreamKey& key);
 
-  // PermissionDenied unless the caller holds req.rank's token for the current job.
-  absl::Status Heartbeat(const Caller& caller, const proto::HeartbeatRequest& req);
+  // PermissionDenied unless the caller holds req.rank's token for the current job. `resp`
+  // (may be null) gets the registrations waiting for the next membership.
+  absl::Status Heartbeat(const Caller& caller, const proto::HeartbeatRequest& req,
+                         proto::HeartbeatResponse* resp = nullptr);
 
   // The job's status (StatusRequest says which job, and whether to wait for its end).
   // FailedPrecondition for a job the coordinator no longer knows.

@@ -22,6 +22,8 @@ struct CoordinatorClientSetup {
   // Adds this rank's report (its per-method byte counters) to each heartbeat, as
   // coordinator::ClientOptions::fill_heartbeat. Thread-safe and cheap.
   std::function<void(proto::HeartbeatRequest*)> fill_heartbeat;
+  // Each heartbeat's answer, as coordinator::ClientOptions::on_heartbeat_response.
+  std::function<void(const proto::HeartbeatResponse&)> on_heartbeat_response;
 };
 using CoordinatorClientFactory =
     std::function<absl::StatusOr<std::unique_ptr<CoordinatorClient>>(

@@ -110,6 +110,10 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
     AddCompressionTotals(*ledger_, hb);
     controller_.AddFastPathTotals(hb);
   };
+  ranks_waiting_.store(0);
+  setup.on_heartbeat_response = [this](const proto::HeartbeatResponse& r) {
+    ranks_waiting_.store(r.ranks_waiting());
+  };
   LaunchInfo launch = config.launch;
   // Note [Job identity]: the secret every call to the coordinator carries, which also keys
   // the data plane's tags. An injected coordinator client presents its own.
@@ -249,6 +253,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Runtime::Impl::ConnectDefault
     co.heartbeat_interval = coordinator::HeartbeatInterval(*config.job.heartbeat_timeout);
   }
   co.fill_heartbeat = setup.fill_heartbeat;
+  co.on_heartbeat_response = setup.on_heartbeat_response;
   // The timeline marks when each rank reported. Asked once, as the stream opens: a timeline
   // begun later by StartTimeline has no per-rank "ready" marks.
   co.report_ages = !config.timeline_path.empty();
@@ -445,6 +450,10 @@ absl::StatusOr<bool> Runtime::is_homogeneous() const {
   absl::StatusOr<int> v = impl_->Get(&Impl::homogeneous_);
   if (!v.ok()) return v.status();
   return *v != 0;
+}
+absl::StatusOr<int> Runtime::ranks_waiting() const {
+  BRAID_RETURN_IF_ERROR(impl_->Get(&Impl::rank_).status());  // FailedPrecondition uninitialized
+  return impl_->ranks_waiting_.load();
 }
 absl::Status Runtime::StartTimeline(const std::string& path) {
   return impl_->StartTimeline(path);

@@ -170,6 +170,9 @@ class Runtime {
   absl::StatusOr<int> local_size() const;
   // Whether every host runs the same number of ranks (every rank's local_size is equal).
   absl::StatusOr<bool> is_homogeneous() const;
+  // Elastic jobs: how many processes wait to join (registered for the next membership), as
+  // of the last heartbeat's answer (HeartbeatResponse.ranks_waiting); 0 outside them.
+  absl::StatusOr<int> ranks_waiting() const;
 
   // Enqueues a collective and returns at once. Errors returned here (the handle is not
   // created): FailedPrecondition (not initialised), AlreadyExists (a collective with this

@@ -112,6 +112,8 @@ class Runtime::Impl {
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   int homogeneous_ = 1;  // 1: every rank's local_size is the same
+  // The last heartbeat's HeartbeatResponse.ranks_waiting (written by the client's thread).
+  std::atomic<int> ranks_waiting_{0};
 
  private:
   // ---- lifecycle.cc ----

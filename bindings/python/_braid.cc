@@ -616,6 +616,7 @@ PYBIND11_MODULE(_braid, m) {
   m.def("local_rank", []() { return Value(braid::GlobalRuntime().local_rank()); });
   m.def("local_size", []() { return Value(braid::GlobalRuntime().local_size()); });
   m.def("is_homogeneous", []() { return Value(braid::GlobalRuntime().is_homogeneous()); });
+  m.def("ranks_waiting", []() { return Value(braid::GlobalRuntime().ranks_waiting()); });
   m.def("transport_description",
         []() { return Value(braid::GlobalRuntime().transport_description()); });
 

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/config.h"
+#include "tools/braidrun/discovery.h"
 #include "tools/braidrun/host_list.h"
 #include "tools/braidrun/line_prefixer.h"
 #include "tools/braidrun/network.h"
@@ -485,6 +486,50 @@ TEST(Watch, StaleSecretFilesOfDeadBraidrunsAreRemoved) {
   EXPECT_TRUE(std::filesystem::exists(JobSecretPath(dir, getpid())));
   EXPECT_TRUE(std::filesystem::exists(dir + "/other.secret"));
   std::filesystem::remove_all(dir);
+}
+
+// Note [Elastic braidrun]: the discovery script's output is a host file; no line is no host.
+TEST(DiscoveryScript, PrintsHostsAsAHostFile) {
+  auto hosts = RunDiscoveryScript("printf 'a:2\\nb slots=3\\n# c\\nd\\n'", absl::Seconds(10));
+  ASSERT_TRUE(hosts.ok()) << hosts.status();
+  ASSERT_EQ(hosts->size(), 3u);
+  EXPECT_EQ((*hosts)[0].host, "a");
+  EXPECT_EQ((*hosts)[0].slots, 2);
+  EXPECT_EQ((*hosts)[1].slots, 3);
+  EXPECT_EQ((*hosts)[2].slots, 1);
+  auto none = RunDiscoveryScript("true", absl::Seconds(10));
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+}
+
+TEST(DiscoveryScript, FailuresNameTheScript) {
+  auto failed = RunDiscoveryScript("exit 4", absl::Seconds(10));
+  EXPECT_EQ(failed.status(), absl::InvalidArgumentError(
+                                 "--host-discovery-script 'exit 4' exited with code 4"));
+  auto bad = RunDiscoveryScript("echo a:zero", absl::Seconds(10));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()),
+              ::testing::HasSubstr("slots must be a positive integer, got 'zero'"));
+  // A script that hangs is killed at its timeout, with what it started.
+  const absl::Time start = absl::Now();
+  auto slow = RunDiscoveryScript("sleep 30 & sleep 30", absl::Milliseconds(300));
+  EXPECT_EQ(slow.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(Blacklist, EachFailureDoublesTheCoolDownUpTo16Times) {
+  Blacklist b(absl::Seconds(10));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  EXPECT_FALSE(b.Blocked("h", t0));
+  EXPECT_EQ(b.Failed("h", t0), absl::Seconds(10));
+  EXPECT_TRUE(b.Blocked("h", t0 + absl::Seconds(9)));
+  EXPECT_FALSE(b.Blocked("h", t0 + absl::Seconds(10)));
+  EXPECT_FALSE(b.Blocked("other", t0));
+  EXPECT_EQ(b.Failed("h", t0), absl::Seconds(20));
+  EXPECT_EQ(b.Failed("h", t0), absl::Seconds(40));
+  EXPECT_EQ(b.Failed("h", t0), absl::Seconds(80));
+  EXPECT_EQ(b.Failed("h", t0), absl::Seconds(160));
+  EXPECT_EQ(b.Failed("h", t0), absl::Seconds(160));
 }
 
 }  // namespace

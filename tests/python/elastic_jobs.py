@@ -2,9 +2,11 @@
 elastic tests' shared harness (test_elastic.py in CI, test_elastic_long.py under the `long`
 label).
 
-A disturbance is (worker, after_commits, signal): once braidrun's process `worker` (its
-BRAID_WORKER) has reported that many commits, the test sends it the signal (SIGKILL: a
-process lost; SIGSTOP: a process that only the heartbeat reveals). The example writes its
+A disturbance is (worker, after_commits, action): once braidrun's process `worker` (its
+BRAID_WORKER) has reported that many commits, the test sends it the signal `action`
+(SIGKILL: a process lost; SIGSTOP: a process that only the heartbeat reveals), or, for a
+string, makes it the host discovery script's output (`hosts`: the first output; with it,
+braidrun runs with --host-discovery-script, re-run every second). The example writes its
 events (start, commit, end: JSON lines) per worker into the job's report directory.
 """
 
@@ -25,7 +27,7 @@ class ElasticRun:
         self.returncode = returncode
         self.output = output
         self.events = events              # worker -> [event dicts]
-        self.disturbed_at = disturbed_at  # worker -> time.time() of its signal
+        self.disturbed_at = disturbed_at  # disturbance index -> time.time() it happened
 
     def starts(self, worker):
         return [e for e in self.events.get(worker, []) if e["event"] == "start"]
@@ -52,32 +54,42 @@ def _commits(report, worker):
     return len(commits), (lines[-1]["pid"] if lines else None)
 
 
-def run(tmp_path, np, min_np, disturb=(), args=(), env=None, timeout=240):
+def run(tmp_path, np, min_np, disturb=(), args=(), env=None, timeout=240, hosts=None,
+        launcher_args=(), command=None):
     """Runs the example on `np` ranks (--min-np `min_np`) with `disturb` as above; returns
-    an ElasticRun once braidrun exits (returncode 124 after `timeout` seconds)."""
+    an ElasticRun once braidrun exits (returncode 124 after `timeout` seconds). `command`
+    replaces the example's command line (its arguments are added)."""
     build = braid_launch.build_dir()
     braidrun = braid_launch.find_braidrun(build)
     assert braidrun, "the elastic tests need braidrun"
     report = tmp_path / "report"
     report.mkdir()
-    cmd = [braidrun, "-np", str(np), "--min-np", str(min_np), braid_launch.PYTHON,
-           str(EXAMPLE), "--report", str(report), *args]
+    hosts_file = tmp_path / "hosts"
+    discovery = []
+    if hosts is not None:
+        hosts_file.write_text(hosts)
+        discovery = ["--host-discovery-script", f"cat {hosts_file}", "--discovery-interval", "1"]
+    cmd = [braidrun, "-np", str(np), "--min-np", str(min_np), *discovery, *launcher_args,
+           *(command or [braid_launch.PYTHON, str(EXAMPLE)]), "--report", str(report), *args]
     out_path = tmp_path / "braidrun.log"
     with open(out_path, "w") as out:
         p = subprocess.Popen(cmd, env=braid_launch.rank_env(build, env), stdout=out,
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                              start_new_session=True)
-    pending = list(disturb)
+    pending = list(enumerate(disturb))
     disturbed_at = {}
     deadline = time.monotonic() + timeout
     rc = None
     while rc is None and time.monotonic() < deadline:
         for d in list(pending):
-            worker, after, sig = d
+            i, (worker, after, sig) = d
             n, pid = _commits(report, worker)
             if n >= after and pid is not None:
-                os.kill(pid, sig)
-                disturbed_at[worker] = time.time()
+                if isinstance(sig, str):
+                    hosts_file.write_text(sig)
+                else:
+                    os.kill(pid, sig)
+                disturbed_at[i] = time.time()
                 pending.remove(d)
         rc = p.poll()
         time.sleep(0.05)

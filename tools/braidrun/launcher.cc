@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -133,7 +134,7 @@ std::string DescribeRankStatus(const Rank& r) {
 class Supervisor {
  public:
   Supervisor(const LaunchSpec& spec, const SignalSetup& signals)
-      : spec_(spec), signals_(signals) {
+      : spec_(spec), signals_(signals), blacklist_(spec.blacklist_cooldown) {
     for (size_t r = 0; r < spec.ranks.size(); ++r) {
       ranks_.emplace_back(static_cast<int>(r), &spec.ranks[r]);
       ranks_.back().elastic = spec.min_np > 0;
@@ -334,6 +335,7 @@ class Supervisor {
   void OnElasticExit(Rank& r, bool failed) {
     spec_.world->SetRunning(Members());
     if (!failed && !r.lost_deadline) {
+      finishing_ = true;  // training is over: its slot must not get a new rank
       if (spec_.verbose) Say(absl::StrCat(DescribeRankStatus(r), " (pid ", r.pid, ")"));
       return;
     }
@@ -342,7 +344,37 @@ class Supervisor {
     } else {
       Say(DescribeRankStatus(r));
     }
+    if (spec_.discovery != nullptr && !r.spec->host.empty()) {
+      const absl::Duration blocked = blacklist_.Failed(r.spec->host, absl::Now());
+      Say(absl::StrCat("host ", r.spec->host, " is blacklisted for ",
+                       absl::FormatDuration(blocked)));
+    }
     CheckMinNp(absl::StrCat(r.Name(), " ended"));
+  }
+
+  // Starts a rank on every free slot of the discovered hosts, up to max_np.
+  void Grow() {
+    if (spec_.discovery == nullptr) return;
+    // Taken whatever happens next: its descriptor stays readable until then.
+    if (auto latest = spec_.discovery->Take()) hosts_ = *std::move(latest);
+    if (!elastic() || exit_code_ || finishing_ || !spec_.make_rank) return;
+    const absl::Time now = absl::Now();
+    for (const HostSlots& h : hosts_) {
+      if (blacklist_.Blocked(h.host, now)) continue;
+      int on_host = static_cast<int>(std::count_if(ranks_.begin(), ranks_.end(), [&](auto& r) {
+        return r.running && !r.lost_deadline && r.spec->host == h.host;
+      }));
+      for (; on_host < h.slots && Members() < spec_.max_np; ++on_host) {
+        const int worker = static_cast<int>(ranks_.size());
+        grown_specs_.push_back(spec_.make_rank(worker, h.host));
+        grown_specs_.back().host = h.host;
+        Rank& r = ranks_.emplace_back(worker, &grown_specs_.back());
+        r.elastic = true;
+        Say(absl::StrCat("elastic job: starting ", r.Name(), " on ", h.host, " (a free slot)"));
+        if (!Spawn(r)) return;
+        spec_.world->SetRunning(Members());
+      }
+    }
   }
 
   // Below --min-np the job fails: the survivors' registrations fail with the reason, and
@@ -351,8 +383,8 @@ class Supervisor {
     const int left = Members();
     if (left >= spec_.min_np) {
       if (left > 0) {
-        Say(absl::StrCat("elastic job: ", what, "; ", left, " rank", left == 1 ? "" : "s",
-                         " go on (--min-np ", spec_.min_np, ")"));
+        Say(absl::StrCat("elastic job: ", what, "; ", left, left == 1 ? " rank goes" : " ranks go",
+                         " on (--min-np ", spec_.min_np, ")"));
       }
       return;
     }
@@ -486,6 +518,7 @@ class Supervisor {
     std::optional<absl::Time> drain_deadline;
     while (true) {
       Reap();
+      Grow();
       const absl::Time now = absl::Now();
       EndLostRanks(now);
       if (term_deadline_ && now >= *term_deadline_) {
@@ -521,6 +554,8 @@ class Supervisor {
       fds.push_back({signals_.signal_fd, POLLIN, 0});
       const int lost_fd = spec_.lost_ranks != nullptr ? spec_.lost_ranks->fd() : -1;
       fds.push_back({lost_fd, POLLIN, 0});  // a negative fd is ignored by poll
+      const int discovery_fd = spec_.discovery != nullptr ? spec_.discovery->fd() : -1;
+      fds.push_back({discovery_fd, POLLIN, 0});  // read by Grow()
       for (Rank& r : ranks_) {
         for (Stream* s : {&r.out, &r.err}) {
           if (s->fd < 0) continue;
@@ -555,15 +590,20 @@ class Supervisor {
       }
       if (fds[0].revents != 0) ReadSignals();
       if (fds[1].revents != 0) TakeLost();
-      for (size_t i = 2; i < fds.size(); ++i) {
-        if (fds[i].revents != 0) Drain(*streams[i - 2]);
+      for (size_t i = 3; i < fds.size(); ++i) {
+        if (fds[i].revents != 0) Drain(*streams[i - 3]);
       }
     }
   }
 
   const LaunchSpec& spec_;
   const SignalSetup& signals_;
-  std::vector<Rank> ranks_;
+  // A deque: growth appends ranks while references to the others are held.
+  std::deque<Rank> ranks_;
+  std::deque<RankSpec> grown_specs_;  // the specs of ranks added by growth
+  std::vector<HostSlots> hosts_;      // the discovery script's latest list
+  Blacklist blacklist_;
+  bool finishing_ = false;  // elastic: a rank exited 0, so the job grows no more
   int exit_code_ = 0;  // 0 until the job's outcome is decided
   int user_signal_ = 0;
   std::optional<absl::Time> kill_deadline_;

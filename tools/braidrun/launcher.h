@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "tools/braidrun/discovery.h"
 
 namespace braid::braidrun {
 
@@ -29,6 +30,9 @@ struct RankSpec {
   // signal sent to the rank (Note [Remote ranks] in tools/braidrun/remote.h).
   std::string remote_host;
   std::string stdin_preamble;
+  // The host as placed (-H, --hostfile, the discovery script): elastic growth counts the
+  // ranks per host by it, and the blacklist names it.
+  std::string host;
 };
 
 // Note [Lost ranks]
@@ -70,6 +74,13 @@ class LostRanks {
 // fails: the survivors' registrations fail with the reason (they exit with it), and braidrun
 // sends SIGTERM to whoever still runs failure_grace later, then exits 1. A rank that exits 0
 // has finished training; the job's code is 0 once every rank ended, the failed ones aside.
+// With --host-discovery-script, braidrun re-runs the script every --discovery-interval and
+// starts a rank on each free slot of a listed host (up to --max-np), except on a host whose
+// rank failed within its blacklist cool-down; the running ranks learn of the newcomers from
+// their heartbeats (HeartbeatResponse.ranks_waiting) and end the membership at their next
+// commit (braid.torch.elastic's HostsUpdatedInterrupt), so that the next one takes them in.
+// A host that leaves the script's output keeps its running ranks. Once a rank exited 0 the
+// job is finishing and grows no more.
 class ElasticWorld {
  public:
   explicit ElasticWorld(int running) : running_(running) {}
@@ -98,6 +109,15 @@ struct LaunchSpec {
   // braidrun's number for them (BRAID_WORKER), which is the index in `ranks`.
   int min_np = 0;
   ElasticWorld* world = nullptr;
+  // Growth (Note [Elastic braidrun]): with `discovery`, a host with more slots than running
+  // ranks gets new ones (while fewer than max_np run and the host is not blacklisted), each
+  // made by make_rank(worker, host), worker being its index after the ranks above.
+  HostDiscovery* discovery = nullptr;
+  int max_np = 0;
+  std::function<RankSpec(int worker, const std::string& host)> make_rank;
+  // A host whose rank failed or was lost is not given new ranks for this long (doubling
+  // with each further failure: Blacklist in discovery.h).
+  absl::Duration blacklist_cooldown = absl::Seconds(60);
   // The read end of the launcher pipe (Note [Ranks die with their launcher]), dup'ed to
   // kLauncherPipeFd in every local rank; -1: none.
   int launcher_pipe = -1;

@@ -136,6 +136,10 @@ struct Args {
   int min_np = 0;
   int max_np = 0;
   std::string min_np_text, max_np_text;
+  // Note [Elastic braidrun]: growth from a host discovery script.
+  std::string discovery_script;
+  double discovery_interval_s = 5;
+  double blacklist_cooldown_s = 60;
   int port = 0;
   std::string hosts_spec;
   std::string hostfile;
@@ -182,8 +186,16 @@ std::vector<std::string> OwnArgs(CLI::App& app, int argc, char** argv,
 // fails here, once, not in every rank), except the variables braidrun sets itself.
 // --min-np and --max-np ("" when not given): 1 <= min <= np <= max, both np when not given.
 absl::Status CheckElastic(const std::string& min_np, const std::string& max_np, Args* args) {
-  if (min_np.empty() && max_np.empty()) return absl::OkStatus();
-  args->min_np = args->max_np = args->np;
+  if (min_np.empty() && max_np.empty() && args->discovery_script.empty()) {
+    return absl::OkStatus();
+  }
+  if (args->discovery_interval_s <= 0 || args->blacklist_cooldown_s < 0) {
+    return absl::InvalidArgumentError(
+        "--discovery-interval must be positive and --blacklist-cooldown at least 0");
+  }
+  args->min_np = args->np;
+  // With a discovery script the job may grow to whatever the hosts offer (as horovodrun).
+  args->max_np = args->discovery_script.empty() ? args->np : 65536;
   if (!min_np.empty()) {
     auto n = braid::ParseInteger("--min-np", min_np, 1, 65536);
     if (!n.ok()) return n.status();
@@ -270,7 +282,19 @@ std::optional<Args> ParseArgs(int argc, char** argv, int* exit_code) {
   app.add_option("--min-np", args.min_np_text,
                  "elastic: the job goes on while at least this many ranks run (a lost or "
                  "failed rank no longer ends it; braid.torch.elastic): docs/elastic.md");
-  app.add_option("--max-np", args.max_np_text, "elastic: at most this many ranks (default -np)");
+  app.add_option("--max-np", args.max_np_text,
+                 "elastic: at most this many ranks (default -np; with a discovery script, "
+                 "as many as the hosts' slots)");
+  app.add_option("--host-discovery-script", args.discovery_script,
+                 "elastic: a command printing the available hosts, one 'host:slots' per line, "
+                 "re-run every --discovery-interval; a free slot gets a new rank");
+  app.add_option("--discovery-interval", args.discovery_interval_s,
+                 "elastic: seconds between runs of the discovery script")
+      ->capture_default_str();
+  app.add_option("--blacklist-cooldown", args.blacklist_cooldown_s,
+                 "elastic: seconds a host whose rank failed gets no new rank (doubling with "
+                 "each further failure, at most 16 times)")
+      ->capture_default_str();
   app.add_option("--coordinator-port", port, "coordinator port (0: any free port)")
       ->capture_default_str();
   app.add_option("-H,--hosts", args.hosts_spec,
@@ -362,7 +386,12 @@ LauncherPipe MakeLauncherPipe() {
 
 absl::StatusOr<std::vector<braid::braidrun::RankPlacement>> PlaceJob(const Args& args) {
   std::vector<braid::braidrun::HostSlots> hosts = {{"localhost", args.np}};
-  if (!args.hosts_spec.empty()) {
+  if (!args.discovery_script.empty() && args.hosts_spec.empty() && args.hostfile.empty()) {
+    // The first hosts are the script's (as horovodrun's).
+    auto found = braid::braidrun::RunDiscoveryScript(args.discovery_script, absl::Seconds(30));
+    if (!found.ok()) return found.status();
+    hosts = *std::move(found);
+  } else if (!args.hosts_spec.empty()) {
     auto parsed = braid::braidrun::ParseHostList(args.hosts_spec);
     if (!parsed.ok()) return parsed.status();
     hosts = *std::move(parsed);
@@ -405,38 +434,43 @@ absl::StatusOr<std::string> CoordinatorHost(const Args& args,
   return a;
 }
 
-// One RankSpec per rank: COMMAND itself on this host, ssh (Note [Remote ranks]) elsewhere.
+// Rank r's RankSpec: COMMAND itself on this host, ssh (Note [Remote ranks]) elsewhere.
+braid::braidrun::RankSpec MakeRankSpec(const Args& args, const JobEnv& job, int r,
+                                       const braid::braidrun::RankPlacement& p, bool remote) {
+  const std::vector<std::string> base = CurrentEnvironment();
+  JobEnv rank_job = job;
+  if (remote) rank_job.launcher_pipe.clear();  // the pipe does not reach another host
+  std::vector<std::string> env =
+      braid::braidrun::BuildRankEnv(base, rank_job, r, p.local_rank, p.local_size);
+  braid::braidrun::RankSpec rank;
+  rank.host = p.host;
+  if (!remote) {
+    rank.argv = args.command;
+    rank.env = std::move(env);
+    return rank;
+  }
+  char cwd[PATH_MAX] = "/";
+  if (getcwd(cwd, sizeof(cwd)) == nullptr) cwd[0] = '/';
+  braid::braidrun::RemoteEnv split = braid::braidrun::SplitRemoteEnv(env);
+  if (args.verbose && r == 0 && !split.dropped.empty()) {
+    Fail(absl::StrCat("not forwarded (a newline in a private value): ",
+                      absl::StrJoin(split.dropped, ", ")));
+  }
+  rank.argv = braid::braidrun::SshArgv(
+      args.ssh, p.host, braid::braidrun::RemoteScript(cwd, split.public_vars, args.command));
+  rank.env = base;  // ssh's own (SSH_AUTH_SOCK, HOME for its config and keys)
+  rank.remote_host = p.host;
+  rank.stdin_preamble = braid::braidrun::RemoteStdinPreamble(split.private_vars);
+  return rank;
+}
+
 braid::braidrun::LaunchSpec BuildLaunch(const Args& args, const JobEnv& job,
                                         const std::vector<braid::braidrun::RankPlacement>& places,
                                         const std::vector<bool>& remote) {
   braid::braidrun::LaunchSpec spec;
   spec.verbose = args.verbose;
-  const std::vector<std::string> base = CurrentEnvironment();
-  char cwd[PATH_MAX] = "/";
-  if (getcwd(cwd, sizeof(cwd)) == nullptr) cwd[0] = '/';
   for (size_t r = 0; r < places.size(); ++r) {
-    const auto& p = places[r];
-    JobEnv rank_job = job;
-    if (remote[r]) rank_job.launcher_pipe.clear();  // the pipe does not reach another host
-    std::vector<std::string> env = braid::braidrun::BuildRankEnv(
-        base, rank_job, static_cast<int>(r), p.local_rank, p.local_size);
-    braid::braidrun::RankSpec rank;
-    if (!remote[r]) {
-      rank.argv = args.command;
-      rank.env = std::move(env);
-    } else {
-      braid::braidrun::RemoteEnv split = braid::braidrun::SplitRemoteEnv(env);
-      if (args.verbose && r == 0 && !split.dropped.empty()) {
-        Fail(absl::StrCat("not forwarded (a newline in a private value): ",
-                          absl::StrJoin(split.dropped, ", ")));
-      }
-      rank.argv = braid::braidrun::SshArgv(
-          args.ssh, p.host, braid::braidrun::RemoteScript(cwd, split.public_vars, args.command));
-      rank.env = base;  // ssh's own (SSH_AUTH_SOCK, HOME for its config and keys)
-      rank.remote_host = p.host;
-      rank.stdin_preamble = braid::braidrun::RemoteStdinPreamble(split.private_vars);
-    }
-    spec.ranks.push_back(std::move(rank));
+    spec.ranks.push_back(MakeRankSpec(args, job, static_cast<int>(r), places[r], remote[r]));
   }
   return spec;
 }
@@ -614,7 +648,21 @@ int main(int argc, char** argv) {
   braid::braidrun::LaunchSpec spec = BuildLaunch(*args, job, *places, remote);
   spec.lost_ranks = &lost_ranks;
   spec.min_np = args->min_np;
+  spec.max_np = args->max_np;
   spec.world = &world;
+  spec.blacklist_cooldown = absl::Seconds(args->blacklist_cooldown_s);
+  std::optional<braid::braidrun::HostDiscovery> discovery;
+  if (!args->discovery_script.empty()) {
+    discovery.emplace(args->discovery_script, absl::Seconds(args->discovery_interval_s),
+                      absl::Seconds(30));
+    spec.discovery = &*discovery;
+    spec.make_rank = [&](int worker, const std::string& host) {
+      braid::braidrun::RankPlacement p;
+      p.host = host;
+      return MakeRankSpec(*args, job, worker, p,
+                          !braid::braidrun::IsLocalHost(host, local_names));
+    };
+  }
   spec.launcher_pipe = launcher_pipe.read_end;
   if (watchdog.ok()) {
     spec.group_started = [&](pid_t group) { watchdog->Watch(group); };

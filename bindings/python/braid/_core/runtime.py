@@ -344,6 +344,14 @@ def local_size():
     return _topo(3, _braid.local_size)
 
 
+def ranks_waiting():
+    """Elastic jobs (braid.torch.elastic): processes registered to join the next membership
+    as of this rank's last heartbeat (every BRAID_HEARTBEAT_TIMEOUT_S / 4); 0 otherwise.
+    FailedPreconditionError when not initialized."""
+    check_process("ranks_waiting()")
+    return _braid.ranks_waiting()
+
+
 def is_homogeneous():
     """True when every host runs the same number of ranks (every rank's ``local_size()`` is
     the same), as Horovod's. FailedPreconditionError before ``init()``."""

@@ -35,7 +35,8 @@ import math
 
 import torch.utils.data
 
-from braid._core.errors import UnavailableError
+from .._core.errors import UnavailableError
+from .._core.runtime import ranks_waiting
 
 __all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState",
            "run"]
@@ -235,8 +236,15 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self):
-        """Raises ``HostsUpdatedInterrupt`` when ranks wait to join the job. Ranks joining a
-        running job are not supported yet: it never raises."""
+        """Collective: raises ``HostsUpdatedInterrupt`` on every rank when processes wait to
+        join the job (braidrun started them for hosts its discovery script added), as any
+        rank's last heartbeat said; ``run`` then ends this membership, without a restore, and
+        the next one takes them in. One small all-reduce (``elastic.hosts_updated``)."""
+        from braid.torch import Max, allreduce
+        waiting = torch.tensor([ranks_waiting()], dtype=torch.int32)
+        if int(allreduce(waiting, op=Max, name="elastic.hosts_updated",
+                         compression="none")[0]) > 0:
+            raise HostsUpdatedInterrupt(skip_sync=False)
 
     def sync(self):
         """Collective: every rank takes the state of the rank with the newest commit (the
