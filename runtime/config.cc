@@ -151,6 +151,14 @@ const Variable kVariables[] = {
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        return AssignOptional(ParseSeconds(w, t, /*zero_allowed=*/false), &c->register_timeout);
      }},
+    {"BRAID_ELASTIC",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       return Assign(ParseZeroOrOne(w, t), &c->elastic);
+     }},
+    {"BRAID_ELASTIC_TIMEOUT_S",
+     [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
+       return Assign(ParseSeconds(w, t, /*zero_allowed=*/false), &c->elastic_timeout);
+     }},
     {"BRAID_UCX_PEER_ERROR_HANDLING",
      [](absl::string_view w, absl::string_view t, RuntimeConfig* c) {
        return Assign(ParseZeroOrOne(w, t), &c->ucx_peer_error_handling);
@@ -433,9 +441,8 @@ const std::vector<std::string>& KnownBraidVariables() {
   static const std::vector<std::string>* const kKnown = [] {
     auto* known = new std::vector<std::string>{
         "BRAID_RANK", "BRAID_SIZE", "BRAID_LOCAL_RANK", "BRAID_LOCAL_SIZE",
-        // braidrun's number for a process, and its elastic mode (braid.torch.elastic):
-        // docs/elastic.md.
-        "BRAID_WORKER", "BRAID_ELASTIC",
+        // braidrun's number for a process (braid.torch.elastic: docs/elastic.md).
+        "BRAID_WORKER",
         // The torch.distributed backend's all-reduce method, read by braid.torch.distributed
         // (docs/torch.md), which checks it with the registry's canonical_compression.
         "BRAID_C10D_COMPRESSION",
@@ -460,6 +467,9 @@ absl::StatusOr<RuntimeConfig> ConfigFromProcessEnv() {
 
 absl::Duration RegistrationTimeout(const RuntimeConfig& config) {
   if (config.register_timeout.has_value()) return *config.register_timeout;
+  // A membership change of an elastic job waits for the old membership to end and the new
+  // one to form: BRAID_ELASTIC_TIMEOUT_S bounds both (docs/elastic.md).
+  if (config.elastic) return config.elastic_timeout;
   return std::max(config.timeout, absl::Seconds(60));
 }
 

@@ -139,6 +139,11 @@ struct RuntimeConfig {
   absl::Duration timeout = absl::Seconds(60);  // BRAID_TIMEOUT_S
   // BRAID_REGISTER_TIMEOUT_S: how long the ranks may take to register (RegistrationTimeout).
   std::optional<absl::Duration> register_timeout;
+  // BRAID_ELASTIC (braidrun sets it under --min-np) and BRAID_ELASTIC_TIMEOUT_S: an elastic
+  // job's registrations, each a membership change, are bounded by elastic_timeout unless
+  // BRAID_REGISTER_TIMEOUT_S is set (Horovod's HOROVOD_ELASTIC_TIMEOUT, 600 s).
+  bool elastic = false;
+  absl::Duration elastic_timeout = absl::Seconds(600);
   bool ucx_peer_error_handling = false;  // BRAID_UCX_PEER_ERROR_HANDLING
   // BRAID_PIPELINED_COPY: a scattered bucket's copies into and out of the fusion buffer
   // overlap its transfer (Note [Pipelined copy], runtime/allreduce_pipeline.h).

@@ -407,6 +407,15 @@ TEST(ConfigTest, RegistrationTimeout) {
   const SettingFlag* flag = FindSettingFlag("--register-timeout");
   ASSERT_NE(flag, nullptr);
   EXPECT_STREQ(flag->variable, "BRAID_REGISTER_TIMEOUT_S");
+  // An elastic job's rank (BRAID_ELASTIC=1): BRAID_ELASTIC_TIMEOUT_S, 600 by default, unless
+  // BRAID_REGISTER_TIMEOUT_S is set.
+  EXPECT_EQ(from({{"BRAID_ELASTIC", "1"}}), absl::Seconds(600));
+  EXPECT_EQ(from({{"BRAID_ELASTIC", "1"}, {"BRAID_ELASTIC_TIMEOUT_S", "45"}}), absl::Seconds(45));
+  EXPECT_EQ(from({{"BRAID_ELASTIC", "0"}, {"BRAID_ELASTIC_TIMEOUT_S", "45"}}), absl::Seconds(60));
+  EXPECT_EQ(from({{"BRAID_ELASTIC", "1"}, {"BRAID_REGISTER_TIMEOUT_S", "7"}}), absl::Seconds(7));
+  Env bad{{{"BRAID_ELASTIC_TIMEOUT_S", "soon"}}};
+  EXPECT_EQ(SettingsFromEnv(bad.fn()).status().message(),
+            "BRAID_ELASTIC_TIMEOUT_S must be a positive number of seconds, got 'soon'");
 }
 
 TEST(SettingFlagsTest, FlagsMapOntoVariablesAndErrorsNameTheFlag) {

@@ -589,7 +589,11 @@ int main(int argc, char** argv) {
   so.single_job = true;
   // Registrations that wait longer fail naming the missing ranks, before the ranks' own
   // deadline (RegistrationTimeout in runtime/config.h).
-  so.register_timeout = braid::RegistrationTimeout(args->config);
+  // Elastic: each membership change too, bounded by BRAID_ELASTIC_TIMEOUT_S (its ranks read
+  // the same, BRAID_ELASTIC=1 set).
+  braid::RuntimeConfig timeouts = args->config;
+  timeouts.elastic = args->min_np > 0;
+  so.register_timeout = braid::RegistrationTimeout(timeouts);
   so.tls_cert_file = args->config.tls_cert_file;
   so.tls_key_file = args->config.tls_key_file;
   // The job settings given to braidrun (flags, or its environment) are the job's: ranks
