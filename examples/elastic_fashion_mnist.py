@@ -15,8 +15,9 @@ Model and data as examples/train_fashion_mnist.py (conv-conv-fc-fc, 215k paramet
 first ``--train-subset`` training images; the whole test set at the end). ``--report DIR``
 writes one JSON line per event to ``DIR/worker<BRAID_WORKER>.jsonl`` (the process's number,
 which stays while its rank changes): ``start`` (each time training starts or restarts: the
-world size, rank, epoch, batch and a checksum of the parameters), ``commit`` (epoch, batch)
-and ``end`` (checksum, test accuracy); the tests read it.
+world size, rank, epoch, batch and a checksum of the parameters), ``step`` (the first step
+completed after each start), ``commit`` (epoch, batch) and ``end`` (checksum, test
+accuracy); the tests and tools/bench/elastic_bench.py read it.
 """
 import argparse
 import json
@@ -105,6 +106,7 @@ def main(argv=None):
     def train(state):
         report("start", size=hvd.size(), rank=hvd.rank(), epoch=state.epoch, batch=state.batch,
                checksum=checksum())
+        first_step = True
         for state.epoch in range(state.epoch, args.epochs):
             if state.train_sampler.epoch != state.epoch:  # a new epoch, not a resumed one
                 state.train_sampler.set_epoch(state.epoch)
@@ -112,6 +114,9 @@ def main(argv=None):
                 optimizer.zero_grad()
                 F.cross_entropy(model(x), y).backward()
                 optimizer.step()
+                if first_step:
+                    report("step", size=hvd.size())
+                    first_step = False
                 if args.step_delay:
                     time.sleep(args.step_delay)
                 state.train_sampler.record_batch(batch_idx, args.batch_size)

@@ -260,46 +260,6 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> Runtime::Impl::ConnectDefault
   return coordinator::ConnectCoordinator(co);
 }
 
-absl::Status Runtime::Impl::OpenTimeline(const std::string& path) {
-  std::shared_ptr<Timeline> opened;
-  if (!path.empty()) {
-    // Rank 0 writes the path itself, rank r writes PATH.rank<r>.
-    TimelineOptions options;
-    options.max_bytes = timeline_max_bytes_;
-    BRAID_ASSIGN_OR_RETURN(
-        opened, Timeline::Open(rank_ == 0 ? path : absl::StrCat(path, ".rank", rank_), rank_,
-                               options));
-  }
-  std::shared_ptr<Timeline> old;
-  {
-    absl::MutexLock lock(&timeline_mu_);
-    old = std::exchange(timeline_, std::move(opened));
-  }
-  // What was recorded before the swap is in the file when this returns (stop_timeline, then
-  // read the file): its writer thread may not have run yet. `old` closes (valid JSON) when
-  // its last user is done; a bucket that began before the swap still ends in it.
-  if (old) old->Flush();
-  return absl::OkStatus();
-}
-
-std::shared_ptr<Timeline> Runtime::Impl::timeline() const {
-  absl::MutexLock lock(&timeline_mu_);
-  return timeline_;
-}
-
-absl::Status Runtime::Impl::StartTimeline(const std::string& path) {
-  if (path.empty()) return absl::InvalidArgumentError("start_timeline needs a file path");
-  absl::MutexLock lifecycle(&lifecycle_mu_);
-  BRAID_RETURN_IF_ERROR(controller_.CheckRunning());
-  return OpenTimeline(path);
-}
-
-absl::Status Runtime::Impl::StopTimeline() {
-  absl::MutexLock lifecycle(&lifecycle_mu_);
-  BRAID_RETURN_IF_ERROR(controller_.CheckRunning());
-  return OpenTimeline("");
-}
-
 void Runtime::Impl::MakeExecutor(const proto::JobSettings& job) {
   absl::MutexLock lock(&parts_mu_);
   transport_description_ = channels_.data->Describe();
@@ -455,10 +415,6 @@ absl::StatusOr<int> Runtime::ranks_waiting() const {
   BRAID_RETURN_IF_ERROR(impl_->Get(&Impl::rank_).status());  // FailedPrecondition uninitialized
   return impl_->ranks_waiting_.load();
 }
-absl::Status Runtime::StartTimeline(const std::string& path) {
-  return impl_->StartTimeline(path);
-}
-absl::Status Runtime::StopTimeline() { return impl_->StopTimeline(); }
 absl::Status Runtime::ReportFailure(const std::string& name, const absl::Status& cause) {
   return impl_->ReportFailure(name, cause);
 }

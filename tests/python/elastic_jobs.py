@@ -6,7 +6,7 @@ A disturbance is (worker, after_commits, action): once braidrun's process `worke
 BRAID_WORKER) has reported that many commits, the test sends it the signal `action`
 (SIGKILL: a process lost; SIGSTOP: a process that only the heartbeat reveals), or, for a
 string, makes it the host discovery script's output (`hosts`: the first output; with it,
-braidrun runs with --host-discovery-script, re-run every second). The example writes its
+braidrun runs with --host-discovery-script, re-run every `discovery_interval` seconds). The example writes its
 events (start, commit, end: JSON lines) per worker into the job's report directory.
 """
 
@@ -55,10 +55,13 @@ def _commits(report, worker):
 
 
 def run(tmp_path, np, min_np, disturb=(), args=(), env=None, timeout=240, hosts=None,
-        launcher_args=(), command=None):
+        launcher_args=(), command=None, discovery_interval=1, start=None):
     """Runs the example on `np` ranks (--min-np `min_np`) with `disturb` as above; returns
     an ElasticRun once braidrun exits (returncode 124 after `timeout` seconds). `command`
-    replaces the example's command line (its arguments are added)."""
+    replaces the example's command line (its arguments are added). `start(cmd, env, out)`,
+    when given, starts braidrun's command line elsewhere (on a test host), with `env` the
+    variables to add and its output to the file `out`, and returns its Popen; an action may
+    then be a callable, called with no argument (cut a host's link)."""
     build = braid_launch.build_dir()
     braidrun = braid_launch.find_braidrun(build)
     assert braidrun, "the elastic tests need braidrun"
@@ -68,14 +71,18 @@ def run(tmp_path, np, min_np, disturb=(), args=(), env=None, timeout=240, hosts=
     discovery = []
     if hosts is not None:
         hosts_file.write_text(hosts)
-        discovery = ["--host-discovery-script", f"cat {hosts_file}", "--discovery-interval", "1"]
+        discovery = ["--host-discovery-script", f"cat {hosts_file}",
+                     "--discovery-interval", str(discovery_interval)]
     cmd = [braidrun, "-np", str(np), "--min-np", str(min_np), *discovery, *launcher_args,
            *(command or [braid_launch.PYTHON, str(EXAMPLE)]), "--report", str(report), *args]
     out_path = tmp_path / "braidrun.log"
     with open(out_path, "w") as out:
-        p = subprocess.Popen(cmd, env=braid_launch.rank_env(build, env), stdout=out,
-                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True)
+        if start is not None:
+            p = start(cmd, env, out)
+        else:
+            p = subprocess.Popen(cmd, env=braid_launch.rank_env(build, env), stdout=out,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
     pending = list(enumerate(disturb))
     disturbed_at = {}
     deadline = time.monotonic() + timeout
@@ -87,6 +94,8 @@ def run(tmp_path, np, min_np, disturb=(), args=(), env=None, timeout=240, hosts=
             if n >= after and pid is not None:
                 if isinstance(sig, str):
                     hosts_file.write_text(sig)
+                elif callable(sig):
+                    sig()
                 else:
                     os.kill(pid, sig)
                 disturbed_at[i] = time.time()
@@ -94,7 +103,10 @@ def run(tmp_path, np, min_np, disturb=(), args=(), env=None, timeout=240, hosts=
         rc = p.poll()
         time.sleep(0.05)
     if rc is None:
-        os.killpg(p.pid, signal.SIGKILL)
+        if start is not None:
+            p.kill()
+        else:
+            os.killpg(p.pid, signal.SIGKILL)
         p.wait(10)
         rc = 124
     return ElasticRun(rc, out_path.read_text(), _read_events(report), disturbed_at)

@@ -335,7 +335,13 @@ class Supervisor {
   void OnElasticExit(Rank& r, bool failed) {
     spec_.world->SetRunning(Members());
     if (!failed && !r.lost_deadline) {
-      finishing_ = true;  // training is over: its slot must not get a new rank
+      if (!finishing_) {
+        // Training is over: no slot gets a new rank, and no membership forms again (a rank
+        // started for one that never came fails its init() with this, not trains alone).
+        finishing_ = true;
+        spec_.world->Fail(absl::StrCat("the elastic job is finishing: ", r.Name(),
+                                       " completed (exit code 0); no membership forms again"));
+      }
       if (spec_.verbose) Say(absl::StrCat(DescribeRankStatus(r), " (pid ", r.pid, ")"));
       return;
     }
@@ -344,12 +350,9 @@ class Supervisor {
     } else {
       Say(DescribeRankStatus(r));
     }
-    if (spec_.discovery != nullptr && !r.spec->host.empty()) {
-      const absl::Duration blocked = blacklist_.Failed(r.spec->host, absl::Now());
-      Say(absl::StrCat("host ", r.spec->host, " is blacklisted for ",
-                       absl::FormatDuration(blocked)));
-    }
-    CheckMinNp(absl::StrCat(r.Name(), " ended"));
+    if (!r.lost_deadline) BlacklistHost(r);  // a lost one's host was, when it was declared
+    // Once finishing, the ranks that completed decide the job's outcome.
+    if (!finishing_) CheckMinNp(absl::StrCat(r.Name(), " ended"));
   }
 
   // Starts a rank on every free slot of the discovered hosts, up to max_np.
@@ -370,7 +373,8 @@ class Supervisor {
         grown_specs_.back().host = h.host;
         Rank& r = ranks_.emplace_back(worker, &grown_specs_.back());
         r.elastic = true;
-        Say(absl::StrCat("elastic job: starting ", r.Name(), " on ", h.host, " (a free slot)"));
+        Say(absl::StrCat("elastic job: starting worker ", worker, " on ", h.host,
+                         " (a free slot)"));
         if (!Spawn(r)) return;
         spec_.world->SetRunning(Members());
       }
@@ -396,7 +400,8 @@ class Supervisor {
     term_deadline_ = absl::Now() + spec_.failure_grace;
   }
 
-  // Elastic: a rank declared lost is killed at once, before the next membership forms.
+  // Elastic: a rank declared lost is killed at once, before the next membership forms, and
+  // its host blacklisted then, before growth could give its slot a new rank.
   void EndLostMember(Rank& r, std::string why) {
     r.lost_deadline = absl::Now();
     r.lost_ended = true;
@@ -405,6 +410,14 @@ class Supervisor {
     spec_.world->SetRunning(Members());
     Say(absl::StrCat("the coordinator declared ", r.Name(), " lost (", r.lost_why,
                      "): sending it SIGKILL"));
+    BlacklistHost(r);
+  }
+
+  void BlacklistHost(const Rank& r) {
+    if (spec_.discovery == nullptr || r.spec->host.empty()) return;
+    const absl::Duration blocked = blacklist_.Failed(r.spec->host, absl::Now());
+    Say(absl::StrCat("host ", r.spec->host, " is blacklisted for ",
+                     absl::FormatDuration(blocked)));
   }
 
   // Note [Lost ranks]: the coordinator's declarations, each given lost_grace to be news.

@@ -80,7 +80,8 @@ class LostRanks {
 // their heartbeats (HeartbeatResponse.ranks_waiting) and end the membership at their next
 // commit (braid.torch.elastic's HostsUpdatedInterrupt), so that the next one takes them in.
 // A host that leaves the script's output keeps its running ranks. Once a rank exited 0 the
-// job is finishing and grows no more.
+// job is finishing: it grows no more, no membership forms again (a late registration fails
+// with that reason), and a rank that fails then no longer fails the job.
 class ElasticWorld {
  public:
   explicit ElasticWorld(int running) : running_(running) {}
