@@ -1,6 +1,7 @@
 """Elastic training's longer cases (`ctest -L long`, outside CI): a lost rank under
 compression (powersgd:rank=2, fp4), a rank that only the heartbeat reveals lost (SIGSTOP),
-and a rank lost while the membership changes. The CI cases and the checks they share are in
+a rank lost while the membership changes, a host that keeps failing, and process sets
+re-added after a change. The CI cases and the checks they share are in
 test_elastic.py; the last results are in BENCHMARKS.md.
 """
 
@@ -70,3 +71,18 @@ def test_a_host_that_keeps_failing_is_not_retried_before_its_cool_down(tmp_path)
     for k, (a, b) in enumerate(zip(times, times[1:])):
         assert b - a >= 2 ** k - 0.05, (k, times)  # never before the doubled cool-down
     assert "host 127.0.0.1 is blacklisted for 2s" in job.output, job.output
+
+
+def test_process_sets_re_added_by_a_reset_callback(tmp_path):
+    # horovod#4021: a membership change drops process sets; the worker re-adds its set in a
+    # reset callback (dynamic sets stay allowed) and checks every sum.
+    worker = braid_launch.REPO / "tests" / "python" / "workers" / "elastic_sets.py"
+    job = elastic_jobs.run(tmp_path, np=4, min_np=2,
+                           command=[braid_launch.PYTHON, str(worker)],
+                           disturb=[(3, 4, signal.SIGKILL)])
+    assert job.returncode == 0, job.output
+    for w in (0, 1, 2):
+        assert [s["size"] for s in job.starts(w)] == [4, 3], job.starts(w)
+    check_change(job, (0, 1, 2), 3)
+    ends = [job.end(w) for w in (0, 1, 2)]
+    assert len({e["checksum"] for e in ends}) == 1, ends

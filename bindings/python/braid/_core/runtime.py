@@ -308,6 +308,16 @@ def shutdown():
             forget_all()  # every handle has completed (Cancelled)
 
 
+def rejoin():
+    """Leaves the job and joins the next (braid.torch.elastic, at a membership change):
+    ``shutdown()`` then ``init()``, with dynamic process sets allowed again when they were;
+    process sets themselves are dropped (their ranks may be gone): re-add them in a reset
+    callback. Raises what ``init()`` raises."""
+    dynamic = _dynamic_sets
+    shutdown()
+    init(process_sets="dynamic" if dynamic else None)
+
+
 def is_initialized():
     """True between ``init()`` and ``shutdown()`` in the process that called ``init()``."""
     return not forked_child() and _braid.is_initialized()

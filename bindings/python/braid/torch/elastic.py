@@ -36,7 +36,7 @@ import math
 import torch.utils.data
 
 from .._core.errors import UnavailableError
-from .._core.runtime import ranks_waiting
+from .._core.runtime import ranks_waiting, rejoin
 
 __all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState",
            "run"]
@@ -167,9 +167,7 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 def _reset():
     """Leaves the ended membership and joins the next (the survivors, renumbered)."""
-    from braid.torch import init, shutdown
-    shutdown()
-    init()
+    rejoin()
 
 
 def run(func):
