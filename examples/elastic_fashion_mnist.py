@@ -26,12 +26,12 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _build_tree  # noqa: E402,F401  (braid from build/ when not installed)
 import fashion_mnist_data as fmnist  # noqa: E402
+from train_fashion_mnist import Net  # noqa: E402  (the same CNN)
 
 import braid.torch as hvd  # noqa: E402
 
@@ -50,20 +50,6 @@ def parse_args(argv=None):
     p.add_argument("--report", default="", help="directory for the JSON event lines")
     p.add_argument("--data-dir", default=fmnist.DEFAULT_DIR)
     return p.parse_args(argv)
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 5, padding=2)
-        self.conv2 = nn.Conv2d(16, 32, 5, padding=2)
-        self.fc1 = nn.Linear(32 * 7 * 7, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
 def main(argv=None):

@@ -6,8 +6,8 @@ A disturbance is (worker, after_commits, action): once braidrun's process `worke
 BRAID_WORKER) has reported that many commits, the test sends it the signal `action`
 (SIGKILL: a process lost; SIGSTOP: a process that only the heartbeat reveals), or, for a
 string, makes it the host discovery script's output (`hosts`: the first output; with it,
-braidrun runs with --host-discovery-script, re-run every `discovery_interval` seconds). The example writes its
-events (start, commit, end: JSON lines) per worker into the job's report directory.
+braidrun runs with --host-discovery-script, re-run every `discovery_interval` seconds). The
+example writes its events (start, commit, end: JSON lines) per worker into the job's report directory.
 """
 
 import json

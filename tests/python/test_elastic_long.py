@@ -86,3 +86,17 @@ def test_process_sets_re_added_by_a_reset_callback(tmp_path):
     check_change(job, (0, 1, 2), 3)
     ends = [job.end(w) for w in (0, 1, 2)]
     assert len({e["checksum"] for e in ends}) == 1, ends
+
+
+def test_a_rank_lost_while_the_others_wait_in_the_first_sync(tmp_path):
+    # Worker 0 starts training 3 s late; worker 1 is killed as soon as it is ready, while
+    # worker 2 waits for worker 0 in the first sync: that loss is a membership change too.
+    worker = braid_launch.REPO / "tests" / "python" / "workers" / "elastic_sets.py"
+    job = elastic_jobs.run(tmp_path, np=3, min_np=2, args=("--slow-start-worker", "0"),
+                           command=[braid_launch.PYTHON, str(worker)],
+                           disturb=[(1, 0, signal.SIGKILL)])
+    assert job.returncode == 0, job.output
+    for w in (0, 2):
+        assert job.starts(w)[-1]["size"] == 2, job.starts(w)
+    check_change(job, (0, 2), 2)
+    assert job.end(0)["checksum"] == job.end(2)["checksum"]

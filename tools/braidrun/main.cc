@@ -189,9 +189,14 @@ absl::Status CheckElastic(const std::string& min_np, const std::string& max_np, 
   if (min_np.empty() && max_np.empty() && args->discovery_script.empty()) {
     return absl::OkStatus();
   }
-  if (args->discovery_interval_s <= 0 || args->blacklist_cooldown_s < 0) {
-    return absl::InvalidArgumentError(
-        "--discovery-interval must be positive and --blacklist-cooldown at least 0");
+  if (!(args->discovery_interval_s > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--discovery-interval must be a positive number of seconds, got ",
+        args->discovery_interval_s));
+  }
+  if (!(args->blacklist_cooldown_s >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--blacklist-cooldown must be 0 or more seconds, got ", args->blacklist_cooldown_s));
   }
   args->min_np = args->np;
   // With a discovery script the job may grow to whatever the hosts offer (as horovodrun).
@@ -206,10 +211,13 @@ absl::Status CheckElastic(const std::string& min_np, const std::string& max_np, 
     if (!n.ok()) return n.status();
     args->max_np = static_cast<int>(*n);
   }
-  if (args->min_np > args->np || args->np > args->max_np) {
+  if (args->min_np > args->np) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--min-np ", args->min_np, " <= -np ", args->np, " <= --max-np ", args->max_np,
-        " does not hold"));
+        "--min-np ", args->min_np, " is more than -np ", args->np, ": the job would start below it"));
+  }
+  if (args->np > args->max_np) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-np ", args->max_np, " is less than -np ", args->np));
   }
   return absl::OkStatus();
 }
@@ -391,6 +399,13 @@ absl::StatusOr<std::vector<braid::braidrun::RankPlacement>> PlaceJob(const Args&
     auto found = braid::braidrun::RunDiscoveryScript(args.discovery_script, absl::Seconds(30));
     if (!found.ok()) return found.status();
     hosts = *std::move(found);
+    int slots = 0;
+    for (const auto& h : hosts) slots += h.slots;
+    if (slots < args.np) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--host-discovery-script '", args.discovery_script, "' offers ", slots, " slot",
+          slots == 1 ? "" : "s", " at start, fewer than -np ", args.np));
+    }
   } else if (!args.hosts_spec.empty()) {
     auto parsed = braid::braidrun::ParseHostList(args.hosts_spec);
     if (!parsed.ok()) return parsed.status();

@@ -1,7 +1,9 @@
 """An elastic job with a dynamic process set (test_elastic_long.py): the set is re-added by a
 reset callback after each membership change, as docs/elastic.md says, and its all-reduces
 keep giving the right sums. Arguments: --report DIR (the events, as
-examples/elastic_fashion_mnist.py writes them) and --steps N."""
+examples/elastic_fashion_mnist.py writes them, and `ready` before training starts), --steps
+N, and --slow-start-worker W: that worker sleeps 3 s before training, so the others wait for
+it in the first sync."""
 import argparse
 import json
 import os
@@ -14,6 +16,7 @@ import braid.torch as hvd
 p = argparse.ArgumentParser()
 p.add_argument("--report", required=True)
 p.add_argument("--steps", type=int, default=80)
+p.add_argument("--slow-start-worker", type=int, default=-1)
 args = p.parse_args()
 report_file = open(os.path.join(args.report, f"worker{os.environ['BRAID_WORKER']}.jsonl"), "a",
                    buffering=1)
@@ -57,6 +60,9 @@ def train(state):
             report("commit", epoch=0, batch=state.step)
 
 
+report("ready")
+if int(os.environ["BRAID_WORKER"]) == args.slow_start_worker:
+    time.sleep(3)
 train(state)
 report("end", size=hvd.size(), rank=hvd.rank(), checksum=state.total, accuracy=1.0)
 hvd.shutdown()

@@ -182,19 +182,25 @@ def run(func):
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
-        skip_sync = False
+        skip_sync, rejoined = False, False
         while True:
-            if not skip_sync:
-                state.sync()
+            if rejoined:
+                _reset()  # its errors (too few ranks left, no membership in time) propagate
             try:
+                # A rank lost while the others run the reset callbacks or sync (two losses
+                # close together, a rank lost while the others wait for it in the first
+                # sync) is one more membership change, as one lost in `func`.
+                if rejoined:
+                    state.on_reset()
+                if not skip_sync:
+                    state.sync()
                 return func(state, *args, **kwargs)
             except UnavailableError:
                 state.restore()
                 skip_sync = False
             except HostsUpdatedInterrupt as e:
                 skip_sync = e.skip_sync
-            _reset()
-            state.on_reset()
+            rejoined = True
 
     return wrapper
 
