@@ -167,6 +167,13 @@ bool Job::HasRankProcess(const std::string& host, int64_t pid) const {
                      [&](const Rank& r) { return r.host == host && r.pid == pid; });
 }
 
+int Job::CountActiveRanks(const std::function<bool(int worker)>& pred) const {
+  return static_cast<int>(std::count_if(ranks_.begin(), ranks_.end(), [&](const Rank& r) {
+    return (r.state == RankState::kRegistered || r.state == RankState::kNegotiating) &&
+           pred(r.worker);
+  }));
+}
+
 bool Job::RemoveRegistration(int64_t call_id, const absl::Status& why, Completions* out) {
   auto it = std::find_if(pending_.begin(), pending_.end(),
                          [call_id](const Pending& p) { return p.id == call_id; });

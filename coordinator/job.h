@@ -111,6 +111,9 @@ class Job {
   const absl::Status& refusal() const { return refusal_; }
   // Whether process `pid` on `host` is one of the job's ranks.
   bool HasRankProcess(const std::string& host, int64_t pid) const;
+  // How many ranks still in the job (registered or negotiating) `pred(worker)` holds for
+  // (worker: RegisterRequest.worker, -1 without one).
+  int CountActiveRanks(const std::function<bool(int worker)>& pred) const;
   // Whether anything happened yet (a registration arrived).
   bool started() const { return register_rpcs_ > 0; }
 

@@ -340,6 +340,7 @@ ServiceOptions ServiceOptionsFrom(const ServerOptions& o) {
   s.settings = o.settings;
   s.on_rank_lost = o.on_rank_lost;
   s.elastic_world_size = o.elastic_world_size;
+  s.elastic_admit = o.elastic_admit;
   s.autotune = o.autotune;
   return s;
 }

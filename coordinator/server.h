@@ -51,6 +51,8 @@ struct ServerOptions {
   // Elastic (Note [Elastic membership] in service.h): each membership's world size, asked
   // under the service's lock (it must return at once).
   std::function<absl::StatusOr<int>()> elastic_world_size;
+  // Elastic: ServiceOptions::elastic_admit (under the service's lock; may be null).
+  std::function<absl::Status(int worker)> elastic_admit;
   // Under BRAID_AUTOTUNE (Note [Autotuning] in autotune.h): the search's parameters.
   AutotuneOptions autotune;
 };

@@ -60,8 +60,12 @@ void CoordinatorService::Register(int64_t call_id, const Caller& caller,
     auto refuse = [&](absl::Status s) {
       out.push_back([done = std::move(done), s = std::move(s)] { done(s); });
     };
+    absl::Status admitted = absl::OkStatus();
+    if (opts_.elastic_admit && req.has_worker()) admitted = opts_.elastic_admit(req.worker());
     if (shutting_down_) {
       refuse(absl::UnavailableError("the coordinator is shutting down"));
+    } else if (!admitted.ok()) {
+      refuse(admitted);  // Note [Elastic membership]: braidrun drains this process
     } else if (opts_.single_job && !opts_.elastic_world_size &&
                job_->phase() == proto::JOB_RUNNING &&
                !job_->HasRankProcess(req.host(), req.pid())) {
@@ -274,7 +278,13 @@ absl::Status CoordinatorService::Heartbeat(const Caller& caller,
   {
     absl::MutexLock lock(&mu_);
     s = job_->Heartbeat(req, caller.rank_token, Now());
-    if (s.ok() && resp != nullptr) resp->set_ranks_waiting(static_cast<int>(queued_.size()));
+    if (s.ok() && resp != nullptr) {
+      resp->set_ranks_waiting(static_cast<int>(queued_.size()));
+      if (opts_.elastic_admit) {
+        resp->set_ranks_leaving(job_->CountActiveRanks(
+            [this](int worker) { return worker >= 0 && !opts_.elastic_admit(worker).ok(); }));
+      }
+    }
   }
   if (s.code() == absl::StatusCode::kPermissionDenied) {
     admission_.LogRefusal(caller, "Heartbeat", s.message());

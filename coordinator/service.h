@@ -24,6 +24,14 @@
 // an earlier membership is refused (Job::CheckToken), and each membership's ranks open new
 // data-plane endpoints, so nothing of the old membership reaches the new one.
 //
+// Ranks leave gracefully too (Horovod's host removal): braidrun drains the processes of a host
+// its discovery script no longer lists. Heartbeats count the membership's ranks that leave
+// (HeartbeatResponse.ranks_leaving) as they count the processes waiting to join; at the next
+// commit braid.torch.elastic ends the membership without a restore (HostsUpdatedInterrupt),
+// and a leaving process's registration is refused with kElasticLeave's reason
+// (ServiceOptions::elastic_admit): it shuts down and exits 0, the others form the next
+// membership without it.
+//
 // Every handler first admits its caller (Note [Who may join] in admission.h).
 #ifndef BRAID_COORDINATOR_SERVICE_H_
 #define BRAID_COORDINATOR_SERVICE_H_
@@ -43,6 +51,11 @@
 #include "proto/braid.pb.h"
 
 namespace braid::coordinator {
+
+// The start of the reason a drained process's registration is refused with (Failed
+// Precondition): braid.torch.elastic recognises its own departure by it (the Python module's
+// ELASTIC_LEAVE).
+inline constexpr char kElasticLeave[] = "this process leaves the elastic job";
 
 struct ServiceOptions {
   // World size; 0 takes it from the first rank that registers (per job).
@@ -65,6 +78,11 @@ struct ServiceOptions {
   // Set: the jobs are the memberships of one elastic job (Note [Elastic membership]), each
   // as large as this says when it forms (braidrun: its ranks' processes that still run).
   std::function<absl::StatusOr<int>()> elastic_world_size;
+  // Elastic: OK when process `worker` (RegisterRequest.worker) may join the next membership;
+  // else the reason it leaves the job (braidrun drains it), which its registration fails
+  // with and which counts it in HeartbeatResponse.ranks_leaving while it is still a rank.
+  // Asked under the service's lock (it must return at once). May be null.
+  std::function<absl::Status(int worker)> elastic_admit;
   // Under BRAID_AUTOTUNE (Note [Autotuning] in autotune.h): the search's parameters.
   AutotuneOptions autotune;
 };
@@ -121,7 +139,8 @@ class CoordinatorService {
   void OnStreamEnd(const StreamKey& key);
 
   // PermissionDenied unless the caller holds req.rank's token for the current job. `resp`
-  // (may be null) gets the registrations waiting for the next membership.
+  // (may be null) gets the registrations waiting for the next membership and the ranks
+  // leaving (ServiceOptions::elastic_admit).
   absl::Status Heartbeat(const Caller& caller, const proto::HeartbeatRequest& req,
                          proto::HeartbeatResponse* resp = nullptr);
 

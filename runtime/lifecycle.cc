@@ -111,8 +111,10 @@ absl::Status Runtime::Impl::InitLocked(const RuntimeConfig& config, RuntimeDeps 
     controller_.AddFastPathTotals(hb);
   };
   ranks_waiting_.store(0);
+  ranks_leaving_.store(0);
   setup.on_heartbeat_response = [this](const proto::HeartbeatResponse& r) {
     ranks_waiting_.store(r.ranks_waiting());
+    ranks_leaving_.store(r.ranks_leaving());
   };
   LaunchInfo launch = config.launch;
   // Note [Job identity]: the secret every call to the coordinator carries, which also keys
@@ -414,6 +416,10 @@ absl::StatusOr<bool> Runtime::is_homogeneous() const {
 absl::StatusOr<int> Runtime::ranks_waiting() const {
   BRAID_RETURN_IF_ERROR(impl_->Get(&Impl::rank_).status());  // FailedPrecondition uninitialized
   return impl_->ranks_waiting_.load();
+}
+absl::StatusOr<int> Runtime::ranks_leaving() const {
+  BRAID_RETURN_IF_ERROR(impl_->Get(&Impl::rank_).status());  // FailedPrecondition uninitialized
+  return impl_->ranks_leaving_.load();
 }
 absl::Status Runtime::ReportFailure(const std::string& name, const absl::Status& cause) {
   return impl_->ReportFailure(name, cause);

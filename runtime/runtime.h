@@ -173,6 +173,9 @@ class Runtime {
   // Elastic jobs: how many processes wait to join (registered for the next membership), as
   // of the last heartbeat's answer (HeartbeatResponse.ranks_waiting); 0 outside them.
   absl::StatusOr<int> ranks_waiting() const;
+  // Elastic jobs: how many of this membership's ranks leave the job at its end (braidrun
+  // drains them), as of the last heartbeat's answer (HeartbeatResponse.ranks_leaving).
+  absl::StatusOr<int> ranks_leaving() const;
 
   // Enqueues a collective and returns at once. Errors returned here (the handle is not
   // created): FailedPrecondition (not initialised), AlreadyExists (a collective with this

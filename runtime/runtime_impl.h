@@ -114,6 +114,7 @@ class Runtime::Impl {
   int homogeneous_ = 1;  // 1: every rank's local_size is the same
   // The last heartbeat's HeartbeatResponse.ranks_waiting (written by the client's thread).
   std::atomic<int> ranks_waiting_{0};
+  std::atomic<int> ranks_leaving_{0};  // and its ranks_leaving
 
  private:
   // ---- lifecycle.cc ----

@@ -34,6 +34,7 @@
 #include "runtime/config.h"
 #include "runtime/handle.h"
 #include "control/process_sets.h"
+#include "coordinator/service.h"
 #include "runtime/runtime.h"
 #include "bindings/python/runtime_bridge.h"
 
@@ -617,6 +618,9 @@ PYBIND11_MODULE(_braid, m) {
   m.def("local_size", []() { return Value(braid::GlobalRuntime().local_size()); });
   m.def("is_homogeneous", []() { return Value(braid::GlobalRuntime().is_homogeneous()); });
   m.def("ranks_waiting", []() { return Value(braid::GlobalRuntime().ranks_waiting()); });
+  // Note [Elastic membership]: how a drained process's refused registration begins.
+  m.attr("ELASTIC_LEAVE") = braid::coordinator::kElasticLeave;
+  m.def("ranks_leaving", []() { return Value(braid::GlobalRuntime().ranks_leaving()); });
   m.def("transport_description",
         []() { return Value(braid::GlobalRuntime().transport_description()); });
 

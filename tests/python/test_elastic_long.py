@@ -1,7 +1,8 @@
 """Elastic training's longer cases (`ctest -L long`, outside CI): a lost rank under
 compression (powersgd:rank=2, fp4), a rank that only the heartbeat reveals lost (SIGSTOP),
-a rank lost while the membership changes, a host that keeps failing, and process sets
-re-added after a change. The CI cases and the checks they share are in
+a rank lost while the membership changes, a host that keeps failing, process sets
+re-added after a change, and a host removed from the discovery output (drained, or kept
+for --min-np). The CI cases and the checks they share are in
 test_elastic.py; the last results are in BENCHMARKS.md.
 """
 
@@ -9,7 +10,7 @@ import signal
 
 import braid_launch
 import elastic_jobs
-from test_elastic import ARGS, check_change, check_end, check_survivors
+from test_elastic import ARGS, COMMIT_EVERY, check_change, check_end, check_survivors
 
 
 def test_compression_powersgd_survives_a_killed_rank(tmp_path):
@@ -100,3 +101,37 @@ def test_a_rank_lost_while_the_others_wait_in_the_first_sync(tmp_path):
         assert job.starts(w)[-1]["size"] == 2, job.starts(w)
     check_change(job, (0, 2), 2)
     assert job.end(0)["checksum"] == job.end(2)["checksum"]
+
+
+def test_a_host_that_leaves_the_discovery_output_is_drained_at_the_next_commit(tmp_path):
+    # Horovod's host removal: 127.0.0.1 (worker 2's host) leaves the script's output once
+    # worker 0 made 4 commits. Worker 2 is not lost: every rank ends the membership at the
+    # next commit, without a restore, and worker 2's re-join is refused: it exits 0.
+    job = elastic_jobs.run(tmp_path, np=3, min_np=2, args=ARGS,
+                           hosts="localhost:2\n127.0.0.1:1\n", disturb=[(0, 4, "localhost:2\n")])
+    assert job.returncode == 0, job.output
+    assert "host 127.0.0.1 is no longer in the discovery output: worker 2 leaves" in job.output
+    assert "worker 2 left the job" in job.output, job.output
+    assert "lost" not in job.output and "blacklisted" not in job.output, job.output
+    assert len(job.starts(2)) == 1 and job.end(2) is None, job.events.get(2)
+    for w in (0, 1):
+        assert [s["size"] for s in job.starts(w)] == [3, 2], job.starts(w)
+    change = check_change(job, (0, 1), 2)
+    # Nothing was undone: the next membership starts at the commit that ended this one,
+    # the one after worker 2's last reported commit (the example reports a commit once
+    # commit() returned: this one raised HostsUpdatedInterrupt).
+    last = [e for e in job.events[2] if e["event"] == "commit"][-1]
+    assert (change[0]["epoch"], change[0]["batch"]) == (
+        last["epoch"], last["batch"] + COMMIT_EVERY), last
+    check_end(job, (0, 1))
+
+
+def test_a_host_that_leaves_the_discovery_output_stays_for_min_np(tmp_path):
+    job = elastic_jobs.run(tmp_path, np=3, min_np=3, args=ARGS,
+                           hosts="localhost:2\n127.0.0.1:1\n", disturb=[(0, 4, "localhost:2\n")])
+    assert job.returncode == 0, job.output
+    assert ("host 127.0.0.1 is no longer in the discovery output, but worker 2 stays: fewer "
+            "than --min-np 3 ranks would run without it") in job.output, job.output
+    for w in (0, 1, 2):
+        assert [s["size"] for s in job.starts(w)] == [3], job.starts(w)
+    check_end(job, (0, 1, 2))

@@ -858,6 +858,11 @@ class ElasticTest : public ServiceTest {
     o.on_rank_lost = [this](int rank, int worker, const std::string&) {
       lost_.emplace_back(rank, worker);
     };
+    o.elastic_admit = [this](int worker) {
+      auto it = leaving_.find(worker);
+      if (it == leaving_.end()) return absl::OkStatus();
+      return absl::FailedPreconditionError(absl::StrCat(kElasticLeave, ": ", it->second));
+    };
     Restart(o);
   }
   // A process that registers without a rank or world size of its own, as braidrun's do.
@@ -870,6 +875,7 @@ class ElasticTest : public ServiceTest {
   int running_ = 3;
   std::string failed_;
   std::vector<std::pair<int, int>> lost_;  // (rank, worker)
+  std::map<int, std::string> leaving_;     // worker -> why braidrun drains it
 };
 
 TEST_F(ElasticTest, TheSurvivorsOfALostRankFormTheNextMembershipRenumbered) {
@@ -919,6 +925,46 @@ TEST_F(ElasticTest, TheSurvivorsOfALostRankFormTheNextMembershipRenumbered) {
   proto::HeartbeatRequest hb;
   hb.set_rank(0);
   EXPECT_EQ(service_->Heartbeat(stale, hb).code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(ElasticTest, ADrainedProcessCountsAsLeavingAndItsRejoinIsRefused) {
+  std::vector<int64_t> ids;
+  for (int w = 0; w < 3; ++w) ids.push_back(Register(Worker(w)));
+  for (int w = 0; w < 3; ++w) {
+    ASSERT_TRUE(results_.at(ids[w]).ok()) << results_.at(ids[w]).status();
+  }
+  std::vector<StreamKey> keys(3);
+  for (int r = 0; r < 3; ++r) keys[r] = *Open(r, std::make_shared<RecordingSink>());
+  proto::HeartbeatRequest hb;
+  hb.set_rank(0);
+  proto::HeartbeatResponse resp;
+  ASSERT_TRUE(service_->Heartbeat(Job(0), hb, &resp).ok());
+  EXPECT_EQ(resp.ranks_leaving(), 0);
+  // braidrun drains worker 1: every rank's heartbeat now says one rank leaves.
+  const std::string why = "worker 1's host h2 is no longer in the discovery output";
+  leaving_[1] = why;
+  running_ = 2;
+  for (int r = 0; r < 3; ++r) {
+    hb.set_rank(r);
+    ASSERT_TRUE(service_->Heartbeat(Job(r), hb, &resp).ok());
+    EXPECT_EQ(resp.ranks_leaving(), 1) << "rank " << r;
+    EXPECT_EQ(resp.ranks_waiting(), 0);
+  }
+  // At the commit every rank re-registers: the drained one is refused at once, with the
+  // mark braid.torch.elastic recognises; the others form the next membership without it.
+  const int64_t again0 = Register(Worker(0)), again1 = Register(Worker(1));
+  const int64_t again2 = Register(Worker(2));
+  ASSERT_EQ(results_.count(again1), 1u);
+  EXPECT_EQ(results_.at(again1).status(),
+            absl::FailedPreconditionError(absl::StrCat(kElasticLeave, ": ", why)));
+  EXPECT_EQ(results_.count(again0), 0u);  // the membership still runs
+  for (int r = 0; r < 3; ++r) Goodbye(keys[r]);
+  ASSERT_EQ(results_.count(again0), 1u);
+  ASSERT_TRUE(results_.at(again0).ok()) << results_.at(again0).status();
+  ASSERT_TRUE(results_.at(again2).ok()) << results_.at(again2).status();
+  EXPECT_EQ(results_.at(again0)->size(), 2);
+  EXPECT_EQ(results_.at(again2)->size(), 2);
+  EXPECT_TRUE(lost_.empty());  // leaving is not being lost
 }
 
 TEST_F(ElasticTest, AProcessThatDiesWhileTheOthersRegisterLowersTheSize) {

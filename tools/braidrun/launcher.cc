@@ -94,6 +94,9 @@ struct Rank {
   std::optional<absl::Time> lost_deadline;
   std::string lost_why;
   bool lost_ended = false;
+  // Elastic: drained (its host left the discovery output): no longer counted as a member.
+  bool leaving = false;
+  bool kept = false;  // its host left the output, but it stays for --min-np (said once)
   Stream out, err;
   Rank(int r, const RankSpec* s)
       : index(r), spec(s), out(r, STDOUT_FILENO), err(r, STDERR_FILENO) {}
@@ -325,15 +328,20 @@ class Supervisor {
   // ---- Note [Elastic braidrun] ----
   bool elastic() const { return spec_.min_np > 0 && spec_.world != nullptr; }
 
-  // The ranks that count for the next membership: running and not declared lost.
+  // The ranks that count for the next membership: running, not declared lost, not leaving.
   int Members() const {
     return static_cast<int>(std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& r) {
-      return r.running && !r.lost_deadline;
+      return r.running && !r.lost_deadline && !r.leaving;
     }));
   }
 
   void OnElasticExit(Rank& r, bool failed) {
     spec_.world->SetRunning(Members());
+    if (r.leaving && !r.lost_deadline) {
+      // Drained: it is no longer a member, whatever its exit (its host may be going away).
+      Say(failed ? DescribeRankStatus(r) : absl::StrCat(r.Name(), " left the job"));
+      return;
+    }
     if (!failed && !r.lost_deadline) {
       if (!finishing_) {
         // Training is over: no slot gets a new rank, and no membership forms again (a rank
@@ -359,7 +367,10 @@ class Supervisor {
   void Grow() {
     if (spec_.discovery == nullptr) return;
     // Taken whatever happens next: its descriptor stays readable until then.
-    if (auto latest = spec_.discovery->Take()) hosts_ = *std::move(latest);
+    if (auto latest = spec_.discovery->Take()) {
+      hosts_ = *std::move(latest);
+      DrainRemovedHosts();
+    }
     if (!elastic() || exit_code_ || finishing_ || !spec_.make_rank) return;
     const absl::Time now = absl::Now();
     for (const HostSlots& h : hosts_) {
@@ -378,6 +389,37 @@ class Supervisor {
         if (!Spawn(r)) return;
         spec_.world->SetRunning(Members());
       }
+    }
+  }
+
+  // Horovod's host removal (Note [Elastic membership]): the ranks of a host the script no
+  // longer lists leave the job at the next commit, as long as --min-np ranks stay (a script
+  // that briefly lists too few hosts does not end the job).
+  void DrainRemovedHosts() {
+    if (!elastic() || exit_code_ || finishing_) return;
+    for (Rank& r : ranks_) {
+      if (!r.running || r.lost_deadline || r.leaving || r.spec->host.empty()) continue;
+      const std::string& host = r.spec->host;
+      if (std::any_of(hosts_.begin(), hosts_.end(),
+                      [&](const HostSlots& h) { return h.host == host; })) {
+        r.kept = false;
+        continue;
+      }
+      if (Members() - 1 < spec_.min_np) {
+        if (!r.kept) {
+          Say(absl::StrCat("elastic job: host ", host, " is no longer in the discovery output, "
+                           "but ", r.Name(), " stays: fewer than --min-np ", spec_.min_np,
+                           " ranks would run without it"));
+        }
+        r.kept = true;
+        continue;
+      }
+      r.leaving = true;
+      spec_.world->Leave(r.index, absl::StrCat(r.Name(), "'s host ", host,
+                                               " is no longer in the discovery output"));
+      spec_.world->SetRunning(Members());
+      Say(absl::StrCat("elastic job: host ", host, " is no longer in the discovery output: ",
+                       r.Name(), " leaves the job at the next commit"));
     }
   }
 
@@ -659,6 +701,18 @@ absl::StatusOr<int> ElasticWorld::Size() const {
 void ElasticWorld::SetRunning(int running) {
   absl::MutexLock lock(&mu_);
   running_ = running;
+}
+
+void ElasticWorld::Leave(int worker, const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  leaving_[worker] = why;
+}
+
+std::optional<std::string> ElasticWorld::Leaving(int worker) const {
+  absl::MutexLock lock(&mu_);
+  auto it = leaving_.find(worker);
+  if (it == leaving_.end()) return std::nullopt;
+  return it->second;
 }
 
 void ElasticWorld::Fail(const std::string& why) {

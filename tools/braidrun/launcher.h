@@ -8,6 +8,8 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -79,20 +81,28 @@ class LostRanks {
 // rank failed within its blacklist cool-down; the running ranks learn of the newcomers from
 // their heartbeats (HeartbeatResponse.ranks_waiting) and end the membership at their next
 // commit (braid.torch.elastic's HostsUpdatedInterrupt), so that the next one takes them in.
-// A host that leaves the script's output keeps its running ranks. Once a rank exited 0 the
-// job is finishing: it grows no more, no membership forms again (a late registration fails
-// with that reason), and a rank that fails then no longer fails the job.
+// The ranks of a host that leaves the script's output are drained, as long as --min-np ranks
+// stay: they count no more, the heartbeats' ranks_leaving ends the membership at the next
+// commit, and their registration for the next one is refused (ElasticWorld::Leaving gives
+// the reason): they exit 0, which does not end the job. Once another rank exited 0 the job
+// is finishing: it grows no more, no membership forms again (a late registration fails with
+// that reason), and a rank that fails then no longer fails the job.
 class ElasticWorld {
  public:
   explicit ElasticWorld(int running) : running_(running) {}
   // The next membership's size; once below --min-np, the reason the job fails.
   absl::StatusOr<int> Size() const;
   void SetRunning(int running);
+  // Process `worker` (BRAID_WORKER) is drained, for `why`; Leaving(worker) gives it back
+  // (nullopt for one that stays).
+  void Leave(int worker, const std::string& why);
+  std::optional<std::string> Leaving(int worker) const;
   void Fail(const std::string& why);
 
  private:
   mutable absl::Mutex mu_;
   int running_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::string> leaving_ ABSL_GUARDED_BY(mu_);
   std::string failed_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -31,6 +31,7 @@
 #include "absl/strings/str_join.h"
 #include "common/secret.h"
 #include "coordinator/server.h"
+#include "coordinator/service.h"
 #include "glog/logging.h"
 #include "runtime/config.h"
 #include "runtime/config_proto.h"
@@ -623,6 +624,12 @@ int main(int argc, char** argv) {
   braid::braidrun::ElasticWorld world(args->np);
   if (args->min_np > 0) {
     so.elastic_world_size = [&world] { return world.Size(); };
+    so.elastic_admit = [&world](int worker) {
+      std::optional<std::string> why = world.Leaving(worker);
+      if (!why) return absl::OkStatus();
+      return absl::FailedPreconditionError(
+          absl::StrCat(braid::coordinator::kElasticLeave, ": ", *why));
+    };
   }
   auto server = braid::coordinator::StartCoordinator(so);
   if (!server.ok()) {

@@ -362,6 +362,14 @@ def ranks_waiting():
     return _braid.ranks_waiting()
 
 
+def ranks_leaving():
+    """Elastic jobs: ranks of this membership that leave the job at its end (braidrun
+    drains them: their host left the discovery script's output), as of this rank's last
+    heartbeat; 0 otherwise. FailedPreconditionError when not initialized."""
+    check_process("ranks_leaving()")
+    return _braid.ranks_leaving()
+
+
 def is_homogeneous():
     """True when every host runs the same number of ranks (every rank's ``local_size()`` is
     the same), as Horovod's. FailedPreconditionError before ``init()``."""

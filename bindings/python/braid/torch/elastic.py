@@ -35,8 +35,9 @@ import math
 
 import torch.utils.data
 
-from .._core.errors import UnavailableError
-from .._core.runtime import ranks_waiting, rejoin
+from .. import _braid
+from .._core.errors import FailedPreconditionError, UnavailableError
+from .._core.runtime import ranks_leaving, ranks_waiting, rejoin
 
 __all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState",
            "run"]
@@ -157,7 +158,7 @@ class ElasticSampler(torch.utils.data.Sampler):
 
 class HostsUpdatedInterrupt(RuntimeError):
     """Raised by ``State.commit()`` / ``check_host_updates()`` when the job's membership is
-    about to change without a failure (ranks joining); ``run`` then re-joins without
+    about to change without a failure (ranks joining or leaving); ``run`` then re-joins without
     restoring. ``skip_sync``: whether the state needs no broadcast afterwards (Horovod's)."""
 
     def __init__(self, skip_sync=False):
@@ -166,8 +167,14 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 
 def _reset():
-    """Leaves the ended membership and joins the next (the survivors, renumbered)."""
-    rejoin()
+    """Leaves the ended membership and joins the next (the survivors, renumbered). A process
+    that braidrun drained (its host left the discovery output) is refused and exits 0."""
+    try:
+        rejoin()
+    except FailedPreconditionError as e:
+        if _braid.ELASTIC_LEAVE in str(e):
+            raise SystemExit(0) from e
+        raise
 
 
 def run(func):
@@ -175,10 +182,12 @@ def run(func):
     changes: ``state.sync()`` first; on ``UnavailableError`` (a rank was lost: the
     membership ended) ``state.restore()`` (the last commit), re-joining the job, the reset
     callbacks, ``sync()`` and ``func`` again; on ``HostsUpdatedInterrupt`` the same without
-    the restore. Returns what ``func`` returns. Other errors propagate, as do a failed
-    re-join's (``FailedPreconditionError`` naming the reason when fewer than braidrun's
-    ``--min-np`` ranks are left; ``DeadlineExceededError`` when the next membership did not
-    form in time)."""
+    the restore. Returns what ``func`` returns. A process whose host left braidrun's
+    discovery output leaves at that re-join: ``SystemExit(0)`` (the code after the decorated
+    call does not run there). Other errors propagate, as do a failed re-join's
+    (``FailedPreconditionError`` naming the reason when fewer than braidrun's ``--min-np``
+    ranks are left; ``DeadlineExceededError`` when the next membership did not form in
+    time)."""
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
@@ -241,11 +250,12 @@ class State:
 
     def check_host_updates(self):
         """Collective: raises ``HostsUpdatedInterrupt`` on every rank when processes wait to
-        join the job (braidrun started them for hosts its discovery script added), as any
-        rank's last heartbeat said; ``run`` then ends this membership, without a restore, and
-        the next one takes them in. One small all-reduce (``elastic.hosts_updated``)."""
+        join the job (braidrun started them for hosts its discovery script added) or ranks
+        leave it (their host left the script's output), as any rank's last heartbeat said;
+        ``run`` then ends this membership, without a restore, and the next one takes the
+        newcomers in and the leavers out. One small all-reduce (``elastic.hosts_updated``)."""
         from braid.torch import Max, allreduce
-        waiting = torch.tensor([ranks_waiting()], dtype=torch.int32)
+        waiting = torch.tensor([max(ranks_waiting(), ranks_leaving())], dtype=torch.int32)
         if int(allreduce(waiting, op=Max, name="elastic.hosts_updated",
                          compression="none")[0]) > 0:
             raise HostsUpdatedInterrupt(skip_sync=False)
