@@ -62,6 +62,9 @@ void Job::AddRegistration(int64_t call_id, const proto::RegisterRequest& req,
     if (!n.ok()) return refuse(n.status());
     world_size_ = std::max(*n, 0);
   }
+  if (opts_.elastic_admit && req.has_worker()) {
+    if (absl::Status s = opts_.elastic_admit(req.worker()); !s.ok()) return refuse(s);
+  }
   if (world_size_ == 0) world_size_ = req.size();
   if (world_size_ <= 0) {
     world_size_ = opts_.world_size;
@@ -78,6 +81,18 @@ void Job::Resize(absl::Time now, Completions* out) {
   if (!size.ok()) return FailRegistrations(size.status(), out);
   const int n = *size;
   if (n <= 0) return;
+  // A process drained after it registered (Note [Elastic membership]) is refused now: it is
+  // not among the n.
+  if (opts_.elastic_admit) {
+    std::vector<std::pair<int64_t, absl::Status>> refused;
+    for (const Pending& p : pending_) {
+      if (!p.request.has_worker()) continue;
+      absl::Status s = opts_.elastic_admit(p.request.worker());
+      if (!s.ok()) refused.emplace_back(p.id, std::move(s));
+    }
+    for (auto& [id, why] : refused) RemoveRegistration(id, why, out);
+    if (pending_.empty()) return;
+  }
   // More registrations than ranks: one of them is a process braidrun already counts out (it
   // died after registering); its call is cancelled when its connection closes.
   world_size_ = n;

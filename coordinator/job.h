@@ -95,6 +95,9 @@ class Job {
     // error (too few ranks left) fails the registrations with it. The ranks register without
     // a world size of their own.
     std::function<absl::StatusOr<int>()> elastic_world_size;
+    // Elastic: ServiceOptions::elastic_admit, asked of each registration as it arrives and
+    // of those waiting at each Resize (a process drained after it registered is refused).
+    std::function<absl::Status(int worker)> elastic_admit;
     // Under BRAID_AUTOTUNE (Note [Autotuning] in autotune.h).
     AutotuneOptions autotune;
     // Under compression `auto` (compression_choice.h).

@@ -341,6 +341,7 @@ ServiceOptions ServiceOptionsFrom(const ServerOptions& o) {
   s.on_rank_lost = o.on_rank_lost;
   s.elastic_world_size = o.elastic_world_size;
   s.elastic_admit = o.elastic_admit;
+  s.elastic_leaving = o.elastic_leaving;
   s.autotune = o.autotune;
   return s;
 }

@@ -51,8 +51,10 @@ struct ServerOptions {
   // Elastic (Note [Elastic membership] in service.h): each membership's world size, asked
   // under the service's lock (it must return at once).
   std::function<absl::StatusOr<int>()> elastic_world_size;
-  // Elastic: ServiceOptions::elastic_admit (under the service's lock; may be null).
+  // Elastic: ServiceOptions::elastic_admit and elastic_leaving (under the service's lock;
+  // may be null).
   std::function<absl::Status(int worker)> elastic_admit;
+  std::function<bool(int worker)> elastic_leaving;
   // Under BRAID_AUTOTUNE (Note [Autotuning] in autotune.h): the search's parameters.
   AutotuneOptions autotune;
 };

@@ -36,6 +36,7 @@ Job::Options CoordinatorService::JobOptions(int64_t id) const {
   o.one_job = opts_.single_job && !opts_.elastic_world_size;
   o.on_rank_lost = opts_.on_rank_lost;
   o.elastic_world_size = opts_.elastic_world_size;
+  o.elastic_admit = opts_.elastic_admit;
   o.autotune = opts_.autotune;
   return o;
 }
@@ -280,9 +281,9 @@ absl::Status CoordinatorService::Heartbeat(const Caller& caller,
     s = job_->Heartbeat(req, caller.rank_token, Now());
     if (s.ok() && resp != nullptr) {
       resp->set_ranks_waiting(static_cast<int>(queued_.size()));
-      if (opts_.elastic_admit) {
+      if (opts_.elastic_leaving) {
         resp->set_ranks_leaving(job_->CountActiveRanks(
-            [this](int worker) { return worker >= 0 && !opts_.elastic_admit(worker).ok(); }));
+            [this](int worker) { return worker >= 0 && opts_.elastic_leaving(worker); }));
       }
     }
   }

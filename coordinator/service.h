@@ -80,9 +80,12 @@ struct ServiceOptions {
   std::function<absl::StatusOr<int>()> elastic_world_size;
   // Elastic: OK when process `worker` (RegisterRequest.worker) may join the next membership;
   // else the reason it leaves the job (braidrun drains it), which its registration fails
-  // with and which counts it in HeartbeatResponse.ranks_leaving while it is still a rank.
-  // Asked under the service's lock (it must return at once). May be null.
+  // with (asked as it arrives and again while it waits: Job::Options::elastic_admit).
+  // elastic_leaving: whether a rank's process is drained, counted in HeartbeatResponse.
+  // ranks_leaving while it is a rank. Asked under the service's lock (they must return at
+  // once). May be null.
   std::function<absl::Status(int worker)> elastic_admit;
+  std::function<bool(int worker)> elastic_leaving;
   // Under BRAID_AUTOTUNE (Note [Autotuning] in autotune.h): the search's parameters.
   AutotuneOptions autotune;
 };

@@ -45,7 +45,7 @@ def _read_events(report):
     return events
 
 
-def _commits(report, worker):
+def commits(report, worker):
     f = Path(report) / f"worker{worker}.jsonl"
     if not f.exists():
         return 0, None
@@ -90,7 +90,7 @@ def run(tmp_path, np, min_np, disturb=(), args=(), env=None, timeout=240, hosts=
     while rc is None and time.monotonic() < deadline:
         for d in list(pending):
             i, (worker, after, sig) = d
-            n, pid = _commits(report, worker)
+            n, pid = commits(report, worker)
             if n >= after and pid is not None:
                 if isinstance(sig, str):
                     hosts_file.write_text(sig)

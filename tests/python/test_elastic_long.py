@@ -6,7 +6,9 @@ for --min-np). The CI cases and the checks they share are in
 test_elastic.py; the last results are in BENCHMARKS.md.
 """
 
+import os
 import signal
+import time
 
 import braid_launch
 import elastic_jobs
@@ -135,3 +137,45 @@ def test_a_host_that_leaves_the_discovery_output_stays_for_min_np(tmp_path):
     for w in (0, 1, 2):
         assert [s["size"] for s in job.starts(w)] == [3], job.starts(w)
     check_end(job, (0, 1, 2))
+
+
+def test_a_drained_rank_stays_after_all_when_another_is_lost(tmp_path):
+    # Worker 2 is drained; before any rank hears of it (heartbeats every 15 s here), worker 1
+    # is killed: 2 ranks would be left without worker 2, so it stays (--min-np 2) and the
+    # job goes on with workers 0 and 2, where it would otherwise have failed.
+    log = tmp_path / "braidrun.log"
+
+    def kill_worker_1_once_drained():
+        deadline = time.monotonic() + 20
+        while "leaves the job" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(elastic_jobs.commits(tmp_path / "report", 1)[1], signal.SIGKILL)
+
+    job = elastic_jobs.run(tmp_path, np=3, min_np=2, args=ARGS,
+                           env={"BRAID_HEARTBEAT_TIMEOUT_S": "60"},
+                           hosts="localhost:2\n127.0.0.1:1\n",
+                           disturb=[(0, 4, "localhost:2\n"), (0, 5, kill_worker_1_once_drained)])
+    assert "worker 2 leaves the job at the next commit" in job.output, job.output
+    assert "worker 2 stays after all: fewer than --min-np 2" in job.output, job.output
+    check_survivors(job, lost=1, survivors=(0, 2), world_after=2)
+
+
+def test_a_rank_drained_before_it_joined_exits_0(tmp_path):
+    # Worker 2 starts late; meanwhile its host leaves the discovery output (worker 2's own
+    # wrapper changes it): its init() is refused, it says why and exits 0, and the others
+    # form the job without it.
+    hosts_file = tmp_path / "hosts"
+    wrapper = tmp_path / "rank.sh"
+    wrapper.write_text(f'if [ "$BRAID_WORKER" = 2 ]; then printf "localhost:2\\n" > {hosts_file}; '
+                       'sleep 5; fi\nexec "$@"\n')
+    job = elastic_jobs.run(tmp_path, np=3, min_np=2, args=ARGS,
+                           hosts="localhost:2\n127.0.0.1:1\n",
+                           command=["/bin/sh", str(wrapper), braid_launch.PYTHON,
+                                    str(elastic_jobs.EXAMPLE)])
+    assert job.returncode == 0, job.output
+    assert "this process leaves the elastic job: worker 2 is drained" in job.output, job.output
+    assert "worker 2 left the job" in job.output, job.output
+    assert 2 not in job.events, job.events.get(2)
+    for w in (0, 1):
+        assert [s["size"] for s in job.starts(w)] == [2], job.starts(w)
+    check_end(job, (0, 1))

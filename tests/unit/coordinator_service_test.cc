@@ -863,6 +863,7 @@ class ElasticTest : public ServiceTest {
       if (it == leaving_.end()) return absl::OkStatus();
       return absl::FailedPreconditionError(absl::StrCat(kElasticLeave, ": ", it->second));
     };
+    o.elastic_leaving = [this](int worker) { return leaving_.count(worker) > 0; };
     Restart(o);
   }
   // A process that registers without a rank or world size of its own, as braidrun's do.
@@ -965,6 +966,23 @@ TEST_F(ElasticTest, ADrainedProcessCountsAsLeavingAndItsRejoinIsRefused) {
   EXPECT_EQ(results_.at(again0)->size(), 2);
   EXPECT_EQ(results_.at(again2)->size(), 2);
   EXPECT_TRUE(lost_.empty());  // leaving is not being lost
+}
+
+TEST_F(ElasticTest, AProcessDrainedWhileItWaitsToRegisterIsRefusedThen) {
+  const int64_t a = Register(Worker(0)), b = Register(Worker(1));
+  service_->Inspect();
+  EXPECT_EQ(results_.count(a), 0u);  // 3 running, 2 registered: it waits
+  leaving_[1] = "worker 1's host h2 is no longer in the discovery output";
+  running_ = 2;
+  service_->Inspect();
+  ASSERT_EQ(results_.count(b), 1u);  // refused while it waited: not one of the 2
+  EXPECT_EQ(results_.at(b).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(results_.count(a), 0u);
+  const int64_t c = Register(Worker(2));
+  ASSERT_EQ(results_.count(a), 1u);
+  ASSERT_TRUE(results_.at(a).ok()) << results_.at(a).status();
+  EXPECT_EQ(results_.at(a)->size(), 2);
+  EXPECT_TRUE(results_.at(c).ok());
 }
 
 TEST_F(ElasticTest, AProcessThatDiesWhileTheOthersRegisterLowersTheSize) {

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <map>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -392,40 +393,70 @@ class Supervisor {
     }
   }
 
-  // Horovod's host removal (Note [Elastic membership]): the ranks of a host the script no
-  // longer lists leave the job at the next commit, as long as --min-np ranks stay (a script
-  // that briefly lists too few hosts does not end the job).
+  // Horovod's host removal (Note [Elastic membership]): a host the script lists with fewer
+  // slots than its ranks, or not at all, in two outputs in a row (one odd output drains
+  // nothing) has its newest ranks drained down to its slots. They leave the job at the next
+  // commit, as long as --min-np ranks stay.
   void DrainRemovedHosts() {
     if (!elastic() || exit_code_ || finishing_) return;
-    for (Rank& r : ranks_) {
+    std::map<std::string, int> members, slots, short_lists;  // per host
+    for (const Rank& r : ranks_) {
+      if (r.running && !r.lost_deadline && !r.leaving && !r.spec->host.empty()) {
+        ++members[r.spec->host];
+      }
+    }
+    for (const HostSlots& h : hosts_) slots.emplace(h.host, h.slots);  // the first line counts
+    for (const auto& [host, n] : members) {
+      if (slots[host] < n) short_lists[host] = short_lists_[host] + 1;
+    }
+    short_lists_ = short_lists;  // a host with enough slots again starts afresh
+    for (auto it = ranks_.rbegin(); it != ranks_.rend(); ++it) {  // the newest first
+      Rank& r = *it;
       if (!r.running || r.lost_deadline || r.leaving || r.spec->host.empty()) continue;
       const std::string& host = r.spec->host;
-      if (std::any_of(hosts_.begin(), hosts_.end(),
-                      [&](const HostSlots& h) { return h.host == host; })) {
-        r.kept = false;
+      if (short_lists[host] < 2 || members[host] <= slots[host]) {
+        if (short_lists[host] == 0) r.kept = false;
         continue;
       }
+      const std::string why =
+          slots[host] == 0 ? absl::StrCat("host ", host, " is no longer in the discovery output")
+                           : absl::StrCat("host ", host, " has ", slots[host],
+                                          " slots in the discovery output, fewer than its ranks");
       if (Members() - 1 < spec_.min_np) {
         if (!r.kept) {
-          Say(absl::StrCat("elastic job: host ", host, " is no longer in the discovery output, "
-                           "but ", r.Name(), " stays: fewer than --min-np ", spec_.min_np,
-                           " ranks would run without it"));
+          Say(absl::StrCat("elastic job: ", why, ", but ", r.Name(), " stays: fewer than "
+                           "--min-np ", spec_.min_np, " ranks would run without it"));
         }
         r.kept = true;
         continue;
       }
+      --members[host];
       r.leaving = true;
-      spec_.world->Leave(r.index, absl::StrCat(r.Name(), "'s host ", host,
-                                               " is no longer in the discovery output"));
+      spec_.world->Leave(r.index, absl::StrCat(r.Name(), " is drained: ", why));
       spec_.world->SetRunning(Members());
-      Say(absl::StrCat("elastic job: host ", host, " is no longer in the discovery output: ",
-                       r.Name(), " leaves the job at the next commit"));
+      Say(absl::StrCat("elastic job: ", why, ": ", r.Name(), " leaves the job at the next "
+                       "commit"));
+    }
+  }
+
+  // A drained rank whose re-join was not refused yet stays after all when the job would
+  // otherwise go below --min-np (it lost a rank meanwhile).
+  void KeepDrainedRanks() {
+    for (Rank& r : ranks_) {
+      if (Members() >= spec_.min_np) return;
+      if (!r.running || r.lost_deadline || !r.leaving || !spec_.world->Stay(r.index)) continue;
+      r.leaving = false;
+      r.kept = true;
+      spec_.world->SetRunning(Members());
+      Say(absl::StrCat("elastic job: ", r.Name(), " stays after all: fewer than --min-np ",
+                       spec_.min_np, " ranks would run without it"));
     }
   }
 
   // Below --min-np the job fails: the survivors' registrations fail with the reason, and
   // whoever still runs gets SIGTERM failure_grace later.
   void CheckMinNp(const std::string& what) {
+    KeepDrainedRanks();
     const int left = Members();
     if (left >= spec_.min_np) {
       if (left > 0) {
@@ -450,6 +481,7 @@ class Supervisor {
     r.lost_why = std::move(why);
     kill(-r.pid, SIGKILL);  // a remote rank's ssh: its end kills the remote side
     spec_.world->SetRunning(Members());
+    KeepDrainedRanks();  // before the survivors' registrations ask
     Say(absl::StrCat("the coordinator declared ", r.Name(), " lost (", r.lost_why,
                      "): sending it SIGKILL"));
     BlacklistHost(r);
@@ -657,6 +689,8 @@ class Supervisor {
   std::deque<Rank> ranks_;
   std::deque<RankSpec> grown_specs_;  // the specs of ranks added by growth
   std::vector<HostSlots> hosts_;      // the discovery script's latest list
+  // Host -> how many outputs in a row listed it with fewer slots than its ranks.
+  std::map<std::string, int> short_lists_;
   Blacklist blacklist_;
   bool finishing_ = false;  // elastic: a rank exited 0, so the job grows no more
   int exit_code_ = 0;  // 0 until the job's outcome is decided
@@ -708,10 +742,23 @@ void ElasticWorld::Leave(int worker, const std::string& why) {
   leaving_[worker] = why;
 }
 
-std::optional<std::string> ElasticWorld::Leaving(int worker) const {
+bool ElasticWorld::Stay(int worker) {
+  absl::MutexLock lock(&mu_);
+  if (refused_.count(worker) > 0) return false;
+  leaving_.erase(worker);
+  return true;
+}
+
+bool ElasticWorld::Leaving(int worker) const {
+  absl::MutexLock lock(&mu_);
+  return leaving_.count(worker) > 0;
+}
+
+std::optional<std::string> ElasticWorld::Admit(int worker) {
   absl::MutexLock lock(&mu_);
   auto it = leaving_.find(worker);
   if (it == leaving_.end()) return std::nullopt;
+  refused_.insert(worker);
   return it->second;
 }
 

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,10 +82,12 @@ class LostRanks {
 // rank failed within its blacklist cool-down; the running ranks learn of the newcomers from
 // their heartbeats (HeartbeatResponse.ranks_waiting) and end the membership at their next
 // commit (braid.torch.elastic's HostsUpdatedInterrupt), so that the next one takes them in.
-// The ranks of a host that leaves the script's output are drained, as long as --min-np ranks
-// stay: they count no more, the heartbeats' ranks_leaving ends the membership at the next
-// commit, and their registration for the next one is refused (ElasticWorld::Leaving gives
-// the reason): they exit 0, which does not end the job. Once another rank exited 0 the job
+// The ranks of a host that leaves the script's output (or is listed with fewer slots) in two
+// outputs in a row are drained, the newest first, as long as --min-np ranks stay: they count
+// no more, the heartbeats' ranks_leaving ends the membership at the next commit, and their
+// registration for the next one is refused (ElasticWorld::Admit gives the reason): they exit
+// 0, which does not end the job. A drained rank not refused yet stays after all when a loss
+// would leave fewer than --min-np. Once another rank exited 0 the job
 // is finishing: it grows no more, no membership forms again (a late registration fails with
 // that reason), and a rank that fails then no longer fails the job.
 class ElasticWorld {
@@ -93,16 +96,21 @@ class ElasticWorld {
   // The next membership's size; once below --min-np, the reason the job fails.
   absl::StatusOr<int> Size() const;
   void SetRunning(int running);
-  // Process `worker` (BRAID_WORKER) is drained, for `why`; Leaving(worker) gives it back
-  // (nullopt for one that stays).
+  // Process `worker` (BRAID_WORKER) is drained, for `why`. Stay(worker) undoes that unless
+  // its registration was refused already (false then: it is leaving for good).
   void Leave(int worker, const std::string& why);
-  std::optional<std::string> Leaving(int worker) const;
+  bool Stay(int worker);
+  bool Leaving(int worker) const;
+  // A registration of `worker`: nullopt admits it; else why it leaves (it is refused, and
+  // Stay no longer undoes that).
+  std::optional<std::string> Admit(int worker);
   void Fail(const std::string& why);
 
  private:
   mutable absl::Mutex mu_;
   int running_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::string> leaving_ ABSL_GUARDED_BY(mu_);
+  std::set<int> refused_ ABSL_GUARDED_BY(mu_);
   std::string failed_ ABSL_GUARDED_BY(mu_);
 };
 

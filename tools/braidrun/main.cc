@@ -625,11 +625,12 @@ int main(int argc, char** argv) {
   if (args->min_np > 0) {
     so.elastic_world_size = [&world] { return world.Size(); };
     so.elastic_admit = [&world](int worker) {
-      std::optional<std::string> why = world.Leaving(worker);
+      std::optional<std::string> why = world.Admit(worker);
       if (!why) return absl::OkStatus();
       return absl::FailedPreconditionError(
           absl::StrCat(braid::coordinator::kElasticLeave, ": ", *why));
     };
+    so.elastic_leaving = [&world](int worker) { return world.Leaving(worker); };
   }
   auto server = braid::coordinator::StartCoordinator(so);
   if (!server.ok()) {

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import inspect
 import os
+import sys
 import threading
 
 from .. import _braid
@@ -248,7 +249,9 @@ def init(comm=None, process_sets=None):
     Raises InvalidArgumentError (bad configuration), DeadlineExceededError or
     UnavailableError (coordinator or peers unreachable), FailedPreconditionError (called in a
     forked child of an initialized process). Ctrl-C while it waits for the other ranks to
-    register raises KeyboardInterrupt promptly and leaves braid uninitialized.
+    register raises KeyboardInterrupt promptly and leaves braid uninitialized. In an elastic
+    job (``braidrun --min-np``) a process that braidrun drained (its host left the discovery
+    output) says so on stderr and exits 0 here: ``SystemExit(0)``.
 
     ``comm`` and ``process_sets`` are Horovod's parameters: braid always joins the whole job
     (``comm=None``, else InvalidArgumentError). ``process_sets``: a list of ProcessSet to
@@ -278,7 +281,15 @@ def init(comm=None, process_sets=None):
                 f"init(process_sets=...): {ps!r} is not a ProcessSet of some ranks")
     check_process("init()")
     was = _braid.is_initialized()
-    _braid.init()
+    try:
+        _braid.init()
+    except FailedPreconditionError as e:
+        if _braid.ELASTIC_LEAVE not in str(e):
+            raise
+        # braidrun's elastic job drained this process (its host left the discovery output):
+        # leaving is its normal end, not an error (docs/elastic.md).
+        print(f"braid: {e}", file=sys.stderr)
+        raise SystemExit(0) from e
     if not was:
         with _lock:
             _counters.clear()

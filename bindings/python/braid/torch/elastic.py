@@ -35,8 +35,7 @@ import math
 
 import torch.utils.data
 
-from .. import _braid
-from .._core.errors import FailedPreconditionError, UnavailableError
+from .._core.errors import UnavailableError
 from .._core.runtime import ranks_leaving, ranks_waiting, rejoin
 
 __all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState",
@@ -168,13 +167,9 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 def _reset():
     """Leaves the ended membership and joins the next (the survivors, renumbered). A process
-    that braidrun drained (its host left the discovery output) is refused and exits 0."""
-    try:
-        rejoin()
-    except FailedPreconditionError as e:
-        if _braid.ELASTIC_LEAVE in str(e):
-            raise SystemExit(0) from e
-        raise
+    that braidrun drained (its host left the discovery output) exits 0 there (``init()``'s
+    SystemExit)."""
+    rejoin()
 
 
 def run(func):
