@@ -2,7 +2,7 @@
 """elastic_bench.py: elastic training's goals (docs/elastic.md), measured on this host.
 
     tools/bench/elastic_bench.py [--build-dir build] [--repeats 3] [--epochs 2]
-                                 [--train-subset 60000] [--json PATH]
+                                 [--train-subset 60000] [--timings-only] [--json PATH]
 
 Every job runs examples/elastic_fashion_mnist.py under braidrun --min-np 2 with a host
 discovery script (re-run every second unless said otherwise), 3 ranks on this host, through
@@ -18,7 +18,12 @@ the test harness (tests/python/elastic_jobs.py). Per round, side by side:
             TIMEOUT_S, default 10 s; goal: the timeout + 5 s);
   join      a short run whose discovery output gains a host (interval 5 s, braidrun's
             default): from the change to the new rank's first completed step (goal: the
-            interval + 10 s).
+            interval + 10 s);
+  drain     a run of 750 steps whose discovery output loses a host (127.0.0.1, worker 2's;
+            interval 5 s): from the change to the survivors' first completed step without
+            worker 2 (no goal: two outputs in a row, a heartbeat, the next commit).
+
+--timings-only leaves out the accuracy pair (the long part).
 
 Prints one line per job and the medians over rounds; --json writes them.
 """
@@ -78,6 +83,13 @@ def timings(tmp):
               disturb=[(0, 3, "localhost:2\n127.0.0.1:1\n")])
     out["join_to_step_s"] = first_step_after(job, (2,), job.disturbed_at[0]) - \
         job.disturbed_at[0]
+    # Longer than SHORT: two runs of the script 5 s apart must come before training ends.
+    job = run("drain", tmp, hosts="localhost:2\n127.0.0.1:1\n",
+              args=("--epochs", "3", "--train-subset", "8000", "--step-delay", "0.05"),
+              discovery_interval=5, disturb=[(0, 3, "localhost:2\n")])
+    assert job.end(2) is None and job.end(0)["size"] == 2, "worker 2 was not drained"
+    out["drain_to_step_s"] = first_step_after(job, (0, 1), job.disturbed_at[0]) - \
+        job.disturbed_at[0]
     return out
 
 
@@ -87,6 +99,7 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--train-subset", type=int, default=60000)
+    p.add_argument("--timings-only", action="store_true")
     p.add_argument("--json", default="")
     args = p.parse_args()
     os.environ["BRAID_BUILD_DIR"] = str(Path(args.build_dir).resolve())
@@ -94,7 +107,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
             row = timings(tmp)
-            row.update(accuracy_pair(tmp, args))
+            if not args.timings_only:
+                row.update(accuracy_pair(tmp, args))
             print(f"round {r}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()),
                   flush=True)
             rounds.append(row)
