@@ -61,12 +61,8 @@ void CoordinatorService::Register(int64_t call_id, const Caller& caller,
     auto refuse = [&](absl::Status s) {
       out.push_back([done = std::move(done), s = std::move(s)] { done(s); });
     };
-    absl::Status admitted = absl::OkStatus();
-    if (opts_.elastic_admit && req.has_worker()) admitted = opts_.elastic_admit(req.worker());
     if (shutting_down_) {
       refuse(absl::UnavailableError("the coordinator is shutting down"));
-    } else if (!admitted.ok()) {
-      refuse(admitted);  // Note [Elastic membership]: braidrun drains this process
     } else if (opts_.single_job && !opts_.elastic_world_size &&
                job_->phase() == proto::JOB_RUNNING &&
                !job_->HasRankProcess(req.host(), req.pid())) {
@@ -90,6 +86,14 @@ void CoordinatorService::RegisterLocked(int64_t id, const proto::RegisterRequest
                                         RegisterDone done, absl::Time now, Completions* out) {
   if (job_->ended() && job_->refusal().ok()) NextJobLocked(out);
   if (job_->phase() == proto::JOB_RUNNING) {
+    // Note [Elastic membership]: a drained process is refused at once rather than queued,
+    // where it would count as one waiting to join (Job::AddRegistration asks the others).
+    if (opts_.elastic_admit && req.has_worker()) {
+      if (absl::Status s = opts_.elastic_admit(req.worker()); !s.ok()) {
+        out->push_back([done = std::move(done), s = std::move(s)] { done(s); });
+        return;
+      }
+    }
     // Note [One job at a time]: wait for the running job to end.
     queued_.push_back({id, req, now + opts_.register_timeout, std::move(done)});
     return;

@@ -54,6 +54,14 @@ def commits(report, worker):
     return len(commits), (lines[-1]["pid"] if lines else None)
 
 
+def wrapped_example(tmp_path, shell):
+    """A command line for `run` that runs the shell code `shell` (it sees BRAID_WORKER; an
+    `exit` there ends the rank) and then the example, through tmp_path/rank.sh."""
+    wrapper = tmp_path / "rank.sh"
+    wrapper.write_text(f'{shell}\nexec "$@"\n')
+    return ["/bin/sh", str(wrapper), braid_launch.PYTHON, str(EXAMPLE)]
+
+
 def run(tmp_path, np, min_np, disturb=(), args=(), env=None, timeout=240, hosts=None,
         launcher_args=(), command=None, discovery_interval=1, start=None):
     """Runs the example on `np` ranks (--min-np `min_np`) with `disturb` as above; returns

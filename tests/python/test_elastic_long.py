@@ -59,14 +59,11 @@ def test_a_host_that_keeps_failing_is_not_retried_before_its_cool_down(tmp_path)
     # (workers 2, 3, ...) fails at once and notes when it started. With a cool-down of 1 s,
     # the host is retried after 1 s, then 2, then 4, ...; the job itself is unaffected.
     attempts = tmp_path / "attempts"
-    wrapper = tmp_path / "rank.sh"
-    wrapper.write_text(f'if [ "$BRAID_WORKER" -ge 2 ]; then date +%s.%N >> {attempts}; '
-                       'exit 3; fi\nexec "$@"\n')
+    command = elastic_jobs.wrapped_example(
+        tmp_path, f'if [ "$BRAID_WORKER" -ge 2 ]; then date +%s.%N >> {attempts}; exit 3; fi')
     job = elastic_jobs.run(tmp_path, np=2, min_np=2, args=ARGS,
                            hosts="localhost:2\n127.0.0.1:1\n",
-                           launcher_args=("--blacklist-cooldown", "1"),
-                           command=["/bin/sh", str(wrapper), braid_launch.PYTHON,
-                                    str(elastic_jobs.EXAMPLE)])
+                           launcher_args=("--blacklist-cooldown", "1"), command=command)
     assert job.returncode == 0, job.output
     check_end(job, (0, 1))
     times = [float(t) for t in attempts.read_text().split()]
@@ -165,13 +162,11 @@ def test_a_rank_drained_before_it_joined_exits_0(tmp_path):
     # wrapper changes it): its init() is refused, it says why and exits 0, and the others
     # form the job without it.
     hosts_file = tmp_path / "hosts"
-    wrapper = tmp_path / "rank.sh"
-    wrapper.write_text(f'if [ "$BRAID_WORKER" = 2 ]; then printf "localhost:2\\n" > {hosts_file}; '
-                       'sleep 5; fi\nexec "$@"\n')
+    command = elastic_jobs.wrapped_example(
+        tmp_path, f'if [ "$BRAID_WORKER" = 2 ]; then printf "localhost:2\\n" > {hosts_file}; '
+        'sleep 5; fi')
     job = elastic_jobs.run(tmp_path, np=3, min_np=2, args=ARGS,
-                           hosts="localhost:2\n127.0.0.1:1\n",
-                           command=["/bin/sh", str(wrapper), braid_launch.PYTHON,
-                                    str(elastic_jobs.EXAMPLE)])
+                           hosts="localhost:2\n127.0.0.1:1\n", command=command)
     assert job.returncode == 0, job.output
     assert "this process leaves the elastic job: worker 2 is drained" in job.output, job.output
     assert "worker 2 left the job" in job.output, job.output

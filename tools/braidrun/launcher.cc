@@ -329,11 +329,10 @@ class Supervisor {
   // ---- Note [Elastic braidrun] ----
   bool elastic() const { return spec_.min_np > 0 && spec_.world != nullptr; }
 
-  // The ranks that count for the next membership: running, not declared lost, not leaving.
+  // A rank that counts for the next membership: running, not declared lost, not leaving.
+  static bool IsMember(const Rank& r) { return r.running && !r.lost_deadline && !r.leaving; }
   int Members() const {
-    return static_cast<int>(std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& r) {
-      return r.running && !r.lost_deadline && !r.leaving;
-    }));
+    return static_cast<int>(std::count_if(ranks_.begin(), ranks_.end(), IsMember));
   }
 
   void OnElasticExit(Rank& r, bool failed) {
@@ -401,9 +400,7 @@ class Supervisor {
     if (!elastic() || exit_code_ || finishing_) return;
     std::map<std::string, int> members, slots, short_lists;  // per host
     for (const Rank& r : ranks_) {
-      if (r.running && !r.lost_deadline && !r.leaving && !r.spec->host.empty()) {
-        ++members[r.spec->host];
-      }
+      if (IsMember(r) && !r.spec->host.empty()) ++members[r.spec->host];
     }
     for (const HostSlots& h : hosts_) slots.emplace(h.host, h.slots);  // the first line counts
     for (const auto& [host, n] : members) {
@@ -412,7 +409,7 @@ class Supervisor {
     short_lists_ = short_lists;  // a host with enough slots again starts afresh
     for (auto it = ranks_.rbegin(); it != ranks_.rend(); ++it) {  // the newest first
       Rank& r = *it;
-      if (!r.running || r.lost_deadline || r.leaving || r.spec->host.empty()) continue;
+      if (!IsMember(r) || r.spec->host.empty()) continue;
       const std::string& host = r.spec->host;
       if (short_lists[host] < 2 || members[host] <= slots[host]) {
         if (short_lists[host] == 0) r.kept = false;

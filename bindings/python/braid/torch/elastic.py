@@ -165,13 +165,6 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
-def _reset():
-    """Leaves the ended membership and joins the next (the survivors, renumbered). A process
-    that braidrun drained (its host left the discovery output) exits 0 there (``init()``'s
-    SystemExit)."""
-    rejoin()
-
-
 def run(func):
     """Decorates ``func(state, *args, **kwargs)``, the training loop, to survive membership
     changes: ``state.sync()`` first; on ``UnavailableError`` (a rank was lost: the
@@ -189,7 +182,10 @@ def run(func):
         skip_sync, rejoined = False, False
         while True:
             if rejoined:
-                _reset()  # its errors (too few ranks left, no membership in time) propagate
+                # The next membership (the survivors, renumbered). Its errors (too few ranks
+                # left, no membership in time) propagate; a drained process exits 0 here
+                # (init()'s SystemExit).
+                rejoin()
             try:
                 # A rank lost while the others run the reset callbacks or sync (two losses
                 # close together, a rank lost while the others wait for it in the first
